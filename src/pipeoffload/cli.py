@@ -1,0 +1,71 @@
+"""The ``pipeoffload`` command line: one entry point, one module per verb.
+
+Each verb lives in ``pipeoffload.commands.<verb>`` and exposes
+``register(subparsers) -> argparse.ArgumentParser`` (setting ``func``).
+Errors caused by input exit with status 2 and one line naming the parameter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from .errors import PipeoffloadError
+
+#: Verbs in the order --help lists them. A module that does not exist yet is skipped.
+VERBS = ["train", "schedules", "simulate", "compare", "models", "plan", "scale", "bench"]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2 (argparse's own convention)
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="pipeoffload",
+        description="Memory-efficient pipeline parallelism: schedules, simulator, offload planner and runtime.",
+    )
+    from . import __version__
+
+    parser.add_argument("--version", action="version", version=f"pipeoffload {__version__}")
+    sub = parser.add_subparsers(dest="verb", metavar="VERB", parser_class=_Parser)
+    for verb in VERBS:
+        try:
+            mod = importlib.import_module(f"pipeoffload.commands.{verb}")
+        except ModuleNotFoundError as e:
+            if e.name == f"pipeoffload.commands.{verb}":
+                continue
+            raise
+        mod.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        # No verb: the main job (training once the runtime exists, else a simulation).
+        default = "train" if "train" in sub_names(parser) else "simulate"
+        args = parser.parse_args([default] + ([] if default == "train" else ["group-interleaved"]))
+    try:
+        rc = args.func(args)
+    except PipeoffloadError as e:
+        print(f"pipeoffload {args.verb}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return int(rc or 0)
+
+
+def sub_names(parser: argparse.ArgumentParser) -> list[str]:
+    for a in parser._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            return list(a.choices)
+    return []
+
+
+if __name__ == "__main__":
+    sys.exit(main())

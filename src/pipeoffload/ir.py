@@ -1,0 +1,221 @@
+"""The schedule model: op kinds, ops, placements and schedules. Pure data, no torch.
+
+Vocabulary (ALGORITHMS.md §1): ``p`` ranks (pipeline devices), ``m`` microbatches,
+``v`` chunks per rank. There are ``num_stages`` layer groups ("stages" in PyTorch's
+vocabulary); a *chunk* is one layer group placed on one rank, and ``Op.chunk`` is
+its index among that rank's layer groups (ascending stage order).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Iterable, Iterator, Sequence
+
+from .errors import ParameterError, require
+
+
+class OpKind(str, Enum):
+    """What an op does. Compute kinds come first; the rest are added by passes."""
+
+    F = "F"  #: forward
+    B = "B"  #: backward for the input gradient only
+    W = "W"  #: backward for the weight gradient only
+    BW = "BW"  #: fused full backward (B + W)
+    # Added by the offload pass (issue: PipeOffload planning).
+    OFFLOAD_START = "OFFLOAD_START"  #: device→host copy of a chunk's activations begins
+    OFFLOAD_END = "OFFLOAD_END"  #: copy done; device memory released
+    RELOAD_START = "RELOAD_START"  #: device buffer allocated, host→device copy begins
+    RELOAD_END = "RELOAD_END"  #: copy done; activations ready for B
+    # Added by the communication pass.
+    SEND_F = "SEND_F"  #: send a forward activation to the next layer group's rank
+    RECV_F = "RECV_F"  #: receive a forward activation from the previous layer group's rank
+    SEND_B = "SEND_B"  #: send an input gradient to the previous layer group's rank
+    RECV_B = "RECV_B"  #: receive an input gradient from the next layer group's rank
+
+    @property
+    def is_compute(self) -> bool:
+        return self in _COMPUTE
+
+    @property
+    def is_backward(self) -> bool:
+        """B or BW: the op that produces the gradient sent to the previous stage."""
+        return self is OpKind.B or self is OpKind.BW
+
+    @property
+    def is_transfer(self) -> bool:
+        return self in _TRANSFER
+
+    @property
+    def is_comm(self) -> bool:
+        return self in _COMM
+
+    def __str__(self) -> str:
+        return self.value
+
+
+_COMPUTE = frozenset({OpKind.F, OpKind.B, OpKind.W, OpKind.BW})
+_TRANSFER = frozenset(
+    {OpKind.OFFLOAD_START, OpKind.OFFLOAD_END, OpKind.RELOAD_START, OpKind.RELOAD_END}
+)
+_COMM = frozenset({OpKind.SEND_F, OpKind.RECV_F, OpKind.SEND_B, OpKind.RECV_B})
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """One action of one rank on one (layer group, microbatch).
+
+    ``stage`` is the global layer-group index in ``[0, num_stages)``; ``chunk`` is
+    its index on ``rank``; ``peer`` is the other rank of a send or receive.
+    """
+
+    kind: OpKind
+    stage: int
+    microbatch: int
+    rank: int
+    chunk: int
+    peer: int | None = None
+
+    def __str__(self) -> str:
+        s = f"{self.kind.value}(stage={self.stage}, mb={self.microbatch}, rank={self.rank})"
+        return s if self.peer is None else s[:-1] + f", peer={self.peer})"
+
+    @property
+    def key(self) -> tuple[OpKind, int, int]:
+        return (self.kind, self.stage, self.microbatch)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Which rank holds each layer group.
+
+    ``kind`` is ``"loop"`` (Megatron interleaved: group ``s`` on rank ``s % p``),
+    ``"v"`` (v = 2: rank ``i`` holds ``i`` and ``2p-1-i``) or ``"custom"``.
+    """
+
+    kind: str
+    stage_to_rank: tuple[int, ...]
+    num_ranks: int
+    _chunk_of: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    _stages_of: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        require(self.num_ranks >= 1, "p", f"need at least 1 rank, got {self.num_ranks}")
+        require(len(self.stage_to_rank) >= 1, "placement", "needs at least one layer group")
+        stages_of: list[list[int]] = [[] for _ in range(self.num_ranks)]
+        for s, r in enumerate(self.stage_to_rank):
+            if not (isinstance(r, int) and 0 <= r < self.num_ranks):
+                raise ParameterError(
+                    "placement",
+                    f"layer group {s} is mapped to rank {r!r}; valid ranks are 0..{self.num_ranks - 1}",
+                )
+            stages_of[r].append(s)
+        for r, st in enumerate(stages_of):
+            require(bool(st), "placement", f"rank {r} holds no layer group; every rank needs one")
+        chunk_of = [0] * len(self.stage_to_rank)
+        for st in stages_of:
+            for c, s in enumerate(st):
+                chunk_of[s] = c
+        object.__setattr__(self, "_chunk_of", tuple(chunk_of))
+        object.__setattr__(self, "_stages_of", tuple(tuple(st) for st in stages_of))
+
+    @classmethod
+    def loop(cls, p: int, v: int = 1) -> "Placement":
+        require(p >= 1, "p", f"must be >= 1, got {p}")
+        require(v >= 1, "v", f"must be >= 1, got {v}")
+        return cls("loop", tuple(s % p for s in range(p * v)), p)
+
+    @classmethod
+    def vshape(cls, p: int) -> "Placement":
+        require(p >= 1, "p", f"must be >= 1, got {p}")
+        return cls("v", tuple(list(range(p)) + list(range(p - 1, -1, -1))), p)
+
+    @classmethod
+    def custom(cls, stage_to_rank: Sequence[int], p: int | None = None) -> "Placement":
+        mapping = tuple(int(r) for r in stage_to_rank)
+        n = p if p is not None else (max(mapping) + 1 if mapping else 0)
+        return cls("custom", mapping, n)
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stage_to_rank)
+
+    def rank_of(self, stage: int) -> int:
+        return self.stage_to_rank[stage]
+
+    def chunk_of(self, stage: int) -> int:
+        return self._chunk_of[stage]
+
+    def stages_of(self, rank: int) -> tuple[int, ...]:
+        return self._stages_of[rank]
+
+    def chunks_on(self, rank: int) -> int:
+        return len(self._stages_of[rank])
+
+    @property
+    def max_chunks(self) -> int:
+        return max(len(s) for s in self._stages_of)
+
+
+@dataclass
+class Schedule:
+    """Per-rank ordered op lists plus the placement they run on.
+
+    A schedule says only the *order* of each rank's ops; timing is the timing
+    pass's job (:func:`pipeoffload.passes.timing.simulate`).
+    """
+
+    name: str
+    num_microbatches: int
+    placement: Placement
+    ranks: list[list[Op]]
+    params: dict = field(default_factory=dict)
+
+    @property
+    def num_ranks(self) -> int:
+        return self.placement.num_ranks
+
+    @property
+    def num_stages(self) -> int:
+        return self.placement.num_stages
+
+    @property
+    def chunks(self) -> int:
+        """Layer groups per rank (the largest count for a custom placement)."""
+        return self.placement.max_chunks
+
+    def ops(self) -> Iterator[Op]:
+        for lst in self.ranks:
+            yield from lst
+
+    def compute_only(self) -> "Schedule":
+        """A copy without offload and communication ops."""
+        return Schedule(
+            self.name,
+            self.num_microbatches,
+            self.placement,
+            [[o for o in lst if o.kind.is_compute] for lst in self.ranks],
+            dict(self.params),
+        )
+
+    def with_ranks(self, ranks: list[list[Op]], name: str | None = None) -> "Schedule":
+        return Schedule(name or self.name, self.num_microbatches, self.placement, ranks, dict(self.params))
+
+
+def make_op(placement: Placement, kind: OpKind, stage: int, microbatch: int) -> Op:
+    """Build an op, deriving its rank and chunk from the placement."""
+    return Op(kind, stage, microbatch, placement.rank_of(stage), placement.chunk_of(stage))
+
+
+def build_schedule(
+    name: str,
+    num_microbatches: int,
+    placement: Placement,
+    per_rank: Iterable[Iterable[tuple[OpKind, int, int]]],
+    **params: object,
+) -> Schedule:
+    """Make a :class:`Schedule` from per-rank ``(kind, stage, microbatch)`` triples.
+
+    ``params`` (e.g. p, m, v, g) are recorded for reports."""
+    ranks = [[make_op(placement, k, s, j) for (k, s, j) in lst] for lst in per_rank]
+    return Schedule(name, num_microbatches, placement, ranks, dict(params))

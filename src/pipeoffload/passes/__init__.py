@@ -1,0 +1,1 @@
+"""Passes over schedules: validate, timing, offload, comm. Pure Python."""

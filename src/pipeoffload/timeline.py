@@ -1,0 +1,143 @@
+"""Timeline: when every op ran and what it did to memory. Simulated or measured.
+
+The same type describes a simulated run (timing pass) and a measured one (runtime),
+so reports, pictures and predicted-vs-measured comparisons share one code path.
+
+Metrics follow ALGORITHMS.md §1: bubble rate = 1 − busy / makespan, with ``busy``
+the busiest rank's total compute time and ``makespan`` from the first compute op's
+start to the last compute op's end over all ranks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from .ir import Op
+
+#: Streams (lanes) an op may run on. Compute ops run on "compute"; transfers on
+#: "d2h" / "h2d" (host link); sends and receives on "comm".
+STREAMS = ("compute", "d2h", "h2d", "comm")
+
+
+@dataclass(frozen=True, slots=True)
+class TimedOp:
+    """One op placed in time. ``mem`` is its activation-memory change on its rank:
+    applied at ``start`` when positive (allocated as it runs) and at ``end`` when
+    negative (freed when done)."""
+
+    op: Op
+    start: float
+    end: float
+    stream: str = "compute"
+    mem: float = 0.0
+
+    @property
+    def rank(self) -> int:
+        return self.op.rank
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+@dataclass
+class Timeline:
+    """Every op's start/end per rank, with memory deltas. Times in any unit."""
+
+    num_ranks: int
+    events: list[TimedOp]
+    name: str = ""
+    num_microbatches: int = 0
+    chunks: int = 1
+    #: Memory unit name for reports ("units", "bytes", ...).
+    memory_unit: str = "units"
+    #: Free-form facts (e.g. parameters, predicted values, peaks without offload).
+    meta: dict = field(default_factory=dict)
+
+    # --- selection -----------------------------------------------------------------
+    def rank_events(self, rank: int, stream: str | None = "compute") -> list[TimedOp]:
+        """Events of one rank (one stream, or all with ``stream=None``), by start time."""
+        evs = [e for e in self.events if e.rank == rank and (stream is None or e.stream == stream)]
+        evs.sort(key=lambda e: (e.start, e.end))
+        return evs
+
+    def compute_events(self) -> Iterable[TimedOp]:
+        return (e for e in self.events if e.stream == "compute")
+
+    # --- time metrics --------------------------------------------------------------
+    @property
+    def start(self) -> float:
+        return min((e.start for e in self.compute_events()), default=0.0)
+
+    @property
+    def end(self) -> float:
+        return max((e.end for e in self.compute_events()), default=0.0)
+
+    @property
+    def makespan(self) -> float:
+        return self.end - self.start
+
+    def busy(self) -> list[float]:
+        """Total compute time of each rank."""
+        out = [0.0] * self.num_ranks
+        for e in self.compute_events():
+            out[e.rank] += e.duration
+        return out
+
+    @property
+    def bubble_rate(self) -> float:
+        ms = self.makespan
+        if ms <= 0:
+            return 0.0
+        return 1.0 - max(self.busy()) / ms
+
+    def rank_bubble_rates(self) -> list[float]:
+        """Per rank: 1 − its own compute time / makespan."""
+        ms = self.makespan
+        return [1.0 - b / ms if ms > 0 else 0.0 for b in self.busy()]
+
+    # --- memory metrics ------------------------------------------------------------
+    def memory_curve(self, rank: int) -> list[tuple[float, float]]:
+        """Step curve ``[(time, level), …]`` of a rank's activation memory.
+
+        Frees at a time are applied before allocations at the same time, so a W
+        that ends when an F starts does not count both.
+        """
+        points: list[tuple[float, int, float]] = []
+        for e in self.events:
+            if e.rank != rank or e.mem == 0:
+                continue
+            if e.mem > 0:
+                points.append((e.start, 1, e.mem))
+            else:
+                points.append((e.end, 0, e.mem))
+        points.sort(key=lambda x: (x[0], x[1]))
+        level = 0.0
+        curve = [(self.start, 0.0)]
+        for t, _, d in points:
+            level += d
+            curve.append((t, level))
+        return curve
+
+    def peak_memory(self) -> list[float]:
+        """Per rank, the highest activation memory over the iteration (≥ 0)."""
+        out = []
+        for r in range(self.num_ranks):
+            out.append(_clean(max(0.0, max(level for _, level in self.memory_curve(r)))))
+        return out
+
+    def summary(self) -> dict:
+        """The JSON-ready core metrics."""
+        return {
+            "makespan": _clean(self.makespan),
+            "bubble_rate": _clean(self.bubble_rate),
+            "peak_memory": self.peak_memory(),
+            "busy": [_clean(b) for b in self.busy()],
+        }
+
+
+def _clean(x: float) -> float:
+    """Round away float noise from 1/v shares (e.g. 2.9999999999 → 3.0)."""
+    r = round(x, 9)
+    return 0.0 if r == 0 else r
