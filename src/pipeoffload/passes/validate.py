@@ -28,33 +28,35 @@ def validate(schedule: Schedule) -> None:
         raise ScheduleError(f"schedule has {len(schedule.ranks)} op lists but the placement has {p} ranks")
 
     counts: Counter = Counter()
+    rank_of, chunk_of = pl.stage_to_rank, pl.chunk_of
     for r, lst in enumerate(schedule.ranks):
         for i, op in enumerate(lst):
-            where = f"rank {r}, position {i}: {op}"
-            if not op.kind.is_compute:
+            kind = op.kind
+            if not kind.is_compute:
                 continue
-            if not 0 <= op.stage < S:
-                raise ScheduleError(f"{where}: stage out of range 0..{S - 1} (rule: placement consistent)")
-            if not 0 <= op.microbatch < m:
-                raise ScheduleError(f"{where}: microbatch out of range 0..{m - 1}")
-            if op.rank != r or pl.rank_of(op.stage) != r:
-                raise ScheduleError(
-                    f"{where}: layer group {op.stage} is placed on rank {pl.rank_of(op.stage)}, "
-                    f"not rank {r} (rule: placement consistent)"
-                )
-            if op.chunk != pl.chunk_of(op.stage):
-                raise ScheduleError(
-                    f"{where}: chunk {op.chunk} but layer group {op.stage} is chunk "
-                    f"{pl.chunk_of(op.stage)} of rank {r} (rule: placement consistent)"
-                )
-            c = counts[op.key] = counts[op.key] + 1
-            if c > 1:
-                raise ScheduleError(f"{where}: duplicate op (rule: each op runs exactly once)")
-            k, s, j = op.key
-            if k is OpKind.BW and (counts[(OpKind.B, s, j)] or counts[(OpKind.W, s, j)]):
-                raise ScheduleError(f"{where}: BW together with B/W for the same layer group and microbatch")
-            if k in (OpKind.B, OpKind.W) and counts[(OpKind.BW, s, j)]:
-                raise ScheduleError(f"{where}: B/W together with BW for the same layer group and microbatch")
+            stage, j = op.stage, op.microbatch
+            bad = None
+            if not 0 <= stage < S:
+                bad = f"stage out of range 0..{S - 1} (rule: placement consistent)"
+            elif not 0 <= j < m:
+                bad = f"microbatch out of range 0..{m - 1}"
+            elif op.rank != r or rank_of[stage] != r:
+                bad = (f"layer group {stage} is placed on rank {rank_of[stage]}, "
+                       f"not rank {r} (rule: placement consistent)")
+            elif op.chunk != chunk_of(stage):
+                bad = (f"chunk {op.chunk} but layer group {stage} is chunk "
+                       f"{chunk_of(stage)} of rank {r} (rule: placement consistent)")
+            else:
+                key = (kind, stage, j)
+                c = counts[key] = counts[key] + 1
+                if c > 1:
+                    bad = "duplicate op (rule: each op runs exactly once)"
+                elif kind is OpKind.BW and (counts[(OpKind.B, stage, j)] or counts[(OpKind.W, stage, j)]):
+                    bad = "BW together with B/W for the same layer group and microbatch"
+                elif kind in (OpKind.B, OpKind.W) and counts[(OpKind.BW, stage, j)]:
+                    bad = "B/W together with BW for the same layer group and microbatch"
+            if bad:
+                raise ScheduleError(f"rank {r}, position {i}: {op}: {bad}")
 
     for s in range(S):
         for j in range(m):

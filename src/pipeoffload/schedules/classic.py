@@ -46,12 +46,26 @@ def one_f_one_b(spec: ScheduleSpec) -> Schedule:
     return build_schedule("1f1b", m, pl, per_rank, p=p, m=m, v=1)
 
 
+def microbatch_groups(p: int, m: int) -> list[range]:
+    """Split m >= p microbatches into ⌊m/p⌋ consecutive groups of sizes as equal as
+    possible (each >= p). Megatron's fixed groups of p with a partial last group
+    deadlock for some m (e.g. p=9, m=37, v=3); these never do (checked over
+    p ≤ 12, v ≤ 4, m ≤ 5p+1 in the tests) and keep the bubble (p−1)/(vm+p−1)."""
+    rounds = max(1, m // p)
+    base, extra = divmod(m, rounds)
+    out, start = [], 0
+    for k in range(rounds):
+        size = base + (1 if k < extra else 0)
+        out.append(range(start, start + size))
+        start += size
+    return out
+
+
 def _megatron_order(p: int, m: int, v: int, i: int, backward: bool) -> list[tuple[int, int]]:
-    """(stage, microbatch) order of one rank: groups of p microbatches, each group
-    through every chunk (reversed for backward). The last group may be partial."""
+    """(stage, microbatch) order of rank i: each microbatch group goes through every
+    chunk (reversed for backward) before the next group starts."""
     order = []
-    for k in range(0, m, p):
-        grp = range(k, min(k + p, m))
+    for grp in microbatch_groups(p, m):
         chunks = reversed(range(v)) if backward else range(v)
         for c in chunks:
             order.extend((c * p + i, j) for j in grp)
@@ -61,20 +75,23 @@ def _megatron_order(p: int, m: int, v: int, i: int, backward: bool) -> list[tupl
 def interleaved_1f1b(spec: ScheduleSpec) -> Schedule:
     """Megatron interleaved 1F1B (loop placement, v chunks), any m >= p.
 
-    Rank i warms up with 2(p−i−1) + (v−1)p forwards, then alternates F and BW.
-    Bubble (p−1)(T_F+T_B+T_W)/v when p divides m; peak ≈ (v+1)p−1 chunk units.
+    Microbatches advance through the chunks in groups (:func:`microbatch_groups`);
+    rank i warms up with 2(p−i−1) + (v−1)·G forwards (G the first group's size),
+    then alternates F and BW. Bubble (p−1)(T_F+T_B+T_W)/v; peak (v+1)p−1 chunk
+    units when p divides m (a little more when groups are larger than p).
     """
     spec.no_group()
     p, m = spec.p, spec.m
     v = spec.chunks(2)
-    spec.need_m_at_least(p, "forwards advance through the chunks in groups of p microbatches")
+    spec.need_m_at_least(p, "forwards advance through the chunks in groups of at least p microbatches")
     pl = Placement.loop(p, v)
+    g0 = len(microbatch_groups(p, m)[0])
     per_rank = []
     for i in range(p):
         fo = _megatron_order(p, m, v, i, backward=False)
         bo = _megatron_order(p, m, v, i, backward=True)
         total = len(fo)
-        warm = min(2 * (p - i - 1) + (v - 1) * p, total)
+        warm = min(2 * (p - i - 1) + (v - 1) * g0, total)
         ops = [(F, s, j) for s, j in fo[:warm]]
         nf, nb = warm, 0
         while nb < total:
