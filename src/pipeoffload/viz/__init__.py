@@ -1,0 +1,122 @@
+"""Pictures of a :class:`~pipeoffload.timeline.Timeline`: PNG, Chrome/Perfetto trace, text grid.
+
+Every view works for simulated and measured timelines alike. This package and its
+``trace``/``text`` modules are pure Python (no torch, no matplotlib); ``png`` imports
+matplotlib only inside :func:`~pipeoffload.viz.png.draw_timeline`.
+
+Shared here: how events become *boxes* on lanes. A compute op is one box on its
+rank's "compute" lane. A transfer (offload / reload) may arrive as one event with a
+duration or as a START/END pair of instants (or both); either way all events of one
+(rank, direction, layer group, microbatch) merge into one box from the earliest
+start to the latest end, on the "d2h" (offload) or "h2d" (reload) lane. Sends and
+receives go on the "comm" lane, one box per event.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..ir import OpKind
+from ..timeline import TimedOp, Timeline
+
+__all__ = ["Box", "LANE_ORDER", "boxes", "lanes_of", "time_scale_us", "time_label", "format_memory"]
+
+#: Lane order within one rank, top to bottom.
+LANE_ORDER = ("compute", "d2h", "h2d", "comm")
+
+_OFFLOAD = frozenset({OpKind.OFFLOAD_START, OpKind.OFFLOAD_END})
+_RELOAD = frozenset({OpKind.RELOAD_START, OpKind.RELOAD_END})
+
+
+@dataclass(frozen=True)
+class Box:
+    """One drawable interval on one lane of one rank.
+
+    ``kind`` is the op kind's value for compute and comm ops ("F", "B", "W", "BW",
+    "SEND_F", ...) and "OFFLOAD" / "RELOAD" for merged transfers. ``mem`` is the
+    summed memory delta of the events merged into the box.
+    """
+
+    rank: int
+    lane: str
+    kind: str
+    start: float
+    end: float
+    stage: int
+    chunk: int
+    microbatch: int
+    mem: float = 0.0
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+def _lane(e: TimedOp) -> str:
+    """The lane an event is drawn on: its stream, or one derived from its kind."""
+    k = e.op.kind
+    if k.is_compute:
+        return "compute"
+    if e.stream in ("d2h", "h2d", "comm"):
+        return e.stream
+    if k in _OFFLOAD:
+        return "d2h"
+    if k in _RELOAD:
+        return "h2d"
+    return "comm"
+
+
+def boxes(tl: Timeline) -> list[Box]:
+    """All boxes of ``tl``, sorted by (rank, lane order, start).
+
+    Guarantees: exactly one box per compute event (same start/end); one box per
+    (rank, offload-or-reload, stage, microbatch); one box per comm event.
+    """
+    out: list[Box] = []
+    merged: dict[tuple, list[TimedOp]] = {}
+    for e in tl.events:
+        lane = _lane(e)
+        o = e.op
+        if o.kind in _OFFLOAD or o.kind in _RELOAD:
+            fam = "OFFLOAD" if o.kind in _OFFLOAD else "RELOAD"
+            merged.setdefault((o.rank, lane, fam, o.stage, o.microbatch), []).append(e)
+            continue
+        out.append(Box(o.rank, lane, o.kind.value, e.start, e.end, o.stage, o.chunk, o.microbatch, e.mem))
+    for (rank, lane, fam, stage, mb), evs in merged.items():
+        out.append(
+            Box(rank, lane, fam, min(e.start for e in evs), max(e.end for e in evs),
+                stage, evs[0].op.chunk, mb, sum(e.mem for e in evs))
+        )
+    order = {name: i for i, name in enumerate(LANE_ORDER)}
+    out.sort(key=lambda b: (b.rank, order[b.lane], b.start, b.end))
+    return out
+
+
+def lanes_of(bxs: list[Box]) -> list[str]:
+    """The lanes that hold at least one box, in :data:`LANE_ORDER` ("compute" always)."""
+    used = {b.lane for b in bxs}
+    return [ln for ln in LANE_ORDER if ln == "compute" or ln in used]
+
+
+def time_scale_us(tl: Timeline) -> float:
+    """Microseconds per timeline time unit: 1e6 when ``meta["time_unit"] == "s"``
+    (measured), else 1000 (a simulated unit is drawn as one millisecond)."""
+    return 1e6 if tl.meta.get("time_unit") == "s" else 1000.0
+
+
+def time_label(tl: Timeline) -> str:
+    unit = tl.meta.get("time_unit")
+    if unit == "s":
+        return "time (s)"
+    return f"time ({unit})" if unit else "time (cost units)"
+
+
+def format_memory(x: float, unit: str) -> str:
+    """A short memory figure: bytes as KiB/MiB/GiB, other units as a plain number."""
+    if unit == "bytes":
+        ax = abs(x)
+        for scale, name in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+            if ax >= scale:
+                return f"{x / scale:.3g} {name}"
+        return f"{x:.0f} B"
+    return f"{x:.4g}"

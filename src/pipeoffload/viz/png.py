@@ -1,0 +1,269 @@
+"""PNG picture of a Timeline: one lane per rank, with that rank's memory curve under it.
+
+Each rank gets a block: its compute lane (ops as boxes coloured by kind, lighter
+for later chunks, labelled with the microbatch when the label fits), a thinner lane
+per transfer stream that has events ("d2h" offloads, "h2d" reloads, "comm"), and a
+strip with its activation-memory step curve (filled) and, when
+``tl.meta["baseline_memory_curves"]`` is given, the curve without offload dashed.
+Memory strips share one y scale so ranks compare at a glance; each is annotated
+with its peak. The title gives schedule, p, m, v, bubble rate and peak memory.
+
+matplotlib is imported inside :func:`draw_timeline` (Agg canvas, no pyplot, no
+global backend switch), so importing this module is cheap.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from statistics import median
+
+from ..timeline import Timeline
+from . import Box, boxes, format_memory, lanes_of, time_label
+
+__all__ = ["draw_timeline", "KIND_COLORS"]
+
+#: Base colour per box kind (chunk 0). Later chunks are mixed towards white.
+KIND_COLORS = {
+    "F": "#3f6fb5",
+    "B": "#e8832a",
+    "W": "#4f9d48",
+    "BW": "#c9474b",
+    "OFFLOAD": "#8a62b8",
+    "RELOAD": "#2a9d9a",
+}
+_COMM_COLOR = "#9a9a9a"
+_KIND_NAMES = {"F": "F forward", "B": "B input grad", "W": "W weight grad", "BW": "BW full backward",
+               "OFFLOAD": "offload (d2h)", "RELOAD": "reload (h2d)"}
+_MEM_COLOR = "#333f4f"
+_DPI = 100
+# Layout in inches.
+_LANE_H = 0.40  # compute lane
+_XFER_H = 0.20  # each transfer lane
+_MEM_H = 0.50  # memory strip
+_GAP_H = 0.16  # between rank blocks
+_LEFT, _RIGHT, _TOP, _BOTTOM = 0.85, 1.05, 0.85, 0.80
+_MIN_W, _MAX_W, _MAX_H = 9.0, 40.0, 32.0
+
+
+def _hex(c: str) -> tuple[float, float, float]:
+    c = c.lstrip("#")
+    return tuple(int(c[i:i + 2], 16) / 255 for i in (0, 2, 4))  # type: ignore[return-value]
+
+
+def _shade(kind: str, chunk: int, chunks: int) -> tuple[float, float, float]:
+    """Kind colour, mixed towards white by chunk index (chunk 0 = full colour)."""
+    base = _hex(KIND_COLORS.get(kind, _COMM_COLOR))
+    if chunks <= 1 or chunk <= 0 or kind not in ("F", "B", "W", "BW"):
+        return base
+    mix = 0.55 * min(chunk, chunks - 1) / (chunks - 1)
+    return tuple(x + (1 - x) * mix for x in base)  # type: ignore[return-value]
+
+
+def _text_color(rgb: tuple[float, float, float]) -> str:
+    lum = 0.299 * rgb[0] + 0.587 * rgb[1] + 0.114 * rgb[2]
+    return "black" if lum > 0.55 else "white"
+
+
+def draw_timeline(tl: Timeline, path: str | Path, title: str | None = None) -> Path:
+    """Draw ``tl`` to a PNG at ``path`` (parent folders created); returns the path.
+
+    ``title`` replaces the first title line (schedule, p, m, v); the metrics line
+    (bubble rate, makespan, peak memory) is always drawn. Figure size grows with the
+    number of ops per rank and with the rank count, within 9–40 × ≤32 inches at
+    100 dpi; labels that do not fit their box are left out.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    p = tl.num_ranks
+    bxs = boxes(tl)
+    lanes = lanes_of(bxs)
+    xfer_lanes = [ln for ln in lanes if ln != "compute"]
+    baseline = tl.meta.get("baseline_memory_curves")
+    curves = [tl.memory_curve(r) for r in range(p)]
+    base_curves = [baseline[r] if baseline and r < len(baseline) else [] for r in range(p)]
+
+    times = [b.start for b in bxs] + [b.end for b in bxs]
+    t0 = min(times, default=0.0)
+    t1 = max(times, default=1.0)
+    span = (t1 - t0) or 1.0
+
+    # --- size: ~18 px per typical compute op, within limits --------------------------
+    comp = [b.duration for b in bxs if b.lane == "compute" and b.duration > 0]
+    typical = median(comp) if comp else span
+    axes_w = min(_MAX_W - _LEFT - _RIGHT, max(_MIN_W - _LEFT - _RIGHT, span / typical * 18 / _DPI))
+    fig_w = axes_w + _LEFT + _RIGHT
+    block = [_LANE_H + _XFER_H * len(xfer_lanes), _MEM_H]
+    per_rank = sum(block) + _GAP_H
+    scale = min(1.0, (_MAX_H - _TOP - _BOTTOM) / (p * per_rank))
+    body_h = p * per_rank * scale
+    fig_h = body_h + _TOP + _BOTTOM
+
+    fig = Figure(figsize=(fig_w, fig_h), dpi=_DPI)
+    FigureCanvasAgg(fig)
+    ratios: list[float] = []
+    for r in range(p):
+        ratios += block + ([_GAP_H] if r < p - 1 else [])
+    gs = fig.add_gridspec(
+        len(ratios), 1, height_ratios=ratios, hspace=0,
+        left=_LEFT / fig_w, right=1 - _RIGHT / fig_w, top=1 - _TOP / fig_h, bottom=_BOTTOM / fig_h,
+    )
+    px_per_t = axes_w * _DPI / span
+    font = 7 if typical * px_per_t >= 16 else 6 if typical * px_per_t >= 11 else 5
+    char_px = 0.62 * font * _DPI / 72
+
+    peaks = tl.peak_memory()
+    base_peaks = [max((lv for _, lv in c), default=0.0) for c in base_curves]
+    mem_top = max(peaks + base_peaks + [1e-12]) * 1.12
+    unit = tl.memory_unit
+
+    lane_y: dict[str, tuple[float, float]] = {"compute": (0.0, 1.0)}
+    y = 1.0
+    for ln in xfer_lanes:
+        lane_y[ln] = (y + 0.08, y + 0.5)
+        y += 0.5
+    y_max = y + 0.04
+
+    first_ax = None
+    mem_axes = []
+    for r in range(p):
+        row = r * 3
+        ax = fig.add_subplot(gs[row], sharex=first_ax)
+        first_ax = first_ax or ax
+        mine = [b for b in bxs if b.rank == r]
+        _draw_lanes(ax, mine, lane_y, tl.chunks, t0, px_per_t, font, char_px)
+        ax.set_ylim(y_max, -0.04)
+        ax.set_yticks([(a + b) / 2 for a, b in lane_y.values()])
+        ax.set_yticklabels([f"rank {r}"] + xfer_lanes)
+        for lbl, ln in zip(ax.get_yticklabels(), lane_y):
+            lbl.set_fontsize(8 if ln == "compute" else 6)
+            if ln == "compute":
+                lbl.set_fontweight("bold")
+        ax.tick_params(axis="y", length=0, pad=3)
+        ax.tick_params(axis="x", labelbottom=False, length=0)
+        ax.grid(axis="x", color="#d8d8d8", linewidth=0.5)
+        ax.set_axisbelow(True)
+        for side in ("top", "right", "bottom"):
+            ax.spines[side].set_visible(False)
+
+        mx = fig.add_subplot(gs[row + 1], sharex=first_ax)
+        mem_axes.append(mx)
+        _draw_memory(mx, curves[r], base_curves[r], t0, t1)
+        mx.set_ylim(0, mem_top)
+        # Tick the peak; keep the 0 tick only where the two labels do not collide.
+        ticks = [peaks[r]] if peaks[r] > 0 else [0.0]
+        if 0 < peaks[r] and peaks[r] >= 0.4 * mem_top:
+            ticks.insert(0, 0.0)
+        mx.set_yticks(ticks)
+        mx.set_yticklabels([format_memory(t, unit) for t in mx.get_yticks()], fontsize=6)
+        mx.tick_params(axis="y", length=2, pad=1)
+        mx.tick_params(axis="x", labelbottom=(r == p - 1), labelsize=8, length=2 if r == p - 1 else 0)
+        mx.grid(axis="x", color="#d8d8d8", linewidth=0.5)
+        mx.set_axisbelow(True)
+        for side in ("top", "right"):
+            mx.spines[side].set_visible(False)
+        note = f"peak {format_memory(peaks[r], unit)}"
+        if base_curves[r]:
+            note += f"\nno offload {format_memory(base_peaks[r], unit)}"
+        mx.text(1.004, 0.5, note, transform=mx.transAxes, fontsize=6.5, va="center", ha="left",
+                color=_MEM_COLOR)
+
+    first_ax.set_xlim(0, span)
+    mem_axes[-1].set_xlabel(time_label(tl) + (", 0 = first op" if abs(t0) > 1e-9 else ""), fontsize=8)
+
+    # --- title ----------------------------------------------------------------------
+    params = tl.meta.get("params") or {}
+    head = title or _default_title(tl, params)
+    pk_max = max(peaks, default=0.0)
+    metrics = (f"bubble rate {100 * tl.bubble_rate:.1f}%    makespan {tl.makespan:.6g}    "
+               f"peak memory ({unit}) max {format_memory(pk_max, unit)}")
+    if any(base_curves):
+        metrics += f" (without offload {format_memory(max(base_peaks), unit)})"
+    per = ", ".join(format_memory(x, unit) for x in peaks)
+    if len(metrics) + len(per) + 12 < fig_w * 13:
+        metrics += f"    per rank: {per}"
+    fig.text(_LEFT / fig_w, 1 - 0.22 / fig_h, head, fontsize=12, fontweight="bold", va="top", ha="left")
+    fig.text(_LEFT / fig_w, 1 - 0.50 / fig_h, metrics, fontsize=9, va="top", ha="left")
+
+    # --- legend ---------------------------------------------------------------------
+    handles = []
+    kinds_present = [k for k in KIND_COLORS if any(b.kind == k for b in bxs)]
+    for k in kinds_present:
+        chunks_here = sorted({b.chunk for b in bxs if b.kind == k}) if k in ("F", "B", "W", "BW") else [0]
+        show = chunks_here if 1 < len(chunks_here) <= 4 else [0]
+        for c in show:
+            lbl = _KIND_NAMES[k] + (f", chunk {c}" if len(show) > 1 else "")
+            handles.append(Patch(facecolor=_shade(k, c, tl.chunks), edgecolor="none", label=lbl))
+    if any(b.lane == "comm" for b in bxs):
+        handles.append(Patch(facecolor=_COMM_COLOR, edgecolor="none", label="send / recv"))
+    handles.append(Line2D([], [], color=_MEM_COLOR, linewidth=1.2, label=f"activation memory ({unit})"))
+    if any(base_curves):
+        handles.append(Line2D([], [], color="#b03030", linewidth=1.0, linestyle="--", label="memory without offload"))
+    ncol = max(1, min(len(handles), int(fig_w // 2.0)))
+    fig.legend(handles=handles, loc="lower center", ncol=ncol, fontsize=7.5, frameon=False,
+               bbox_to_anchor=(0.5, 0.02 / fig_h), handlelength=1.6, columnspacing=1.4)
+
+    fig.savefig(path, format="png", dpi=_DPI, facecolor="white")
+    return path
+
+
+def _default_title(tl: Timeline, params: dict) -> str:
+    parts = [tl.name or "timeline", f"p={tl.num_ranks}", f"m={tl.num_microbatches}", f"v={tl.chunks}"]
+    g = params.get("g")
+    if g is not None:
+        parts.append(f"g={g}")
+    return "   ".join(parts)
+
+
+def _draw_lanes(ax, mine: list[Box], lane_y: dict, chunks: int, t0: float,
+                px_per_t: float, font: int, char_px: float) -> None:
+    from matplotlib.collections import PolyCollection
+
+    for ln, (ya, yb) in lane_y.items():
+        lb = [b for b in mine if b.lane == ln]
+        if not lb:
+            continue
+        verts, colors = [], []
+        for b in lb:
+            xa, xb = b.start - t0, b.end - t0
+            verts.append([(xa, ya), (xb, ya), (xb, yb), (xa, yb)])
+            colors.append(_shade(b.kind, b.chunk, chunks))
+        ax.add_collection(PolyCollection(verts, facecolors=colors, edgecolors="white",
+                                         linewidths=0.4 if ln == "compute" else 0.25))
+        fs = font if ln == "compute" else max(4.5, font - 1.5)
+        cpx = char_px * fs / font
+        for b, col in zip(lb, colors):
+            if b.lane == "comm":
+                continue
+            label = str(b.microbatch)
+            if b.duration * px_per_t < len(label) * cpx + 3:
+                continue
+            ax.text((b.start + b.end) / 2 - t0, (ya + yb) / 2, label, ha="center", va="center",
+                    fontsize=fs, color=_text_color(col), clip_on=True)
+
+
+def _draw_memory(ax, curve: list[tuple[float, float]], base: list, t0: float, t1: float) -> None:
+    def steps(c):
+        # One level per instant: a free and an allocation at the same time are one
+        # step, not a zero-width dip.
+        last: dict[float, float] = {}
+        for t, lv in c:
+            last[t] = lv
+        xs = [t - t0 for t in last]
+        ys = list(last.values())
+        if xs and xs[-1] < t1 - t0:
+            xs.append(t1 - t0)
+            ys.append(ys[-1])
+        return xs, ys
+
+    xs, ys = steps(curve)
+    if xs:
+        ax.fill_between(xs, ys, step="post", color=_MEM_COLOR, alpha=0.18, linewidth=0)
+        ax.step(xs, ys, where="post", color=_MEM_COLOR, linewidth=1.0)
+    if base:
+        bx, by = steps(base)
+        ax.step(bx, by, where="post", color="#b03030", linewidth=0.9, linestyle="--")
