@@ -7,7 +7,17 @@ import argparse
 from ..passes.timing import simulate
 from ..schedules import ScheduleSpec, build
 from ..timeline import Timeline
-from .common import add_costs_args, add_schedule_args, costs_from_args, memory_from_args, memory_unit, print_json
+from .common import (
+    add_costs_args,
+    add_offload_args,
+    add_schedule_args,
+    costs_from_args,
+    memory_from_args,
+    memory_unit,
+    offload_options,
+    offload_requested,
+    print_json,
+)
 
 
 def register(sub) -> argparse.ArgumentParser:
@@ -19,6 +29,7 @@ def register(sub) -> argparse.ArgumentParser:
     )
     add_schedule_args(p)
     add_costs_args(p)
+    add_offload_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--ops", action="store_true", help="with --json: include every op's start/end and memory curves")
     p.add_argument("--png", metavar="FILE", help="write a PNG timeline with memory curves")
@@ -52,7 +63,14 @@ def run(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
     sched = build(spec)
     unit = memory_unit(args)
+    opts = offload_options(args)
     tl = simulate(sched, spec.costs, spec.memory, memory_unit=unit)
+    off = None
+    if offload_requested(args):
+        from ..passes.offload import offload_plan
+
+        off = offload_plan(sched, tl, comm=spec.costs.comm, **opts)
+        sched, tl = off.schedule, off.timeline
     outputs(args, sched, tl)
     if args.json:
         obj = {
@@ -65,9 +83,16 @@ def run(args: argparse.Namespace) -> int:
             **timeline_json(tl, args.ops),
         }
         obj["peak_memory_max"] = max(obj["peak_memory"])
+        if off is not None:
+            obj["peak_memory_no_offload"] = off.peak_no_offload
+            obj["host_memory"] = off.host_memory
+            obj["offloaded_chunks"] = off.chunks
+            obj["offload"] = off.summary()
         print_json(obj)
     else:
         print(report_text(sched.name, tl))
+        if off is not None:
+            print(offload_text(off))
         if args.text:
             from ..viz.text import render_grid
 
@@ -98,5 +123,24 @@ def report_text(name: str, tl: Timeline) -> str:
         f"  makespan    {tl.makespan:.6g}",
         f"  bubble rate {tl.bubble_rate:.4f}",
         f"  peak memory ({tl.memory_unit}) per rank: " + ", ".join(f"{x:.6g}" for x in peaks),
+    ]
+    return "\n".join(lines)
+
+
+def offload_text(off) -> str:
+    """Report lines for an offload plan (:class:`~pipeoffload.passes.offload.OffloadResult`)."""
+    unit = off.timeline.memory_unit
+    skipped = ", ".join(f"{n} {why}" for why, n in off.skipped.items()) or "none"
+    inc = off.makespan / off.makespan_no_offload - 1.0 if off.makespan_no_offload > 0 else 0.0
+    how = "auto" if off.settings.get("auto") else "requested"
+    which = {0: "nothing", 1: "chunk 0"}.get(off.chunks, f"chunks 0..{off.chunks - 1}")
+    lines = [
+        f"  offload     {which} of every rank ({how}, C={off.chunks}, "
+        + (f"transfer = {off.settings['offload_time']:g} x F+B+W)" if off.settings.get("offload_time") is not None
+           else "absolute transfer times)"),
+        f"  transfers   {len(off.transfers)} offload+reload pairs; skipped: {skipped}; "
+        f"delayed backwards: {off.delayed}; makespan {inc:+.2%}",
+        f"  peak memory without offload ({unit}): " + ", ".join(f"{x:.6g}" for x in off.peak_no_offload),
+        f"  host memory ({unit}) per rank: " + ", ".join(f"{x:.6g}" for x in off.host_memory),
     ]
     return "\n".join(lines)

@@ -1,0 +1,830 @@
+"""Offload pass: add activation offload/reload transfers to a timed schedule (PipeOffload).
+
+Input: a :class:`~pipeoffload.ir.Schedule` and its :class:`~pipeoffload.timeline.Timeline`
+from :func:`pipeoffload.passes.timing.simulate` (the compute ops carry their memory
+deltas). Output: a new Schedule whose per-rank lists also hold OFFLOAD_START/END and
+RELOAD_START/END ops, and a new Timeline whose transfer events run on the "d2h"/"h2d"
+streams and carry memory deltas, so ``Timeline.memory_curve``/``peak_memory`` show
+the effect directly (ALGORITHMS.md §5).
+
+What is offloaded (selective offload)
+    Chunk ``c`` of every rank for ``c < C``: the earliest layer groups, which live
+    longest. One transfer moves the whole activation a chunk's F keeps for one
+    microbatch (the F event's memory delta, ``a``).
+
+Memory accounting
+    F still allocates ``a`` at its start. OFFLOAD_END (copy done) frees ``a``;
+    RELOAD_START allocates the device buffer (``+a``) when the host→device copy
+    begins; B/W then free exactly what they freed before (B the part it frees, W the
+    rest). The deltas sum to zero per (chunk, microbatch) with no change to the
+    compute ops, and the device-resident intervals are a subset of the
+    no-offload ones, so the peak never rises. With instantaneous transfers a reload
+    lands exactly at its B's start: the activation is resident from F start to F end
+    and from B start to W end only.
+
+Host link model (documented choice; the reference cuts time into fixed slots instead)
+    Ranks are grouped ``link_group`` at a time onto one host link (default pairs
+    ``2r, 2r+1``; an odd last rank has a link of its own). A link carries at most one
+    transfer per direction (d2h, h2d) at a time; the ranks sharing a link queue for
+    it. One one-way transfer of chunk ``c`` takes ``d_c = offload_time × (F+B+W of
+    c)`` (or an absolute time per layer group) while the link's other direction is
+    busy, and ``solo_factor × d_c`` (0.7 in the reference) when it is idle for the
+    whole transfer. Transfers are *planned* at the shared rate ``d_c`` (an upper
+    bound); afterwards each one whose other direction stays idle throughout is
+    shortened in place (an offload ends earlier, a reload starts later), which keeps
+    every planned ordering and deadline valid and only lowers memory.
+
+Placement rules
+    Two heuristics plan every candidate's copies; the better plan is kept (complete
+    first, then shorter makespan, lower highest peak, lower summed peaks):
+    *value* takes candidates by chunk (earliest first), then lifespan (longest
+    first), giving each offload the earliest free d2h time after its F and each
+    reload the latest free h2d time that ends by its B and starts after the offload,
+    so the plan for C chunks is the plan for C−1 plus transfers fitted into its gaps;
+    *deadline* serves each direction of a link by non-preemptive earliest deadline
+    first (offloads forwards from the F ends, reloads backwards from the B starts),
+    which packs a busy link better. An offload that saves nothing (F end → B start no
+    longer than its round trip ``2 d_c``, or a zero memory share) is skipped and
+    counted. A reload that cannot finish before its B makes the request infeasible:
+    by default :class:`ParameterError` names the largest feasible ``C``;
+    ``on_infeasible="skip"`` drops those offloads instead (counted as "link_busy");
+    ``"delay"`` lets the B wait for the reload and re-times the compute ops (the
+    makespan may grow), re-planning until no reload is late.
+
+Auto
+    ``auto=True`` plans every C from 0 to the number of chunks (in "skip" mode unless
+    told otherwise) and keeps, among the plans whose makespan is within
+    ``tolerance`` of the no-offload makespan, the one with the lowest highest peak
+    (then lowest summed peaks, then fewer chunks). Offloading more is not always
+    better on a busy link: short-lived chunks take link time the long-lived ones
+    needed.
+
+Optional: ``postpone_warmup`` moves every warm-up forward (one before its rank's first
+backward) as late as the next op on its rank and its consumers allow, shortening
+lifespans; the makespan and every rank's order are unchanged.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from bisect import bisect_left, bisect_right, insort
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from ..errors import ParameterError, ScheduleError
+from ..ir import Op, OpKind, Schedule
+from ..timeline import TimedOp, Timeline, _clean
+from .timing import dependencies
+
+__all__ = ["LinkModel", "Transfer", "OffloadResult", "offload_plan", "largest_feasible_chunks", "host_memory_curve"]
+
+_EPS = 1e-9
+_MAX_RETIMES = 100
+_INFEASIBLE_MODES = ("error", "skip", "delay")
+#: Skip reasons reported in ``OffloadResult.skipped``.
+SKIP_SHORT = "short_lifespan"  #: F end → B start no longer than the round trip: saves nothing
+SKIP_EMPTY = "no_memory"  #: the chunk's F keeps nothing
+SKIP_LINK = "link_busy"  #: on_infeasible="skip": the reload could not finish before its B
+
+
+@dataclass(frozen=True)
+class LinkModel:
+    """Ranks ``[k·group, (k+1)·group)`` share host link ``k`` (the last link may hold fewer).
+
+    ``solo_factor``: duration multiplier of a transfer while the link's other
+    direction is idle (0 < solo_factor ≤ 1; 1 = no speed-up).
+    """
+
+    group: int = 2
+    solo_factor: float = 0.7
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.group, int) or isinstance(self.group, bool) or self.group < 1:
+            raise ParameterError("--link-group", f"ranks per host link must be an integer >= 1, got {self.group!r}")
+        if not (math.isfinite(self.solo_factor) and 0 < self.solo_factor <= 1):
+            raise ParameterError("--solo-factor", f"must be in (0, 1], got {self.solo_factor!r}")
+
+    def link_of(self, rank: int) -> int:
+        return rank // self.group
+
+    def ranks_of(self, link: int, num_ranks: int) -> range:
+        return range(link * self.group, min((link + 1) * self.group, num_ranks))
+
+
+@dataclass
+class Transfer:
+    """One offloaded (layer group, microbatch): its D2H copy and its H2D copy."""
+
+    rank: int
+    stage: int
+    chunk: int
+    microbatch: int
+    amount: float  #: activation memory moved (the F's delta)
+    offload_start: float
+    offload_end: float
+    reload_start: float
+    reload_end: float
+    backward_start: float  #: start of the B (or BW) that needs the activation
+    link: int
+
+
+@dataclass
+class OffloadResult:
+    """What :func:`offload_plan` produced. Peaks and host memory are per rank."""
+
+    schedule: Schedule
+    timeline: Timeline
+    chunks: int  #: C: chunks c < C of every rank were selected
+    transfers: list[Transfer]
+    skipped: dict[str, int]
+    delayed: int  #: backward ops that start later than without offload
+    peak_no_offload: list[float]
+    peak: list[float]
+    host_memory: list[float]
+    makespan_no_offload: float
+    makespan: float
+    settings: dict = field(default_factory=dict)
+
+    def summary(self) -> dict:
+        """JSON-ready description (the CLI's ``offload`` block)."""
+        base = self.makespan_no_offload
+        return {
+            "chunks": self.chunks,
+            **self.settings,
+            "transfers": len(self.transfers),
+            "skipped": dict(self.skipped),
+            "delayed_backwards": self.delayed,
+            "makespan_no_offload": _clean(base),
+            "makespan": _clean(self.makespan),
+            "makespan_increase": _clean(self.makespan / base - 1.0) if base > 0 else 0.0,
+            "peak_memory_no_offload": list(self.peak_no_offload),
+            "peak_memory": list(self.peak),
+            "host_memory": list(self.host_memory),
+        }
+
+
+# --------------------------------------------------------------------------------------
+# Public entry points
+# --------------------------------------------------------------------------------------
+
+
+def offload_plan(
+    schedule: Schedule,
+    timeline: Timeline,
+    *,
+    chunks: int | None = None,
+    auto: bool = False,
+    offload_time: float = 0.0,
+    transfer_times: Sequence[float] | None = None,
+    link_group: int = 2,
+    solo_factor: float = 0.7,
+    tolerance: float = 0.01,
+    on_infeasible: str | None = None,
+    postpone_warmup: bool = False,
+    comm: float = 0.0,
+) -> OffloadResult:
+    """Plan selective activation offload on a timed schedule.
+
+    ``chunks`` (C): offload chunk ``c`` of every rank for ``c < C`` (default: all
+    chunks; with ``auto``, the most to consider). ``auto``: choose C (see the module
+    docstring) within a makespan ``tolerance`` (a fraction). ``offload_time``: one
+    one-way transfer of one chunk's activations for one microbatch, as a multiple of
+    that chunk's F+B+W time (0 = instantaneous); ``transfer_times`` (per layer group,
+    absolute, in the timeline's time unit) overrides it. ``link_group``: ranks per
+    host link; ``solo_factor``: duration multiplier of a transfer whose link's other
+    direction is idle. ``on_infeasible``: "error" (default with explicit C), "skip"
+    (default with ``auto``) or "delay". ``comm``: the cross-rank latency the timeline
+    was simulated with, needed to re-time ("delay", ``postpone_warmup``).
+
+    Guarantees: the inputs are not modified; compute ops keep their times unless a
+    B is delayed ("delay") or warm-up forwards are postponed (later F starts only);
+    every offloaded (chunk, microbatch) has exactly one of each transfer op, with
+    OFFLOAD_START ≤ OFFLOAD_END ≤ RELOAD_START ≤ RELOAD_END ≤ its B's start (strict
+    when the transfer time is positive); only chunks ``c < C`` are offloaded;
+    copies of one direction never overlap on one link; unless a B was delayed,
+    every rank's peak ≤ its no-offload peak. Raises ParameterError naming the CLI
+    flag for bad settings or an infeasible C.
+    """
+    ctx = _Context.make(schedule, timeline, offload_time, transfer_times, link_group, solo_factor, comm)
+    if not (math.isfinite(tolerance) and tolerance >= 0):
+        raise ParameterError("--offload-tolerance", f"must be a finite fraction >= 0, got {tolerance!r}")
+    mode = on_infeasible or ("skip" if auto else "error")
+    if mode not in _INFEASIBLE_MODES:
+        raise ParameterError("--offload-infeasible", f"must be one of {', '.join(_INFEASIBLE_MODES)}, got {mode!r}")
+    vmax = schedule.chunks
+    settings = {
+        "auto": bool(auto),
+        "offload_time": offload_time if transfer_times is None else None,
+        "transfer_times": list(transfer_times) if transfer_times is not None else None,
+        "link_group": link_group,
+        "solo_factor": solo_factor,
+        "tolerance": tolerance,
+        "on_infeasible": mode,
+        "postpone_warmup": postpone_warmup,
+    }
+    if auto:
+        if chunks is not None:
+            _check_chunks(chunks, vmax)
+        hi = vmax if chunks is None else chunks
+        limit = ctx.base_makespan * (1.0 + tolerance) + _EPS
+        best: OffloadResult | None = None
+        for c in range(hi, -1, -1):
+            res = _try(ctx, c, mode, postpone_warmup)
+            if res is None or res.makespan > limit:
+                continue
+            key = (max(res.peak, default=0.0), sum(res.peak), res.chunks)
+            if best is None or key <= (max(best.peak, default=0.0), sum(best.peak), best.chunks):
+                best = res
+        assert best is not None  # C = 0 never lengthens the makespan
+        best.settings = {**settings, **best.settings}
+        return best
+    c = vmax if chunks is None else chunks
+    _check_chunks(c, vmax)
+    res = _try(ctx, c, mode, postpone_warmup)
+    if res is None:
+        best = next(k for k in range(c - 1, -1, -1) if _try(ctx, k, mode, postpone_warmup) is not None)
+        raise ParameterError(
+            "--offload-chunks",
+            f"offloading {c} chunk(s) per rank is infeasible: {ctx.last_failure}; the largest feasible C for "
+            f"these settings is {best} (or let backwards wait: --offload-infeasible delay, or drop those "
+            f"offloads: --offload-infeasible skip)",
+        )
+    res.settings = {**settings, **res.settings}
+    return res
+
+
+def largest_feasible_chunks(schedule: Schedule, timeline: Timeline, **kwargs) -> int:
+    """The largest C that :func:`offload_plan` accepts in "error" mode with these settings."""
+    kwargs = {k: v for k, v in kwargs.items() if k not in ("chunks", "auto", "on_infeasible", "tolerance")}
+    postpone = kwargs.pop("postpone_warmup", False)
+    ctx = _Context.make(
+        schedule, timeline, kwargs.pop("offload_time", 0.0), kwargs.pop("transfer_times", None),
+        kwargs.pop("link_group", 2), kwargs.pop("solo_factor", 0.7), kwargs.pop("comm", 0.0),
+    )
+    if kwargs:
+        raise TypeError(f"unexpected arguments: {', '.join(kwargs)}")
+    return next(c for c in range(schedule.chunks, -1, -1) if _try(ctx, c, "error", postpone) is not None)
+
+
+def host_memory_curve(timeline: Timeline, rank: int) -> list[tuple[float, float]]:
+    """Step curve of activation memory held on the host for ``rank``: from each
+    OFFLOAD_START's start (pinned buffer in use) to its RELOAD_END's end."""
+    # Amounts live on OFFLOAD_END (negative) events; pair by (stage, microbatch).
+    amount = {(e.op.stage, e.op.microbatch): -e.mem for e in timeline.events
+              if e.rank == rank and e.op.kind is OpKind.OFFLOAD_END}
+    pts = []
+    for e in timeline.events:
+        if e.rank != rank:
+            continue
+        key = (e.op.stage, e.op.microbatch)
+        if e.op.kind is OpKind.OFFLOAD_START:
+            pts.append((e.start, 1, amount.get(key, 0.0)))
+        elif e.op.kind is OpKind.RELOAD_END:
+            pts.append((e.end, 0, -amount.get(key, 0.0)))
+    pts.sort(key=lambda x: (x[0], x[1]))
+    level, curve = 0.0, [(timeline.start, 0.0)]
+    for t, _, d in pts:
+        level += d
+        curve.append((t, level))
+    return curve
+
+
+# --------------------------------------------------------------------------------------
+# Internals
+# --------------------------------------------------------------------------------------
+
+
+def _check_chunks(c: object, vmax: int) -> None:
+    if not isinstance(c, int) or isinstance(c, bool) or not 0 <= c <= vmax:
+        raise ParameterError("--offload-chunks", f"must be an integer in 0..{vmax} (chunks per rank), got {c!r}")
+
+
+@dataclass
+class _Cand:
+    """A (layer group, microbatch) that may be offloaded, with its compute times."""
+
+    rank: int
+    stage: int
+    chunk: int
+    mb: int
+    amount: float
+    f_end: float
+    b_start: float
+    dur: float  #: one-way transfer time at the shared rate
+    link: int
+
+
+@dataclass
+class _Context:
+    schedule: Schedule
+    timeline: Timeline
+    link: LinkModel
+    dur_of_stage: list[float]
+    comm: float
+    base_makespan: float
+    op_dur: dict  #: op key → duration (from the timeline)
+    op_mem: dict  #: op key → memory delta
+    base_events: list[TimedOp]
+    last_failure: str = ""
+    retimable: bool = False
+
+    def check_retimable(self) -> None:
+        """Re-timing (delay, postpone) needs the timeline's own rules: re-timing with no
+        extra constraint must give back every op's start."""
+        if self.retimable:
+            return
+        scale = max(1.0, abs(self.base_makespan))
+        again = {e.op.key: e.start for e in _retime(self, {})}
+        for e in self.base_events:
+            if abs(again[e.op.key] - e.start) > 1e-6 * scale:
+                raise ParameterError(
+                    "comm",
+                    f"re-timing the schedule with comm={self.comm:g} does not reproduce the timeline "
+                    f"({e.op} starts at {e.start:g}, re-timed {again[e.op.key]:g}); pass the comm latency "
+                    "the timeline was simulated with (delayed backwards and postponed forwards need it)",
+                )
+        self.retimable = True
+
+    @classmethod
+    def make(cls, schedule, timeline, offload_time, transfer_times, link_group, solo_factor, comm) -> "_Context":
+        link = LinkModel(link_group, solo_factor)
+        if not (isinstance(comm, (int, float)) and math.isfinite(comm) and comm >= 0):
+            raise ParameterError("comm", f"must be a finite number >= 0, got {comm!r}")
+        events = [e for e in timeline.events if e.op.kind.is_compute]
+        if any(not e.op.kind.is_compute for e in timeline.events) or any(
+            not o.kind.is_compute for o in schedule.ops()
+        ):
+            raise ParameterError("schedule", "already holds transfer or comm ops; offload the compute-only schedule")
+        op_dur = {e.op.key: e.end - e.start for e in events}
+        op_mem = {e.op.key: e.mem for e in events}
+        if len(op_dur) != sum(len(lst) for lst in schedule.ranks):
+            raise ParameterError("timeline", "does not time every op of the schedule exactly once")
+        S = schedule.num_stages
+        if transfer_times is not None:
+            tt = [float(x) for x in transfer_times]
+            if len(tt) != S:
+                raise ParameterError("--transfer-times", f"needs one time per layer group ({S}), got {len(tt)}")
+            if any(not math.isfinite(x) or x < 0 for x in tt):
+                raise ParameterError("--transfer-times", f"times must be finite and >= 0, got {tt}")
+            dur_of_stage = tt
+        else:
+            if not (isinstance(offload_time, (int, float)) and math.isfinite(offload_time) and offload_time >= 0):
+                raise ParameterError("--offload-time", f"must be a finite number >= 0, got {offload_time!r}")
+            # The chunk's F+B+W per microbatch: mean over microbatches (equal when simulated).
+            tot = [0.0] * S
+            for e in events:
+                tot[e.op.stage] += e.end - e.start
+            m = schedule.num_microbatches
+            dur_of_stage = [offload_time * t / m for t in tot]
+        return cls(schedule, timeline, link, dur_of_stage, float(comm), timeline.makespan,
+                   op_dur, op_mem, events)
+
+
+def _candidates(ctx: _Context, events: list[TimedOp], C: int) -> tuple[list[_Cand], Counter]:
+    f_end: dict = {}
+    b_start: dict = {}
+    for e in events:
+        k = e.op.kind
+        if k is OpKind.F:
+            f_end[(e.op.stage, e.op.microbatch)] = e
+        elif k.is_backward:
+            b_start[(e.op.stage, e.op.microbatch)] = e.start
+    skipped: Counter = Counter()
+    out = []
+    for (s, j), fe in f_end.items():
+        if fe.op.chunk >= C:
+            continue
+        d = ctx.dur_of_stage[s]
+        amount = fe.mem
+        if amount <= _EPS:
+            skipped[SKIP_EMPTY] += 1
+            continue
+        life = b_start[(s, j)] - fe.end
+        if life <= 2 * d + _EPS:
+            skipped[SKIP_SHORT] += 1
+            continue
+        out.append(_Cand(fe.rank, s, fe.op.chunk, j, amount, fe.end, b_start[(s, j)], d, ctx.link.link_of(fe.rank)))
+    return out, skipped
+
+
+def _earliest_gap(busy: list[tuple[float, float]], t: float, d: float) -> float:
+    """Earliest start ≥ ``t`` of a ``d``-long interval that avoids ``busy`` (sorted,
+    disjoint)."""
+    i = bisect_right(busy, (t, math.inf)) - 1
+    if i >= 0 and busy[i][1] > t:
+        t = busy[i][1]
+    i += 1
+    while i < len(busy) and busy[i][0] < t + d - _EPS:
+        t = max(t, busy[i][1])
+        i += 1
+    return t
+
+
+def _latest_gap(busy: list[tuple[float, float]], T: float, d: float) -> float:
+    """Latest end ≤ ``T`` of a ``d``-long interval that avoids ``busy``."""
+    e = T
+    j = bisect_left(busy, (T, -math.inf)) - 1
+    while j >= 0 and busy[j][1] > e - d + _EPS:
+        e = min(e, busy[j][0])
+        j -= 1
+    return e
+
+
+def _place(cands: list[_Cand], mode: str) -> tuple[dict, list[_Cand]]:
+    """Place every candidate's two copies on its link, most valuable first.
+
+    Candidates go in order of chunk (earliest first), then lifespan (longest first):
+    each offload takes the earliest free d2h time after its F, each reload the latest
+    free h2d time that ends by its B and starts after the offload. So the plan for C
+    chunks is the plan for C−1 plus transfers fitted into the gaps it left.
+
+    Returns (placed: id → (off_start, off_end, rel_start, rel_end), failed). A
+    failed candidate is not placed, except in "delay" mode where its reload takes
+    the earliest free h2d time after its offload (ending after its B's start).
+    """
+    d2h: dict[int, list[tuple[float, float]]] = {}
+    h2d: dict[int, list[tuple[float, float]]] = {}
+    placed: dict[int, tuple[float, float, float, float]] = {}
+    failed: list[_Cand] = []
+    order = sorted(cands, key=lambda c: (c.chunk, c.f_end - c.b_start, c.f_end, c.rank, c.mb))
+    for c in order:
+        d = c.dur
+        if d <= _EPS:  # instantaneous: no link time
+            placed[id(c)] = (c.f_end, c.f_end, c.b_start, c.b_start)
+            continue
+        up, down = d2h.setdefault(c.link, []), h2d.setdefault(c.link, [])
+        os_ = _earliest_gap(up, c.f_end, d)
+        oe = os_ + d
+        re_ = _latest_gap(down, c.b_start, d) if oe + d <= c.b_start + _EPS else -math.inf
+        if re_ - d < oe - _EPS:
+            failed.append(c)
+            if mode != "delay":
+                continue
+            rs = _earliest_gap(down, oe, d)
+            re_ = rs + d
+        insort(up, (os_, oe))
+        insort(down, (re_ - d, re_))
+        placed[id(c)] = (os_, oe, max(re_ - d, oe), re_)
+    return placed, failed
+
+
+def _place_edf(cands: list[_Cand], mode: str) -> tuple[dict, list[_Cand]]:
+    """Place copies by deadline on each link: offloads by non-preemptive
+    earliest-deadline-first in time order (released at the F's end, deadline = the B's
+    start minus the reload time); reloads by the mirror image, planned backwards
+    (released at the B's start, most urgent = latest offload end). Packs a busy link
+    better than :func:`_place`; same return value."""
+    by_link: dict[int, list[_Cand]] = {}
+    for c in cands:
+        by_link.setdefault(c.link, []).append(c)
+    placed: dict[int, tuple[float, float, float, float]] = {}
+    failed: list[_Cand] = []
+    for lst in by_link.values():
+        off: dict[int, tuple[float, float]] = {}
+        order = sorted(lst, key=lambda c: (-c.f_end, -c.rank, -c.stage, -c.mb))  # pop() = earliest
+        heap: list = []
+        t = -math.inf
+        while order or heap:
+            if not heap:
+                t = max(t, order[-1].f_end)
+            while order and order[-1].f_end <= t + _EPS:
+                c = order.pop()
+                heapq.heappush(heap, (c.b_start - c.dur, c.f_end, c.rank, c.stage, c.mb, id(c), c))
+            c = heapq.heappop(heap)[-1]
+            st = max(t, c.f_end)
+            off[id(c)] = (st, st + c.dur)
+            t = st + c.dur
+        order = sorted(lst, key=lambda c: (c.b_start, c.rank, c.stage, c.mb))  # pop() = latest
+        heap = []
+        T = math.inf
+        down: list[tuple[float, float]] = []
+        late: list[_Cand] = []
+        while order or heap:
+            if not heap:
+                T = min(T, order[-1].b_start)
+            while order and order[-1].b_start >= T - _EPS:
+                c = order.pop()
+                heapq.heappush(heap, (-off[id(c)][1], -c.rank, -c.stage, -c.mb, id(c), c))
+            c = heapq.heappop(heap)[-1]
+            os_, oe = off[id(c)]
+            e = min(T, c.b_start)
+            if e - c.dur < oe - _EPS:
+                late.append(c)
+                continue
+            placed[id(c)] = (os_, oe, max(e - c.dur, oe), e)
+            if c.dur > _EPS:
+                down.append((e - c.dur, e))
+            T = e - c.dur
+        failed += late
+        if mode == "delay":
+            down.sort()
+            for c in sorted(late, key=lambda c: c.b_start):
+                os_, oe = off[id(c)]
+                rs = _earliest_gap(down, oe, c.dur)
+                insort(down, (rs, rs + c.dur))
+                placed[id(c)] = (os_, oe, rs, rs + c.dur)
+    return placed, failed
+
+
+#: Placement heuristics tried by :func:`_try`; the better plan is kept.
+_STRATEGIES = {"value": _place, "deadline": _place_edf}
+
+
+def _try(ctx: _Context, C: int, mode: str, postpone: bool) -> OffloadResult | None:
+    """Plan with C chunks using each placement heuristic and keep the best plan:
+    in "error" mode only complete plans count; then the shortest makespan, the
+    lowest highest peak, the lowest summed peaks. None when no complete plan exists
+    in "error" mode (reason in ctx.last_failure)."""
+    best: OffloadResult | None = None
+    for name, place in _STRATEGIES.items():
+        res = _try_one(ctx, C, mode, postpone, place)
+        if res is None:
+            continue
+        res.settings["placement"] = name
+        key = (_clean(res.makespan), max(res.peak, default=0.0), sum(res.peak))
+        if best is None or key < (_clean(best.makespan), max(best.peak, default=0.0), sum(best.peak)):
+            best = res
+    return best
+
+
+def _try_one(ctx: _Context, C: int, mode: str, postpone: bool, place) -> OffloadResult | None:
+    """Plan with C chunks; None when infeasible in "error" mode (reason in ctx.last_failure).
+
+    "delay": a late reload's B may not start before the reload ends; re-time the
+    compute ops with those release times and plan again, until no reload is late.
+    """
+    release: dict = {}
+    events = ctx.base_events
+    if postpone or mode == "delay":
+        ctx.check_retimable()
+    if postpone:
+        # Postpone once, on the undelayed timeline; later re-timings keep those F
+        # starts as lower bounds (postponing again after a delay would feed back).
+        events = _postpone_warmup(ctx, events)
+        base = {e.op.key: e.start for e in ctx.base_events}
+        release = {e.op.key: e.start for e in events if e.start > base[e.op.key]}
+    retime = False
+    for _ in range(_MAX_RETIMES):
+        if retime:
+            events = _retime(ctx, release)
+        cands, skipped = _candidates(ctx, events, C)
+        placed, failed = place(cands, mode)
+        if not failed or mode == "skip":
+            if failed:
+                skipped[SKIP_LINK] += len(failed)
+                gone = {id(c) for c in failed}
+                cands = [c for c in cands if id(c) not in gone]
+            return _finish(ctx, C, events, cands, placed, skipped)
+        if mode == "error":
+            c = min(failed, key=lambda c: c.b_start)
+            ctx.last_failure = (
+                f"{len(failed)} reload(s) cannot finish before their backward on the host link "
+                f"(first: rank {c.rank}, chunk {c.chunk}, microbatch {c.mb})"
+            )
+            return None
+        for c in failed:
+            key = (_backward_kind(ctx, c.stage, c.mb), c.stage, c.mb)
+            release[key] = max(release.get(key, -math.inf), placed[id(c)][3])
+        retime = True
+    raise ParameterError(
+        "--offload-chunks",
+        f"offloading {C} chunk(s) per rank with delayed backwards did not settle after {_MAX_RETIMES} "
+        "re-timings; lower --offload-chunks or --offload-time, or use --offload-infeasible skip",
+    )
+
+
+def _backward_kind(ctx: _Context, stage: int, mb: int) -> OpKind:
+    return OpKind.B if (OpKind.B, stage, mb) in ctx.op_dur else OpKind.BW
+
+
+def _retime(ctx: _Context, release: dict) -> list[TimedOp]:
+    """List-schedule the compute ops in schedule order with extra release times."""
+    sched = ctx.schedule
+    S, p = sched.num_stages, sched.num_ranks
+    finish: dict = {}
+    ptr = [0] * p
+    clock = [0.0] * p
+    out: list[TimedOp] = []
+    progress = True
+    origin = min(e.start for e in ctx.base_events)
+    clock = [origin] * p
+    while progress:
+        progress = False
+        for r in range(p):
+            ops = sched.ranks[r]
+            while ptr[r] < len(ops):
+                op = ops[ptr[r]]
+                t = max(clock[r], release.get(op.key, -math.inf))
+                ok = True
+                for dk in dependencies(op, S):
+                    f = finish.get(dk)
+                    if f is None:
+                        ok = False
+                        break
+                    end, dr = f
+                    t = max(t, end + (ctx.comm if dr != r else 0.0))
+                if not ok:
+                    break
+                end = t + ctx.op_dur[op.key]
+                out.append(TimedOp(op, t, end, "compute", ctx.op_mem[op.key]))
+                k = "F" if op.kind is OpKind.F else ("W" if op.kind is OpKind.W else "B")
+                finish[(k, op.stage, op.microbatch)] = (end, r)
+                clock[r] = end
+                ptr[r] += 1
+                progress = True
+    if any(ptr[r] < len(sched.ranks[r]) for r in range(p)):  # pragma: no cover - validated input
+        raise ScheduleError("offload re-timing deadlocked; the schedule is not valid")
+    return out
+
+
+def _postpone_warmup(ctx: _Context, events: list[TimedOp]) -> list[TimedOp]:
+    """Move each warm-up F (before its rank's first backward) as late as the next op on
+    its rank and its consumers allow. Order and makespan unchanged."""
+    S = ctx.schedule.num_stages
+    by_rank: dict[int, list[TimedOp]] = {}
+    for e in events:
+        by_rank.setdefault(e.rank, []).append(e)
+    start_of: dict = {}
+    for lst in by_rank.values():
+        lst.sort(key=lambda e: e.start)
+    for e in events:
+        start_of[e.op.key] = e.start
+    rank_of = {e.op.key: e.rank for e in events}
+    warm: list[tuple[TimedOp, TimedOp | None]] = []
+    for lst in by_rank.values():
+        for i, e in enumerate(lst):
+            if e.op.kind is not OpKind.F:
+                if e.op.kind.is_backward:
+                    break
+                continue
+            warm.append((e, lst[i + 1] if i + 1 < len(lst) else None))
+    new: dict = {}
+    for e, nxt in sorted(warm, key=lambda x: -x[0].start):
+        s, j, r = e.op.stage, e.op.microbatch, e.rank
+        latest = math.inf if nxt is None else new.get(nxt.op.key, start_of[nxt.op.key])
+        consumers = [(OpKind.F, s + 1, j)] if s + 1 < S else []
+        consumers += [(OpKind.B, s, j), (OpKind.BW, s, j)]
+        for ck in consumers:
+            if ck not in start_of:
+                continue
+            cs = new.get(ck, start_of[ck]) - (ctx.comm if rank_of[ck] != r else 0.0)
+            latest = min(latest, cs)
+        if math.isinf(latest):
+            continue
+        st = max(e.start, latest - (e.end - e.start))
+        if st > e.start + _EPS:
+            new[e.op.key] = st
+    if not new:
+        return events
+    out = []
+    for e in events:
+        st = new.get(e.op.key)
+        out.append(e if st is None else TimedOp(e.op, st, st + e.end - e.start, e.stream, e.mem))
+    return out
+
+
+def _finish(ctx: _Context, C: int, events: list[TimedOp], cands: list[_Cand], placed: dict,
+            skipped: Counter) -> OffloadResult:
+    sched, tl, link = ctx.schedule, ctx.timeline, ctx.link
+    transfers: list[Transfer] = []
+    for c in cands:
+        os_, oe, rs, re_ = placed[id(c)]
+        transfers.append(Transfer(c.rank, c.stage, c.chunk, c.mb, c.amount, os_, oe, rs, re_, c.b_start, c.link))
+    _apply_solo_speedup(transfers, link.solo_factor)
+
+    t_events: list[TimedOp] = []
+    for t in transfers:
+        mk = lambda k: Op(k, t.stage, t.microbatch, t.rank, t.chunk)  # noqa: E731
+        t_events += [
+            TimedOp(mk(OpKind.OFFLOAD_START), t.offload_start, t.offload_end, "d2h", 0.0),
+            TimedOp(mk(OpKind.OFFLOAD_END), t.offload_end, t.offload_end, "d2h", -t.amount),
+            TimedOp(mk(OpKind.RELOAD_START), t.reload_start, t.reload_end, "h2d", t.amount),
+            TimedOp(mk(OpKind.RELOAD_END), t.reload_end, t.reload_end, "h2d", 0.0),
+        ]
+    compute = sorted(events, key=lambda e: (e.rank, e.start))
+    new_tl = Timeline(
+        num_ranks=tl.num_ranks,
+        events=compute + t_events,
+        name=tl.name,
+        num_microbatches=tl.num_microbatches,
+        chunks=tl.chunks,
+        memory_unit=tl.memory_unit,
+        meta=dict(tl.meta),
+    )
+    new_tl.meta["baseline_memory_curves"] = [tl.memory_curve(r) for r in range(tl.num_ranks)]
+    new_sched = sched.with_ranks(_insert_ops(sched, compute, t_events))
+    new_sched.params = dict(sched.params, offload_chunks=C)
+    base_b = {e.op.key: e.start for e in ctx.base_events if e.op.kind.is_backward}
+    delayed = sum(1 for e in events if e.op.kind.is_backward and e.start > base_b[e.op.key] + _EPS)
+    host = [_clean(max(x for _, x in host_memory_curve(new_tl, r))) for r in range(tl.num_ranks)]
+    res = OffloadResult(
+        schedule=new_sched,
+        timeline=new_tl,
+        chunks=C,
+        transfers=transfers,
+        skipped={k: skipped[k] for k in sorted(skipped)},
+        delayed=delayed,
+        peak_no_offload=tl.peak_memory(),
+        peak=new_tl.peak_memory(),
+        host_memory=host,
+        makespan_no_offload=ctx.base_makespan,
+        makespan=new_tl.makespan,
+    )
+    new_tl.meta["offload"] = {"chunks": C, "transfers": len(transfers), "skipped": dict(res.skipped)}
+    return res
+
+
+def _apply_solo_speedup(transfers: list[Transfer], solo: float) -> None:
+    """Shorten, inside its planned slot, each transfer whose link's other direction is
+    idle for the whole slot (offload: ends earlier; reload: starts later)."""
+    if solo >= 1.0:
+        return
+    d2h: dict[int, list[tuple[float, float]]] = {}
+    h2d: dict[int, list[tuple[float, float]]] = {}
+    for t in transfers:
+        if t.offload_end > t.offload_start:
+            d2h.setdefault(t.link, []).append((t.offload_start, t.offload_end))
+        if t.reload_end > t.reload_start:
+            h2d.setdefault(t.link, []).append((t.reload_start, t.reload_end))
+    for dct in (d2h, h2d):
+        for lst in dct.values():
+            lst.sort()
+
+    def idle(busy: list[tuple[float, float]] | None, s: float, e: float) -> bool:
+        if not busy:
+            return True
+        i = bisect_left(busy, (s, -math.inf))
+        # An interval overlaps (s, e) if it starts before e and ends after s.
+        for k in (i - 1, i):
+            if 0 <= k < len(busy) and busy[k][0] < e - _EPS and busy[k][1] > s + _EPS:
+                return False
+        # Intervals of one direction never overlap each other, so checking the
+        # neighbours of s plus all starting inside (s, e) suffices.
+        j = i
+        while j < len(busy) and busy[j][0] < e - _EPS:
+            if busy[j][1] > s + _EPS:
+                return False
+            j += 1
+        return True
+
+    for t in transfers:
+        if t.offload_end > t.offload_start and idle(h2d.get(t.link), t.offload_start, t.offload_end):
+            t.offload_end = t.offload_start + solo * (t.offload_end - t.offload_start)
+    for t in transfers:
+        if t.reload_end > t.reload_start and idle(d2h.get(t.link), t.reload_start, t.reload_end):
+            t.reload_start = t.reload_end - solo * (t.reload_end - t.reload_start)
+
+
+_KIND_ORDER = {OpKind.OFFLOAD_START: 0, OpKind.OFFLOAD_END: 1, OpKind.RELOAD_START: 2, OpKind.RELOAD_END: 3}
+
+
+def _insert_ops(sched: Schedule, compute: list[TimedOp], t_events: list[TimedOp]) -> list[list[Op]]:
+    """Per-rank op lists in the order a runtime issues them.
+
+    OFFLOAD_START right after its F; OFFLOAD_END (release the device memory once the
+    copy's event completes) before the first compute op starting at or after the
+    copy's planned end, or earlier when needed to keep it ahead of its RELOAD_START;
+    RELOAD_START before the compute op running when the copy is planned to begin (so
+    it is issued no later than planned); RELOAD_END (wait for the copy) right before
+    its B. Hence, per (chunk, microbatch), list order is F < OFFLOAD_START <
+    OFFLOAD_END < RELOAD_START < RELOAD_END < B.
+    """
+    out: list[list[Op]] = []
+    for r in range(sched.num_ranks):
+        comp = [e for e in compute if e.rank == r]
+        comp.sort(key=lambda e: e.start)
+        starts = [e.start for e in comp]
+        ends = [e.end for e in comp]
+        pos_of = {e.op.key: i for i, e in enumerate(comp)}
+        keyed: list[tuple] = [((i, 1, 0.0, 0, 0, 0), e.op) for i, e in enumerate(comp)]
+        pos: dict[tuple[OpKind, int, int], int] = {}
+        for te in t_events:
+            if te.rank != r:
+                continue
+            o = te.op
+            if o.kind is OpKind.OFFLOAD_START:
+                pos[o.key] = pos_of[(OpKind.F, o.stage, o.microbatch)] + 1
+            elif o.kind is OpKind.OFFLOAD_END:
+                pos[o.key] = bisect_left(starts, te.end - _EPS)
+            elif o.kind is OpKind.RELOAD_START:
+                pos[o.key] = bisect_right(ends, te.start + _EPS)
+            else:
+                b = pos_of.get((OpKind.B, o.stage, o.microbatch))
+                pos[o.key] = b if b is not None else pos_of[(OpKind.BW, o.stage, o.microbatch)]
+        times = {te.op.key: te.start for te in t_events if te.rank == r}
+        for key, at in list(pos.items()):
+            if key[0] is OpKind.OFFLOAD_END:
+                # Keep list order OFFLOAD_END < RELOAD_START even when both copies'
+                # boundaries fall inside one compute op (release is event-driven).
+                rs = (OpKind.RELOAD_START, key[1], key[2])
+                pos[key] = min(at, pos[rs])
+        for key, at in pos.items():
+            o = Op(key[0], key[1], key[2], r, sched.placement.chunk_of(key[1]))
+            # An OFFLOAD_START is issued first thing after its F.
+            t = -math.inf if key[0] is OpKind.OFFLOAD_START else times[key]
+            keyed.append(((at, 0, t, _KIND_ORDER[key[0]], key[1], key[2]), o))
+        keyed.sort(key=lambda x: x[0])
+        out.append([o for _, o in keyed])
+    return out
