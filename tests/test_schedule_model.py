@@ -250,3 +250,16 @@ def test_classic_properties(params):
         assert [e.op for e in evs] == sched.ranks[r]
         assert all(a.end <= b.start + 1e-9 for a, b in zip(evs, evs[1:]))
     assert 0 <= tl.bubble_rate < 1
+
+
+def test_bubble_metrics_span_vs_makespan():
+    from pipeoffload.timeline import TimedOp, Timeline
+
+    def ev(kind, stage, rank, s, e):
+        return TimedOp(Op(kind, stage, 0, rank, 0), s, e)
+
+    # Rank 0 works [0, 4); rank 1 starts late and works [2, 6): each is busy 4.
+    tl = Timeline(2, [ev(F, 0, 0, 0, 2), ev(BW, 0, 0, 2, 4), ev(F, 1, 1, 2, 4), ev(BW, 1, 1, 4, 6)])
+    assert tl.spans() == [4, 4] and tl.iteration_time == 4 and tl.makespan == 6
+    assert tl.bubble_rate == 0.0  # ZB paper metric: largest per-rank span
+    assert tl.bubble_rate_makespan == pytest.approx(1 / 3)

@@ -3,9 +3,16 @@
 The same type describes a simulated run (timing pass) and a measured one (runtime),
 so reports, pictures and predicted-vs-measured comparisons share one code path.
 
-Metrics follow ALGORITHMS.md §1: bubble rate = 1 − busy / makespan, with ``busy``
-the busiest rank's total compute time and ``makespan`` from the first compute op's
-start to the last compute op's end over all ranks.
+Metrics. ``busy`` is the busiest rank's total compute time. The **bubble rate** is
+the ZB paper's: ``1 − busy / iteration_time`` where ``iteration_time`` is the largest
+per-rank *span* (a rank's first compute op's start to its last one's end; "cost is
+the largest execution time of all stages"). That is the iteration time when the
+optimizer step is not synchronised across stages (ALGORITHMS.md §6), and it is the
+metric behind REFERENCE.md's published tables (ZB-2p and ZB-V reach 0 only under
+it: the last stage cannot start before (p−1)·T_F). ``makespan`` runs from the first
+compute op's start to the last one's end over all ranks; ``bubble_rate_makespan``
+= 1 − busy / makespan is reported too. The two agree for 1F1B, ZB-H1/H2, interleaved
+and group-interleaved schedules, whose rank 0 both starts first and ends last.
 """
 
 from __future__ import annotations
@@ -78,6 +85,23 @@ class Timeline:
     def makespan(self) -> float:
         return self.end - self.start
 
+    def spans(self) -> list[float]:
+        """Per rank: its last compute op's end − its first compute op's start."""
+        first = [float("inf")] * self.num_ranks
+        last = [float("-inf")] * self.num_ranks
+        for e in self.compute_events():
+            r = e.rank
+            if e.start < first[r]:
+                first[r] = e.start
+            if e.end > last[r]:
+                last[r] = e.end
+        return [b - a if b >= a else 0.0 for a, b in zip(first, last)]
+
+    @property
+    def iteration_time(self) -> float:
+        """The largest per-rank span (the bubble rate's denominator)."""
+        return max(self.spans(), default=0.0)
+
     def busy(self) -> list[float]:
         """Total compute time of each rank."""
         out = [0.0] * self.num_ranks
@@ -87,15 +111,20 @@ class Timeline:
 
     @property
     def bubble_rate(self) -> float:
+        """1 − busiest rank's compute / largest per-rank span (the ZB paper's metric)."""
+        it = self.iteration_time
+        return 1.0 - max(self.busy()) / it if it > 0 else 0.0
+
+    @property
+    def bubble_rate_makespan(self) -> float:
+        """1 − busiest rank's compute / global makespan (first start to last end, all ranks)."""
         ms = self.makespan
-        if ms <= 0:
-            return 0.0
-        return 1.0 - max(self.busy()) / ms
+        return 1.0 - max(self.busy()) / ms if ms > 0 else 0.0
 
     def rank_bubble_rates(self) -> list[float]:
-        """Per rank: 1 − its own compute time / makespan."""
-        ms = self.makespan
-        return [1.0 - b / ms if ms > 0 else 0.0 for b in self.busy()]
+        """Per rank: 1 − its own compute time / the iteration time."""
+        it = self.iteration_time
+        return [1.0 - b / it if it > 0 else 0.0 for b in self.busy()]
 
     # --- memory metrics ------------------------------------------------------------
     def memory_curve(self, rank: int) -> list[tuple[float, float]]:
@@ -131,7 +160,9 @@ class Timeline:
         """The JSON-ready core metrics."""
         return {
             "makespan": _clean(self.makespan),
+            "iteration_time": _clean(self.iteration_time),
             "bubble_rate": _clean(self.bubble_rate),
+            "bubble_rate_makespan": _clean(self.bubble_rate_makespan),
             "peak_memory": self.peak_memory(),
             "busy": [_clean(b) for b in self.busy()],
         }

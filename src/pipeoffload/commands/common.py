@@ -46,8 +46,12 @@ def memory_unit(args: argparse.Namespace) -> str:
 
 
 def print_json(obj: Any) -> None:
-    json.dump(obj, sys.stdout, indent=2)
-    sys.stdout.write("\n")
+    try:
+        json.dump(obj, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+    except BrokenPipeError:  # e.g. `| head`: not an error of ours
+        sys.stdout = None  # type: ignore[assignment]
 
 
 # --- activation offload (PipeOffload) -------------------------------------------------

@@ -1,0 +1,211 @@
+"""Zero-bubble schedules (ZB paper, ALGORITHMS.md §3): ZB-H1, ZB-H2, the
+memory-limited automatic scheduler (ZB-1p / ZB-2p) and ZB-V. All split the
+backward into B (input gradient) and W (weight gradient). Pure Python.
+
+Bubble figures in the docstrings are *iteration* bubbles, the ZB paper's metric:
+``1 − busiest rank's compute / longest rank span`` where a rank's span runs from its
+first op's start to its last op's end (what one iteration costs when iterations
+follow each other with the optimizer step unsynchronised, ZB §6). The searching
+generators (zb-auto, zb-v) minimise the longest span, then the makespan.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from ..errors import ParameterError
+from ..ir import OpKind, Placement, Schedule, build_schedule
+from .spec import ScheduleSpec
+from .zb_auto import Infeasible, Tracker, auto_candidates, default_limit, replay
+from .zb_v import v_candidates
+
+F, B, W = OpKind.F, OpKind.B, OpKind.W
+Order = list[list[tuple[OpKind, int, int]]]
+
+
+def _handcrafted(p: int, m: int, warmup: Sequence[int], defer: Sequence[int]) -> Order:
+    """Rank r: ``warmup[r]`` forwards, then per microbatch k: F (while any remain),
+    B(k), and W(k − defer[r]) once k ≥ defer[r]; the deferred W's at the end.
+
+    Deadlock-free whenever ``warmup`` does not increase with r: rank r+1's B(k)
+    needs F(k + warmup[r+1]) from rank r, which rank r runs before its own B(k).
+    ``defer = 0`` everywhere is 1F1B with the backward split into B then W.
+    """
+    per_rank = []
+    for r in range(p):
+        a, d = warmup[r], defer[r]
+        ops = [(F, r, j) for j in range(a)]
+        nf, nw = a, 0
+        for k in range(m):
+            if nf < m:
+                ops.append((F, r, nf))
+                nf += 1
+            ops.append((B, r, k))
+            if k >= d:
+                ops.append((W, r, nw))
+                nw += 1
+        ops.extend((W, r, j) for j in range(nw, m))
+        per_rank.append(ops)
+    return per_rank
+
+
+def _h1_order(p: int, m: int) -> Order:
+    return _handcrafted(p, m, [min(p - r - 1, m) for r in range(p)], list(range(p)))
+
+
+def _h2_order(p: int, m: int) -> Order:
+    return _handcrafted(p, m, [min(2 * (p - r - 1), m) for r in range(p)], [2 * r for r in range(p)])
+
+
+def _loop_v1(spec: ScheduleSpec) -> None:
+    spec.no_group()
+    spec.chunks(1, allowed=(1,))
+
+
+def zb_h1(spec: ScheduleSpec) -> Schedule:
+    """ZB-H1: 1F1B's warm-up (p−r−1 forwards on rank r), rank r's W's delayed by r.
+
+    Guarantees: peak p units with the default deltas (1F1B's). With ``comm = 0``
+    and m ≥ p the iteration bubble is (p−1)(T_F+T_B−T_W) whenever T_W ≤ T_F, and
+    (p−1)·T_B otherwise (rank 0 waits (p−1)·T_B for its first B with nothing to do).
+    """
+    _loop_v1(spec)
+    p, m = spec.p, spec.m
+    return build_schedule("zb-h1", m, Placement.loop(p, 1), _h1_order(p, m), p=p, m=m, v=1)
+
+
+def zb_h2(spec: ScheduleSpec) -> Schedule:
+    """ZB-H2: 2(p−r−1) warm-up forwards on rank r (capped by m), its W's delayed by 2r.
+
+    Guarantees: peak ≤ 2p−1 units with the default deltas (exactly 2p−1 once
+    m ≥ 2p−1). With ``comm = 0`` and m ≥ 2p−1 the iteration bubble is
+    (p−1)·max(0, T_F+T_B−2T_W, T_B−T_F): the paper's (p−1)(T_F+T_B−2T_W) floored
+    at 0, for T_B ≤ T_F. Worth its memory only with the unsynchronised optimizer
+    step (ZB §6).
+    """
+    _loop_v1(spec)
+    p, m = spec.p, spec.m
+    return build_schedule("zb-h2", m, Placement.loop(p, 1), _h2_order(p, m), p=p, m=m, v=1)
+
+
+def _best(cands: list[Tracker]) -> Tracker:
+    return min(cands, key=lambda t: (t.max_span(), t.makespan()))
+
+
+def _replays(make: Callable[[], Tracker], orders: list[Order]) -> list[Tracker]:
+    """Time fixed orders with the tracker; drop those that break the memory limit."""
+    out = []
+    for order in orders:
+        try:
+            out.append(replay(make(), order))
+        except Infeasible:
+            continue
+    return out
+
+
+def _check_limit(limit: float, placement: Placement, spec: ScheduleSpec) -> None:
+    need = max(d[OpKind.F] for d in spec.memory.delta_table(placement))
+    if not limit >= need:
+        raise ParameterError(
+            "--mem-limit",
+            f"must hold at least one forward's activation ({need:g} in the units of --memory), got {limit:g}",
+        )
+
+
+def zb_auto(spec: ScheduleSpec) -> Schedule:
+    """Automatic zero bubble under ``spec.mem_limit`` (default p forwards: "ZB-1p").
+
+    Runs the ZB heuristic's variants and, as safety nets, ZB-H1, ZB-H2 and 1F1B
+    (B/W split, its warm-up narrowed until it fits), keeping the candidate with
+    the shortest longest-rank span among those within the limit.
+
+    Guarantees: every rank's peak ≤ the limit (in the units of ``spec.memory``);
+    any m ≥ 1; the longest rank span is no longer than ZB-H1's or 1F1B's with the
+    same costs whenever those fit the limit (at p·F they do when B frees ≥ 0);
+    at 2p·F it reaches ZB-2p's near-zero bubble (REFERENCE.md).
+    """
+    _loop_v1(spec)
+    p, m = spec.p, spec.m
+    pl = Placement.loop(p, 1)
+    limit = float(spec.mem_limit) if spec.mem_limit is not None else default_limit(pl, spec.memory)
+    _check_limit(limit, pl, spec)
+    cands = auto_candidates(p, m, spec.costs, spec.memory, limit)
+
+    def fresh() -> Tracker:
+        return Tracker(pl, m, spec.costs, spec.memory, limit)
+
+    cands += _replays(fresh, [_h1_order(p, m), _h2_order(p, m)])
+    for window in range(p, 0, -1):  # 1F1B with at most `window` forwards in flight
+        one_f_one_b = _handcrafted(p, m, [min(p - r - 1, window - 1, m) for r in range(p)], [0] * p)
+        got = _replays(fresh, [one_f_one_b])
+        if got:
+            cands += got
+            break
+    if not cands:
+        raise ParameterError("--mem-limit", f"no schedule keeps every rank within {limit:g}")
+    best = _best(cands)
+    return build_schedule("zb-auto", m, pl, best.order, p=p, m=m, v=1, mem_limit=limit)
+
+
+def _zbv_handcrafted(p: int, m: int) -> Order:
+    """The fixed ZB-V order for T_F = T_B = T_W (as in PyTorch's ScheduleZBVZeroBubble),
+    written for max(m, 2p−1) microbatches and cut back to m."""
+    n = max(2 * p - 1, m)
+    out = []
+    for r in range(p):
+        s0, s1 = r, 2 * p - 1 - r
+        f0 = f1 = b0 = b1 = 0
+        ops: list[tuple[OpKind, int, int]] = []
+        for _ in range(2 * (p - r) - 1):
+            ops.append((F, s0, f0))
+            f0 += 1
+        for _ in range(r):
+            ops += [(F, s1, f1), (F, s0, f0)]
+            f1 += 1
+            f0 += 1
+        for _ in range(p - r):
+            ops += [(F, s1, f1), (B, s1, b1), (W, s1, b1)]
+            f1 += 1
+            b1 += 1
+        while f1 < f0 or f0 < n:
+            if f0 < n:
+                ops.append((F, s0, f0))
+                f0 += 1
+            ops += [(B, s0, b0), (W, s0, b0), (F, s1, f1), (B, s1, b1), (W, s1, b1)]
+            b0 += 1
+            f1 += 1
+            b1 += 1
+        w0, w1 = b0, b1
+        for _ in range(r):
+            ops += [(B, s0, b0), (B, s1, b1)]
+            b0 += 1
+            b1 += 1
+        for _ in range(p - r):
+            ops += [(B, s0, b0), (W, s0, w0)]
+            b0 += 1
+            w0 += 1
+        ops += [(W, s1, j) for j in range(w1, b1)] + [(W, s0, j) for j in range(w0, b0)]
+        out.append([o for o in ops if o[2] < m])
+    return out
+
+
+def zb_v(spec: ScheduleSpec) -> Schedule:
+    """ZB-V: V placement (rank i holds layer groups i and 2p−1−i), two chunks per rank,
+    memory limit 1F1B's (p whole-stage forwards; ``spec.mem_limit`` overrides).
+
+    Runs the ZB-V greedy's variants and the fixed equal-cost order, keeping the
+    candidate with the shortest longest-rank span. Guarantees: every rank's peak
+    ≤ the limit; any m ≥ 1; bubble 0 when T_F = T_B = T_W and comm = 0 (m ≥ 2p).
+    """
+    spec.no_group()
+    spec.chunks(2, allowed=(2,))
+    p, m = spec.p, spec.m
+    pl = Placement.vshape(p)
+    limit = float(spec.mem_limit) if spec.mem_limit is not None else default_limit(pl, spec.memory)
+    _check_limit(limit, pl, spec)
+    cands = v_candidates(p, m, spec.costs, spec.memory, limit)
+    cands += _replays(lambda: Tracker(pl, m, spec.costs, spec.memory, limit), [_zbv_handcrafted(p, m)])
+    if not cands:
+        raise ParameterError("--mem-limit", f"no ZB-V schedule keeps every rank within {limit:g}")
+    best = _best(cands)
+    return build_schedule("zb-v", m, pl, best.order, p=p, m=m, v=2, mem_limit=limit)
