@@ -1,0 +1,114 @@
+"""`pipeoffload plan`: search schedules, offload, recompute and PP×TP×DP splits under a memory budget.
+
+    pipeoffload plan --model NAME|FILE --hardware NAME|FILE --gpus N [--memory-budget GIB]
+                     [--seq S] [--global-batch B] [--microbatch-size b] [--json] [--png FILE]
+
+Prints a ranked table of the configurations that fit and, for every schedule family that does not,
+why. Exit status 2 with one error line when nothing fits (the reasons are printed first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..errors import ParameterError
+from ..hardware import GiB, HARDWARE
+from .common import print_json
+
+
+def _csv(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def _ints(text: str, flag: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in _csv(text))
+    except ValueError:
+        raise ParameterError(flag, f"expected comma-separated integers, got {text!r}") from None
+
+
+def register(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "plan",
+        help="search schedule x offload x recompute x PP/TP/DP splits under a per-device memory budget",
+        description="Search pipeline schedules (and their chunks v and group size g), activation offload "
+        "(chunks offloaded), recompute of cheap elementwise ops and the PP x TP x DP splits of N GPUs; "
+        "print the configurations that fit the memory budget, ranked by predicted iteration time, with "
+        "their per-device memory breakdown, MFU and bubble rate, and why every other schedule family failed. "
+        "docs/planner.md explains the model.",
+    )
+    p.add_argument("--model", required=True, metavar="NAME|FILE", help="model preset or .toml/.json model file")
+    p.add_argument("--hardware", default="a100-80g", metavar="NAME|FILE",
+                   help=f"hardware profile ({', '.join(HARDWARE)}) or a .toml/.json file (default a100-80g)")
+    p.add_argument("--gpus", type=int, required=True, metavar="N", help="number of GPUs (nodes of 8)")
+    p.add_argument("--memory-budget", type=float, default=None, metavar="GIB",
+                   help="device memory budget in GiB (2^30 bytes; default: the hardware's HBM)")
+    p.add_argument("--seq", type=int, default=None, metavar="S", help="sequence length (default: the model's)")
+    p.add_argument("--global-batch", type=int, default=None, metavar="B",
+                   help="sequences per iteration (default 4 x GPUs x microbatch size)")
+    p.add_argument("--microbatch-size", type=int, default=None, metavar="b",
+                   help="sequences per microbatch (default: the model's)")
+    p.add_argument("--schedules", default=None, metavar="A,B,..",
+                   help="schedules to search (default: all; zb-auto runs with 1x and 2x 1F1B's memory)")
+    p.add_argument("--chunks", default="2,4", metavar="V,..", help="chunk counts v for interleaved schedules (default 2,4)")
+    p.add_argument("--recompute", choices=["both", "on", "off"], default="both",
+                   help="recompute of cheap elementwise ops: search both (default), or fix it")
+    p.add_argument("--no-offload", action="store_true", help="do not consider activation offload")
+    p.add_argument("--po-runtime", action="store_true",
+                   help="PipeOffload's runtime setting for the model: flash attention, no dropout")
+    p.add_argument("--top", type=int, default=10, metavar="K", help="configurations to show (default 10)")
+    p.add_argument("--tp-link-gbs", type=float, default=None, metavar="GB/S",
+                   help="intra-node link for TP collectives (default: built-in per hardware, A100 300)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--png", metavar="FILE", help="write the best plan's timeline with memory curves as PNG")
+    p.set_defaults(func=run)
+    return p
+
+
+def options_from_args(args: argparse.Namespace):
+    from ..plan import DEFAULT_SCHEDULES, PlanOptions
+
+    rc = {"both": (False, True), "on": (True,), "off": (False,)}[args.recompute]
+    return PlanOptions(
+        schedules=_csv(args.schedules) if args.schedules else DEFAULT_SCHEDULES,
+        chunks=_ints(args.chunks, "--chunks"),
+        recompute=rc,
+        offload=not args.no_offload,
+        top=args.top,
+        po_runtime=args.po_runtime,
+        tp_bw=args.tp_link_gbs * 1e9 if args.tp_link_gbs is not None else None,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..plan import plan
+
+    if args.memory_budget is not None and not args.memory_budget > 0:
+        raise ParameterError("--memory-budget", f"must be a positive number of GiB, got {args.memory_budget!r}")
+    res = plan(
+        args.model, args.hardware, args.gpus,
+        memory_budget=args.memory_budget * GiB if args.memory_budget is not None else None,
+        global_batch=args.global_batch, microbatch=args.microbatch_size, seq=args.seq,
+        options=options_from_args(args),
+    )
+    if args.json:
+        print_json(res.to_dict())
+    else:
+        print(res.table())
+    if not res.configs:
+        where = "in the JSON's 'rejected' lists" if args.json else "listed above"
+        print(f"pipeoffload plan: error: --memory-budget: no configuration fits {res.budget / GiB:.3g} GiB "
+              f"per device (reasons {where})", file=sys.stderr)
+        return 2
+    if args.png:
+        from ..viz.png import draw_timeline
+
+        best = res.best
+        tl = res.timeline(best)
+        title = (f"best plan: {best.describe()}" + (f" (drawn at m={tl.num_microbatches})"
+                                                    if tl.num_microbatches != best.m else ""))
+        draw_timeline(tl, args.png, title=title)
+        if not args.json:
+            print(f"wrote {args.png}")
+    return 0

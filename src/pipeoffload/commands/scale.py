@@ -1,0 +1,70 @@
+"""`pipeoffload scale`: per-device activation memory against the number of pipeline stages.
+
+    pipeoffload scale --model NAME --hardware NAME [--stages 4,8,16,32] [-m M] [--json] [--png FILE]
+
+Compares 1F1B, interleaved 1F1B, V-Half, V-Min, group-interleaved and PipeOffload with half and full
+offload (PipeOffload's scalability claim: with offload, activation memory per device stays flat or
+falls as stages are added). The global batch is fixed, so m is the same at every p.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ..errors import ParameterError
+from ..hardware import HARDWARE
+from .common import print_json
+
+
+def register(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "scale",
+        help="per-device activation memory vs number of stages, with and without offload",
+        description="For each stage count, split the model's layers over p devices (TP=1), run 1F1B, interleaved "
+        "1F1B, V-Half, V-Min, group-interleaved and PipeOffload with half (chunk 0 of GIS v=2) and full offload "
+        "with m microbatches, and report the highest per-device activation peak. Costs, bytes and transfer "
+        "times come from the cost model in PipeOffload's runtime setting (flash attention, no dropout, "
+        "elementwise recompute) unless --as-defined.",
+    )
+    p.add_argument("--model", required=True, metavar="NAME|FILE", help="model preset or .toml/.json model file")
+    p.add_argument("--hardware", default="a100-80g", metavar="NAME|FILE",
+                   help=f"hardware profile ({', '.join(HARDWARE)}) or a file (default a100-80g)")
+    p.add_argument("--stages", default="4,8,16,32", metavar="P,..", help="stage counts (default 4,8,16,32)")
+    p.add_argument("-m", "--microbatches", dest="m", type=int, default=None,
+                   help="microbatches per iteration at every p (default 2 x the largest stage count)")
+    p.add_argument("--layers", type=int, default=None, metavar="L",
+                   help="override the model's layer count (e.g. 64 so that every stage count divides it)")
+    p.add_argument("--series", default=None, metavar="K,..",
+                   help="which lines (default all): 1f1b, interleaved, v-half, v-min, gis, po-half, po-full")
+    p.add_argument("--as-defined", action="store_true",
+                   help="use the model as defined instead of PipeOffload's runtime setting")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--png", metavar="FILE", help="write a line plot (GiB per device vs stages)")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..presets import get_model
+    from ..scale import scale
+
+    try:
+        stages = tuple(int(x) for x in args.stages.split(",") if x.strip())
+    except ValueError:
+        raise ParameterError("--stages", f"expected comma-separated integers, got {args.stages!r}") from None
+    if args.layers is not None and args.layers < 1:
+        raise ParameterError("--layers", f"must be a positive integer, got {args.layers}")
+    model = get_model(args.model, **({"layers": args.layers} if args.layers is not None else {}))
+    series = [x.strip() for x in args.series.split(",") if x.strip()] if args.series else None
+    res = scale(model, args.hardware, stages, args.m, series, po_runtime=not args.as_defined)
+    if args.json:
+        print_json(res.to_dict())
+    else:
+        print(res.table())
+    if args.png:
+        from ..viz.plan_png import draw_scale
+
+        draw_scale(res, args.png)
+        if not args.json:
+            print(f"wrote {args.png}")
+    return 0

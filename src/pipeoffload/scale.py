@@ -1,0 +1,237 @@
+"""Scalability of per-device activation memory with the number of pipeline stages. Pure Python.
+
+PipeOffload's claim (ALGORITHMS.md §5): with offload, the activation memory each device holds stays
+flat or falls as stages are added, because the model's layers are spread over more stages while the
+number of microbatches in flight per device is capped by the offload, not by p. Without offload,
+1F1B holds p microbatches of L/p layers (flat in bytes, ≈ L layers' worth), interleaved 1F1B a bit
+more than (1 + 1/v)·L layers' worth, rising with p, and V-Half / V-Min about ½ and ⅓ of 1F1B's.
+
+API
+---
+``SERIES``: the compared schedules (:class:`Series`), keys ``1f1b``, ``interleaved``, ``v-half``,
+``v-min``, ``gis``, ``po-half``, ``po-full``.
+``scale(model, hardware, stages=(4, 8, 16, 32), m=None, series=None, *, po_runtime=True,
+link_group=2, solo_factor=0.7) -> ScaleResult``
+    For every series and stage count p: split the model into p·v layer groups (TP = 1), generate the
+    schedule with ``m`` microbatches (default 2·max(stages): a fixed global batch), time it with the
+    cost model (ms, bytes), offload when the series says so (the offload pass with the hardware's
+    real transfer times, ranks paired on a host link, warm-up postponed, a reload that cannot finish
+    before its backward is dropped and counted), and record the highest per-device activation peak.
+    A point that cannot be built (p·v > layers, m too small, generator unavailable) carries the
+    reason instead of numbers. Guarantees: ``points[key][i]`` is for ``stages[i]``; bytes are per
+    device (one GPU), TP = 1.
+``ScaleResult.to_dict()``, ``.table()``.
+
+"Half offload" is PipeOffload's selective offload of the first of two chunks: group-interleaved 1F1B,
+v = 2, g = ⌈p/2⌉ (the PO base schedule), chunk 0 of every rank offloaded — half the chunks, the
+long-lived ones (ALGORITHMS.md §5). "Full offload" offloads both chunks of the same schedule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from .cost_model import ModelSpec, pipeline_costs
+from .errors import ParameterError, PipeoffloadError
+from .hardware import GiB, Hardware, get_hardware
+from .presets import PO_RUNTIME, get_model
+
+__all__ = ["Series", "SERIES", "ScalePoint", "ScaleResult", "scale"]
+
+
+@dataclass(frozen=True)
+class Series:
+    """One line of the comparison: ``schedule`` with ``v`` chunks (``group`` "half" = g ⌈p/2⌉),
+    offloading chunks ``0..offload-1`` of every rank."""
+
+    key: str
+    label: str
+    schedule: str
+    v: int = 1
+    group: str | None = None
+    offload: int = 0
+
+
+SERIES: tuple[Series, ...] = (
+    Series("1f1b", "1F1B", "1f1b"),
+    Series("interleaved", "interleaved 1F1B v=2", "interleaved-1f1b", 2),
+    Series("v-half", "V-Half", "v-half", 2),
+    Series("v-min", "V-Min", "v-min", 2),
+    Series("gis", "group-interleaved v=2 g=p/2", "group-interleaved", 2, "half"),
+    Series("po-half", "PipeOffload half (GIS, chunk 0 offloaded)", "group-interleaved", 2, "half", 1),
+    Series("po-full", "PipeOffload full (GIS, both chunks offloaded)", "group-interleaved", 2, "half", 2),
+)
+
+
+@dataclass
+class ScalePoint:
+    """One (series, p). ``activation``: the highest per-device activation peak (bytes), or None with
+    ``error`` saying why. ``layers``: the most layers one device holds."""
+
+    stages: int
+    activation: float | None = None
+    per_rank: list[float] = field(default_factory=list)
+    layers: int = 0
+    bubble_rate: float | None = None
+    makespan_ms: float | None = None
+    makespan_increase: float | None = None  #: offload: relative to the same schedule without offload
+    host: float | None = None  #: offload: highest per-device pinned host memory (bytes)
+    dropped: int = 0  #: offloads dropped because the reload could not finish before its backward
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "stages": self.stages, "layers_per_device": self.layers,
+            "activation_gib": None if self.activation is None else self.activation / GiB,
+            "per_rank_gib": [x / GiB for x in self.per_rank],
+            "bubble_rate": self.bubble_rate, "makespan_ms": self.makespan_ms,
+            "makespan_increase": self.makespan_increase,
+            "host_gib": None if self.host is None else self.host / GiB,
+            "dropped_offloads": self.dropped, "error": self.error,
+        }
+
+
+@dataclass
+class ScaleResult:
+    model: ModelSpec
+    hardware: Hardware
+    stages: tuple[int, ...]
+    m: int
+    series: tuple[Series, ...]
+    points: dict[str, list[ScalePoint]]
+
+    def activation_gib(self, key: str) -> list[float | None]:
+        return [None if p.activation is None else p.activation / GiB for p in self.points[key]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model.summary(), "hardware": self.hardware.to_dict(), "microbatches": self.m,
+            "stages": list(self.stages), "memory_unit": "GiB per device (activations only, TP=1)",
+            "series": [{"key": s.key, "label": s.label, "schedule": s.schedule, "v": s.v, "group": s.group,
+                        "offload_chunks": s.offload, "points": [p.to_dict() for p in self.points[s.key]]}
+                       for s in self.series],
+        }
+
+    def table(self) -> str:
+        w = max(len(s.label) for s in self.series)
+        lines = [
+            f"per-device activation memory (GiB, highest rank, TP=1) of {self.model.name} on {self.hardware.name}; "
+            f"m={self.m} microbatches of {self.model.microbatch}×{self.model.seq} tokens at every p",
+            f"{'stages':<{w}} " + " ".join(f"{p:>8}" for p in self.stages),
+            f"{'layers/device (max)':<{w}} " + " ".join(
+                f"{max(self.points[s.key][i].layers for s in self.series):>8}" for i in range(len(self.stages))),
+        ]
+        notes = []
+        for s in self.series:
+            cells = []
+            for pt in self.points[s.key]:
+                if pt.activation is None:
+                    cells.append(f"{'n/a':>8}")
+                    notes.append(f"  {s.label}, p={pt.stages}: {pt.error}")
+                else:
+                    mark = "*" if pt.dropped else ""
+                    cells.append(f"{pt.activation / GiB:>7.2f}{mark or ' '}")
+            lines.append(f"{s.label:<{w}} " + " ".join(cells))
+        dropped = [(s, pt) for s in self.series for pt in self.points[s.key] if pt.dropped]
+        if dropped:
+            lines.append("* some offloads dropped (the host link could not bring them back in time): "
+                         + ", ".join(f"{s.key} p={pt.stages}: {pt.dropped}" for s, pt in dropped))
+        off = [(s, pt) for s in self.series if s.offload for pt in self.points[s.key] if pt.makespan_increase is not None]
+        if off and all(abs(pt.makespan_increase) < 1e-4 for _, pt in off):  # type: ignore[arg-type]
+            lines.append("offload makespan increase: none at any point (transfers hidden behind compute)")
+        elif off:
+            lines.append("offload makespan increase: " + ", ".join(
+                f"{s.key} p={pt.stages}: {pt.makespan_increase:+.2%}" for s, pt in off))
+        if notes:
+            lines.append("not available:")
+            lines += notes
+        return "\n".join(lines)
+
+
+def _check_stages(stages: Sequence[int]) -> tuple[int, ...]:
+    out = tuple(stages)
+    if not out or any(not isinstance(p, int) or isinstance(p, bool) or p < 2 for p in out):
+        raise ParameterError("--stages", f"needs stage counts >= 2, got {list(stages)}")
+    if list(out) != sorted(set(out)):
+        raise ParameterError("--stages", f"stage counts must be increasing without repeats, got {list(out)}")
+    return out
+
+
+def scale(
+    model: str | ModelSpec,
+    hardware: str | Hardware,
+    stages: Sequence[int] = (4, 8, 16, 32),
+    m: int | None = None,
+    series: Sequence[str] | None = None,
+    *,
+    po_runtime: bool = True,
+    link_group: int = 2,
+    solo_factor: float = 0.7,
+) -> ScaleResult:
+    """Per-device activation memory of each series at each stage count (see the module docstring).
+
+    ``po_runtime``: apply PipeOffload's runtime setting (flash attention, no dropout, elementwise
+    recompute) to the model, as the paper measures; ``series``: keys of :data:`SERIES` (default all).
+    """
+    from .ir import Placement
+    from .passes.offload import offload_plan
+    from .passes.timing import simulate
+    from .schedules import SCHEDULES, ScheduleSpec, build
+
+    st = _check_stages(stages)
+    spec = get_model(model, **(PO_RUNTIME if po_runtime else {}))
+    hw = get_hardware(hardware)
+    mm = 2 * max(st) if m is None else m
+    if not isinstance(mm, int) or isinstance(mm, bool) or mm < 1:
+        raise ParameterError("-m", f"must be a positive integer, got {m!r}")
+    by_key = {s.key: s for s in SERIES}
+    keys = list(series) if series is not None else [s.key for s in SERIES]
+    unknown = [k for k in keys if k not in by_key]
+    if unknown or not keys:
+        raise ParameterError("--series", f"unknown series {', '.join(unknown) or '(none)'}; valid: {', '.join(by_key)}")
+    chosen = tuple(by_key[k] for k in keys)
+
+    points: dict[str, list[ScalePoint]] = {s.key: [] for s in chosen}
+    base_cache: dict = {}
+    for s in chosen:
+        for p in st:
+            pt = ScalePoint(p)
+            points[s.key].append(pt)
+            if p * s.v > spec.layers:
+                pt.error = f"p·v = {p * s.v} layer groups exceed the model's {spec.layers} layers"
+                continue
+            try:
+                pc = pipeline_costs(spec, hw, p, s.v)
+                pl = Placement.vshape(p) if SCHEDULES[s.schedule].placement == "v" else Placement.loop(p, s.v)
+                pt.layers = max(sum(pc.split[g] for g in pl.stages_of(r)) for r in range(p))
+                g = None if s.group is None else (p + 1) // 2
+                key = (s.schedule, s.v, g, p)
+                if key not in base_cache:
+                    sched = build(ScheduleSpec(s.schedule, p, mm, v=s.v, g=g, costs=pc.costs, memory=pc.memory),
+                                  check=False)
+                    base_cache[key] = (sched, simulate(sched, pc.costs, pc.memory, memory_unit="bytes"))
+                sched, tl = base_cache[key]
+            except (PipeoffloadError, ImportError, AttributeError) as e:
+                pt.error = f"{type(e).__name__ if isinstance(e, ImportError) else 'refused'}: {e}"
+                continue
+            pt.bubble_rate = tl.bubble_rate
+            pt.makespan_ms = tl.makespan
+            if s.offload:
+                try:
+                    res = offload_plan(sched, tl, chunks=min(s.offload, s.v), transfer_times=[x.offload_ms for x in pc.groups],
+                                       link_group=link_group, solo_factor=solo_factor, on_infeasible="skip",
+                                       postpone_warmup=True, comm=pc.comm_ms)
+                except PipeoffloadError as e:
+                    pt.error = f"offload refused: {e}"
+                    continue
+                pt.per_rank = list(res.peak)
+                pt.host = max(res.host_memory)
+                pt.dropped = res.skipped.get("link_busy", 0)
+                pt.makespan_ms = res.makespan
+                pt.makespan_increase = res.makespan / res.makespan_no_offload - 1.0
+                pt.bubble_rate = res.timeline.bubble_rate
+            else:
+                pt.per_rank = tl.peak_memory()
+            pt.activation = max(pt.per_rank)
+    return ScaleResult(spec, hw, st, mm, chosen, points)
