@@ -1,0 +1,66 @@
+"""`pipeoffload compare`: every schedule side by side, with a Pareto plot of memory vs bubble."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..compare import Comparison, compare
+from .common import add_costs_args, costs_from_args, memory_from_args, memory_unit, print_json
+
+
+def register(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "compare",
+        help="compare every schedule: bubble rate, peak memory, P2P volume; Pareto plot",
+        description="Generate and time every registered schedule (group-interleaved with g=ceil(p/2) and g=p, "
+        "interleaved 1F1B with v=2, zb-auto with limits p and 2p) at the same p, m, costs and memory; report "
+        "bubble rate, peak activation memory (max and per rank) and P2P volume relative to 1F1B's 2(p-1)m "
+        "messages, and mark the Pareto frontier of (peak memory, bubble rate). Schedules that refuse the "
+        "parameters are listed with the reason.",
+    )
+    p.add_argument("-p", "--stages", dest="p", type=int, default=4, help="pipeline ranks (default 4)")
+    p.add_argument("-m", "--microbatches", dest="m", type=int, default=8, help="microbatches (default 8)")
+    add_costs_args(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--png", metavar="FILE", help="write a PNG plot of peak memory vs bubble rate")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    unit = memory_unit(args)
+    cmp = compare(args.p, args.m, costs_from_args(args), memory_from_args(args))
+    if args.png:
+        from ..viz.pareto import draw_pareto
+
+        draw_pareto(cmp, args.png, memory_unit=unit)
+    if args.json:
+        print_json({**cmp.to_json(), "memory_unit": unit})
+    else:
+        print(report_text(cmp, unit))
+        if args.png:
+            print(f"wrote {args.png}")
+    return 0
+
+
+def report_text(cmp: Comparison, unit: str) -> str:
+    """The comparison as a fixed-width table; '*' marks the Pareto frontier."""
+    c = cmp.costs
+    lines = [
+        f"compare: p={cmp.p} m={cmp.m}  costs F={c.F:g} B={c.B:g} W={c.W:g} comm={c.comm:g}"
+        + (" (per-stage overrides)" if c.stage_costs or c.group_costs else "")
+        + f"  memory unit: {unit}",
+        f"P2P relative to 1F1B's 2(p-1)m = {cmp.p2p_baseline} messages; * = Pareto frontier (peak memory, bubble)",
+    ]
+    width = max(len(r.label) for r in cmp.rows) if cmp.rows else 8
+    head = f"  {'schedule':<{width}}  {'bubble':>7}  {'peak':>7}  {'P2P':>5}  per-rank peak"
+    lines += [head, "  " + "-" * (len(head) - 2)]
+    for r in cmp.rows:
+        if not r.ok:
+            lines.append(f"  {r.label:<{width}}  {r.error}")
+            continue
+        p2p = f"{r.p2p_relative:.2f}" if r.p2p_relative is not None else "-"
+        per = ", ".join(f"{x:.4g}" for x in r.peak_memory_per_rank or [])
+        mark = "*" if r.on_frontier else " "
+        lines.append(f"{mark} {r.label:<{width}}  {r.bubble_rate:>7.4f}  {r.peak_memory:>7.4g}  {p2p:>5}  {per}")
+    return "\n".join(lines)

@@ -1,0 +1,113 @@
+"""Controllable-memory V schedules: V-Min, V-Half, V-ZB (ALGORITHMS.md §4).
+
+All three run on the V placement (v = 2: rank ``i`` holds layer groups ``i``, chunk 0,
+and ``2p−1−i``, chunk 1; the loss is on rank 0, the turn at rank ``p−1`` is local) and
+are built by the building-block method (:mod:`.building_block`) from a block of unit
+slots, period 6 (F, B, W of two chunks). In the reference notation, on rank ``i``:
+``F`` chunk-0 forward, ``f`` chunk-1 forward, ``B`` chunk-1 backward, ``b`` chunk-0
+backward; each W goes to the first free slot after its B.
+
+==========  ===========================  ===========================
+op          V-Min                        V-Half
+==========  ===========================  ===========================
+X           2 if p%3 == 0 else 0         3 if p%2 == 0 else 0
+F           ``i``                        ``2i``
+f           ``2p−i−1``                   ``3p−i−2``
+B           ``2p+X+i``                   ``3p+X+2i−1``
+b           ``4p+X−i−1``                 ``6p+X−i−2``
+==========  ===========================  ===========================
+
+**V-ZB** (1F1B's memory, ``p`` units) is built from the same round trip with slack:
+every hop to another rank starts half a period (3 slots) after its predecessor, the
+local turns (rank ``p−1``'s F→f, the loss on rank 0) one slot after, each op in the
+first slot free modulo 6 (:func:`.building_block.chain_slots`), W's as above. The
+half-period hops lengthen the lifespans to exactly ``2p`` chunk units per rank in the
+steady state (checked for every p up to 40), which is 1F1B's ``p`` units; that memory
+lets the reorder pull the warm-up forwards together, and since no chunk op takes more
+than half of a rank's per-microbatch time, the steady state never waits on a
+neighbour whatever the costs: with ``T_comm = 0`` its bubble stays below 1F1B's
+(tested on random costs), and with unit chunk costs it is 0 once ``m ≥ 2p``.
+
+Guarantees (unit accounting F +½, W −½ unit per chunk, any costs): peak per rank at
+most ``(p+4)//3`` (V-Min), ``(p+2)//2`` (V-Half), ``p`` (V-ZB) units, for every
+``p ≥ 1`` and ``m ≥ 1`` (no minimum m: the block is cut to the microbatches that
+exist). The busiest rank reaches the formula exactly from ``m = p`` on (tested for
+p = 2..32; the blocks' steady states for p = 1..40); V-Min leaves every third rank one
+unit lower when ``p % 3 == 2``, and V-ZB's early ranks fill up only once ``m ≥ 2p``. With unit chunk costs, bubbles are about ⅔ (V-Min) and ½
+(V-Half) of 1F1B's, and V-ZB's is 0 for ``m ≥ 2p`` (bubble rate as in
+:class:`~pipeoffload.timeline.Timeline`: per-rank span).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from ..ir import OpKind, Placement, Schedule
+from .building_block import BuildingBlock, chain_slots, place_weight_grads, schedule_from_block
+from .spec import ScheduleSpec
+
+__all__ = ["v_min", "v_half", "v_zb", "v_min_block", "v_half_block", "v_zb_block", "PERIOD", "unit_peak_bound"]
+
+F, B = OpKind.F, OpKind.B
+#: Slots per microbatch per rank: F, B, W of two chunks.
+PERIOD = 6
+
+
+def unit_peak_bound(name: str, p: int) -> int:
+    """The published peak of a V schedule, in units (whole-stage activations)."""
+    return {"v-min": (p + 4) // 3, "v-half": (p + 2) // 2, "v-zb": p}[name]
+
+
+def _block(p: int, offsets: list[tuple[int, int, int, int]]) -> BuildingBlock:
+    """Block from per-rank (F, f, B, b) slots; W's placed by :func:`place_weight_grads`."""
+    pl = Placement.vshape(p)
+    slots: dict[tuple[OpKind, int], int] = {}
+    for i, (f0, f1, b1, b0) in enumerate(offsets):
+        c0, c1 = i, 2 * p - 1 - i
+        slots[(F, c0)], slots[(F, c1)], slots[(B, c1)], slots[(B, c0)] = f0, f1, b1, b0
+    return BuildingBlock(pl, PERIOD, place_weight_grads(pl, PERIOD, slots))
+
+
+@lru_cache(maxsize=128)
+def v_min_block(p: int) -> BuildingBlock:
+    """V-Min's block: the forward goes down and back up, then the backward, with no gap."""
+    x = 2 if p % 3 == 0 else 0
+    return _block(p, [(i, 2 * p - i - 1, 2 * p + x + i, 4 * p + x - i - 1) for i in range(p)])
+
+
+@lru_cache(maxsize=128)
+def v_half_block(p: int) -> BuildingBlock:
+    """V-Half's block: forwards and backwards of chunk 0 two slots apart per rank."""
+    x = 3 if p % 2 == 0 else 0
+    return _block(p, [(2 * i, 3 * p - i - 2, 3 * p + x + 2 * i - 1, 6 * p + x - i - 2) for i in range(p)])
+
+
+@lru_cache(maxsize=128)
+def v_zb_block(p: int) -> BuildingBlock:
+    """V-ZB's block: the round trip with half a period (3 slots) per hop between ranks."""
+    pl = Placement.vshape(p)
+    slots = chain_slots(pl, PERIOD, hop=PERIOD // 2, turn=1)
+    return BuildingBlock(pl, PERIOD, place_weight_grads(pl, PERIOD, slots))
+
+
+def _check(spec: ScheduleSpec) -> None:
+    spec.no_group()
+    spec.chunks(2, allowed=(2,))
+
+
+def v_min(spec: ScheduleSpec) -> Schedule:
+    """V-Min: peak ``(p+4)//3`` units (≈ ⅓ of 1F1B's), bubble ≈ ⅔ of 1F1B's."""
+    _check(spec)
+    return schedule_from_block("v-min", v_min_block(spec.p), spec.m, p=spec.p, m=spec.m, v=2)
+
+
+def v_half(spec: ScheduleSpec) -> Schedule:
+    """V-Half: peak ``(p+2)//2`` units (≈ ½ of 1F1B's), bubble ≈ ½ of 1F1B's."""
+    _check(spec)
+    return schedule_from_block("v-half", v_half_block(spec.p), spec.m, p=spec.p, m=spec.m, v=2)
+
+
+def v_zb(spec: ScheduleSpec) -> Schedule:
+    """V-ZB: 1F1B's peak (``p`` units), bubble ≈ 0."""
+    _check(spec)
+    return schedule_from_block("v-zb", v_zb_block(spec.p), spec.m, p=spec.p, m=spec.m, v=2)
