@@ -127,34 +127,37 @@ class Timeline:
         return [1.0 - b / it if it > 0 else 0.0 for b in self.busy()]
 
     # --- memory metrics ------------------------------------------------------------
+    def memory_curves(self) -> list[list[tuple[float, float]]]:
+        """Every rank's memory step curve (see :meth:`memory_curve`), in one pass."""
+        points: list[list[tuple[float, int, float]]] = [[] for _ in range(self.num_ranks)]
+        for e in self.events:
+            if e.mem > 0:
+                points[e.rank].append((e.start, 1, e.mem))
+            elif e.mem < 0:
+                points[e.rank].append((e.end, 0, e.mem))
+        t0 = self.start
+        curves = []
+        for pts in points:
+            pts.sort(key=lambda x: (x[0], x[1]))
+            level = 0.0
+            curve = [(t0, 0.0)]
+            for t, _, d in pts:
+                level += d
+                curve.append((t, level))
+            curves.append(curve)
+        return curves
+
     def memory_curve(self, rank: int) -> list[tuple[float, float]]:
         """Step curve ``[(time, level), …]`` of a rank's activation memory.
 
         Frees at a time are applied before allocations at the same time, so a W
         that ends when an F starts does not count both.
         """
-        points: list[tuple[float, int, float]] = []
-        for e in self.events:
-            if e.rank != rank or e.mem == 0:
-                continue
-            if e.mem > 0:
-                points.append((e.start, 1, e.mem))
-            else:
-                points.append((e.end, 0, e.mem))
-        points.sort(key=lambda x: (x[0], x[1]))
-        level = 0.0
-        curve = [(self.start, 0.0)]
-        for t, _, d in points:
-            level += d
-            curve.append((t, level))
-        return curve
+        return self.memory_curves()[rank]
 
     def peak_memory(self) -> list[float]:
         """Per rank, the highest activation memory over the iteration (≥ 0)."""
-        out = []
-        for r in range(self.num_ranks):
-            out.append(_clean(max(0.0, max(level for _, level in self.memory_curve(r)))))
-        return out
+        return [_clean(max(0.0, max(level for _, level in c))) for c in self.memory_curves()]
 
     def summary(self) -> dict:
         """The JSON-ready core metrics."""

@@ -55,7 +55,7 @@ def timeline_json(tl: Timeline, include_ops: bool) -> dict:
              "microbatch": e.op.microbatch, "stream": e.stream, "start": e.start, "end": e.end, "mem": e.mem}
             for e in sorted(tl.events, key=lambda e: (e.rank, e.start))
         ]
-        out["memory_curves"] = [tl.memory_curve(r) for r in range(tl.num_ranks)]
+        out["memory_curves"] = tl.memory_curves()
     return out
 
 

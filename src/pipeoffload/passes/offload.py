@@ -713,7 +713,7 @@ def _finish(ctx: _Context, C: int, events: list[TimedOp], cands: list[_Cand], pl
         memory_unit=tl.memory_unit,
         meta=dict(tl.meta),
     )
-    new_tl.meta["baseline_memory_curves"] = [tl.memory_curve(r) for r in range(tl.num_ranks)]
+    new_tl.meta["baseline_memory_curves"] = tl.memory_curves()
     new_sched = sched.with_ranks(_insert_ops(sched, compute, t_events))
     new_sched.params = dict(sched.params, offload_chunks=C)
     base_b = {e.op.key: e.start for e in ctx.base_events if e.op.kind.is_backward}

@@ -84,7 +84,7 @@ def draw_timeline(tl: Timeline, path: str | Path, title: str | None = None) -> P
     lanes = lanes_of(bxs)
     xfer_lanes = [ln for ln in lanes if ln != "compute"]
     baseline = tl.meta.get("baseline_memory_curves")
-    curves = [tl.memory_curve(r) for r in range(p)]
+    curves = tl.memory_curves()
     base_curves = [baseline[r] if baseline and r < len(baseline) else [] for r in range(p)]
 
     times = [b.start for b in bxs] + [b.end for b in bxs]

@@ -70,8 +70,9 @@ def to_trace(tl: Timeline) -> dict:
         })
 
     baseline = tl.meta.get("baseline_memory_curves")
+    curves = tl.memory_curves()
     for r in range(tl.num_ranks):
-        for name, curve in (("memory", tl.memory_curve(r)),
+        for name, curve in (("memory", curves[r]),
                             ("memory without offload", baseline[r] if baseline and r < len(baseline) else None)):
             if not curve:
                 continue
