@@ -1,0 +1,177 @@
+"""Activation-memory meters: how many bytes of activations a rank holds, now and at peak.
+
+Two implementations with one interface (:class:`MemoryMeter`):
+
+- :class:`SavedTensorMeter` (CPU, and any device when asked): counts the bytes of
+  live tensors saved for backward — every tensor autograd saves during an F goes
+  through a ``saved_tensors_hooks`` pack hook that wraps it in a small holder; a
+  storage is counted once however many holders share it (keyed by its data pointer),
+  and uncounted when its last holder dies (autograd frees saved tensors during B).
+  Tensors the runtime keeps on purpose (a stage's input until B, the weight-gradient
+  store's ``(input, grad_output)`` stash until W) are held through :meth:`hold`.
+  Parameters and module buffers are excluded. Deterministic: the same ops give the
+  same bytes on every run.
+- :class:`CudaAllocatorMeter`: the paper metric, from the CUDA caching allocator:
+  ``memory_allocated() − (value at step start)``, peak from ``max_memory_allocated``.
+
+Levels and peaks are relative to the level at :meth:`MemoryMeter.start_step`.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Iterable
+
+import torch
+
+
+class MemoryMeter:
+    """Interface. ``level()``/``peak()`` in bytes relative to the last ``start_step``."""
+
+    name = "none"
+
+    def start_step(self) -> None: ...
+
+    def level(self) -> float:
+        return 0.0
+
+    def peak(self) -> float:
+        return 0.0
+
+    def wrap(self, packed: Any, tensor: torch.Tensor) -> Any:
+        """Called by the pack hook with the activation store's packed object."""
+        return packed
+
+    def unwrap(self, obj: Any) -> Any:
+        return obj
+
+    def hold(self, *tensors: torch.Tensor) -> Any:
+        """Count ``tensors`` until the returned handle is dropped (or released)."""
+        return None
+
+
+class _Holder:
+    """Keeps storages counted while alive. ``value`` is what the pack hook packed."""
+
+    __slots__ = ("meter", "keys", "value", "__weakref__")
+
+    def __init__(self, meter: "SavedTensorMeter", keys: list[int], value: Any) -> None:
+        self.meter, self.keys, self.value = meter, keys, value
+
+    def release(self) -> None:
+        keys, self.keys = self.keys, []
+        if keys:
+            self.meter._release(keys)
+
+    def __del__(self) -> None:
+        try:
+            self.release()
+        except Exception:  # interpreter shutdown
+            pass
+
+
+class SavedTensorMeter(MemoryMeter):
+    """Bytes of live saved-for-backward and held tensors (see module docstring)."""
+
+    name = "saved-tensors"
+
+    def __init__(self, exclude: Iterable[torch.Tensor] = ()) -> None:
+        self._exclude = {t.untyped_storage().data_ptr() for t in exclude}
+        self._live: dict[int, list[int]] = {}  # data_ptr -> [nbytes, holders]
+        self._level = 0
+        self._base = 0
+        self._peak = 0
+        self._lock = threading.Lock()  # backward may run on another thread (CUDA)
+
+    def exclude(self, tensors: Iterable[torch.Tensor]) -> None:
+        self._exclude.update(t.untyped_storage().data_ptr() for t in tensors)
+
+    def start_step(self) -> None:
+        with self._lock:
+            self._base = self._level
+            self._peak = self._level
+
+    def level(self) -> float:
+        return float(self._level - self._base)
+
+    def peak(self) -> float:
+        return float(self._peak - self._base)
+
+    def _acquire(self, tensors: Iterable[torch.Tensor]) -> list[int]:
+        keys = []
+        with self._lock:
+            for t in tensors:
+                if t is None or not isinstance(t, torch.Tensor) or t.is_meta:
+                    continue
+                st = t.untyped_storage()
+                ptr, nbytes = st.data_ptr(), st.nbytes()
+                if nbytes == 0 or ptr in self._exclude:
+                    continue
+                ent = self._live.get(ptr)
+                if ent is None:
+                    self._live[ptr] = [nbytes, 1]
+                    self._level += nbytes
+                    if self._level > self._peak:
+                        self._peak = self._level
+                else:
+                    ent[1] += 1
+                keys.append(ptr)
+        return keys
+
+    def _release(self, keys: list[int]) -> None:
+        with self._lock:
+            for ptr in keys:
+                ent = self._live[ptr]
+                ent[1] -= 1
+                if ent[1] == 0:
+                    self._level -= ent[0]
+                    del self._live[ptr]
+
+    def wrap(self, packed: Any, tensor: torch.Tensor) -> Any:
+        return _Holder(self, self._acquire([tensor]), packed)
+
+    def unwrap(self, obj: Any) -> Any:
+        return obj.value
+
+    def hold(self, *tensors: torch.Tensor) -> _Holder:
+        return _Holder(self, self._acquire(tensors), None)
+
+    def live_bytes(self) -> int:
+        """Absolute bytes counted now (0 when nothing is held: no leak)."""
+        return self._level
+
+
+class CudaAllocatorMeter(MemoryMeter):
+    """Allocator-based meter (the paper's metric): peak minus step-start allocated."""
+
+    name = "cuda-allocator"
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._base = 0
+
+    def start_step(self) -> None:
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        self._base = torch.cuda.memory_allocated(self.device)
+
+    def level(self) -> float:
+        return float(torch.cuda.memory_allocated(self.device) - self._base)
+
+    def peak(self) -> float:
+        return float(torch.cuda.max_memory_allocated(self.device) - self._base)
+
+
+def make_meter(device: torch.device, kind: str = "auto", exclude: Iterable[torch.Tensor] = ()) -> MemoryMeter:
+    """``kind``: "auto" (allocator on CUDA, saved tensors elsewhere), "saved", "cuda" or "none"."""
+    if kind == "auto":
+        kind = "cuda" if device.type == "cuda" else "saved"
+    if kind == "cuda":
+        return CudaAllocatorMeter(device)
+    if kind == "saved":
+        return SavedTensorMeter(exclude)
+    if kind == "none":
+        return MemoryMeter()
+    from ..errors import ParameterError
+
+    raise ParameterError("runtime.memory_meter", f"unknown meter {kind!r}; valid: auto, saved, cuda, none")

@@ -1,0 +1,143 @@
+"""Point-to-point transfers between pipeline ranks, every wait with a timeout.
+
+- Sends are non-blocking (``isend``) and issued right after the producing op; the
+  send buffers are kept until :meth:`P2P.finish_sends` (end of step) or until
+  :meth:`P2P.poll_sends` sees them done.
+- Receives are posted ahead (``irecv`` into a fresh buffer) and waited for just
+  before the consuming op. Each message has a unique tag per
+  ``(direction, sender stage, microbatch)``; receives from one peer are additionally
+  posted in the order that peer sends them (NCCL matches by order, not tag).
+- Every wait has a timeout; on expiry (or a dead peer) :class:`CommTimeout` /
+  :class:`CommError` names this rank, the op and the peer it waited for.
+
+Tensor shapes are exchanged once per runner by :meth:`P2P.exchange_meta` (a small
+fixed-size int64 header).
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..ir import Op
+
+_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32,
+           torch.uint8, torch.int8, torch.bool, torch.int16]
+_MAX_DIMS = 8
+#: Tags at or above this base are the setup handshake's.
+META_TAG_BASE = 1 << 28
+
+
+class CommError(RuntimeError):
+    """A transfer failed; the message names the rank, the op and the peer."""
+
+
+class CommTimeout(CommError, TimeoutError):
+    """A wait ran out of time; the message names the rank, the op and the peer."""
+
+
+class P2P:
+    """Sends and receives of one rank (see module docstring)."""
+
+    def __init__(self, rank: int, timeout_s: float, device: torch.device, group: Any = None) -> None:
+        self.rank = rank
+        self.timeout_s = float(timeout_s)
+        self.device = device
+        self.group = group
+        self._sends: list[tuple[Any, int, Any, torch.Tensor]] = []  # (op or description, peer, work, buffer)
+        self._recvs: dict[Any, tuple[Any, torch.Tensor]] = {}
+
+    # --- sends -------------------------------------------------------------------
+    def send(self, op: Op, tensor: torch.Tensor, tag: int) -> None:
+        t = tensor.detach()
+        if not t.is_contiguous():
+            t = t.contiguous()
+        try:
+            work = dist.isend(t, dst=op.peer, group=self.group, tag=tag)
+        except RuntimeError as e:
+            raise CommError(f"rank {self.rank}: could not send at {op} to rank {op.peer} "
+                            f"({str(e).splitlines()[0][:200]})") from None
+        self._sends.append((op, op.peer, work, t))
+
+    def poll_sends(self) -> None:
+        """Drop the buffers of sends that completed (keeps memory bounded)."""
+        if len(self._sends) > 4:
+            self._sends = [s for s in self._sends if not s[2].is_completed()]
+
+    def finish_sends(self) -> None:
+        """Wait for every outstanding send (end of step), each with the timeout."""
+        sends, self._sends = self._sends, []
+        for op, peer, work, _ in sends:
+            self._wait(work, op, peer, "for its send to be received")
+
+    # --- receives ----------------------------------------------------------------
+    def post_recv(self, key: Any, shape: tuple[int, ...], dtype: torch.dtype, peer: int, tag: int) -> None:
+        if key in self._recvs:
+            return
+        buf = torch.empty(shape, dtype=dtype, device=self.device)
+        try:
+            work = dist.irecv(buf, src=peer, group=self.group, tag=tag)
+        except RuntimeError as e:
+            raise CommError(f"rank {self.rank}: could not post the receive of {key} from rank {peer} "
+                            f"({str(e).splitlines()[0][:200]})") from None
+        self._recvs[key] = (work, buf)
+
+    def is_posted(self, key: Any) -> bool:
+        return key in self._recvs
+
+    def wait_recv(self, key: Any, op: Op) -> torch.Tensor:
+        work, buf = self._recvs.pop(key)
+        self._wait(work, op, op.peer, "for its input")
+        return buf
+
+    def pending_recvs(self) -> int:
+        return len(self._recvs)
+
+    # --- waiting -------------------------------------------------------------------
+    def _wait(self, work: Any, op: Any, peer: int | None, what: str) -> None:
+        try:
+            ok = work.wait(timeout=datetime.timedelta(seconds=self.timeout_s))
+        except RuntimeError as e:
+            text = str(e)
+            cls = CommTimeout if "imed out" in text or "timeout" in text.lower() else CommError
+            raise cls(
+                f"rank {self.rank}: {'timed out after ' + format(self.timeout_s, 'g') + ' s' if cls is CommTimeout else 'failed'} "
+                f"at {op} waiting on rank {peer} {what} ({text.splitlines()[0][:200]})"
+            ) from None
+        if ok is False:
+            raise CommTimeout(f"rank {self.rank}: timed out after {self.timeout_s:g} s at {op} "
+                              f"waiting on rank {peer} {what}")
+
+    # --- setup: tensor metadata ------------------------------------------------------
+    def send_meta(self, tensor: torch.Tensor, peer: int, stage: int, what: str) -> None:
+        """Non-blocking send of ``tensor``'s shape and dtype (setup handshake); waited
+        for by :meth:`finish_sends`."""
+        hdr = encode_meta(tensor)
+        work = dist.isend(hdr, dst=peer, group=self.group, tag=META_TAG_BASE + stage)
+        self._sends.append((what, peer, work, hdr))
+
+    def recv_meta(self, peer: int, stage: int, what: str) -> tuple[tuple[int, ...], torch.dtype]:
+        hdr = torch.zeros(_MAX_DIMS + 2, dtype=torch.int64, device=self.device)
+        work = dist.irecv(hdr, src=peer, group=self.group, tag=META_TAG_BASE + stage)
+        self._wait(work, what, peer, "for the activation shape")
+        return decode_meta(hdr)
+
+
+def encode_meta(t: torch.Tensor) -> torch.Tensor:
+    if t.dim() > _MAX_DIMS:
+        raise ValueError(f"activations with more than {_MAX_DIMS} dimensions are not supported")
+    try:
+        code = _DTYPES.index(t.dtype)
+    except ValueError:
+        raise ValueError(f"unsupported activation dtype {t.dtype}") from None
+    vals = [t.dim(), code] + list(t.shape) + [0] * (_MAX_DIMS - t.dim())
+    return torch.tensor(vals, dtype=torch.int64, device=t.device)
+
+
+def decode_meta(hdr: torch.Tensor) -> tuple[tuple[int, ...], torch.dtype]:
+    vals = hdr.tolist()
+    nd, code = int(vals[0]), int(vals[1])
+    return tuple(int(x) for x in vals[2 : 2 + nd]), _DTYPES[code]
