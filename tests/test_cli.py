@@ -74,3 +74,22 @@ def test_errors_are_one_line_exit_2(args, needle):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_simulate_with_cost_model(capsys):
+    from pipeoffload.cost_model import pipeline_costs
+    from pipeoffload.hardware import get_hardware
+    from pipeoffload.presets import get_model
+
+    args = ["simulate", "1f1b", "-p", "4", "-m", "8", "--model", "6.2B", "--hardware", "a100-80g", "--json"]
+    assert main(args) == 0
+    obj = json.loads(capsys.readouterr().out)
+    pc = pipeline_costs(get_model("6.2B"), get_hardware("a100-80g"), 4, 1)
+    assert obj["memory_unit"] == "bytes"
+    # 1F1B: rank 0 holds p microbatches of its layer group's saved activations.
+    assert obj["peak_memory"][0] == pytest.approx(4 * pc.groups[0].saved_bytes)
+    # Offload with transfer times from the hardware's host link.
+    assert main(args + ["--offload-chunks", "1", "--offload-infeasible", "skip"]) == 0
+    off = json.loads(capsys.readouterr().out)
+    assert off["offload"]["transfer_times"] == pytest.approx([g.offload_ms for g in pc.groups])
+    assert max(off["peak_memory"]) <= max(off["peak_memory_no_offload"])

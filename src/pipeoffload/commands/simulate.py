@@ -29,6 +29,7 @@ def register(sub) -> argparse.ArgumentParser:
     )
     add_schedule_args(p)
     add_costs_args(p)
+    add_model_args(p)
     add_offload_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--ops", action="store_true", help="with --json: include every op's start/end and memory curves")
@@ -40,10 +41,45 @@ def register(sub) -> argparse.ArgumentParser:
     return p
 
 
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("costs from the cost model (instead of --costs/--memory)")
+    g.add_argument("--model", metavar="NAME|FILE",
+                   help="model preset (see `pipeoffload models`) or TOML/JSON file: per-layer-group F/B/W "
+                        "times (ms), activation bytes, comm latency and offload transfer times")
+    g.add_argument("--hardware", metavar="NAME|FILE", default=None,
+                   help="hardware profile for --model (a100-80g, h100-80g, h200 or a file; default a100-80g)")
+    g.add_argument("--trim-edges", action="store_true",
+                   help="with --model: one layer fewer on the first and last layer groups (embedding/head)")
+
+
+def model_costs(args: argparse.Namespace, name: str):
+    """``(Costs, MemoryDeltas, transfer_times)`` from --model/--hardware, or None without --model."""
+    if not getattr(args, "model", None):
+        if getattr(args, "hardware", None) or getattr(args, "trim_edges", False):
+            from ..errors import ParameterError
+
+            raise ParameterError("--hardware", "needs --model NAME|FILE")
+        return None
+    from ..cost_model import pipeline_costs
+    from ..hardware import get_hardware
+    from ..presets import get_model
+    from ..schedules import info
+
+    model = get_model(args.model)
+    hw = get_hardware(args.hardware or "a100-80g")
+    v = args.v if args.v is not None else info(name).default_v
+    pc = pipeline_costs(model, hw, args.p, v, trim_edges=args.trim_edges)
+    return pc.costs, pc.memory, [g.offload_ms for g in pc.groups]
+
+
 def spec_from_args(args: argparse.Namespace, name: str | None = None) -> ScheduleSpec:
-    costs = costs_from_args(args)
-    memory = memory_from_args(args)
-    return ScheduleSpec(name or args.schedule, args.p, args.m, v=args.v, g=args.g,
+    name = name or args.schedule
+    derived = model_costs(args, name)
+    if derived is not None:
+        costs, memory, _ = derived
+    else:
+        costs, memory = costs_from_args(args), memory_from_args(args)
+    return ScheduleSpec(name, args.p, args.m, v=args.v, g=args.g,
                         mem_limit=args.mem_limit, costs=costs, memory=memory)
 
 
@@ -62,8 +98,12 @@ def timeline_json(tl: Timeline, include_ops: bool) -> dict:
 def run(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
     sched = build(spec)
-    unit = memory_unit(args)
+    derived = model_costs(args, spec.name)
+    unit = "bytes" if derived is not None else memory_unit(args)
     opts = offload_options(args)
+    if derived is not None and not getattr(args, "offload_time", None):
+        # One-way transfer of each layer group's activations over the host link.
+        opts["transfer_times"] = derived[2]
     tl = simulate(sched, spec.costs, spec.memory, memory_unit=unit)
     off = None
     if offload_requested(args):
