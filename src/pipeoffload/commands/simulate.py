@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
+from ..errors import ParameterError
+from ..ir import Schedule
 from ..passes.timing import simulate
 from ..schedules import ScheduleSpec, build
 from ..timeline import Timeline
@@ -28,6 +31,12 @@ def register(sub) -> argparse.ArgumentParser:
         "and per-rank peak activation memory. Optional PNG timeline, Chrome trace, PyTorch CSV, text grid.",
     )
     add_schedule_args(p)
+    for a in p._actions:  # the name is optional when --from-csv gives the schedule
+        if a.dest == "schedule":
+            a.nargs, a.default, a.help = "?", None, a.help + "; or give --from-csv FILE"
+    p.add_argument("--from-csv", metavar="FILE",
+                   help="simulate a torch.distributed.pipelining schedule CSV (one row of actions per rank) "
+                        "instead of generating one; p, m, v and the placement come from the file")
     add_costs_args(p)
     add_model_args(p)
     add_offload_args(p)
@@ -95,9 +104,28 @@ def timeline_json(tl: Timeline, include_ops: bool) -> dict:
     return out
 
 
+def schedule_from_args(args: argparse.Namespace) -> tuple[ScheduleSpec, Schedule]:
+    """The spec (costs, memory) and the schedule: generated from its name, or read with
+    ``--from-csv`` (a malformed file is a ParameterError naming it, the row and column)."""
+    csv_path = getattr(args, "from_csv", None)
+    if csv_path is None:
+        if args.schedule is None:
+            raise ParameterError("schedule", "missing; give a schedule name (see `pipeoffload schedules`) "
+                                 "or --from-csv FILE")
+        spec = spec_from_args(args)
+        return spec, build(spec)
+    if args.schedule is not None:
+        raise ParameterError("--from-csv", f"give a schedule name ({args.schedule!r}) or --from-csv FILE, not both")
+    from ..interop.torch_csv import read_csv
+
+    sched = read_csv(csv_path, name=Path(csv_path).stem, param="--from-csv")
+    # The file fixes p, m and v (what --model's per-group costs are computed for).
+    args.p, args.m, args.v, args.g = sched.num_ranks, sched.num_microbatches, sched.chunks, None
+    return spec_from_args(args, sched.name), sched
+
+
 def run(args: argparse.Namespace) -> int:
-    spec = spec_from_args(args)
-    sched = build(spec)
+    spec, sched = schedule_from_args(args)
     derived = model_costs(args, spec.name)
     unit = "bytes" if derived is not None else memory_unit(args)
     opts = offload_options(args)

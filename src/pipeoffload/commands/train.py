@@ -23,6 +23,11 @@ _FLAGS = {
     "seq_len": "model.seq_len",
     "output": "runtime.output", "timeout": "runtime.timeout_s", "backend": "runtime.backend",
     "threads": "runtime.threads",
+    "offload": "offload.chunks", "offload_time": "offload.time", "recompute": "offload.recompute",
+    "offload_infeasible": "offload.on_infeasible",
+    "fault_injection": "runtime.fault_injection", "on_nonfinite": "training.on_nonfinite",
+    "checkpoint_dir": "checkpoint.dir", "checkpoint_every": "checkpoint.every", "checkpoint_keep": "checkpoint.keep",
+    "resume": "checkpoint.resume",
 }
 
 
@@ -43,6 +48,20 @@ def register(sub) -> argparse.ArgumentParser:
     g.add_argument("-v", "--chunks", dest="v", type=int, default=None, help="chunks per rank (schedule default)")
     g.add_argument("-g", "--group", dest="g", type=int, default=None, help="group size for group-interleaved")
     g.add_argument("--mem-limit", type=float, default=None, help="memory limit for zb-auto (units)")
+    o = p.add_argument_group("activation offload (PipeOffload)")
+    o.add_argument("--offload", type=_offload_arg, default=None, metavar="auto|none|C",
+                   help="offload activations to host memory: 'auto' (default: the offload pass picks the number of "
+                        "chunks with the lowest peak), 'none', or C (chunks c < C of every rank)")
+    o.add_argument("--offload-chunks", dest="offload", type=_chunks_arg, default=None, metavar="C",
+                   help="same as --offload C")
+    o.add_argument("--offload-time", type=float, default=None, metavar="X",
+                   help="planned one-way transfer time of a chunk's activations, as a multiple of its F+B+W time "
+                        "(default 0: transfers assumed free; on CPU they are memcpy)")
+    o.add_argument("--offload-infeasible", choices=["skip", "delay", "error"], default=None,
+                   help="a reload that cannot finish before its backward: drop that offload (default), delay the "
+                        "backward, or fail")
+    o.add_argument("--recompute", action="store_const", const=True, default=None,
+                   help="recompute norm and SwiGLU elementwise outputs in backward instead of offloading them")
     t = p.add_argument_group("training")
     t.add_argument("--steps", type=int, default=None, help="optimizer steps (default 60)")
     t.add_argument("--microbatch-size", type=int, default=None, help="sequences per microbatch (default 4)")
@@ -62,8 +81,39 @@ def register(sub) -> argparse.ArgumentParser:
     r.add_argument("--backend", default=None, choices=["auto", "gloo", "nccl"], help="process-group backend")
     r.add_argument("--threads", type=int, default=None, help="torch threads per CPU rank (default cores/ranks)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    c = p.add_argument_group("reliability")
+    c.add_argument("--checkpoint-dir", default=None, metavar="DIR",
+                   help="save checkpoints (one step-NNNNNNNN/ folder per save: a file per rank, manifest last)")
+    c.add_argument("--checkpoint-every", type=int, default=None, metavar="N",
+                   help="save every N steps and after the last (default 0: only after the last)")
+    c.add_argument("--checkpoint-keep", type=int, default=None, metavar="K", help="checkpoints kept (default 3)")
+    c.add_argument("--resume", action="store_const", const=True, default=None,
+                   help="continue from the newest usable checkpoint in --checkpoint-dir (corrupt ones are skipped)")
+    c.add_argument("--on-nonfinite", choices=["stop", "skip"], default=None,
+                   help="non-finite loss or gradients (checked on every rank before the optimizer step): stop the "
+                        "run (default) or skip the step")
+    c.add_argument("--fault-injection", default=None, metavar="SPEC",
+                   help="testing aid: op=kill|raise|hang|nan_loss|nan_grad,rank=R,step=N[,at=B] "
+                        "(also $PIPEOFFLOAD_FAULT)")
     p.set_defaults(func=run)
     return p
+
+
+def _offload_arg(text: str) -> int | str:
+    t = text.strip().lower()
+    if t in ("auto", "none", "off"):
+        return t
+    return _chunks_arg(t)
+
+
+def _chunks_arg(text: str) -> int:
+    try:
+        c = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected auto, none or a number of chunks, got {text!r}") from None
+    if c < 0:
+        raise argparse.ArgumentTypeError(f"number of chunks must be >= 0, got {c}")
+    return c
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
@@ -75,16 +125,21 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
-    cfg.check()  # parameter errors before torch is imported or any process starts
+    sched = cfg.check()  # parameter errors before torch is imported or any process starts
+    if cfg.checkpoint.resume:
+        from ..runtime.checkpoint import fingerprint, precheck
+
+        precheck(cfg.checkpoint.dir, sched.num_ranks, fingerprint(cfg, sched))
     try:
+        from ..runtime.launcher import LaunchError, check_external_world
         from ..runtime.train import run_training
-        from ..runtime.launcher import LaunchError
     except ModuleNotFoundError as e:
         if e.name == "torch":
             print("pipeoffload train: error: the runtime needs torch (pip install 'pipeoffload[runtime]')",
                   file=sys.stderr)
             return 2
         raise
+    check_external_world(sched.num_ranks)  # under torchrun: WORLD_SIZE fits, before any rendezvous
     try:
         run_training(cfg)
     except LaunchError as e:

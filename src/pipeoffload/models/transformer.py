@@ -9,6 +9,12 @@ group with identical weights and identical parameter names, for checking.
 Components (nanoGPT-sized, modern style): RMSNorm, rotary position embeddings,
 grouped-query causal attention (``F.scaled_dot_product_attention``), SwiGLU MLP.
 Linear layers have no bias.
+
+Recompute hints: the norms' outputs (and their ``x·rsqrt`` intermediate) and SwiGLU's
+``silu(w1 x)`` and ``silu(w1 x)·w3 x`` are declared
+:func:`~pipeoffload.runtime.activations.recomputable`: an activation store that
+honours hints (``OffloadStore(recompute=True)``) recomputes them bit for bit in
+backward instead of moving them to the host. The forward math is the same either way.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..runtime.activations import recompute_active, recomputable
 from .config import ModelConfig, layer_ranges
 
 #: Seed offsets of the non-layer parts, far from any layer index.
@@ -32,7 +39,23 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+        # Declared right after each op, before a consumer saves it; recomputed with the
+        # same ops in backward, so the bits are identical.
+        hint = recompute_active()
+        r = _rms_inverse(x, self.eps)
+        if hint:
+            recomputable(r, _rms_inverse, x, self.eps)
+        xr = x * r
+        if hint:
+            recomputable(xr, torch.mul, x, r)
+        out = xr * self.weight
+        if hint:
+            recomputable(out, torch.mul, xr, self.weight)
+        return out
+
+
+def _rms_inverse(x: torch.Tensor, eps: float) -> torch.Tensor:
+    return torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
 
 
 def rotary_tables(cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -86,7 +109,16 @@ class SwiGLU(nn.Module):
         self.w2 = nn.Linear(f, h, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        hint = recompute_active()
+        h1 = self.w1(x)
+        a = F.silu(h1)
+        if hint:
+            recomputable(a, F.silu, h1)
+        h3 = self.w3(x)
+        gated = a * h3
+        if hint:
+            recomputable(gated, torch.mul, a, h3)
+        return self.w2(gated)
 
 
 class Block(nn.Module):

@@ -9,10 +9,13 @@ Modules (one job each):
 - ``weight_grad``: deferred linear weight gradients (the B/W split);
 - ``meter``: activation-memory meters (saved tensors on CPU, allocator on CUDA);
 - ``activations``: the activation store, hook point for offload;
+- ``offload_store``: :class:`OffloadStore`, PipeOffload's activation offload;
 - ``launcher``: :func:`launch` spawns local ranks or joins ``torchrun``;
 - ``config``: :class:`TrainConfig` dataclasses (pure, no torch);
 - ``measure``: measured vs predicted timelines;
-- ``train``: the training job behind ``pipeoffload train``.
+- ``train``: the training job behind ``pipeoffload train``;
+- ``checkpoint``: atomic per-rank checkpoints with a verified manifest, resume;
+- ``faults``: fault injection (kill, hang, raise, NaN) for reliability tests.
 
 See ``docs/runtime.md``. Names are imported lazily: ``pipeoffload.runtime.config``
 works without torch.
@@ -24,10 +27,14 @@ _LAZY = {
     "PipelineRunner": "executor", "run_pipeline": "executor", "StepResult": "executor", "OpSample": "executor",
     "CommTimeout": "p2p", "CommError": "p2p",
     "WeightGradStore": "weight_grad", "DeferredLinear": "weight_grad", "convert_linears": "weight_grad",
-    "ActivationStore": "activations", "KeepActivations": "activations",
+    "ActivationStore": "activations", "KeepActivations": "activations", "recomputable": "activations",
+    "OffloadStore": "offload_store", "OffloadError": "offload_store",
     "SavedTensorMeter": "meter", "CudaAllocatorMeter": "meter", "MemoryMeter": "meter",
     "launch": "launcher", "DistContext": "launcher", "LaunchError": "launcher",
     "TrainConfig": "config", "ScheduleConfig": "config", "TrainingConfig": "config", "RuntimeConfig": "config",
+    "CheckpointConfig": "config",
+    "save_checkpoint": "checkpoint", "load_latest": "checkpoint", "CheckpointError": "checkpoint",
+    "FaultSpec": "faults", "FaultInjector": "faults",
 }
 
 __all__ = list(_LAZY)

@@ -9,6 +9,7 @@ TOML file (``--config``; sections ``[model]``, ``[schedule]``, ``[training]``,
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -36,6 +37,24 @@ class ScheduleConfig:
 
 
 @dataclass
+class OffloadConfig:
+    """Activation offload (PipeOffload): the offload pass plans which (chunk,
+    microbatch) activations go to host memory; the runtime's ``OffloadStore`` moves them.
+
+    Default: ``chunks = "auto"`` with ``time = 0`` (transfers assumed free — on CPU a
+    transfer is a memcpy — so the pass picks the C with the lowest peak) and
+    ``on_infeasible = "skip"`` (an offload whose reload cannot finish before its B is
+    dropped, never an error).
+    """
+
+    chunks: int | str = "auto"  #: "auto", "none", or C: offload chunks c < C of every rank
+    time: float = 0.0  #: one one-way transfer of a chunk's activations, as a multiple of its F+B+W time
+    recompute: bool = False  #: recompute norm / SwiGLU elementwise outputs in backward instead of moving them
+    link_group: int = 2  #: ranks sharing one host link
+    on_infeasible: str = "skip"  #: skip, delay or error
+
+
+@dataclass
 class TrainingConfig:
     steps: int = 60
     microbatch_size: int = 4
@@ -44,6 +63,7 @@ class TrainingConfig:
     weight_decay: float = 0.0
     seed: int = 0  #: data order
     corpus: str | None = None  #: text file; None = the stdlib documentation topics
+    on_nonfinite: str = "stop"  #: non-finite loss or gradients: "stop" the run or "skip" the step
 
 
 @dataclass
@@ -56,17 +76,32 @@ class RuntimeConfig:
     memory_meter: str = "auto"  #: auto, saved, cuda, none
     output: str | None = None  #: output folder (default runs/<timestamp>)
     progress: bool = True  #: tqdm progress bar on rank 0
+    fault_injection: str | None = None  #: testing: "op=kill,rank=R,step=N[,at=B]" (see runtime.faults)
 
 
-_SECTIONS = {"model": ModelConfig, "schedule": ScheduleConfig, "training": TrainingConfig, "runtime": RuntimeConfig}
+@dataclass
+class CheckpointConfig:
+    """Checkpoints (``runtime.checkpoint``): one directory per saved step."""
+
+    dir: str | None = None  #: where; None = no checkpoints
+    every: int = 0  #: save every N steps (and after the last); 0 = only after the last
+    keep: int = 3  #: complete checkpoints kept (older ones removed)
+    resume: bool = False  #: continue from the newest usable checkpoint in ``dir``
+
+
+_SECTIONS = {"model": ModelConfig, "schedule": ScheduleConfig, "offload": OffloadConfig,
+             "training": TrainingConfig, "runtime": RuntimeConfig,
+             "checkpoint": CheckpointConfig}
 
 
 @dataclass
 class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    offload: OffloadConfig = field(default_factory=OffloadConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str = "config") -> "TrainConfig":
@@ -114,9 +149,60 @@ class TrainConfig:
         require(self.runtime.recv_lookahead >= 0, "runtime.recv_lookahead", "must be >= 0")
         sched = build(ScheduleSpec(sc.name, sc.stages, sc.microbatches, v=sc.v, g=sc.g, mem_limit=sc.mem_limit))
         self.model.check_split(sched.num_stages)
+        self._check_reliability(sched)
+        self.offload_plan(sched)  # an infeasible or out-of-range C fails here, before any process starts
         if t.corpus is not None:
             require(Path(t.corpus).is_file(), "--corpus", f"file not found: {t.corpus}")
         return sched
+
+
+    def offload_plan(self, sched):
+        """The offload pass on ``sched`` with ``[offload]`` (unit costs, +1/0/−1 memory),
+        or None when offload is off. Pure and deterministic: every rank gets the same
+        plan. Raises ParameterError naming the flag for bad settings."""
+        o = self.offload
+        c = o.chunks
+        if isinstance(c, str):
+            require(c in ("auto", "none", "off"), "--offload",
+                    f"must be auto, none or a number of chunks 0..{sched.chunks}, got {c!r}")
+        if c in ("none", "off", 0):
+            return None
+        require(isinstance(o.time, (int, float)) and math.isfinite(o.time) and o.time >= 0, "--offload-time",
+                f"must be a finite number >= 0, got {o.time!r}")
+        from ..offload import plan_offload
+
+        auto = c == "auto"
+        return plan_offload(sched, chunks=None if auto else c, auto=auto, offload_time=float(o.time),
+                            link_group=o.link_group, on_infeasible=o.on_infeasible)
+
+    def _check_reliability(self, sched) -> None:
+        """V placements, non-finite policy, checkpoints, fault injection, threads."""
+        t, rt, ck = self.training, self.runtime, self.checkpoint
+        S, p = sched.num_stages, sched.num_ranks
+        if sched.placement.kind == "v" and self.model.layers % S:
+            lo, hi = S * (self.model.layers // S), S * (self.model.layers // S + 1)
+            raise ParameterError("model.layers", f"schedule {sched.name} puts 2 layer groups on each of {p} devices "
+                                 f"in a V and needs equal groups: {self.model.layers} layers do not split into {S} "
+                                 f"(use a multiple of 2p = {S}, e.g. {lo} or {hi})")
+        require(t.on_nonfinite in ("stop", "skip"), "--on-nonfinite",
+                f"must be stop or skip, got {t.on_nonfinite!r}")
+        require(rt.threads is None or rt.threads >= 1, "--threads", f"must be >= 1, got {rt.threads}")
+        require(rt.init_timeout_s > 0, "runtime.init_timeout_s", f"must be > 0, got {rt.init_timeout_s}")
+        require(ck.every >= 0, "--checkpoint-every", f"must be >= 0 (0 = only after the last step), got {ck.every}")
+        require(ck.keep >= 1, "--checkpoint-keep", f"must be >= 1, got {ck.keep}")
+        if ck.dir is None:
+            require(not ck.resume, "--resume", "needs --checkpoint-dir DIR")
+            require(ck.every == 0, "--checkpoint-every", "needs --checkpoint-dir DIR")
+        elif Path(ck.dir).exists():
+            require(Path(ck.dir).is_dir(), "--checkpoint-dir", f"{ck.dir} exists and is not a directory")
+        from .faults import resolve  # pure: the configured fault, or $PIPEOFFLOAD_FAULT
+
+        spec = resolve(rt.fault_injection)
+        if spec is not None:
+            from ..passes.comm import insert_comm
+
+            spec.check(p, insert_comm(sched))
+            require(spec.step <= t.steps, spec.source, f"step={spec.step} is after the last step ({t.steps})")
 
 
 def _make(cls: type, values: Mapping[str, Any], section: str) -> Any:

@@ -3,16 +3,22 @@
 :func:`launch` runs ``fn(ctx, *args)`` once per rank with an initialised default
 process group, ``ctx`` a :class:`DistContext`:
 
-- under ``torchrun`` (``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` in the environment) this
-  process is one rank: it joins via ``env://``;
+- under ``torchrun`` (``RANK`` and ``WORLD_SIZE`` in the environment; ``LOCAL_RANK``
+  defaults to ``RANK``) this process is one rank: it joins via ``env://``, after
+  checking — before any rendezvous — that ``WORLD_SIZE`` is what the schedule needs;
 - otherwise it spawns ``world_size`` local processes (``torch.multiprocessing``,
   ``spawn`` start method) rendezvousing on a free localhost port.
 
 Backend "auto": NCCL with one GPU per local rank when CUDA has enough devices, else
 gloo on CPU. The process-group timeout (init and collectives) is ``init_timeout_s``.
-When one spawned rank fails, the others are terminated and :class:`LaunchError`
-names the rank whose failure started it (its own error, not a peer's "connection
-closed") and the error.
+
+Failures (spawned ranks): the parent watches every rank's process. When one exits
+with an error or dies (SIGKILL, crash), the others — possibly blocked in a receive
+from the dead one — are sent SIGTERM, then SIGKILL after ``grace_s``, and all are
+reaped; :class:`LaunchError` names the rank that started it: a *lost* rank (died
+without reporting an error) or the one whose own error came first, not a peer's
+"connection closed" consequence. Each spawned rank also dies with the parent
+(``PR_SET_PDEATHSIG``), so killing the launcher leaves no rank behind.
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
+import signal
 import socket
 import tempfile
 import time
@@ -31,15 +39,19 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from multiprocessing import connection as mp_connection
 
 from ..errors import ParameterError
 
 
 class LaunchError(RuntimeError):
-    """A rank failed. ``rank`` and ``details`` (the full remote traceback) are attached."""
+    """A rank failed. ``rank`` (the one whose failure started it), ``details`` (the
+    ranks' tracebacks), ``lost`` (it died without reporting an error, e.g. SIGKILL)
+    and ``exitcode`` are attached."""
 
-    def __init__(self, rank: int, message: str, details: str) -> None:
-        self.rank, self.details = rank, details
+    def __init__(self, rank: int, message: str, details: str, *, lost: bool = False,
+                 exitcode: int | None = None) -> None:
+        self.rank, self.details, self.lost, self.exitcode = rank, details, lost, exitcode
         super().__init__(message)
 
 
@@ -54,7 +66,48 @@ class DistContext:
 
 
 def under_torchrun() -> bool:
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "LOCAL_RANK" in os.environ
+    """True when an external launcher (``torchrun`` or anything that sets ``RANK`` and
+    ``WORLD_SIZE`` for ``env://``) started this process as one rank."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def external_world() -> tuple[int, int, int] | None:
+    """``(rank, world_size, local_rank)`` from the launcher's environment, checked
+    (ParameterError naming the variable), or None when not launched externally."""
+    if not under_torchrun():
+        return None
+    vals = {}
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        raw = os.environ.get(var)
+        if raw is None:
+            continue
+        try:
+            vals[var] = int(raw)
+        except ValueError:
+            raise ParameterError(var, f"must be an integer, got {raw!r} (set by torchrun)") from None
+    world, rank = vals["WORLD_SIZE"], vals["RANK"]
+    if world < 1:
+        raise ParameterError("WORLD_SIZE", f"must be >= 1, got {world}")
+    if not 0 <= rank < world:
+        raise ParameterError("RANK", f"must be in 0..{world - 1} for WORLD_SIZE={world}, got {rank}")
+    return rank, world, vals.get("LOCAL_RANK", rank)
+
+
+def check_external_world(world_size: int) -> None:
+    """Fail fast, before any rendezvous, when an external launch does not fit the
+    schedule: ``WORLD_SIZE`` must equal ``world_size`` and the rendezvous address be set."""
+    ext = external_world()
+    if ext is None:
+        return
+    _, world, _ = ext
+    if world != world_size:
+        raise ParameterError("--stages", f"the launcher started {world} processes (WORLD_SIZE={world}) but the "
+                             f"schedule needs {world_size}; use torchrun --nproc-per-node {world_size} or "
+                             f"--stages {world}")
+    for var in ("MASTER_ADDR", "MASTER_PORT"):
+        if not os.environ.get(var):
+            raise ParameterError(var, "not set; env:// rendezvous needs MASTER_ADDR and MASTER_PORT "
+                                 "(torchrun sets them)")
 
 
 def free_port() -> int:
@@ -81,59 +134,173 @@ def launch(
     backend: str = "auto",
     init_timeout_s: float = 120.0,
     threads: int | None = None,
+    grace_s: float = 5.0,
 ) -> None:
     """Run ``fn(ctx, *args)`` on every rank (see module docstring). ``fn`` must be a
-    module-level function (it is pickled by reference for ``spawn``)."""
-    if under_torchrun():
-        world = int(os.environ["WORLD_SIZE"])
-        if world != world_size:
-            raise ParameterError("--stages", f"torchrun started {world} processes but the schedule needs {world_size}; "
-                                 f"use torchrun --nproc-per-node {world_size}")
+    module-level function (it is pickled by reference for ``spawn``).
+
+    Spawned ranks are supervised: as soon as one exits with an error or is killed, the
+    others get SIGTERM, then SIGKILL after ``grace_s``, and :class:`LaunchError` names
+    the rank that started it. Spawned ranks also die with this process (Linux
+    ``PR_SET_PDEATHSIG``), so none is left behind. Under an external launcher the
+    rank's error is re-raised as :class:`LaunchError` (its launcher stops the others)."""
+    ext = external_world()
+    if ext is not None:
+        check_external_world(world_size)
+        rank, world, local_rank = ext
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-        _run_rank(int(os.environ["LOCAL_RANK"]), fn, world, args, resolve_backend(backend, local_world),
-                  "env://", init_timeout_s, threads, True)
+        be = resolve_backend(backend, local_world)
+        try:
+            _run_rank(local_rank, fn, world, args, be, "env://", init_timeout_s, threads, True)
+        except (KeyboardInterrupt, SystemExit, ParameterError):
+            raise
+        except BaseException as e:
+            text = f"{type(e).__name__}: {str(e).strip()}"
+            msg = text if getattr(e, "all_ranks", False) else f"rank {rank} failed: {text}"
+            if getattr(e, "lost_peer", None) is not None:  # torchrun's report names it too
+                msg = f"rank {e.lost_peer} was lost ({str(e).strip()})"
+            raise LaunchError(rank, msg, traceback.format_exc()) from None
         return
     be = resolve_backend(backend, world_size)
     init = f"tcp://127.0.0.1:{free_port()}"
     with tempfile.TemporaryDirectory(prefix="pipeoffload-launch-") as err_dir:
+        pctx = mp.start_processes(
+            _run_rank, args=(fn, world_size, args, be, init, init_timeout_s, threads, False, err_dir, os.getpid()),
+            nprocs=world_size, join=False, start_method="spawn")
         try:
-            mp.spawn(_run_rank, args=(fn, world_size, args, be, init, init_timeout_s, threads, False, err_dir),
-                     nprocs=world_size, join=True)
-        except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:
-            raise _root_cause(e, Path(err_dir)) from None
+            _supervise(list(pctx.processes), Path(err_dir), grace_s)
+        finally:
+            for f in getattr(pctx, "error_files", []):  # torch's own crash files (we report ours)
+                if f:
+                    Path(f).unlink(missing_ok=True)
 
 
-def _root_cause(e: Exception, err_dir: Path) -> LaunchError:
-    """The failure that started it: a rank's own error before its peers' "connection
-    closed" consequences, else the earliest."""
-    errs = []
+def _supervise(procs: list, err_dir: Path, grace_s: float) -> None:
+    """The parent-side watchdog: wait until every rank exits; on the first failure
+    (non-zero exit or death by a signal) stop the rest and raise :class:`LaunchError`."""
+    waiting = {p.sentinel: i for i, p in enumerate(procs)}
+    failed: dict[int, float] = {}  # rank -> when the parent saw it exit with an error
+    try:
+        while waiting and not failed:
+            for s in mp_connection.wait(list(waiting)):
+                i = waiting.pop(s)
+                procs[i].join()
+                if procs[i].exitcode != 0:
+                    failed[i] = time.time()
+    except BaseException:  # KeyboardInterrupt or anything else: leave nothing behind
+        _stop(procs, grace_s)
+        raise
+    if not failed:
+        return
+    # Ranks that exited on their own in the meantime are part of the story, not ours to stop.
+    for i, p in enumerate(procs):
+        if i not in failed and not p.is_alive() and p.exitcode not in (None, 0):
+            failed[i] = time.time()
+    stopped = _stop(procs, grace_s)
+    raise _root_cause(procs, failed, stopped, err_dir)
+
+
+def _stop(procs: list, grace_s: float) -> list[int]:
+    """SIGTERM every live rank, SIGKILL those still alive after ``grace_s``, reap all.
+    Returns the ranks this stopped."""
+    stopped = [i for i, p in enumerate(procs) if p.is_alive()]
+    for i in stopped:
+        procs[i].terminate()
+    deadline = time.time() + grace_s
+    for i in stopped:
+        procs[i].join(max(0.0, deadline - time.time()))
+    for i in stopped:
+        if procs[i].is_alive():
+            procs[i].kill()
+    for p in procs:
+        p.join()
+    return stopped
+
+
+def _signal_name(code: int) -> str:
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+def _root_cause(procs: list, failed: dict[int, float], stopped: list[int], err_dir: Path) -> LaunchError:
+    """The failure that started it. Each rank that failed on its own is either *lost*
+    (it died without reporting an error: killed by a signal, a crash, ``os._exit``) or
+    reported an error (``rank*.json``). A peer's "connection closed" is a consequence;
+    the cause is the earliest lost rank or reported non-consequence error."""
+    errs: dict[int, dict] = {}
     for f in err_dir.glob("rank*.json"):
         try:
-            errs.append(json.loads(f.read_text()))
-        except (OSError, ValueError):
+            rec = json.loads(f.read_text())
+            errs[int(rec["rank"])] = rec
+        except (OSError, ValueError, KeyError):
             continue
-    if errs:
-        errs.sort(key=lambda x: (_is_consequence(x["error"]), x["time"]))
-        root = errs[0]
-        others = "; ".join(f"rank {x['rank']}: {x['error'][:120]}" for x in errs[1:])
-        msg = f"rank {root['rank']} failed: {root['error']}" + (f" (then {others})" if others else "")
-        return LaunchError(root["rank"], msg, "\n\n".join(x["traceback"] for x in errs))
-    idx = getattr(e, "error_index", -1)
-    if isinstance(e, mp.ProcessExitedException):
-        return LaunchError(idx, f"rank {idx} exited with code {e.exit_code}", str(e))
-    text = str(e)
-    last = next((ln for ln in reversed(text.strip().splitlines()) if ln.strip()), text)
-    return LaunchError(idx, f"rank {idx} failed: {last.strip()}", text)
+    cands = []
+    # A rank that wrote its error failed on its own, even if it was still exiting
+    # (and so got stopped) when a peer's "connection closed" exit was seen first.
+    failed = {**{i: rec["time"] for i, rec in errs.items() if i not in failed}, **failed}
+    for i, seen in failed.items():
+        code = procs[i].exitcode
+        if i in errs:
+            rec = errs[i]
+            cands.append((_is_consequence(rec["error"]), min(seen, rec["time"]), i, rec["error"], False, rec))
+        else:
+            how = f"killed by {_signal_name(code)}" if code is not None and code < 0 else f"exited with status {code}"
+            cands.append((False, seen, i, f"{how} without reporting an error", True, None))
+    if not cands:  # cannot happen: _supervise saw a failure
+        return LaunchError(-1, "a rank failed", "")
+    cands.sort(key=lambda c: (c[0], c[1]))
+    _, _, root, what, lost, rec = cands[0]
+    others = [f"rank {i}: {_short(w)}" for _, _, i, w, _, _ in cands[1:]]
+    stopped = [i for i in stopped if i not in errs]
+    if lost:
+        msg = f"rank {root} was lost ({what})"
+    elif rec and rec.get("all_ranks"):  # every rank reached the same verdict: say it once
+        msg = rec["error"].partition(": ")[2] or rec["error"]
+        others = [o for o, c in zip(others, cands[1:]) if not (c[5] or {}).get("all_ranks")]
+        stopped = []  # the rest were stopped on their way to the same error
+    else:
+        msg = f"rank {root} failed: {what}"
+    if stopped:
+        msg += f"; stopped rank{'s' if len(stopped) > 1 else ''} {', '.join(map(str, stopped))}"
+    if others:
+        msg += " (then " + "; ".join(others) + ")"
+    details = "\n\n".join(errs[i]["traceback"] for i in sorted(errs))
+    return LaunchError(root, msg, details, lost=lost, exitcode=procs[root].exitcode)
+
+
+def _short(error: str, n: int = 120) -> str:
+    """An error line without gloo's source-location prefix, cut to ``n`` characters."""
+    error = re.sub(r"\[[^\]]*\.(cc|cpp|h):\d+\] ", "", error)
+    error = error.split(". This is typically", 1)[0]  # gloo's advice, once per peer, adds nothing
+    return error if len(error) <= n else error[: n - 3] + "..."
 
 
 def _is_consequence(error: str) -> bool:
     return any(s in error for s in ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
-                                    "could not send at", "could not post the receive"))
+                                    "could not send at", "could not post the receive", "lost rank"))
+
+
+def _die_with_parent(parent_pid: int | None) -> None:
+    """Linux: this process gets SIGKILL when its parent dies, so a killed launcher
+    leaves no rank behind. Best effort elsewhere."""
+    if parent_pid is None:
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:  # the parent died before the line above
+        os._exit(1)
 
 
 def _run_rank(local_rank: int, fn: Callable[..., Any], world_size: int, args: tuple, backend: str,
               init_method: str, init_timeout_s: float, threads: int | None, torchrun: bool,
-              err_dir: str | None = None) -> None:
+              err_dir: str | None = None, parent_pid: int | None = None) -> None:
+    _die_with_parent(parent_pid)
     rank = int(os.environ["RANK"]) if torchrun else local_rank
     if backend == "nccl":
         device = torch.device("cuda", local_rank)
@@ -147,18 +314,19 @@ def _run_rank(local_rank: int, fn: Callable[..., Any], world_size: int, args: tu
     kw: dict[str, Any] = {}
     if backend == "nccl":
         kw["device_id"] = device
-    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=init_timeout_s), **kw)
     try:
+        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
+                                timeout=datetime.timedelta(seconds=init_timeout_s), **kw)
         fn(DistContext(rank, world_size, local_rank, backend, device, torchrun), *args)
     except BaseException as e:
         if err_dir is not None:  # for the parent's root-cause report
             rec = {"rank": rank, "time": time.time(), "error": f"{type(e).__name__}: {str(e).strip()[:500]}",
-                   "traceback": traceback.format_exc()}
+                   "all_ranks": bool(getattr(e, "all_ranks", False)), "traceback": traceback.format_exc()}
             Path(err_dir, f"rank{rank}.json").write_text(json.dumps(rec))
         raise
     finally:
         try:
-            dist.destroy_process_group()
+            if dist.is_initialized():
+                dist.destroy_process_group()
         except Exception:
             pass

@@ -6,7 +6,8 @@ with the simulator fed the *measured* per-op costs.
   (seconds, bytes; ``meta["time_unit"] = "s"``).
 - :func:`group_medians` → per layer group ``(F, B, W)`` median durations and memory
   deltas, fed to ``Costs(group_costs=…)`` / ``MemoryDeltas(group_deltas=…)``.
-- :func:`predict` runs :func:`pipeoffload.passes.timing.simulate` with them.
+- :func:`predict` runs :func:`pipeoffload.passes.timing.simulate` with them;
+  :func:`predict_offload` then applies the offload pass with the run's settings.
 - :func:`compare` gives the per-rank report rows.
 """
 
@@ -20,6 +21,7 @@ import torch.distributed as dist
 from ..costs import Costs, MemoryDeltas
 from ..ir import OpKind, Schedule
 from ..passes.comm import message_key
+from ..passes.offload import OffloadResult, offload_plan
 from ..passes.timing import simulate
 from ..timeline import TimedOp, Timeline
 from .executor import OpSample, StepResult
@@ -102,6 +104,83 @@ def predict(schedule: Schedule, costs: Sequence[tuple[float, float, float]],
     tl.name = f"{schedule.name} (predicted)"
     tl.meta["time_unit"] = "s"
     return tl
+
+
+def predict_offload(schedule: Schedule, costs: Sequence[tuple[float, float, float]],
+                    deltas: Sequence[tuple[float, float, float]], comm: float = 0.0, *, chunks: int | None = None,
+                    moved: dict[int, float] | None = None, program: Schedule | None = None,
+                    **options: Any) -> tuple[Timeline, OffloadResult | None]:
+    """The simulator's timeline with measured per-group costs and memory deltas, plus
+    the offload transfers. Returns ``(timeline, pass result or None)``.
+
+    Without ``program``: the offload pass
+    (:func:`~pipeoffload.passes.offload.offload_plan`) on that timeline with the run's
+    settings — ``chunks`` (the C the run used) and ``options`` (``offload_time``,
+    ``link_group``, ...; ``on_infeasible`` defaults to "skip").
+
+    With ``program`` (the schedule that ran, transfer ops included): its transfer ops as
+    the runtime issues them — each at the end of the compute op before it in its rank's
+    program — on that timeline. With ``offload_time = 0`` both give the same memory
+    (the runtime reloads right after the op before the B, the pass plans it at the B's
+    start; they differ when a rank idles before a B); with planned transfer times the
+    pass re-planned with measured costs may place or skip transfers differently from
+    the plan that ran, so ``program`` is the faithful prediction of a run.
+
+    ``moved``: measured bytes one transfer of a layer group moves (the store's
+    ``moved_by_stage``). The pass assumes a transfer moves the F's whole memory delta;
+    with ``moved`` each transfer moves the measured amount, so what the store leaves
+    resident (tiny tensors, storages referenced elsewhere) is predicted resident."""
+    base = predict(schedule, costs, deltas, comm)
+    res = None
+    if program is None:
+        if chunks is None:
+            raise TypeError("predict_offload needs chunks= or program=")
+        options.setdefault("on_infeasible", "skip")
+        res = offload_plan(schedule.compute_only(), base, chunks=chunks, comm=comm, **options)
+        events = list(res.timeline.events)
+        meta = dict(res.timeline.meta)
+        label = f"C={res.chunks}"
+    else:
+        events = base.events + _transfers_in_program_order(program, base, deltas)
+        meta = dict(base.meta)
+        label = f"C={program.params.get('offload_chunks', '?')}"
+    if moved:
+        amount = {e.op.stage: -e.mem for e in events if e.op.kind is OpKind.OFFLOAD_END}
+        out = []
+        for e in events:
+            if e.op.kind in (OpKind.OFFLOAD_END, OpKind.RELOAD_START) and e.op.stage in moved:
+                sign = -1.0 if e.op.kind is OpKind.OFFLOAD_END else 1.0
+                e = TimedOp(e.op, e.start, e.end, e.stream, sign * min(float(moved[e.op.stage]), amount[e.op.stage]))
+            out.append(e)
+        events = out
+    tl = Timeline(num_ranks=base.num_ranks, events=events, name=f"{schedule.name} + offload {label} (predicted)",
+                  num_microbatches=base.num_microbatches, chunks=base.chunks, memory_unit=base.memory_unit, meta=meta)
+    tl.meta["time_unit"] = "s"
+    return tl, res
+
+
+def _transfers_in_program_order(program: Schedule, base: Timeline,
+                                deltas: Sequence[tuple[float, float, float]]) -> list[TimedOp]:
+    """``program``'s transfer ops, each at the end of the compute op before it on its
+    rank (as the runtime issues them), moving the F's memory delta of its layer group."""
+    when = {(e.rank, e.op.key): e for e in base.events}
+    out: list[TimedOp] = []
+    for r, ops in enumerate(program.ranks):
+        t = None
+        for op in ops:
+            e = when.get((r, op.key))
+            if e is not None and e.stream == "compute":
+                t = e.end
+                continue
+            if op.kind not in (OpKind.OFFLOAD_START, OpKind.OFFLOAD_END, OpKind.RELOAD_START, OpKind.RELOAD_END):
+                continue
+            if t is None:  # pragma: no cover - a transfer precedes every F on its rank
+                t = base.start
+            a = float(deltas[op.stage][0])
+            mem = {OpKind.OFFLOAD_END: -a, OpKind.RELOAD_START: a}.get(op.kind, 0.0)
+            lane = "d2h" if op.kind in (OpKind.OFFLOAD_START, OpKind.OFFLOAD_END) else "h2d"
+            out.append(TimedOp(op, t, t, lane, mem))
+    return out
 
 
 def compare(measured: Timeline, predicted: Timeline) -> dict[str, Any]:

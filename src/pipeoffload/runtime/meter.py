@@ -10,7 +10,10 @@ Two implementations with one interface (:class:`MemoryMeter`):
   Tensors the runtime keeps on purpose (a stage's input until B, the weight-gradient
   store's ``(input, grad_output)`` stash until W) are held through :meth:`hold`.
   Parameters and module buffers are excluded. Deterministic: the same ops give the
-  same bytes on every run.
+  same bytes on every run. With activation offload the store reports each storage
+  it frees on the device (:meth:`MemoryMeter.offloaded`) and brings back
+  (:meth:`MemoryMeter.reloaded`): the level is the *device-resident* bytes, while
+  the bytes on the host are reported by the store (``OffloadStore.stats``).
 - :class:`CudaAllocatorMeter`: the paper metric, from the CUDA caching allocator:
   ``memory_allocated() − (value at step start)``, peak from ``max_memory_allocated``.
 
@@ -49,13 +52,30 @@ class MemoryMeter:
         """Count ``tensors`` until the returned handle is dropped (or released)."""
         return None
 
+    def offloaded(self, storage: torch.UntypedStorage) -> Any:
+        """An activation store is about to free ``storage`` on the device (its bytes
+        now live on the host). Returns a token for :meth:`reloaded`."""
+        return None
+
+    def reloaded(self, token: Any, storage: torch.UntypedStorage) -> None:
+        """The storage of ``token`` is back on the device (possibly at a new address)."""
+
+
+class _Entry:
+    """One counted storage. ``resident`` is False while an activation store has it offloaded."""
+
+    __slots__ = ("ptr", "nbytes", "count", "resident")
+
+    def __init__(self, ptr: int, nbytes: int) -> None:
+        self.ptr, self.nbytes, self.count, self.resident = ptr, nbytes, 1, True
+
 
 class _Holder:
     """Keeps storages counted while alive. ``value`` is what the pack hook packed."""
 
     __slots__ = ("meter", "keys", "value", "__weakref__")
 
-    def __init__(self, meter: "SavedTensorMeter", keys: list[int], value: Any) -> None:
+    def __init__(self, meter: "SavedTensorMeter", keys: list[_Entry], value: Any) -> None:
         self.meter, self.keys, self.value = meter, keys, value
 
     def release(self) -> None:
@@ -71,13 +91,18 @@ class _Holder:
 
 
 class SavedTensorMeter(MemoryMeter):
-    """Bytes of live saved-for-backward and held tensors (see module docstring)."""
+    """Bytes of live saved-for-backward and held tensors (see module docstring).
+
+    Offload-aware: :meth:`offloaded` stops counting a storage while an activation
+    store keeps its bytes on the host (its holders stay attached), :meth:`reloaded`
+    counts it again at its new address; holders released meanwhile are honoured.
+    """
 
     name = "saved-tensors"
 
     def __init__(self, exclude: Iterable[torch.Tensor] = ()) -> None:
         self._exclude = {t.untyped_storage().data_ptr() for t in exclude}
-        self._live: dict[int, list[int]] = {}  # data_ptr -> [nbytes, holders]
+        self._live: dict[int, _Entry] = {}  # data_ptr -> entry (resident storages)
         self._level = 0
         self._base = 0
         self._peak = 0
@@ -97,7 +122,7 @@ class SavedTensorMeter(MemoryMeter):
     def peak(self) -> float:
         return float(self._peak - self._base)
 
-    def _acquire(self, tensors: Iterable[torch.Tensor]) -> list[int]:
+    def _acquire(self, tensors: Iterable[torch.Tensor]) -> list[_Entry]:
         keys = []
         with self._lock:
             for t in tensors:
@@ -109,32 +134,56 @@ class SavedTensorMeter(MemoryMeter):
                     continue
                 ent = self._live.get(ptr)
                 if ent is None:
-                    self._live[ptr] = [nbytes, 1]
+                    ent = self._live[ptr] = _Entry(ptr, nbytes)
                     self._level += nbytes
                     if self._level > self._peak:
                         self._peak = self._level
                 else:
-                    ent[1] += 1
-                keys.append(ptr)
+                    ent.count += 1
+                keys.append(ent)
         return keys
 
-    def _release(self, keys: list[int]) -> None:
+    def _release(self, keys: list[_Entry]) -> None:
         with self._lock:
-            for ptr in keys:
-                ent = self._live[ptr]
-                ent[1] -= 1
-                if ent[1] == 0:
-                    self._level -= ent[0]
-                    del self._live[ptr]
+            for ent in keys:
+                ent.count -= 1
+                if ent.count == 0:
+                    if ent.resident:
+                        self._level -= ent.nbytes
+                    if self._live.get(ent.ptr) is ent:
+                        del self._live[ent.ptr]
 
     def wrap(self, packed: Any, tensor: torch.Tensor) -> Any:
-        return _Holder(self, self._acquire([tensor]), packed)
+        # A packed object that keeps no device storage (e.g. a recompute recipe) is not counted.
+        keep = getattr(packed, "keeps_storage", True)
+        return _Holder(self, self._acquire([tensor]) if keep else [], packed)
 
     def unwrap(self, obj: Any) -> Any:
         return obj.value
 
     def hold(self, *tensors: torch.Tensor) -> _Holder:
         return _Holder(self, self._acquire(tensors), None)
+
+    def offloaded(self, storage: torch.UntypedStorage) -> _Entry | None:
+        with self._lock:
+            ent = self._live.pop(storage.data_ptr(), None)
+            if ent is not None and ent.resident:
+                ent.resident = False
+                self._level -= ent.nbytes
+            return ent
+
+    def reloaded(self, token: Any, storage: torch.UntypedStorage) -> None:
+        if token is None:
+            return
+        with self._lock:
+            ent: _Entry = token
+            if ent.resident or ent.count == 0:  # nobody holds it any more
+                return
+            ent.ptr, ent.nbytes, ent.resident = storage.data_ptr(), storage.nbytes(), True
+            self._live[ent.ptr] = ent
+            self._level += ent.nbytes
+            if self._level > self._peak:
+                self._peak = self._level
 
     def live_bytes(self) -> int:
         """Absolute bytes counted now (0 when nothing is held: no leak)."""

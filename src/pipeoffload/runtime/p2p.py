@@ -32,7 +32,10 @@ META_TAG_BASE = 1 << 28
 
 
 class CommError(RuntimeError):
-    """A transfer failed; the message names the rank, the op and the peer."""
+    """A transfer failed; the message names the rank, the op and the peer.
+    ``lost_peer``: the peer whose connection closed (it died), else None."""
+
+    lost_peer: int | None = None
 
 
 class CommTimeout(CommError, TimeoutError):
@@ -102,6 +105,11 @@ class P2P:
             ok = work.wait(timeout=datetime.timedelta(seconds=self.timeout_s))
         except RuntimeError as e:
             text = str(e)
+            if _peer_gone(text):  # the peer's process died or failed: say so, naming it
+                err = CommError(f"rank {self.rank}: lost rank {peer} at {op}: its connection closed "
+                                "(the process died or failed)")
+                err.lost_peer = peer
+                raise err from None
             cls = CommTimeout if "imed out" in text or "timeout" in text.lower() else CommError
             raise cls(
                 f"rank {self.rank}: {'timed out after ' + format(self.timeout_s, 'g') + ' s' if cls is CommTimeout else 'failed'} "
@@ -124,6 +132,10 @@ class P2P:
         work = dist.irecv(hdr, src=peer, group=self.group, tag=META_TAG_BASE + stage)
         self._wait(work, what, peer, "for the activation shape")
         return decode_meta(hdr)
+
+
+def _peer_gone(text: str) -> bool:
+    return any(s in text for s in ("Connection closed by peer", "Connection reset by peer", "Broken pipe"))
 
 
 def encode_meta(t: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,232 @@
+"""Checkpoints: atomic per-rank files with a manifest written last; verified on load,
+falling back past a corrupt, truncated or incomplete one; and ``pipeoffload train
+--resume`` continuing with exactly the losses of an uninterrupted run (fp32, CPU),
+also after a rank was SIGKILLed mid-step."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from pipeoffload.errors import ParameterError  # noqa: E402
+from pipeoffload.runtime.checkpoint import (  # noqa: E402
+    MANIFEST,
+    CheckpointError,
+    atomic_write,
+    capture_rng,
+    list_checkpoints,
+    load_latest,
+    precheck,
+    restore_rng,
+    save_checkpoint,
+    sha256_file,
+    step_dir,
+)
+
+FP = {"model": {"layers": 4}, "layer_groups": 1}
+
+
+def _payload(step: int) -> dict:
+    g = torch.Generator().manual_seed(step)
+    return {"step": step, "stages": {0: {"w": torch.randn(64, 64, generator=g)}}, "losses": [1.0] * step,
+            "rng": capture_rng()}
+
+
+def _save(root, step, keep=10):
+    return save_checkpoint(root, step, _payload(step), meta={"fingerprint": FP}, keep=keep)
+
+
+# ----------------------------------------------------------------- single rank, no processes
+def test_layout_manifest_and_checksums(tmp_path):
+    d = _save(tmp_path, 3)
+    assert d == step_dir(tmp_path, 3) and d.name == "step-00000003"
+    man = json.loads((d / MANIFEST).read_text())
+    assert man["step"] == 3 and man["world_size"] == 1 and man["meta"]["fingerprint"] == FP
+    f = d / man["files"]["0"]["file"]
+    assert man["files"]["0"]["sha256"] == sha256_file(f) and man["files"]["0"]["bytes"] == f.stat().st_size
+    assert sorted(p.name for p in d.iterdir()) == [MANIFEST, "rank-00000.pt"]  # no temporary files left
+    ck = load_latest(tmp_path, expect=FP)
+    assert ck.step == 3 and ck.rejected == []
+    torch.testing.assert_close(ck.state["stages"][0]["w"], _payload(3)["stages"][0]["w"], rtol=0, atol=0)
+
+
+def test_atomic_write_never_leaves_a_partial_file(tmp_path):
+    target = tmp_path / "x.bin"
+    atomic_write(target, lambda f: f.write(b"old"))
+
+    def fail(f):
+        f.write(b"half of the new")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError):
+        atomic_write(target, fail)
+    assert target.read_bytes() == b"old" and [p.name for p in tmp_path.iterdir()] == ["x.bin"]
+
+
+def _corrupt_flip(d):
+    f = d / "rank-00000.pt"
+    b = bytearray(f.read_bytes())
+    b[len(b) // 2] ^= 0xFF
+    f.write_bytes(bytes(b))
+
+
+def _corrupt_truncate(d):
+    f = d / "rank-00000.pt"
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 3])
+
+
+def _corrupt_manifest(d):
+    (d / MANIFEST).write_text('{"format": 1, "step": ')
+
+
+def _incomplete(d):
+    (d / MANIFEST).unlink()
+
+
+def _missing_file(d):
+    (d / "rank-00000.pt").unlink()
+
+
+@pytest.mark.parametrize("damage,why", [
+    (_corrupt_flip, "sha256"),
+    (_corrupt_truncate, "truncated"),
+    (_corrupt_manifest, "unreadable"),
+    (_incomplete, "incomplete"),
+    (_missing_file, "missing"),
+])
+def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, damage, why):
+    for s in (1, 2, 3):
+        _save(tmp_path, s)
+    damage(step_dir(tmp_path, 3))
+    warnings: list[str] = []
+    ck = load_latest(tmp_path, expect=FP, warn=warnings.append)
+    assert ck.step == 2
+    assert len(warnings) == 1 and "step-00000003" in warnings[0] and why in warnings[0], warnings
+    assert ck.rejected and why in ck.rejected[0]
+
+
+def test_a_file_that_matches_its_checksum_but_does_not_load_is_rejected(tmp_path):
+    _save(tmp_path, 1)
+    d = _save(tmp_path, 2)
+    f = d / "rank-00000.pt"
+    f.write_bytes(b"not a torch file")
+    man = json.loads((d / MANIFEST).read_text())
+    man["files"]["0"].update(sha256=sha256_file(f), bytes=f.stat().st_size)
+    (d / MANIFEST).write_text(json.dumps(man))
+    warnings: list[str] = []
+    assert load_latest(tmp_path, expect=FP, warn=warnings.append).step == 1
+    assert "cannot be loaded" in warnings[0]
+
+
+def test_no_usable_checkpoint_is_a_clear_error_and_none_is_none(tmp_path):
+    assert load_latest(tmp_path / "empty") is None
+    for s in (1, 2):
+        _save(tmp_path, s)
+    _corrupt_flip(step_dir(tmp_path, 1))
+    _corrupt_truncate(step_dir(tmp_path, 2))
+    with pytest.raises(CheckpointError, match="no usable checkpoint") as e:
+        load_latest(tmp_path, expect=FP)
+    assert "step-00000001" in str(e.value) and "step-00000002" in str(e.value)
+
+
+def test_a_checkpoint_of_another_model_is_an_error_not_a_fallback(tmp_path):
+    _save(tmp_path, 1)
+    other = {"model": {"layers": 6}, "layer_groups": 1}
+    with pytest.raises(CheckpointError, match="model.layers 4 there, 6 here"):
+        load_latest(tmp_path, expect=other)
+    with pytest.raises(ParameterError, match="--checkpoint-dir"):
+        precheck(tmp_path, 1, other)
+    with pytest.raises(ParameterError, match="written by 1 ranks; this run has 2"):
+        precheck(tmp_path, 2, FP)
+    precheck(tmp_path, 1, FP)  # fine
+
+
+def test_retention_keeps_the_newest(tmp_path):
+    for s in range(1, 6):
+        _save(tmp_path, s, keep=2)
+    assert [s for s, _ in list_checkpoints(tmp_path)] == [5, 4]
+
+
+def test_rng_state_round_trip():
+    import random
+
+    state = capture_rng()
+    a = (random.random(), torch.rand(3))
+    restore_rng(state)
+    b = (random.random(), torch.rand(3))
+    assert a[0] == b[0] and torch.equal(a[1], b[1])
+
+
+# ----------------------------------------------------------------- real training runs
+TINY = ["--schedule", "zb-v", "-p", "2", "-m", "4", "--layers", "4", "--hidden", "32", "--seq-len", "16",
+        "--microbatch-size", "2", "--no-progress", "--timeout", "60", "--steps", "4"]
+
+
+def _train(args, cwd, env_extra=None):
+    env = {k: v for k, v in os.environ.items() if k != "PIPEOFFLOAD_FAULT"}
+    env.update(env_extra or {})
+    return subprocess.run([sys.executable, "-m", "pipeoffload", "train"] + TINY + args, capture_output=True,
+                          text=True, timeout=180, cwd=cwd, env=env)
+
+
+def _losses(out: Path) -> list[float]:
+    return json.loads((out / "summary.json").read_text())["losses"]
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    """4 steps uninterrupted, a checkpoint after every step."""
+    root = tmp_path_factory.mktemp("straight")
+    r = _train(["--checkpoint-dir", str(root / "ck"), "--checkpoint-every", "1", "-o", str(root / "out")], root)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return root
+
+
+@pytest.mark.multiproc
+def test_kill_then_resume_gives_the_losses_of_an_uninterrupted_run(straight, tmp_path):
+    ck = tmp_path / "ck"
+    # Rank 1 is SIGKILLed in the middle of step 3: checkpoints 1 and 2 are complete.
+    r = _train(["--checkpoint-dir", str(ck), "--checkpoint-every", "1", "-o", str(tmp_path / "a")], tmp_path,
+               {"PIPEOFFLOAD_FAULT": "op=kill,rank=1,step=3"})
+    assert r.returncode == 1 and "rank 1 was lost" in r.stderr, r.stderr[-3000:]
+    assert [s for s, _ in list_checkpoints(ck)] == [2, 1]
+    r = _train(["--checkpoint-dir", str(ck), "--resume", "-o", str(tmp_path / "b")], tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "resuming from" in r.stderr and "step-00000002" in r.stderr
+    want = _losses(straight / "out")
+    assert _losses(tmp_path / "b") == want  # exactly: same bits, fp32 on CPU
+    # ... and the same parameters and optimizer state after the last step, bit for bit.
+    for rank in (0, 1):
+        a = torch.load(step_dir(straight / "ck", 4) / f"rank-0000{rank}.pt", weights_only=True)
+        b = torch.load(step_dir(ck, 4) / f"rank-0000{rank}.pt", weights_only=True)
+        for s in a["stages"]:
+            for k, v in a["stages"][s].items():
+                assert torch.equal(v, b["stages"][s][k]), (rank, s, k)
+        for i, st in a["optimizer"]["state"].items():
+            for k, v in st.items():
+                assert torch.equal(v, b["optimizer"]["state"][i][k]), (rank, i, k)
+
+
+@pytest.mark.multiproc
+def test_resume_skips_a_corrupt_latest_checkpoint(straight, tmp_path):
+    import shutil
+
+    ck = tmp_path / "ck"
+    shutil.copytree(straight / "ck", ck)
+    f = step_dir(ck, 4) / "rank-00001.pt"
+    f.write_bytes(f.read_bytes()[:1000])  # truncated, as by a crash during a copy
+    r = _train(["--checkpoint-dir", str(ck), "--resume", "-o", str(tmp_path / "out")], tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "step-00000004 is unusable" in r.stderr and "rank-00001.pt" in r.stderr, r.stderr
+    assert "resuming from" in r.stderr and "step-00000003" in r.stderr
+    assert _losses(tmp_path / "out") == _losses(straight / "out")
+    # step 4 was written again, complete
+    man = json.loads((step_dir(ck, 4) / MANIFEST).read_text())
+    assert sha256_file(f) == man["files"]["1"]["sha256"]
