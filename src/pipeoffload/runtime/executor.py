@@ -73,6 +73,7 @@ class OpSample:
     kind: str
     duration: float  #: seconds
     mem: float  #: activation-memory change, bytes
+    peak: float = 0.0  #: highest level during the op above its start level, bytes (the in-op transient)
 
 
 @dataclass
@@ -315,11 +316,12 @@ class PipelineRunner:
         self._backward(op)
         self._sync()
         lvl1, t1 = self.meter.level(), self._now()
-        self._samples.append(OpSample(op.stage, "B", t1 - t0, lvl1 - lvl0))
+        self._samples.append(OpSample(op.stage, "B", t1 - t0, lvl1 - lvl0, self.meter.peak_since_mark() - lvl0))
+        self.meter.mark()
         self.wg.flush(op.stage, op.microbatch)
         self._sync()
         lvl2, t2 = self.meter.level(), self._now()
-        self._samples.append(OpSample(op.stage, "W", t2 - t1, lvl2 - lvl1))
+        self._samples.append(OpSample(op.stage, "W", t2 - t1, lvl2 - lvl1, self.meter.peak_since_mark() - lvl1))
         self._events.append(TimedOp(op, t0, t2, "compute", lvl2 - lvl0))
 
     def _forward(self, op: Op) -> None:
@@ -439,12 +441,13 @@ class PipelineRunner:
 
     def _begin(self) -> tuple[float, float]:
         self._sync()
+        self.meter.mark()
         return self.meter.level(), self._now()
 
     def _end(self, op: Op, t0: float, lvl0: float, kind: str) -> None:
         self._sync()
         t1, lvl1 = self._now(), self.meter.level()
-        self._samples.append(OpSample(op.stage, kind, t1 - t0, lvl1 - lvl0))
+        self._samples.append(OpSample(op.stage, kind, t1 - t0, lvl1 - lvl0, self.meter.peak_since_mark() - lvl0))
         self._events.append(TimedOp(op, t0, t1, "compute", lvl1 - lvl0))
 
 

@@ -14,6 +14,7 @@ with the simulator fed the *measured* per-op costs.
 from __future__ import annotations
 
 import statistics
+from bisect import bisect_right
 from typing import Any, Sequence
 
 import torch.distributed as dist
@@ -97,18 +98,71 @@ def estimate_comm(tl: Timeline) -> float:
 
 
 def predict(schedule: Schedule, costs: Sequence[tuple[float, float, float]],
-            deltas: Sequence[tuple[float, float, float]], comm: float = 0.0) -> Timeline:
-    """The simulator's timeline with measured per-group costs (s) and memory deltas (bytes)."""
+            deltas: Sequence[tuple[float, float, float]], comm: float = 0.0,
+            peaks: Sequence[tuple[float, float, float]] | None = None) -> Timeline:
+    """The simulator's timeline with measured per-group costs (s) and memory deltas (bytes).
+
+    ``peaks`` (:func:`group_peaks`): measured in-op peaks; then ``meta["peak_memory_in_op"]``
+    holds each rank's peak including them (:func:`in_op_peaks`), which :func:`compare` uses."""
     tl = simulate(schedule.compute_only(), Costs(comm=comm, group_costs=tuple(costs)),
                   MemoryDeltas(group_deltas=tuple(deltas)), memory_unit="bytes")
     tl.name = f"{schedule.name} (predicted)"
     tl.meta["time_unit"] = "s"
+    if peaks is not None:
+        tl.meta["peak_memory_in_op"] = in_op_peaks(tl, peaks, deltas)
     return tl
+
+
+def group_peaks(samples: Sequence[OpSample], num_stages: int) -> list[tuple[float, float, float]]:
+    """Per layer group: the median in-op peak of F, B and W — the highest activation
+    level during the op above its start level (≥ the op's delta; e.g. inside a B the
+    first weight-gradient stash appears before saved tensors are freed)."""
+    vals: dict[tuple[int, str], list[float]] = {}
+    for s in samples:
+        vals.setdefault((s.stage, s.kind), []).append(max(getattr(s, "peak", 0.0), s.mem, 0.0))
+    return [tuple(statistics.median(vals[(g, k)]) if (g, k) in vals else 0.0 for k in "FBW")  # type: ignore[misc]
+            for g in range(num_stages)]
+
+
+def in_op_peaks(tl: Timeline, peaks: Sequence[tuple[float, float, float]],
+                deltas: Sequence[tuple[float, float, float]]) -> list[float]:
+    """Per rank: the highest of ``tl``'s memory curve and, for every compute op, the
+    level just before it plus its in-op peak (a BW: B's, or B's delta plus W's)."""
+    points: list[list[tuple[float, int, float]]] = [[] for _ in range(tl.num_ranks)]
+    for e in tl.events:
+        if e.mem > 0:
+            points[e.rank].append((e.start, 1, e.mem))
+        elif e.mem < 0:
+            points[e.rank].append((e.end, 0, e.mem))
+    compute: list[list[TimedOp]] = [[] for _ in range(tl.num_ranks)]
+    for e in tl.events:
+        if e.stream == "compute" and e.op.kind.is_compute:
+            compute[e.rank].append(e)
+    out = []
+    for r in range(tl.num_ranks):
+        pts = sorted(points[r], key=lambda x: (x[0], x[1]))
+        keys = [(t, o) for t, o, _ in pts]
+        levels, lvl = [], 0.0
+        for _, _, d in pts:
+            lvl += d
+            levels.append(lvl)
+        best = max([0.0] + levels)
+        for e in compute[r]:
+            i = bisect_right(keys, (e.start, 1))
+            before = (levels[i - 1] if i else 0.0) - (e.mem if e.mem > 0 else 0.0)
+            pf, pb, pw = peaks[e.op.stage]
+            k = e.op.kind
+            inner = pf if k is OpKind.F else pb if k is OpKind.B else pw if k is OpKind.W else \
+                max(pb, deltas[e.op.stage][1] + pw)
+            best = max(best, before + inner)
+        out.append(best)
+    return out
 
 
 def predict_offload(schedule: Schedule, costs: Sequence[tuple[float, float, float]],
                     deltas: Sequence[tuple[float, float, float]], comm: float = 0.0, *, chunks: int | None = None,
                     moved: dict[int, float] | None = None, program: Schedule | None = None,
+                    peaks: Sequence[tuple[float, float, float]] | None = None,
                     **options: Any) -> tuple[Timeline, OffloadResult | None]:
     """The simulator's timeline with measured per-group costs and memory deltas, plus
     the offload transfers. Returns ``(timeline, pass result or None)``.
@@ -129,7 +183,8 @@ def predict_offload(schedule: Schedule, costs: Sequence[tuple[float, float, floa
     ``moved``: measured bytes one transfer of a layer group moves (the store's
     ``moved_by_stage``). The pass assumes a transfer moves the F's whole memory delta;
     with ``moved`` each transfer moves the measured amount, so what the store leaves
-    resident (tiny tensors, storages referenced elsewhere) is predicted resident."""
+    resident (tiny tensors, storages referenced elsewhere) is predicted resident.
+    ``peaks``: as for :func:`predict` (in-op peaks of the compute ops)."""
     base = predict(schedule, costs, deltas, comm)
     res = None
     if program is None:
@@ -156,6 +211,9 @@ def predict_offload(schedule: Schedule, costs: Sequence[tuple[float, float, floa
     tl = Timeline(num_ranks=base.num_ranks, events=events, name=f"{schedule.name} + offload {label} (predicted)",
                   num_microbatches=base.num_microbatches, chunks=base.chunks, memory_unit=base.memory_unit, meta=meta)
     tl.meta["time_unit"] = "s"
+    tl.meta.pop("peak_memory_in_op", None)
+    if peaks is not None:
+        tl.meta["peak_memory_in_op"] = in_op_peaks(tl, peaks, deltas)
     return tl, res
 
 
@@ -184,9 +242,11 @@ def _transfers_in_program_order(program: Schedule, base: Timeline,
 
 
 def compare(measured: Timeline, predicted: Timeline) -> dict[str, Any]:
-    """Per-rank and overall measured-vs-predicted numbers (JSON-ready)."""
+    """Per-rank and overall measured-vs-predicted numbers (JSON-ready). The predicted
+    peak includes in-op peaks when the prediction has them (``predict(..., peaks=)``)."""
     mpeak = measured.meta.get("measured_peak_memory") or measured.peak_memory()
-    ppeak = predicted.peak_memory()
+    curve = predicted.peak_memory()  # at op boundaries only
+    ppeak = predicted.meta.get("peak_memory_in_op") or curve
     mb, pb = measured.rank_bubble_rates(), predicted.rank_bubble_rates()
     busy = measured.busy()
     steps = measured.meta.get("step_time") or [measured.makespan] * measured.num_ranks
@@ -201,6 +261,7 @@ def compare(measured: Timeline, predicted: Timeline) -> dict[str, Any]:
             "peak_memory_measured": mpeak[r],
             "peak_memory_predicted": ppeak[r],
             "peak_memory_error": (mpeak[r] - ppeak[r]) / ppeak[r] if ppeak[r] else 0.0,
+            "peak_memory_predicted_between_ops": curve[r],
         })
     return {
         "makespan_measured_s": measured.makespan,

@@ -52,6 +52,13 @@ class MemoryMeter:
         """Count ``tensors`` until the returned handle is dropped (or released)."""
         return None
 
+    def mark(self) -> None:
+        """Start tracking the highest level from now (an op's in-op peak)."""
+
+    def peak_since_mark(self) -> float:
+        """The highest level since :meth:`mark` (this meter: the current level)."""
+        return self.level()
+
     def offloaded(self, storage: torch.UntypedStorage) -> Any:
         """An activation store is about to free ``storage`` on the device (its bytes
         now live on the host). Returns a token for :meth:`reloaded`."""
@@ -106,6 +113,7 @@ class SavedTensorMeter(MemoryMeter):
         self._level = 0
         self._base = 0
         self._peak = 0
+        self._mark_peak = 0
         self._lock = threading.Lock()  # backward may run on another thread (CUDA)
 
     def exclude(self, tensors: Iterable[torch.Tensor]) -> None:
@@ -121,6 +129,12 @@ class SavedTensorMeter(MemoryMeter):
 
     def peak(self) -> float:
         return float(self._peak - self._base)
+
+    def mark(self) -> None:
+        self._mark_peak = self._level
+
+    def peak_since_mark(self) -> float:
+        return float(self._mark_peak - self._base)
 
     def _acquire(self, tensors: Iterable[torch.Tensor]) -> list[_Entry]:
         keys = []
@@ -138,6 +152,8 @@ class SavedTensorMeter(MemoryMeter):
                     self._level += nbytes
                     if self._level > self._peak:
                         self._peak = self._level
+                    if self._level > self._mark_peak:
+                        self._mark_peak = self._level
                 else:
                     ent.count += 1
                 keys.append(ent)
@@ -184,6 +200,8 @@ class SavedTensorMeter(MemoryMeter):
             self._level += ent.nbytes
             if self._level > self._peak:
                 self._peak = self._level
+            if self._level > self._mark_peak:
+                self._mark_peak = self._level
 
     def live_bytes(self) -> int:
         """Absolute bytes counted now (0 when nothing is held: no leak)."""

@@ -35,8 +35,8 @@ from .checkpoint import fingerprint as checkpoint_fingerprint
 from .faults import FaultInjector
 from .faults import resolve as resolve_fault
 from .launcher import DistContext, launch
-from .measure import (compare, estimate_comm, gather_results, group_medians, measured_timeline, predict,
-                      predict_offload)
+from .measure import (compare, estimate_comm, gather_results, group_medians, group_peaks, measured_timeline,
+                      predict, predict_offload)
 from .offload_store import OffloadStore
 
 
@@ -155,10 +155,11 @@ def train_worker(ctx: DistContext, cfg: TrainConfig) -> None:
     measured = measured_timeline(results, run_sched)
     costs, deltas = group_medians(all_samples, S)
     comm = estimate_comm(measured)
-    predicted = predict(sched, costs, deltas, comm)
+    peaks = group_peaks(all_samples, S)  # in-op peaks (e.g. inside a B), measured like the deltas
+    predicted = predict(sched, costs, deltas, comm, peaks)
     offload = None
     if plan is not None:
-        predicted, offload = _predict_offload(cfg, plan, sched, costs, deltas, comm, results, predicted)
+        predicted, offload = _predict_offload(cfg, plan, sched, costs, deltas, comm, results, predicted, peaks)
     cmp = compare(measured, predicted)
     mean_steps = [sum(g["step_times"][1:]) / max(1, len(g["step_times"]) - 1) if len(g["step_times"]) > 1
                   else g["step_times"][0] for g in gathered]
@@ -180,6 +181,7 @@ def train_worker(ctx: DistContext, cfg: TrainConfig) -> None:
         "comm_latency_s": comm,
         "group_costs_s": costs,
         "group_memory_deltas_bytes": deltas,
+        "group_in_op_peaks_bytes": peaks,
         "memory_meter": results[0].meta.get("meter"),
         "skipped_steps": skipped,
         "resumed_from": str(resumed) if resumed else None,
@@ -193,7 +195,7 @@ def train_worker(ctx: DistContext, cfg: TrainConfig) -> None:
 
 
 def _predict_offload(cfg: TrainConfig, plan: Any, sched: Any, costs: Any, deltas: Any, comm: float,
-                     results: list, plain: Timeline) -> tuple[Timeline, dict[str, Any]]:
+                     results: list, plain: Timeline, peaks: Any) -> tuple[Timeline, dict[str, Any]]:
     """The run's transfers on the simulator fed the measured per-op costs and bytes
     (each transfer's measured size), and the report's offload block."""
     from ..models.config import layer_ranges
@@ -203,7 +205,7 @@ def _predict_offload(cfg: TrainConfig, plan: Any, sched: Any, costs: Any, deltas
     moved = {int(st): b for s in stats for st, b in s.get("moved_by_stage", {}).items()}
     # The transfers as this run issued them (the plan made before the start), on the
     # simulator's timeline with the measured costs and bytes.
-    predicted, _ = predict_offload(sched, costs, deltas, comm, moved=moved, program=plan.schedule)
+    predicted, _ = predict_offload(sched, costs, deltas, comm, moved=moved, program=plan.schedule, peaks=peaks)
     layers = [len(r) for r in layer_ranges(cfg.model.layers, sched.num_stages)]
     rec = {int(st): b for s in stats for st, b in s.get("recomputed_by_stage", {}).items()}
     per_layer = {st: b / layers[st] for st, b in moved.items()}
@@ -220,7 +222,7 @@ def _predict_offload(cfg: TrainConfig, plan: Any, sched: Any, costs: Any, deltas
         "moved_per_layer_per_microbatch": per_layer,
         "without_recompute_per_layer_per_microbatch": {st: (b + rec.get(st, 0.0)) / layers[st]
                                                        for st, b in moved.items()},
-        "peak_predicted_no_offload": plain.peak_memory(),
+        "peak_predicted_no_offload": plain.meta.get("peak_memory_in_op") or plain.peak_memory(),
         "peak_predicted_host": [max(x for _, x in _host_curve(predicted, r)) for r in range(predicted.num_ranks)],
     }
     return predicted, block
