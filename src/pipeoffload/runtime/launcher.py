@@ -26,6 +26,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import sys
 import re
 import signal
 import socket
@@ -339,3 +340,12 @@ def _run_rank(local_rank: int, fn: Callable[..., Any], world_size: int, args: tu
                 dist.destroy_process_group()
         except Exception:
             pass
+    if not torchrun:
+        # A spawned rank that finished cleanly skips interpreter finalization: gloo's
+        # worker threads can still hold work objects whose destruction then needs the
+        # GIL and aborts the process ("terminate called without an active exception",
+        # SIGABRT, ~1 run in 10 here; see pytorch/pytorch#179291). Results are already
+        # written; flush and leave.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
