@@ -855,6 +855,18 @@ def _resolve_model(model: Any, seq: int | None, microbatch: int | None, po_runti
     return get_model(model, **over)
 
 
+
+def _record(cand, cfg, fits: list[float]) -> bool:
+    """Keep ``cfg`` as an attempt of ``cand``; if it fits the budget, make it the
+    candidate's configuration and add its time to the sorted ``fits``. True if it fits."""
+    cand.attempts.append(cfg)
+    if not cfg.fits:
+        return False
+    cand.fit = cfg
+    fits.append(cfg.iteration_ms)
+    fits.sort()
+    return True
+
 def plan(
     model: str | ModelSpec,
     hardware: str | Hardware,
@@ -928,12 +940,7 @@ def plan(
                 if e.kind == "m" or c.family.schedule in FIXED_ORDER:
                     break
                 continue
-            cfg = ev.config(c.split, c.family, c.m, rc, sim)
-            c.attempts.append(cfg)
-            if cfg.fits:
-                c.fit = cfg
-                fits.append(cfg.iteration_ms)
-                fits.sort()
+            if _record(c, ev.config(c.split, c.family, c.m, rc, sim), fits):
                 break
 
     # Phase 2: offload, fastest candidates first; prune those that cannot enter the top K.
@@ -960,11 +967,7 @@ def plan(
                 except _Refused as e:
                     c.refusals.append(_Refused(e.kind, e.reason, e.over, f"{c.family.label} {c.split} m={c.m}"))
                     break
-                c.attempts.append(cfg)
-                if cfg.fits:
-                    c.fit = cfg
-                    fits.append(cfg.iteration_ms)
-                    fits.sort()
+                if _record(c, cfg, fits):
                     break
 
     configs = sorted((c.fit for c in cands if c.fit), key=lambda x: (x.iteration_ms, x.memory.device))
