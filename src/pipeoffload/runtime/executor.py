@@ -95,7 +95,8 @@ class PipelineRunner:
     first parameter lives), ``timeout_s`` for every blocking wait, ``activation_store``
     (offload hook point), ``meter`` ("auto", "saved", "cuda", "none" or a
     :class:`MemoryMeter`), ``recv_lookahead`` receives posted ahead of their consumer,
-    ``sync_timing`` (synchronize CUDA around each op for exact timings; default on CUDA).
+    ``sync_timing`` (synchronize the CUDA compute stream around each op for exact timings;
+    default on CUDA; the offload copy streams keep running).
     """
 
     def __init__(
@@ -436,8 +437,11 @@ class PipelineRunner:
         return time.perf_counter() - self._t0
 
     def _sync(self) -> None:
+        # Only the compute stream: a device-wide synchronize would also wait for the
+        # offload copies in flight on the d2h/h2d streams and serialise them with
+        # compute (measured on an H100: docs/gpu.md).
         if self.sync_timing and self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+            torch.cuda.current_stream(self.device).synchronize()
 
     def _begin(self) -> tuple[float, float]:
         self._sync()

@@ -23,21 +23,28 @@ OFFLOAD_START — begin the device→host copy
     changes what any other code sees. The moved storages are packed into one host
     buffer (pinned on CUDA) from a pool keyed by size and reused across iterations.
     CUDA: the d2h stream waits on an event recorded on the compute stream (the F
-    is done), copies asynchronously, records an event; ``record_stream`` tells the
-    caching allocator not to reuse the memory before the copy finished.
+    is done), copies asynchronously, records an event.
 
 OFFLOAD_END — copy done; release device memory
-    Each moved storage is resized to 0 bytes: its memory goes back to the allocator
+    The compute stream waits for the copy's event (a no-op when the plan gave the
+    copy enough time), then each moved storage is resized to 0 bytes: its memory
+    goes back to the caching allocator, reusable at once by later compute work,
     however many tensors (views, the runtime's stage input) still point at it. The
     meter is told (:meth:`~pipeoffload.runtime.meter.MemoryMeter.offloaded`).
 
 RELOAD_START / RELOAD_END — host→device before the B
     The storages get their bytes again *in place* (same storage objects, new
-    memory; allocated on the h2d stream, which first waits for the d2h event) and
-    the copy starts; RELOAD_END makes the compute stream wait on the copy's event
-    and returns the host buffer to the pool. Every alias, the stage input and the
-    meter's holders are valid again, so the B (and a later W) computes exactly what
-    it would have without offload: bitwise-identical gradients.
+    memory, by default from the compute stream's pool: ``reload_alloc``) and the
+    h2d copy starts once the d2h copy and the compute work issued before it are
+    done; RELOAD_END makes the compute stream wait on the copy's event and returns
+    the host buffer to the pool. Every alias, the stage input and the meter's
+    holders are valid again, so the B (and a later W) computes exactly what it
+    would have without offload: bitwise-identical gradients.
+
+Both ends follow the plan on the GPU's own timeline: a copy starts when the compute
+stream reaches its START op, however far the host has run ahead, and the compute
+stream waits at an END op for a copy the plan did not give enough time. Measured on
+an H100 in docs/gpu.md.
 
 After the B (``release``)
     The store drops its references: each reloaded storage is freed as soon as
@@ -65,7 +72,10 @@ import torch
 
 from .activations import ActivationStore, RecipeBook, recording_recipes
 
-__all__ = ["OffloadStore", "OffloadError", "HostPool", "TINY_ELEMENTS"]
+__all__ = ["OffloadStore", "OffloadError", "HostPool", "TINY_ELEMENTS", "RELOAD_ALLOC"]
+
+#: Where reloaded storages are allocated on CUDA (see :class:`OffloadStore`).
+RELOAD_ALLOC = ("compute", "copy")
 
 #: Storages of at most this many elements pass through (not worth a transfer).
 TINY_ELEMENTS = 1024
@@ -313,10 +323,22 @@ class OffloadStore(ActivationStore):
     ``timing``: on CUDA, time every copy with events (:meth:`stats` then has the
     device-side copy seconds; costs a synchronisation of the copy streams at the
     end of each step). ``tiny``: storages of at most this many elements pass through.
+    ``reload_alloc``: which CUDA stream the reloaded storages are allocated on:
+    ``"compute"`` (default; the memory comes from, and returns to, the compute
+    stream's pool, so what an offload frees serves the reload; the h2d copy first
+    waits for the compute work issued before RELOAD_START) or ``"copy"`` (the h2d
+    stream's own pool: the copy need not wait for compute, but the caching allocator
+    keeps that pool apart, so reserved memory grows by the reloaded bytes).
     """
 
-    def __init__(self, recompute: bool = False, *, timing: bool = False, tiny: int = TINY_ELEMENTS) -> None:
+    def __init__(self, recompute: bool = False, *, timing: bool = False, tiny: int = TINY_ELEMENTS,
+                 reload_alloc: str = "compute") -> None:
+        if reload_alloc not in RELOAD_ALLOC:
+            from ..errors import ParameterError
+
+            raise ParameterError("reload_alloc", f"unknown value {reload_alloc!r}; valid: {', '.join(RELOAD_ALLOC)}")
         self.recompute = recompute
+        self.reload_alloc = reload_alloc
         self.timing = timing
         self.tiny = tiny
         self.device = torch.device("cpu")
@@ -472,9 +494,12 @@ class OffloadStore(ActivationStore):
             host = g.host.tensor
             with lanes.on(lanes.d2h):
                 for rec in moved:
+                    # No record_stream here: OFFLOAD_END makes the compute stream wait for
+                    # this copy before it frees the memory, so the caching allocator may
+                    # hand it out again at once, in stream order (record_stream would hold
+                    # it until the host *observes* the copy done: more memory reserved).
                     src = _bytes_of(rec.storage)
                     host[rec.host_off:rec.host_off + rec.nbytes].copy_(src, non_blocking=lanes.non_blocking)
-                    lanes.record_stream(src, lanes.d2h)  # no reuse of the memory before the copy is done
                     del src
             g.ev_d2h = lanes.record(lanes.d2h, lanes.timing)
             g.t_d2h = (start, g.ev_d2h)
@@ -494,9 +519,10 @@ class OffloadStore(ActivationStore):
         g = self._group(stage, microbatch, "OFFLOAD_END")
         if g.state != OFFLOADING:
             raise OffloadError(f"OFFLOAD_END of {g.name}: state {g.state} (needs OFFLOAD_START first, once)")
+        if g.moved:
+            # Compute work after this point may reuse the memory: it waits for the copy.
+            self._lanes.wait(self._lanes.compute(), g.ev_d2h)
         for rec in g.moved:
-            # The copy was queued before this point on the d2h stream, and record_stream
-            # keeps the allocator from handing the memory out before it completes.
             rec.token = self.meter.offloaded(rec.storage) if self.meter is not None else None
             rec.storage.resize_(0)
             rec.moved = True
@@ -512,14 +538,25 @@ class OffloadStore(ActivationStore):
         t0 = time.perf_counter()
         lanes = self._lanes
         if g.moved:
+            on_compute = self.reload_alloc == "compute"
+            if on_compute:
+                # Allocate from the compute stream's pool; the memory may still be in use
+                # by compute kernels queued before this point, so the copy waits for them.
+                with lanes.on(lanes.compute()):
+                    for rec in g.moved:
+                        rec.storage.resize_(rec.nbytes)
+                lanes.wait(lanes.h2d, lanes.record(lanes.compute()))
             lanes.wait(lanes.h2d, g.ev_d2h)  # the host copy is complete
             start = lanes.record(lanes.h2d, True) if lanes.timing else None
             host = g.host.tensor
-            with lanes.on(lanes.h2d):  # allocate on the h2d stream: safe for the copy
+            with lanes.on(lanes.h2d):  # "copy": allocate on the h2d stream, safe for the copy
                 for rec in g.moved:
-                    rec.storage.resize_(rec.nbytes)
+                    if not on_compute:
+                        rec.storage.resize_(rec.nbytes)
                     dst = _bytes_of(rec.storage)
                     dst.copy_(host[rec.host_off:rec.host_off + rec.nbytes], non_blocking=lanes.non_blocking)
+                    if on_compute:
+                        lanes.record_stream(dst, lanes.h2d)  # freed on compute: wait for this copy too
                     del dst
                     if self.meter is not None:
                         self.meter.reloaded(rec.token, rec.storage)
@@ -540,10 +577,11 @@ class OffloadStore(ActivationStore):
             compute = lanes.compute()
             lanes.wait(compute, g.ev_h2d)
             for rec in g.moved:
-                # Allocated on the h2d stream, used (and freed) by the compute stream.
-                b = _bytes_of(rec.storage)
-                lanes.record_stream(b, compute)
-                del b
+                if self.reload_alloc == "copy":
+                    # Allocated on the h2d stream, used (and freed) by the compute stream.
+                    b = _bytes_of(rec.storage)
+                    lanes.record_stream(b, compute)
+                    del b
                 rec.moved = False
             self.pool.release(g.host, g.host_bytes, g.ev_h2d)
             if lanes.timing:
@@ -561,6 +599,8 @@ class OffloadStore(ActivationStore):
             raise OffloadError(f"{g.name}: its B ran while its activations were {g.state} (never reloaded)")
 
     def _drop(self, g: _Group) -> None:
+        if g.state == OFFLOADING and g.moved:  # a copy may still read memory that is freed below
+            self._lanes.wait(self._lanes.compute(), g.ev_d2h)
         for cd in g.keys or list(g.records):
             n = self._shared.get(cd, 0) - 1
             if n > 0:

@@ -12,6 +12,13 @@
 
 Tensor shapes are exchanged once per runner by :meth:`P2P.exchange_meta` (a small
 fixed-size int64 header).
+
+Gloo cannot send or receive CUDA memory (its TCP transport reads the pointer on the
+host: "writev ... Bad address", seen on an H100). When the process group is gloo and
+the device is CUDA, messages are staged through host memory: a send copies to the
+host first, a receive lands in a host buffer and is copied to the device when it is
+waited for. Useful where ranks outnumber GPUs (several ranks sharing one GPU);
+NCCL sends device memory directly.
 """
 
 from __future__ import annotations
@@ -52,12 +59,18 @@ class P2P:
         self.group = group
         self._sends: list[tuple[Any, int, Any, torch.Tensor]] = []  # (op or description, peer, work, buffer)
         self._recvs: dict[Any, tuple[Any, torch.Tensor]] = {}
+        self._stage = device.type != "cpu" and dist.is_initialized() and dist.get_backend(group) == "gloo"
+
+    def _wire(self, t: torch.Tensor) -> torch.Tensor:
+        """What goes on the wire: ``t`` itself, or its host copy when staging (module docstring)."""
+        return t.cpu() if self._stage else t
 
     # --- sends -------------------------------------------------------------------
     def send(self, op: Op, tensor: torch.Tensor, tag: int) -> None:
         t = tensor.detach()
         if not t.is_contiguous():
             t = t.contiguous()
+        t = self._wire(t)
         try:
             work = dist.isend(t, dst=op.peer, group=self.group, tag=tag)
         except RuntimeError as e:
@@ -80,7 +93,7 @@ class P2P:
     def post_recv(self, key: Any, shape: tuple[int, ...], dtype: torch.dtype, peer: int, tag: int) -> None:
         if key in self._recvs:
             return
-        buf = torch.empty(shape, dtype=dtype, device=self.device)
+        buf = torch.empty(shape, dtype=dtype, device="cpu" if self._stage else self.device)
         try:
             work = dist.irecv(buf, src=peer, group=self.group, tag=tag)
         except RuntimeError as e:
@@ -94,7 +107,7 @@ class P2P:
     def wait_recv(self, key: Any, op: Op) -> torch.Tensor:
         work, buf = self._recvs.pop(key)
         self._wait(work, op, op.peer, "for its input")
-        return buf
+        return buf.to(self.device) if self._stage else buf
 
     def pending_recvs(self) -> int:
         return len(self._recvs)
@@ -123,12 +136,12 @@ class P2P:
     def send_meta(self, tensor: torch.Tensor, peer: int, stage: int, what: str) -> None:
         """Non-blocking send of ``tensor``'s shape and dtype (setup handshake); waited
         for by :meth:`finish_sends`."""
-        hdr = encode_meta(tensor)
+        hdr = self._wire(encode_meta(tensor))
         work = dist.isend(hdr, dst=peer, group=self.group, tag=META_TAG_BASE + stage)
         self._sends.append((what, peer, work, hdr))
 
     def recv_meta(self, peer: int, stage: int, what: str) -> tuple[tuple[int, ...], torch.dtype]:
-        hdr = torch.zeros(_MAX_DIMS + 2, dtype=torch.int64, device=self.device)
+        hdr = torch.zeros(_MAX_DIMS + 2, dtype=torch.int64, device="cpu" if self._stage else self.device)
         work = dist.irecv(hdr, src=peer, group=self.group, tag=META_TAG_BASE + stage)
         self._wait(work, what, peer, "for the activation shape")
         return decode_meta(hdr)
