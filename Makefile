@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install bench clean
+.PHONY: demo test install bench gpu-check clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -26,5 +26,12 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m pytest -q -m bench -p no:cacheprovider
 
+# On a GPU machine: the CUDA path run and measured with the PyTorch already installed
+# there (never installs or downloads torch). Results in gpu-check/ (docs/gpu.md).
+GPU_PY ?= python3
+GPU_OUT ?= gpu-check
+gpu-check:
+	$(GPU_PY) benchmarks/gpu_check.py --out $(GPU_OUT)
+
 clean:
-	rm -rf $(VENV) out runs
+	rm -rf $(VENV) out runs gpu-check

@@ -37,7 +37,7 @@ from pipeoffload.models.config import ModelConfig
 from pipeoffload.models.transformer import Block, rotary_tables
 from pipeoffload.offload import plan_offload
 from pipeoffload.runtime.meter import make_meter
-from pipeoffload.runtime.offload_store import OffloadStore
+from pipeoffload.runtime.offload_store import RELOAD_ALLOC, OffloadStore
 from pipeoffload.runtime.weight_grad import WeightGradStore, convert_linears
 from pipeoffload.schedules import ScheduleSpec, build
 
@@ -87,6 +87,24 @@ class Replay:
         self.x0 = torch.randn(shape, generator=g).to(device=device, dtype=dtype)
         self.g0 = (torch.randn(shape, generator=g) * 1e-3).to(device=device, dtype=dtype)
         self.split = {(o.stage, o.microbatch) for o in ops if o.kind is OpKind.B}
+        self.op_events: list[tuple[str, Any, Any]] = []  #: (kind, start, end) CUDA events of the last step
+        self.unit_bytes = 0.0  #: memory kept by one F (one layer group, one microbatch), last step
+
+    def _mark(self) -> Any:
+        if self.device.type != "cuda":
+            return time.perf_counter()
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    def op_seconds(self) -> dict[str, float]:
+        """Median device seconds of F, B, W, BW in the last step (events; no extra synchronisation)."""
+        _sync(self.device)
+        by: dict[str, list[float]] = {}
+        for kind, a, b in self.op_events:
+            dt = a.elapsed_time(b) / 1000 if self.device.type == "cuda" else b - a
+            by.setdefault(kind, []).append(dt)
+        return {k: statistics.median(v) for k, v in by.items()}
 
     def step(self) -> float:
         keep: dict[tuple[int, int], Any] = {}
@@ -96,9 +114,14 @@ class Replay:
             OpKind.RELOAD_START: store.reload_start, OpKind.RELOAD_END: store.reload_end}
         _sync(self.device)
         meter.start_step()
+        self.op_events = []
+        first_f = True
         t0 = time.perf_counter()
         for op in self.ops:
             s, j = op.stage, op.microbatch
+            compute = op.kind in (OpKind.F, OpKind.B, OpKind.W, OpKind.BW)
+            if compute:
+                e0, lvl0 = self._mark(), meter.level()
             if op.kind is OpKind.F:
                 x = self.x0.clone().requires_grad_()  # a "received" activation
                 holder = meter.hold(x)
@@ -130,6 +153,10 @@ class Replay:
                 self.wg.flush(s, j)
             elif op.kind in calls:
                 calls[op.kind](s, j)
+            if compute:
+                self.op_events.append((op.kind.name, e0, self._mark()))
+                if op.kind is OpKind.F and first_f:
+                    self.unit_bytes, first_f = meter.level() - lvl0, False
         if store:
             store.end_step()
         _sync(self.device)
@@ -147,7 +174,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run(argv: list[str] | None = None) -> dict[str, Any]:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--tiny", action="store_true", help="small sizes (h=64, s=64, fp32): a smoke test")
@@ -157,9 +184,12 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("-v", type=int, default=None, help="chunks per rank (schedule default; 2 for group-interleaved)")
     ap.add_argument("-g", type=int, default=None, help="group size for group-interleaved (default p/2)")
     ap.add_argument("--offload-chunks", default="1", help="C, or auto (default 1: the earliest chunk)")
-    ap.add_argument("--offload-time", type=float, default=0.0,
-                    help="planned one-way transfer time as a multiple of F+B+W (default 0)")
+    ap.add_argument("--offload-time", default="measured",
+                    help="planned one-way transfer time as a multiple of F+B+W, or 'measured' (default): "
+                         "from this device's measured op times and pinned host-link bandwidth")
     ap.add_argument("--recompute", action="store_true")
+    ap.add_argument("--reload-alloc", choices=list(RELOAD_ALLOC), default="compute",
+                    help="CUDA stream whose pool the reloaded activations come from (OffloadStore.reload_alloc)")
     ap.add_argument("--hidden", type=int, default=None)
     ap.add_argument("--seq-len", type=int, default=None)
     ap.add_argument("--heads", type=int, default=None)
@@ -168,8 +198,15 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--microbatch-size", type=int, default=1)
     ap.add_argument("--dtype", choices=list(_DTYPES), default=None)
     ap.add_argument("--steps", type=int, default=3, help="measured steps (after one warm-up step)")
+    ap.add_argument("--profile", default=None, metavar="FILE",
+                    help="CUDA: one more offload step under torch.profiler, Chrome trace written to FILE")
     ap.add_argument("--json", default=None, metavar="FILE")
-    a = ap.parse_args(argv)
+    return ap
+
+
+def run(argv: list[str] | None = None) -> dict[str, Any]:
+    """Parse ``argv``, run both replays (without and with offload), print and return the results."""
+    a = _parser().parse_args(argv)
     device = torch.device(a.device)
     tiny = a.tiny
     p = a.p or (4 if tiny else 8)
@@ -183,41 +220,66 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     dtype = _DTYPES[a.dtype or ("fp32" if tiny or device.type == "cpu" else "bf16")]
     sched = build(ScheduleSpec(a.schedule, p, m, v=a.v or (2 if gis else None), g=g))
     auto = a.offload_chunks == "auto"
-    plan = plan_offload(sched, chunks=None if auto else int(a.offload_chunks), auto=auto,
-                        offload_time=a.offload_time, on_infeasible="skip")
+    chunks = None if auto else int(a.offload_chunks)
+    measured = a.offload_time == "measured"
+    plan = plan_offload(sched, chunks=chunks, auto=auto, offload_time=0.0 if measured else float(a.offload_time),
+                        on_infeasible="skip")
     rank = max(range(p), key=lambda r: (plan.peak_no_offload[r], -r))  # the busiest rank
     cfg = ModelConfig(layers=a.layers_per_chunk, hidden=h, heads=heads, kv_heads=kv, seq_len=s)
-    modules = {st: Chunk(cfg, a.layers_per_chunk, seed=st).to(device=device, dtype=dtype)
-               for st in sched.placement.stages_of(rank)}
+    default_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with device:  # initialise on the device, in the run's dtype (host init of large layers is slow)
+            modules = {st: Chunk(cfg, a.layers_per_chunk, seed=st).to(dtype)  # (rotary tables are made in fp32)
+                       for st in sched.placement.stages_of(rank)}
+    finally:
+        torch.set_default_dtype(default_dtype)
     for mod in modules.values():
         convert_linears(mod)
     shape = (a.microbatch_size, s, h)
+    chunks_here = sched.placement.chunks_on(rank)
     results: dict[str, Any] = {
         "device": str(device), "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__, "cuda": torch.version.cuda,
         "schedule": sched.name, "p": p, "m": m, "v": sched.chunks, "g": g, "rank": rank,
         "offload_chunks": plan.chunks, "hidden": h, "seq_len": s, "heads": heads, "kv_heads": kv,
         "layers_per_chunk": a.layers_per_chunk, "microbatch_size": a.microbatch_size, "dtype": str(dtype),
+        "reload_alloc": a.reload_alloc,
         "transfers": sum(1 for o in plan.schedule.ranks[rank] if o.kind is OpKind.OFFLOAD_START),
         "predicted_peak_units": {"no_offload": plan.peak_no_offload[rank], "offload": plan.peak[rank]},
         "runs": {},
     }
     grads = {}
-    for label, ops, store in (("no offload", sched.ranks[rank], None),
-                              ("offload", plan.schedule.ranks[rank],
-                               OffloadStore(recompute=a.recompute, timing=device.type == "cuda"))):
+    for label in ("no offload", "offload"):
+        store = None
+        if label == "offload":
+            if measured:  # re-plan with this device's op times and host link (one rank per link)
+                plan, results["plan"] = _measured_plan(sched, results["runs"]["no offload"], device, chunks, auto)
+                results["predicted_peak_units"]["offload"] = plan.peak[rank]
+                results["offload_chunks"] = plan.chunks
+            results["transfers"] = sum(1 for o in plan.schedule.ranks[rank] if o.kind is OpKind.OFFLOAD_START)
+            store = OffloadStore(recompute=a.recompute, timing=device.type == "cuda", reload_alloc=a.reload_alloc)
+        ops = (plan.schedule if store else sched).ranks[rank]
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
+            reserved0 = torch.cuda.memory_reserved(device)
         rep = Replay(ops, modules, shape, dtype, device, store)
         times, peaks = [], []
         for k in range(a.steps + 1):
-            for mod in modules.values():
-                mod.zero_grad(set_to_none=True)
+            for mod in modules.values():  # in place: the gradients are not activation memory
+                mod.zero_grad(set_to_none=False)
             t = rep.step()
             if k > 0:
                 times.append(t)
                 peaks.append(rep.meter.peak())
         grads[label] = {f"{st}.{n}": prm.grad.detach().clone() for st, mod in modules.items()
                         for n, prm in mod.named_parameters() if prm.grad is not None}
-        row: dict[str, Any] = {"step_s": statistics.median(times), "activation_peak_bytes": max(peaks),
-                               "meter": rep.meter.name}
+        row: dict[str, Any] = {"step_s": statistics.median(times), "step_s_all": times,
+                               "activation_peak_bytes": max(peaks), "meter": rep.meter.name,
+                               "unit_bytes": rep.unit_bytes, "op_s": rep.op_seconds()}
+        if device.type == "cuda":
+            row["reserved_growth_bytes"] = torch.cuda.max_memory_reserved(device) - reserved0
         st = store.stats() if store else None
         if st:
             row.update({k: st[k] for k in ("moved_bytes", "kept_bytes", "recomputed_bytes", "host_peak_bytes",
@@ -225,13 +287,22 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
             dev_d2h, dev_h2d = st.get("d2h_device_s"), st.get("h2d_device_s")
             d2h_s = dev_d2h if dev_d2h else st["d2h_host_s"]
             h2d_s = dev_h2d if dev_h2d else st["h2d_host_s"]
+            row["d2h_s"], row["h2d_s"] = d2h_s, h2d_s
             row["d2h_GBps"] = st["moved_bytes"] / d2h_s / 1e9 if d2h_s else None
             row["h2d_GBps"] = st["moved_bytes"] / h2d_s / 1e9 if h2d_s else None
             row["copy_time_from"] = "cuda events" if dev_d2h else "host clock"
+            if a.profile and device.type == "cuda":
+                row["profile"] = _profile_step(rep, modules, a.profile)
         results["runs"][label] = row
         del rep
     a0, b0 = grads["no offload"], grads["offload"]
     results["bitwise_equal_grads"] = a0.keys() == b0.keys() and all(torch.equal(a0[k], b0[k]) for k in a0)
+    # GPU attention backward kernels accumulate with atomics (not bitwise reproducible run to
+    # run), so the relative difference is reported too; gpu_check.py proves bitwise equality
+    # under deterministic kernels.
+    results["max_rel_grad_diff"] = max(float((b0[k].double() - a0[k].double()).norm() / a0[k].double().norm())
+                                       for k in a0) if a0.keys() == b0.keys() else float("inf")
+    _derive(results, cfg, a.microbatch_size, chunks_here)
     _print(results)
     if a.json:
         with open(a.json, "w") as f:
@@ -239,18 +310,178 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     return results
 
 
+def host_link_seconds(nbytes: int, device: torch.device, repeats: int = 3) -> tuple[float, float]:
+    """Seconds to copy ``nbytes`` device→pinned host and back (median of ``repeats``, CUDA events).
+    Elsewhere: host clock around a memcpy."""
+    nbytes = max(int(nbytes), 1 << 20)
+    dev = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=device.type == "cuda")
+    out = []
+    for src, dst in ((dev, host), (host, dev)):
+        ts = []
+        for _ in range(repeats + 1):
+            if device.type == "cuda":
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                dst.copy_(src, non_blocking=True)
+                b.record()
+                b.synchronize()
+                ts.append(a.elapsed_time(b) / 1000)
+            else:
+                t0 = time.perf_counter()
+                dst.copy_(src)
+                ts.append(time.perf_counter() - t0)
+        out.append(statistics.median(ts[1:]))
+    return out[0], out[1]
+
+
+def _measured_plan(sched: Any, base: dict[str, Any], device: torch.device, chunks: int | None,
+                   auto: bool) -> tuple[Any, dict[str, Any]]:
+    """The offload plan with measured costs: F, B, W from the no-offload replay, one
+    transfer = the F's kept bytes over the measured pinned bandwidth (the slower way),
+    one rank per host link whose two directions do not slow each other."""
+    from pipeoffload.costs import Costs
+
+    ops = base["op_s"]
+    f = ops["F"]
+    b, w = (ops["B"], ops["W"]) if "B" in ops else (ops["BW"] / 2, ops["BW"] / 2)
+    d2h, h2d = host_link_seconds(int(base["unit_bytes"]), device)
+    x = max(d2h, h2d) / (f + b + w)
+    plan = plan_offload(sched, costs=Costs(F=f, B=b, W=w), chunks=chunks, auto=auto, offload_time=x,
+                        link_group=1, solo_factor=1.0, on_infeasible="skip")
+    return plan, {"F_s": f, "B_s": b, "W_s": w, "transfer_d2h_s": d2h, "transfer_h2d_s": h2d, "offload_time": x,
+                  "link_group": 1, "solo_factor": 1.0}
+
+
+def _profile_step(rep: Replay, modules: dict[int, nn.Module], path: str) -> dict[str, float]:
+    """One more step under torch.profiler; the Chrome trace goes to ``path``. Returns the
+    copy time on the GPU and the part of it that overlaps a compute kernel."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for mod in modules.values():
+        mod.zero_grad(set_to_none=False)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        rep.step()
+    prof.export_chrome_trace(path)
+    return copy_overlap(path)
+
+
+def copy_overlap(trace_path: str) -> dict[str, float]:
+    """From a Chrome trace: seconds of device↔host copies (``gpu_memcpy`` DtoH/HtoD) and the
+    seconds of them during which some compute kernel ran."""
+    with open(trace_path) as f:
+        events = json.load(f)["traceEvents"]
+    kernels, copies = [], []
+    for e in events:
+        if e.get("ph") != "X" or "dur" not in e:
+            continue
+        cat, name = e.get("cat", ""), e.get("name", "")
+        span = (float(e["ts"]), float(e["ts"]) + float(e["dur"]))
+        if cat == "kernel":
+            kernels.append(span)
+        elif cat == "gpu_memcpy" and ("DtoH" in name or "HtoD" in name):
+            copies.append(span)
+    busy = _union(kernels)
+    total = sum(b - a for a, b in copies)
+    hidden = sum(_overlap(c, busy) for c in copies)
+    return {"copy_s": total / 1e6, "copy_overlapped_s": hidden / 1e6,
+            "hidden_share": hidden / total if total else None, "copies": len(copies), "kernels": len(kernels)}
+
+
+def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[list[float]] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def _overlap(span: tuple[float, float], union: list[tuple[float, float]]) -> float:
+    import bisect
+
+    a, b = span
+    i = max(0, bisect.bisect_right(union, (a, float("inf"))) - 1)
+    got = 0.0
+    while i < len(union) and union[i][0] < b:
+        got += max(0.0, min(b, union[i][1]) - max(a, union[i][0]))
+        i += 1
+    return got
+
+
+def _derive(r: dict[str, Any], cfg: ModelConfig, mb: int, chunks_here: int) -> None:
+    """Overhead, hidden copy share, predicted peak in bytes, measured and modelled k."""
+    base, off = r["runs"]["no offload"], r["runs"]["offload"]
+    unit = base["unit_bytes"]
+    pu = r["predicted_peak_units"]
+    # plan peaks are in units of a whole rank's F (one chunk = 1/v of it)
+    r["predicted_peak_bytes"] = {"no_offload": pu["no_offload"] * chunks_here * unit,
+                                 "offload": pu["offload"] * chunks_here * unit}
+    r["overhead"] = off["step_s"] / base["step_s"] - 1
+    copy = (off.get("d2h_s") or 0) + (off.get("h2d_s") or 0)
+    exposed = max(0.0, off["step_s"] - base["step_s"])
+    r["copy_s_per_step"] = copy
+    r["hidden_share_from_step_time"] = 1 - min(1.0, exposed / copy) if copy else None
+    ops = base["op_s"]
+    fbw = ops.get("F", 0) + ops.get("B", 0) + ops.get("W", 0) + ops.get("BW", 0)  # one layer group, one microbatch
+    groups = off.get("groups") or 0
+    if groups and off.get("d2h_GBps") and fbw:
+        per_group = off["moved_bytes"] / groups
+        bw_d2h, bw_h2d = off["d2h_GBps"] * 1e9, off["h2d_GBps"] * 1e9
+        r["k_measured"] = (per_group / bw_d2h + per_group / bw_h2d) / fbw
+        from pipeoffload.cost_model import ModelSpec, k_from_model
+        from pipeoffload.hardware import Hardware, get_hardware
+
+        spec = ModelSpec(layers=1, hidden=cfg.hidden, heads=cfg.heads, seq=cfg.seq_len, vocab=cfg.vocab_size,
+                         ffn=cfg.ffn_dim, kv_groups=cfg.kv_heads, microbatch=mb, activation="swiglu",
+                         dtype="bf16" if "bfloat16" in r["dtype"] else ("fp16" if "float16" in r["dtype"] else "fp32"))
+        lay = spec.layer()
+        layers = r["layers_per_chunk"]
+        rate = lay.flops * layers / fbw
+        measured_hw = Hardware("measured", rate, 80 * 2**30, (bw_d2h + bw_h2d) / 2, 1e11)
+        r["k_model"] = {"h100-80g profile": k_from_model(spec, get_hardware("h100-80g")),
+                        "measured rates": k_from_model(spec, measured_hw)}
+        r["achieved_TFLOPs"] = rate / 1e12
+        r["bytes_per_layer"] = {"measured moved": per_group / layers,
+                                "measured kept by F": unit / layers,
+                                "cost model saved": lay.saved_bytes}
+
+
 def _print(r: dict[str, Any]) -> None:
     print(f"{r['schedule']} p={r['p']} m={r['m']} v={r['v']}, rank {r['rank']} replayed on {r['device_name']}: "
           f"h={r['hidden']} s={r['seq_len']} {r['dtype']}, {r['layers_per_chunk']} layer(s) per layer group, "
-          f"offload C={r['offload_chunks']} ({r['transfers']} transfers/step)")
-    print(f"{'run':<11} {'step ms':>9} {'act peak MiB':>13} {'moved MiB':>10} {'host MiB':>9} {'d2h GB/s':>9} "
-          f"{'h2d GB/s':>9}")
+          f"offload C={r['offload_chunks']} ({r['transfers']} transfers/step), reload_alloc={r['reload_alloc']}")
+    if "plan" in r:
+        pl = r["plan"]
+        print(f"plan from measurements: F {1000 * pl['F_s']:.2f} B {1000 * pl['B_s']:.2f} W {1000 * pl['W_s']:.2f} ms, "
+              f"one transfer d2h {1000 * pl['transfer_d2h_s']:.2f} h2d {1000 * pl['transfer_h2d_s']:.2f} ms "
+              f"= {pl['offload_time']:.2f} x (F+B+W)")
+    print(f"{'run':<11} {'step ms':>9} {'act peak MiB':>13} {'pred MiB':>9} {'reserved+ MiB':>14} {'moved MiB':>10} "
+          f"{'host MiB':>9} {'d2h GB/s':>9} {'h2d GB/s':>9}")
     for label, row in r["runs"].items():
         f = lambda k: f"{row[k]:.2f}" if row.get(k) else "-"  # noqa: E731
         mib = lambda k: f"{row[k] / 2**20:.1f}" if k in row else "-"  # noqa: E731
-        print(f"{label:<11} {1000 * row['step_s']:>9.1f} {row['activation_peak_bytes'] / 2**20:>13.1f} "
-              f"{mib('moved_bytes'):>10} {mib('host_peak_bytes'):>9} {f('d2h_GBps'):>9} {f('h2d_GBps'):>9}")
-    print(f"gradients bitwise equal with and without offload: {r['bitwise_equal_grads']}")
+        pred = r["predicted_peak_bytes"]["offload" if label == "offload" else "no_offload"] / 2**20
+        print(f"{label:<11} {1000 * row['step_s']:>9.1f} {row['activation_peak_bytes'] / 2**20:>13.1f} {pred:>9.1f} "
+              f"{mib('reserved_growth_bytes'):>14} {mib('moved_bytes'):>10} {mib('host_peak_bytes'):>9} "
+              f"{f('d2h_GBps'):>9} {f('h2d_GBps'):>9}")
+    hs = r["hidden_share_from_step_time"]
+    print(f"overhead {100 * r['overhead']:+.2f}% of step time; copies {1000 * r['copy_s_per_step']:.1f} ms/step, "
+          f"hidden (from step times) {'-' if hs is None else f'{100 * hs:.1f}%'}")
+    prof = r["runs"]["offload"].get("profile")
+    if prof and prof.get("hidden_share") is not None:
+        print(f"profiler: {prof['copies']} copies, {1000 * prof['copy_s']:.1f} ms, "
+              f"{100 * prof['hidden_share']:.1f}% overlapped by compute kernels")
+    if "k_measured" in r:
+        km = r["k_model"]
+        print(f"k measured {r['k_measured']:.3f}; cost model: {km['measured rates']:.3f} at the measured rates, "
+              f"{km['h100-80g profile']:.3f} with the h100-80g profile; {r['achieved_TFLOPs']:.0f} TFLOP/s achieved")
+        bl = r["bytes_per_layer"]
+        print(f"bytes per layer: moved {bl['measured moved'] / 2**20:.1f} MiB, kept by F "
+              f"{bl['measured kept by F'] / 2**20:.1f} MiB, cost model {bl['cost model saved'] / 2**20:.1f} MiB")
+    print(f"gradients with and without offload: bitwise equal {r['bitwise_equal_grads']}, "
+          f"max relative difference {r['max_rel_grad_diff']:.1e}")
 
 
 if __name__ == "__main__":
