@@ -30,7 +30,14 @@ from pipeoffload.runtime.measure import gather_results  # noqa: E402
 from pipeoffload.runtime.torch_baseline import torch_runtime_for  # noqa: E402
 from pipeoffload.schedules import generate  # noqa: E402
 
-pytestmark = pytest.mark.multiproc
+pytestmark = [
+    pytest.mark.multiproc,
+    # torch 2.11's _PipelineScheduleRuntime fails over gloo at its stage initialisation
+    # ("Pair is not connected" on its first send), CUDA visible or hidden, on the GPU
+    # machine (docs/gpu.md); our own runtime passes there. Checked on the pinned 2.13.
+    pytest.mark.skipif(tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) < (2, 13),
+                       reason="torch < 2.13: torch's pipelining runtime fails over gloo (docs/gpu.md)"),
+]
 
 CFG = ModelConfig(layers=8, hidden=32, heads=4, kv_heads=2, seq_len=16, seed=5)
 M, MB = 8, 2
