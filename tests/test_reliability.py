@@ -96,7 +96,11 @@ def test_a_rank_killed_mid_step_stops_every_rank_naming_it(tmp_path):
 
 @pytest.mark.skipif(shutil.which("torchrun", path=str(BIN)) is None, reason="torchrun not installed")
 def test_a_rank_killed_under_torchrun_stops_the_group_naming_it(tmp_path):
-    launcher = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", "-m", "pipeoffload"]
+    # torchrun polls its workers every 0.1 s by default and SIGTERMs the survivors at once:
+    # on a loaded 2-core machine that sometimes beat our survivor's own report (a CI flake).
+    # A 2 s poll leaves the survivor time to name the lost peer, as a real job would.
+    launcher = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", "--monitor-interval", "2",
+                "-m", "pipeoffload"]
     r, t_end, marker, _ = _train(["--schedule", "1f1b", "-p", "2", "-m", "3", "-o", str(tmp_path / "o")] + TINY,
                                  tmp_path, fault="op=kill,rank=1,step=2", launcher=launcher)
     assert r.returncode != 0
