@@ -35,7 +35,7 @@ from torch.autograd.graph import get_gradient_edge, saved_tensors_hooks
 from pipeoffload.ir import OpKind
 from pipeoffload.models.config import ModelConfig
 from pipeoffload.models.transformer import Block, rotary_tables
-from pipeoffload.offload import plan_offload
+from pipeoffload.passes.offload import plan_offload
 from pipeoffload.runtime.meter import make_meter
 from pipeoffload.runtime.offload_store import RELOAD_ALLOC, OffloadStore
 from pipeoffload.runtime.weight_grad import WeightGradStore, convert_linears
@@ -222,7 +222,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     auto = a.offload_chunks == "auto"
     chunks = None if auto else int(a.offload_chunks)
     measured = a.offload_time == "measured"
-    plan = plan_offload(sched, chunks=chunks, auto=auto, offload_time=0.0 if measured else float(a.offload_time),
+    plan = plan_offload(sched, offload_chunks=chunks, auto=auto, offload_time=0.0 if measured else float(a.offload_time),
                         on_infeasible="skip")
     rank = max(range(p), key=lambda r: (plan.peak_no_offload[r], -r))  # the busiest rank
     cfg = ModelConfig(layers=a.layers_per_chunk, hidden=h, heads=heads, kv_heads=kv, seq_len=s)
@@ -347,7 +347,7 @@ def _measured_plan(sched: Any, base: dict[str, Any], device: torch.device, chunk
     b, w = (ops["B"], ops["W"]) if "B" in ops else (ops["BW"] / 2, ops["BW"] / 2)
     d2h, h2d = host_link_seconds(int(base["unit_bytes"]), device)
     x = max(d2h, h2d) / (f + b + w)
-    plan = plan_offload(sched, costs=Costs(F=f, B=b, W=w), chunks=chunks, auto=auto, offload_time=x,
+    plan = plan_offload(sched, costs=Costs(F=f, B=b, W=w), offload_chunks=chunks, auto=auto, offload_time=x,
                         link_group=1, solo_factor=1.0, on_infeasible="skip")
     return plan, {"F_s": f, "B_s": b, "W_s": w, "transfer_d2h_s": d2h, "transfer_h2d_s": h2d, "offload_time": x,
                   "link_group": 1, "solo_factor": 1.0}
@@ -430,8 +430,8 @@ def _derive(r: dict[str, Any], cfg: ModelConfig, mb: int, chunks_here: int) -> N
         per_group = off["moved_bytes"] / groups
         bw_d2h, bw_h2d = off["d2h_GBps"] * 1e9, off["h2d_GBps"] * 1e9
         r["k_measured"] = (per_group / bw_d2h + per_group / bw_h2d) / fbw
-        from pipeoffload.cost_model import ModelSpec, k_from_model
-        from pipeoffload.hardware import Hardware, get_hardware
+        from pipeoffload.costmodel.model import ModelSpec, k_from_model
+        from pipeoffload.costmodel.hardware import Hardware, get_hardware
 
         spec = ModelSpec(layers=1, hidden=cfg.hidden, heads=cfg.heads, seq=cfg.seq_len, vocab=cfg.vocab_size,
                          ffn=cfg.ffn_dim, kv_groups=cfg.kv_heads, microbatch=mb, activation="swiglu",

@@ -125,7 +125,7 @@ def _reference(cfg: Any, dtype: torch.dtype, data: list) -> dict:
 def correctness() -> dict[str, Any]:
     from pipeoffload.models import ModelConfig
     from pipeoffload.models.data import ByteCorpus, load_corpus
-    from pipeoffload.offload import plan_offload
+    from pipeoffload.passes.offload import plan_offload
     from pipeoffload.runtime.offload_store import OffloadStore
     from pipeoffload.schedules import generate
 
@@ -140,7 +140,7 @@ def correctness() -> dict[str, Any]:
         ref = _reference(cfg, dtype, data)
         for name, kw in (("interleaved-1f1b", {"v": 4}), ("zb-v", {}), ("group-interleaved", {"v": 4})):
             sched = generate(name, p=1, m=m, **kw)
-            plan = plan_offload(sched, chunks=sched.chunks, on_infeasible="skip")
+            plan = plan_offload(sched, offload_chunks=sched.chunks, on_infeasible="skip")
             plain = _train_single(cfg, sched, dtype, None, data)
             again = _train_single(cfg, sched, dtype, None, data)
             off = _train_single(cfg, plan.schedule, dtype, OffloadStore(timing=True), data)
@@ -182,7 +182,7 @@ from pipeoffload.runtime.executor import PipelineRunner
 from pipeoffload.runtime.launcher import launch
 from pipeoffload.runtime.measure import gather_results
 from pipeoffload.runtime.offload_store import OffloadStore
-from pipeoffload.offload import plan_offload
+from pipeoffload.passes.offload import plan_offload
 from pipeoffload.schedules import generate
 
 CFG = ModelConfig(layers=4, hidden=128, heads=4, kv_heads=2, seq_len=64, seed=1)
@@ -193,7 +193,7 @@ def data():
 def worker(ctx, path):
     if {dev!r} == "cuda":
         torch.cuda.set_device(0)
-    sched = plan_offload(generate("zb-v", p=2, m=4), chunks=2, on_infeasible="skip").schedule
+    sched = plan_offload(generate("zb-v", p=2, m=4), offload_chunks=2, on_infeasible="skip").schedule
     runner = PipelineRunner(lambda s: build_stage(CFG, s, 4), lm_loss, sched, device={dev!r},
                             activation_store=OffloadStore(), timeout_s=60)
     xs, ys = data()
@@ -246,7 +246,7 @@ def _sync() -> None:
 def runner_timing(hidden: int = 4096, seq: int = 4096, heads: int = 32, kv_heads: int = 8) -> dict[str, Any]:
     from pipeoffload.models import ModelConfig
     from pipeoffload.models.transformer import build_stage, lm_loss
-    from pipeoffload.offload import plan_offload
+    from pipeoffload.passes.offload import plan_offload
     from pipeoffload.runtime.executor import PipelineRunner
     from pipeoffload.runtime.offload_store import OffloadStore
     from pipeoffload.schedules import generate
@@ -271,7 +271,7 @@ def runner_timing(hidden: int = 4096, seq: int = 4096, heads: int = 32, kv_heads
     costs, deltas = group_medians(probe.samples, S)
     d2h, h2d = host_link_seconds(int(max(d[0] for d in deltas)), torch.device(DEV))
     bw = max(d[0] for d in deltas) / max(d2h, h2d)
-    _, plan = predict_offload(sched, costs, deltas, chunks=3, transfer_times=[d[0] / bw for d in deltas],
+    _, plan = predict_offload(sched, costs, deltas, offload_chunks=3, transfer_times=[d[0] / bw for d in deltas],
                               link_group=1, solo_factor=1.0)
     def device_sync(self: Any) -> None:  # the executor's earlier _sync: waits for the copy streams too
         if self.device.type == "cuda":

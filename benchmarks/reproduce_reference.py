@@ -7,7 +7,7 @@ Bubble rates use the ZB paper's metric (largest per-rank span; see pipeoffload.t
 from __future__ import annotations
 
 from pipeoffload.costs import Costs, MemoryDeltas
-from pipeoffload.offload import plan_offload
+from pipeoffload.passes.offload import plan_offload
 from pipeoffload.passes.timing import simulate
 from pipeoffload.schedules import generate
 
@@ -59,7 +59,7 @@ def selective_offload() -> None:
     print("|---|---|---|")
     for v, g, ref in ((2, 4, "12 → 5 → 1"), (4, 4, "20 → 13 → 9 → 5 → 1"), (4, 8, "32 → 24 → 16 → 8")):
         sched = generate("group-interleaved", p=8, m=32, v=v, g=g)
-        peaks = [max(plan_offload(sched, chunks=c).peak) * v for c in range(v + 1)]
+        peaks = [max(plan_offload(sched, offload_chunks=c).peak) * v for c in range(v + 1)]
         print(f"| v={v}, g={g} | {' → '.join(f'{x:g}' for x in peaks)} | {ref} |")
 
 

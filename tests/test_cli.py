@@ -77,9 +77,9 @@ def test_errors_are_one_line_exit_2(args, needle):
 
 
 def test_simulate_with_cost_model(capsys):
-    from pipeoffload.cost_model import pipeline_costs
-    from pipeoffload.hardware import get_hardware
-    from pipeoffload.presets import get_model
+    from pipeoffload.costmodel.model import pipeline_costs
+    from pipeoffload.costmodel.hardware import get_hardware
+    from pipeoffload.costmodel.presets import get_model
 
     args = ["simulate", "1f1b", "-p", "4", "-m", "8", "--model", "6.2B", "--hardware", "a100-80g", "--json"]
     assert main(args) == 0

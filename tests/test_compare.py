@@ -8,7 +8,7 @@ import pytest
 
 from pipeoffload import schedules as registry
 from pipeoffload.cli import main
-from pipeoffload.compare import Candidate, candidates, compare, p2p_messages, pareto_frontier
+from pipeoffload.studies.compare import Candidate, candidates, compare, p2p_messages, pareto_frontier
 from pipeoffload.costs import Costs, MemoryDeltas
 from pipeoffload.schedules import SCHEDULES, ScheduleInfo, generate
 

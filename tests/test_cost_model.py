@@ -7,7 +7,7 @@ import json
 import pytest
 
 from pipeoffload.cli import main
-from pipeoffload.cost_model import (
+from pipeoffload.costmodel.model import (
     BlockCost,
     ModelSpec,
     k_closed_form,
@@ -18,9 +18,9 @@ from pipeoffload.cost_model import (
     state_bytes_per_rank,
 )
 from pipeoffload.errors import ParameterError
-from pipeoffload.hardware import HARDWARE, Hardware, get_hardware, hardware_from_dict, load_hardware
+from pipeoffload.costmodel.hardware import HARDWARE, Hardware, get_hardware, hardware_from_dict, load_hardware
 from pipeoffload.ir import Placement
-from pipeoffload.presets import PO_RUNTIME, PRESETS, TINY, get_model, load_model
+from pipeoffload.costmodel.presets import PO_RUNTIME, PRESETS, TINY, get_model, load_model
 
 GPT = ["1.5B", "6.2B", "14.6B", "28.3B", "9.6B", "21B", "38.5B", "98.5B"]
 A100 = HARDWARE["a100-80g"]

@@ -26,7 +26,7 @@ from pipeoffload.costs import Costs, MemoryDeltas
 from pipeoffload.errors import ParameterError, ScheduleError
 from pipeoffload.ir import Op, OpKind, Placement, Schedule, build_schedule
 from pipeoffload.passes.comm import insert_comm
-from pipeoffload.passes.offload import offload_plan
+from pipeoffload.passes.offload import plan_offload
 from pipeoffload.passes.timing import simulate
 from pipeoffload.schedules import SCHEDULES, generate
 
@@ -138,7 +138,7 @@ def setups(draw, name: str):
     cost = st.sampled_from([0.5, 1.0, 1.5, 2.0, 3.0])
     costs = Costs(F=draw(cost), B=draw(cost), W=draw(cost), comm=draw(st.sampled_from([0.0, 0.1, 0.5])))
     offload = {
-        "chunks": draw(st.integers(0, v)),
+        "offload_chunks": draw(st.integers(0, v)),
         "offload_time": draw(st.sampled_from([0.0, 0.1, 0.5, 1.0, 2.0])),
         "link_group": draw(st.integers(1, 3)),
         "on_infeasible": draw(st.sampled_from(["skip", "skip", "delay"])),
@@ -158,7 +158,7 @@ def test_every_registry_schedule_with_offload_has_a_deadlock_free_program(name, 
     except ParameterError:
         assume(False)  # outside this schedule's range (e.g. m too small for interleaving)
     tl = simulate(sched, costs, MemoryDeltas())
-    off = offload_plan(sched, tl, comm=costs.comm, **offload)
+    off = plan_offload(sched, tl, comm=costs.comm, **offload)
     prog = insert_comm(off.schedule)  # raises ScheduleError if its own check finds a deadlock
     messages = interpret(prog)
     # The pass only adds sends/receives: compute and transfer order are untouched.

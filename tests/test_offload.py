@@ -14,8 +14,8 @@ from pipeoffload.cli import main
 from pipeoffload.costs import Costs, MemoryDeltas
 from pipeoffload.errors import ParameterError, PipeoffloadError
 from pipeoffload.ir import OpKind
-from pipeoffload.offload import plan_offload
-from pipeoffload.passes.offload import host_memory_curve, largest_feasible_chunks, offload_plan
+from pipeoffload.passes.offload import plan_offload
+from pipeoffload.passes.offload import host_memory_curve, largest_feasible_chunks, plan_offload
 from pipeoffload.passes.timing import completion_key, dependencies, simulate
 from pipeoffload.passes.validate import validate
 from pipeoffload.schedules import SCHEDULES, generate
@@ -46,7 +46,7 @@ def _available(name: str, **kw):
 def test_reference_selective_offload_rows(v, g, peaks):
     s, tl = _timed("group-interleaved", p=8, m=32, v=v, g=g)
     for c, want in enumerate(peaks):
-        res = offload_plan(s, tl, chunks=c)
+        res = plan_offload(s, tl, offload_chunks=c)
         assert max(res.peak) * v == pytest.approx(want), (v, g, c)
         assert max(res.peak_no_offload) * v == pytest.approx(peaks[0])
         assert res.makespan == tl.makespan and res.delayed == 0
@@ -55,7 +55,7 @@ def test_reference_selective_offload_rows(v, g, peaks):
 def test_better_than_linear_with_small_groups():
     # GIS v=2, g=p/2: offloading chunk 0 (half the bytes) cuts the peak by more than half.
     s, tl = _timed("group-interleaved", p=8, m=32, v=2, g=4)
-    res = offload_plan(s, tl, chunks=1)
+    res = plan_offload(s, tl, offload_chunks=1)
     assert max(res.peak) < 0.5 * max(res.peak_no_offload)
 
 
@@ -64,12 +64,12 @@ def test_realistic_transfer_times_peak_falls_and_makespan_holds():
     for ot in (0.25, 0.5):
         peaks = []
         for c in range(4):  # C = 0..3 are feasible at both transfer times
-            res = offload_plan(s, tl, chunks=c, offload_time=ot)
+            res = plan_offload(s, tl, offload_chunks=c, offload_time=ot)
             assert res.makespan == pytest.approx(tl.makespan)
             peaks.append(max(res.peak))
         assert all(a > b for a, b in zip(peaks, peaks[1:])), (ot, peaks)
         assert peaks[-1] <= 0.5 * peaks[0]
-    auto = offload_plan(s, tl, auto=True, offload_time=0.25)
+    auto = plan_offload(s, tl, auto=True, offload_time=0.25)
     assert auto.makespan <= tl.makespan * 1.01 and max(auto.peak) * 4 <= 7
 
 
@@ -173,12 +173,12 @@ def test_plan_invariants(name, p, extra_m, costs, ot, link_group, solo, mode, po
     C = round(c_frac * sched.chunks)
     kw = dict(offload_time=ot, link_group=link_group, solo_factor=solo, comm=costs.comm, postpone_warmup=postpone)
     try:
-        res = offload_plan(sched, tl, chunks=C, on_infeasible=mode, **kw)
+        res = plan_offload(sched, tl, offload_chunks=C, on_infeasible=mode, **kw)
     except ParameterError as e:
         assert mode == "error" and e.param == "--offload-chunks"
         best = largest_feasible_chunks(sched, tl, **kw)
         assert best < C and f"the largest feasible C for these settings is {best}" in str(e)
-        res, C = offload_plan(sched, tl, chunks=best, **kw), best
+        res, C = plan_offload(sched, tl, offload_chunks=best, **kw), best
     _check_plan(sched, tl, res, C, costs.comm, mode, postpone)
     assert res.chunks == C
 
@@ -188,9 +188,9 @@ def test_every_registry_schedule(name):
     sched = _available(name, p=4, m=8)
     tl = simulate(sched)
     for c in range(sched.chunks + 1):
-        res = offload_plan(sched, tl, chunks=c)  # instantaneous: always feasible
+        res = plan_offload(sched, tl, offload_chunks=c)  # instantaneous: always feasible
         _check_plan(sched, tl, res, c, 0.0, "error", False)
-    full = offload_plan(sched, tl, chunks=sched.chunks)
+    full = plan_offload(sched, tl, offload_chunks=sched.chunks)
     # With instant transfers an activation is resident only during its F and from its B to its W.
     assert max(full.peak) <= max(full.peak_no_offload)
 
@@ -200,16 +200,16 @@ def test_infeasible_names_largest_feasible_c():
     s, tl = _timed("group-interleaved", p=8, m=32, v=4, g=8)
     assert largest_feasible_chunks(s, tl, offload_time=1.0) == 1
     with pytest.raises(ParameterError) as ei:
-        offload_plan(s, tl, chunks=3, offload_time=1.0)
+        plan_offload(s, tl, offload_chunks=3, offload_time=1.0)
     assert ei.value.param == "--offload-chunks"
     assert "the largest feasible C for these settings is 1" in str(ei.value)
     s1, tl1 = _timed("1f1b", p=8, m=32)
     with pytest.raises(ParameterError, match="largest feasible C for these settings is 0"):
-        offload_plan(s1, tl1, chunks=1, offload_time=1.0)
+        plan_offload(s1, tl1, offload_chunks=1, offload_time=1.0)
     # Fallbacks instead of the error:
-    skip = offload_plan(s, tl, chunks=3, offload_time=1.0, on_infeasible="skip")
+    skip = plan_offload(s, tl, offload_chunks=3, offload_time=1.0, on_infeasible="skip")
     assert skip.skipped.get("link_busy", 0) > 0 and skip.makespan == tl.makespan
-    delay = offload_plan(s, tl, chunks=3, offload_time=1.0, on_infeasible="delay")
+    delay = plan_offload(s, tl, offload_chunks=3, offload_time=1.0, on_infeasible="delay")
     assert delay.delayed > 0 and delay.makespan >= tl.makespan
 
 
@@ -223,12 +223,12 @@ def test_infeasible_names_largest_feasible_c():
 )
 def test_auto_respects_tolerance_and_picks_lowest_peak(name, p, ot, tol, mode):
     s, tl = _timed(name, p=p, m=2 * p)
-    res = offload_plan(s, tl, auto=True, offload_time=ot, tolerance=tol, on_infeasible=mode)
+    res = plan_offload(s, tl, auto=True, offload_time=ot, tolerance=tol, on_infeasible=mode)
     assert res.makespan <= tl.makespan * (1 + tol) + EPS
     assert max(res.peak) <= max(res.peak_no_offload) + EPS
     for c in range(s.chunks + 1):
         try:
-            other = offload_plan(s, tl, chunks=c, offload_time=ot, on_infeasible=mode)
+            other = plan_offload(s, tl, offload_chunks=c, offload_time=ot, on_infeasible=mode)
         except ParameterError:
             continue
         if other.makespan <= tl.makespan * (1 + tol) + EPS:
@@ -238,7 +238,7 @@ def test_auto_respects_tolerance_and_picks_lowest_peak(name, p, ot, tol, mode):
 # --- the host link model -----------------------------------------------------------------
 def test_link_groups_and_odd_last_rank():
     s, tl = _timed("gpipe", p=5, m=5)
-    res = offload_plan(s, tl, chunks=1, offload_time=0.25, on_infeasible="skip")
+    res = plan_offload(s, tl, offload_chunks=1, offload_time=0.25, on_infeasible="skip")
     links = {t.rank: t.link for t in res.transfers}
     assert links == {r: r // 2 for r in links} and links.get(4) == 2  # rank 4 alone on link 2
     # More ranks per link = less capacity each: never more feasible.
@@ -250,19 +250,19 @@ def test_link_groups_and_odd_last_rank():
 
 def test_solo_transfers_are_faster_shared_ones_are_not():
     s, tl = _timed("gpipe", p=1, m=4)  # F0..F3 then BW0..BW3 on one rank
-    res = offload_plan(s, tl, chunks=1, offload_time=0.25, link_group=1, solo_factor=0.7)
+    res = plan_offload(s, tl, offload_chunks=1, offload_time=0.25, link_group=1, solo_factor=0.7)
     d = 0.25 * 3.0  # one-way transfer = 0.25 × (F+B+W)
     durs = sorted(round(e.end - e.start, 9) for e in res.timeline.events if e.op.kind in (OS, RS))
     assert set(durs) <= {round(0.7 * d, 9), round(d, 9)}
     assert round(0.7 * d, 9) in durs  # the lone first offload overlaps no reload
-    same = offload_plan(s, tl, chunks=1, offload_time=0.25, link_group=1, solo_factor=1.0)
+    same = plan_offload(s, tl, offload_chunks=1, offload_time=0.25, link_group=1, solo_factor=1.0)
     assert all(e.end - e.start == pytest.approx(d) for e in same.timeline.events if e.op.kind in (OS, RS))
 
 
 def test_absolute_transfer_times_match_relative():
     s, tl = _timed("interleaved-1f1b", p=4, m=8)  # chunk F+B+W = 1.5
-    a = offload_plan(s, tl, chunks=2, offload_time=0.2)
-    b = offload_plan(s, tl, chunks=2, transfer_times=[0.3] * s.num_stages)
+    a = plan_offload(s, tl, offload_chunks=2, offload_time=0.2)
+    b = plan_offload(s, tl, offload_chunks=2, transfer_times=[0.3] * s.num_stages)
     assert [(t.offload_start, t.reload_end) for t in a.transfers] == [(t.offload_start, t.reload_end) for t in b.transfers]
 
 
@@ -270,7 +270,7 @@ def test_byte_memory_model_offloads_the_forward_share():
     # Finer model: B frees part, W the rest; the offload moves what F kept.
     mem = MemoryDeltas(F=34.0, B=-7.0, W=-27.0)
     s = generate("group-interleaved", p=4, m=8, v=2)
-    res = plan_offload(s, memory=mem, chunks=2)
+    res = plan_offload(s, memory=mem, offload_chunks=2)
     assert all(t.amount == pytest.approx(17.0) for t in res.transfers)
     for r in range(4):
         assert abs(res.timeline.memory_curve(r)[-1][1]) < EPS
@@ -281,8 +281,8 @@ def test_byte_memory_model_offloads_the_forward_share():
 @pytest.mark.parametrize(
     "kwargs, flag",
     [
-        (dict(chunks=3), "--offload-chunks"),
-        (dict(chunks=-1), "--offload-chunks"),
+        (dict(offload_chunks=3), "--offload-chunks"),
+        (dict(offload_chunks=-1), "--offload-chunks"),
         (dict(offload_time=-0.1), "--offload-time"),
         (dict(offload_time=float("nan")), "--offload-time"),
         (dict(link_group=0), "--link-group"),
@@ -295,7 +295,7 @@ def test_byte_memory_model_offloads_the_forward_share():
 def test_bad_settings_name_the_flag(kwargs, flag):
     s, tl = _timed("group-interleaved", p=4, m=8, v=2)
     with pytest.raises(ParameterError) as ei:
-        offload_plan(s, tl, **kwargs)
+        plan_offload(s, tl, **kwargs)
     assert ei.value.param == flag
 
 
@@ -303,21 +303,21 @@ def test_wrong_comm_is_detected_when_retiming():
     costs = Costs(comm=0.5)
     s, tl = _timed("1f1b", costs, p=4, m=8)
     with pytest.raises(ParameterError) as ei:
-        offload_plan(s, tl, chunks=1, postpone_warmup=True)  # comm defaults to 0
+        plan_offload(s, tl, offload_chunks=1, postpone_warmup=True)  # comm defaults to 0
     assert ei.value.param == "comm"
-    offload_plan(s, tl, chunks=1, postpone_warmup=True, comm=0.5)
+    plan_offload(s, tl, offload_chunks=1, postpone_warmup=True, comm=0.5)
 
 
 def test_offloaded_schedule_cannot_be_offloaded_again():
     s, tl = _timed("1f1b", p=4, m=8)
-    res = offload_plan(s, tl, chunks=1)
+    res = plan_offload(s, tl, offload_chunks=1)
     with pytest.raises(ParameterError, match="already holds transfer"):
-        offload_plan(res.schedule, res.timeline, chunks=1)
+        plan_offload(res.schedule, res.timeline, offload_chunks=1)
 
 
 def test_pass_does_not_import_torch():
     code = (
-        "import sys, pipeoffload.passes.offload, pipeoffload.offload, pipeoffload.commands.simulate;"
+        "import sys, pipeoffload.passes.offload, pipeoffload.commands.simulate;"
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

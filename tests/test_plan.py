@@ -9,21 +9,21 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeoffload.cli import main
-from pipeoffload.cost_model import pipeline_costs
+from pipeoffload.costmodel.model import pipeline_costs
 from pipeoffload.errors import ParameterError
-from pipeoffload.hardware import HARDWARE, GiB
-from pipeoffload.plan import (
+from pipeoffload.costmodel.hardware import HARDWARE, GiB
+from pipeoffload.planner import (
     NoConfigurationFits,
     PlanOptions,
-    _sim_points,
     enumerate_splits,
     families,
     node_profile,
     plan,
     shard_costs,
 )
-from pipeoffload.presets import PO_RUNTIME, get_model
-from pipeoffload.scale import scale
+from pipeoffload.costmodel.presets import PO_RUNTIME, get_model
+from pipeoffload.planner.plan import _sim_points
+from pipeoffload.studies.scale import scale
 
 A100 = HARDWARE["a100-80g"]
 

@@ -27,7 +27,7 @@ from pipeoffload.models import ModelConfig  # noqa: E402
 from pipeoffload.models.data import ByteCorpus, load_corpus  # noqa: E402
 from pipeoffload.models.transformer import build_stage, lm_loss  # noqa: E402
 from pipeoffload.runtime.config import TrainConfig  # noqa: E402
-from pipeoffload.offload import plan_offload  # noqa: E402
+from pipeoffload.passes.offload import plan_offload  # noqa: E402
 from pipeoffload.runtime.executor import PipelineRunner  # noqa: E402
 from pipeoffload.runtime.launcher import launch  # noqa: E402
 from pipeoffload.runtime.measure import gather_results, group_medians, group_peaks, predict_offload  # noqa: E402
@@ -74,7 +74,7 @@ def _run_world(ctx, path):
         sched = generate(name, p=ctx.world_size, m=M)
         plain = _train(sched, None)
         C = sched.chunks
-        plan = plan_offload(sched, chunks=C, on_infeasible="skip")
+        plan = plan_offload(sched, offload_chunks=C, on_infeasible="skip")
         store = OffloadStore()
         off = _train(plan.schedule, store)
         res, runner = off[2], off[3]
@@ -86,7 +86,7 @@ def _run_world(ctx, path):
         if ctx.rank == 0:
             costs, deltas = group_medians([x for g in got for x in g["samples"]], sched.num_stages)
             moved = {st: b for g in got for st, b in g["stats"]["moved_by_stage"].items()}
-            tl, _ = predict_offload(sched, costs, deltas, chunks=C, moved=moved)  # the pass, re-planned
+            tl, _ = predict_offload(sched, costs, deltas, offload_chunks=C, moved=moved)  # the pass, re-planned
             ran, _ = predict_offload(sched, costs, deltas, moved=moved, program=plan.schedule,  # as issued
                                      peaks=group_peaks([x for g in got for x in g["samples"]], sched.num_stages))
             out[name] = {"bitwise": [g["bitwise"] for g in got], "peak": [g["peak"] for g in got],
@@ -103,7 +103,7 @@ def _run_world(ctx, path):
         sched = generate(name, p=ctx.world_size, m=M, v=2)
         peaks = []
         for C in range(sched.chunks + 1):
-            plan = plan_offload(sched, chunks=C, on_infeasible="skip")
+            plan = plan_offload(sched, offload_chunks=C, on_infeasible="skip")
             r = _train(plan.schedule, OffloadStore())[2]
             peaks.append(r.peak_memory)
         got = gather_results(peaks)
@@ -111,7 +111,7 @@ def _run_world(ctx, path):
             sweep[name] = got
     # Recompute: fewer bytes moved, same bits.
     sched = generate("group-interleaved", p=ctx.world_size, m=M, v=2)
-    plan = plan_offload(sched, chunks=2, on_infeasible="skip")
+    plan = plan_offload(sched, offload_chunks=2, on_infeasible="skip")
     plain = _train(sched, None)
     rc = _train(plan.schedule, OffloadStore(recompute=True))
     nrc = _train(plan.schedule, OffloadStore())
@@ -203,7 +203,7 @@ def _local(name="gpipe", v=2, m=3, C=1, store=None, ops=None):
     if ops is not None:
         sched = sched.with_ranks([ops(sched.ranks[0])])
     elif C is not None:
-        sched = plan_offload(sched, chunks=C, on_infeasible="skip").schedule
+        sched = plan_offload(sched, offload_chunks=C, on_infeasible="skip").schedule
     store = store if store is not None else OffloadStore()
     runner = PipelineRunner(lambda s: build_stage(CFG, s, sched.num_stages), lm_loss, sched, rank=0,
                             activation_store=store)
@@ -296,7 +296,7 @@ def _never_reloaded(ops):
 
 def _with_offload(transform):
     def ops(base):
-        plan = plan_offload(generate("gpipe", p=1, m=3, v=2), chunks=1, on_infeasible="skip")
+        plan = plan_offload(generate("gpipe", p=1, m=3, v=2), offload_chunks=1, on_infeasible="skip")
         return transform(plan.schedule.ranks[0])
     return ops
 
@@ -346,8 +346,8 @@ def test_offload_settings_are_checked_before_anything_runs():
     from pipeoffload.errors import ParameterError
 
     cfg = TrainConfig.load(None, {"offload.chunks": "none"})
-    assert cfg.offload_plan(cfg.check()) is None
-    plan = TrainConfig().offload_plan(TrainConfig().check())  # the default run offloads (auto)
+    assert cfg.plan_offload(cfg.check()) is None
+    plan = TrainConfig().plan_offload(TrainConfig().check())  # the default run offloads (auto)
     assert plan is not None and plan.chunks >= 1 and max(plan.peak) < max(plan.peak_no_offload)
     for over, flag in [({"offload.chunks": 3}, "--offload-chunks"), ({"offload.chunks": "most"}, "--offload"),
                        ({"offload.time": -1.0}, "--offload-time"), ({"offload.on_infeasible": "x"}, "infeasible")]:

@@ -26,6 +26,25 @@ from .ir import Op
 #: "d2h" / "h2d" (host link); sends and receives on "comm".
 STREAMS = ("compute", "d2h", "h2d", "comm")
 
+#: Order of memory changes at the same time: frees first, so a W that ends when an F
+#: starts does not count both.
+FREE, ALLOC = 0, 1
+#: One memory change ``(time, FREE|ALLOC, amount)``; after :func:`memory_sweep` the
+#: amount is the level after the change.
+Change = tuple[float, int, float]
+
+
+def memory_sweep(changes: Iterable[Change]) -> list[Change]:
+    """The one memory sweep: ``changes`` (time, FREE|ALLOC, delta) in time order, frees
+    before allocations at the same time, each with the running level after it. Every
+    memory curve and peak (simulated, measured, host) is computed with it."""
+    level = 0.0
+    out = []
+    for t, order, delta in sorted(changes, key=lambda c: (c[0], c[1])):
+        level += delta
+        out.append((t, order, level))
+    return out
+
 
 @dataclass(frozen=True, slots=True)
 class TimedOp:
@@ -127,25 +146,25 @@ class Timeline:
         return [1.0 - b / it if it > 0 else 0.0 for b in self.busy()]
 
     # --- memory metrics ------------------------------------------------------------
-    def memory_curves(self) -> list[list[tuple[float, float]]]:
-        """Every rank's memory step curve (see :meth:`memory_curve`), in one pass."""
-        points: list[list[tuple[float, int, float]]] = [[] for _ in range(self.num_ranks)]
+    def memory_changes(self) -> list[list[Change]]:
+        """Per rank, every memory change of its events as ``(time, FREE|ALLOC, delta)``:
+        a positive ``mem`` at the event's start, a negative one at its end."""
+        points: list[list[Change]] = [[] for _ in range(self.num_ranks)]
         for e in self.events:
             if e.mem > 0:
-                points[e.rank].append((e.start, 1, e.mem))
+                points[e.rank].append((e.start, ALLOC, e.mem))
             elif e.mem < 0:
-                points[e.rank].append((e.end, 0, e.mem))
+                points[e.rank].append((e.end, FREE, e.mem))
+        return points
+
+    def memory_sweeps(self) -> list[list[Change]]:
+        """Per rank, :func:`memory_sweep` of its changes: ``(time, FREE|ALLOC, level after)``."""
+        return [memory_sweep(pts) for pts in self.memory_changes()]
+
+    def memory_curves(self) -> list[list[tuple[float, float]]]:
+        """Every rank's memory step curve (see :meth:`memory_curve`), in one pass."""
         t0 = self.start
-        curves = []
-        for pts in points:
-            pts.sort(key=lambda x: (x[0], x[1]))
-            level = 0.0
-            curve = [(t0, 0.0)]
-            for t, _, d in pts:
-                level += d
-                curve.append((t, level))
-            curves.append(curve)
-        return curves
+        return [[(t0, 0.0)] + [(t, level) for t, _, level in sweep] for sweep in self.memory_sweeps()]
 
     def memory_curve(self, rank: int) -> list[tuple[float, float]]:
         """Step curve ``[(time, level), …]`` of a rank's activation memory.
@@ -157,7 +176,7 @@ class Timeline:
 
     def peak_memory(self) -> list[float]:
         """Per rank, the highest activation memory over the iteration (≥ 0)."""
-        return [_clean(max(0.0, max(level for _, level in c))) for c in self.memory_curves()]
+        return [_clean(max([0.0] + [level for _, _, level in sweep])) for sweep in self.memory_sweeps()]
 
     def summary(self) -> dict:
         """The JSON-ready core metrics."""

@@ -13,7 +13,7 @@ import argparse
 import sys
 import time
 
-from ..bench import PAIRS, BenchConfig
+from ..runtime.bench import PAIRS, BenchConfig
 from ..errors import ParameterError
 from ..models.config import ModelConfig
 
@@ -80,7 +80,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)  # parameter errors before torch is imported or any process starts
     try:
-        from ..bench import run_bench, text_report
+        from ..runtime.bench import run_bench, text_report
         from ..runtime.launcher import LaunchError
     except ModuleNotFoundError as e:  # pragma: no cover - torch missing
         if e.name == "torch":

@@ -88,7 +88,7 @@ def offload_requested(args: argparse.Namespace) -> bool:
 
 
 def offload_options(args: argparse.Namespace) -> dict:
-    """Keyword arguments for :func:`pipeoffload.passes.offload.offload_plan` (without comm).
+    """Keyword arguments for :func:`pipeoffload.passes.offload.plan_offload` (without comm).
 
     Raises ParameterError for flags that need offload turned on or contradict each other."""
     from ..errors import ParameterError
@@ -103,7 +103,7 @@ def offload_options(args: argparse.Namespace) -> dict:
             if getattr(args, attr, default) != default:
                 raise ParameterError(flag, "needs --offload-chunks C or --offload auto")
     return {
-        "chunks": args.offload_chunks,
+        "offload_chunks": args.offload_chunks,
         "auto": auto,
         "offload_time": args.offload_time,
         "link_group": args.link_group,

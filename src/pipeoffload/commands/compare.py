@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..compare import Comparison, compare
+from ..studies.compare import Comparison, compare
 from .common import add_costs_args, costs_from_args, memory_from_args, memory_unit, print_json
 
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import argparse
 
-from ..cost_model import k_closed_form, k_from_model, pipeline_costs
-from ..hardware import HARDWARE, get_hardware
-from ..presets import PO_RUNTIME, PRESETS, get_model
+from ..costmodel.model import k_closed_form, k_from_model, pipeline_costs
+from ..costmodel.hardware import HARDWARE, get_hardware
+from ..costmodel.presets import PO_RUNTIME, PRESETS, get_model
 from .common import print_json
 
 MB = 1e6

@@ -13,7 +13,7 @@ import argparse
 import sys
 
 from ..errors import ParameterError
-from ..hardware import GiB, HARDWARE
+from ..costmodel.hardware import GiB, HARDWARE
 from .common import print_json
 
 
@@ -67,7 +67,7 @@ def register(sub) -> argparse.ArgumentParser:
 
 
 def options_from_args(args: argparse.Namespace):
-    from ..plan import DEFAULT_SCHEDULES, PlanOptions
+    from ..planner import DEFAULT_SCHEDULES, PlanOptions
 
     rc = {"both": (False, True), "on": (True,), "off": (False,)}[args.recompute]
     return PlanOptions(
@@ -82,7 +82,7 @@ def options_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..plan import plan
+    from ..planner import plan
 
     if args.memory_budget is not None and not args.memory_budget > 0:
         raise ParameterError("--memory-budget", f"must be a positive number of GiB, got {args.memory_budget!r}")

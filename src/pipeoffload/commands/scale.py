@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 
 from ..errors import ParameterError
-from ..hardware import HARDWARE
+from ..costmodel.hardware import HARDWARE
 from .common import print_json
 
 
@@ -45,8 +45,8 @@ def register(sub) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..presets import get_model
-    from ..scale import scale
+    from ..costmodel.presets import get_model
+    from ..studies.scale import scale
 
     try:
         stages = tuple(int(x) for x in args.stages.split(",") if x.strip())

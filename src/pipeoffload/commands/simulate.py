@@ -69,9 +69,9 @@ def model_costs(args: argparse.Namespace, name: str):
 
             raise ParameterError("--hardware", "needs --model NAME|FILE")
         return None
-    from ..cost_model import pipeline_costs
-    from ..hardware import get_hardware
-    from ..presets import get_model
+    from ..costmodel.model import pipeline_costs
+    from ..costmodel.hardware import get_hardware
+    from ..costmodel.presets import get_model
     from ..schedules import info
 
     model = get_model(args.model)
@@ -135,9 +135,9 @@ def run(args: argparse.Namespace) -> int:
     tl = simulate(sched, spec.costs, spec.memory, memory_unit=unit)
     off = None
     if offload_requested(args):
-        from ..passes.offload import offload_plan
+        from ..passes.offload import plan_offload
 
-        off = offload_plan(sched, tl, comm=spec.costs.comm, **opts)
+        off = plan_offload(sched, tl, comm=spec.costs.comm, **opts)
         sched, tl = off.schedule, off.timeline
     outputs(args, sched, tl)
     if args.json:

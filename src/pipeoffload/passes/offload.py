@@ -73,12 +73,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from ..costs import Costs, MemoryDeltas
 from ..errors import ParameterError, ScheduleError
 from ..ir import Op, OpKind, Schedule
-from ..timeline import TimedOp, Timeline, _clean
+from ..timeline import ALLOC, FREE, TimedOp, Timeline, _clean, memory_sweep
 from .timing import dependencies
 
-__all__ = ["LinkModel", "Transfer", "OffloadResult", "offload_plan", "largest_feasible_chunks", "host_memory_curve"]
+__all__ = ["LinkModel", "Transfer", "OffloadResult", "plan_offload", "largest_feasible_chunks", "host_memory_curve"]
 
 _EPS = 1e-9
 _MAX_RETIMES = 100
@@ -132,7 +133,7 @@ class Transfer:
 
 @dataclass
 class OffloadResult:
-    """What :func:`offload_plan` produced. Peaks and host memory are per rank."""
+    """What :func:`plan_offload` produced. Peaks and host memory are per rank."""
 
     schedule: Schedule
     timeline: Timeline
@@ -170,11 +171,14 @@ class OffloadResult:
 # --------------------------------------------------------------------------------------
 
 
-def offload_plan(
+def plan_offload(
     schedule: Schedule,
-    timeline: Timeline,
+    timeline: Timeline | None = None,
     *,
-    chunks: int | None = None,
+    costs: Costs | None = None,
+    memory: MemoryDeltas | None = None,
+    memory_unit: str = "units",
+    offload_chunks: int | None = None,
     auto: bool = False,
     offload_time: float = 0.0,
     transfer_times: Sequence[float] | None = None,
@@ -183,11 +187,16 @@ def offload_plan(
     tolerance: float = 0.01,
     on_infeasible: str | None = None,
     postpone_warmup: bool = False,
-    comm: float = 0.0,
+    comm: float | None = None,
 ) -> OffloadResult:
     """Plan selective activation offload on a timed schedule.
 
-    ``chunks`` (C): offload chunk ``c`` of every rank for ``c < C`` (default: all
+    ``timeline``: the schedule timed by :func:`~pipeoffload.passes.timing.simulate`;
+    when omitted, the schedule's compute ops are timed here with ``costs`` and
+    ``memory`` (defaults: unit costs, +1/0/−1) in ``memory_unit``, and ``comm``
+    defaults to ``costs.comm``.
+
+    ``offload_chunks`` (C): offload chunk ``c`` of every rank for ``c < C`` (default: all
     chunks; with ``auto``, the most to consider). ``auto``: choose C (see the module
     docstring) within a makespan ``tolerance`` (a fraction). ``offload_time``: one
     one-way transfer of one chunk's activations for one microbatch, as a multiple of
@@ -207,6 +216,17 @@ def offload_plan(
     every rank's peak ≤ its no-offload peak. Raises ParameterError naming the CLI
     flag for bad settings or an infeasible C.
     """
+    if timeline is None:
+        from .timing import simulate
+
+        costs = costs or Costs()
+        schedule = schedule.compute_only()
+        timeline = simulate(schedule, costs, memory, memory_unit=memory_unit)
+        comm = costs.comm if comm is None else comm
+    elif costs is not None or memory is not None:
+        raise ParameterError("timeline", "give a timeline, or costs/memory to time the schedule with, not both")
+    comm = 0.0 if comm is None else comm
+    chunks = offload_chunks
     ctx = _Context.make(schedule, timeline, offload_time, transfer_times, link_group, solo_factor, comm)
     if not (math.isfinite(tolerance) and tolerance >= 0):
         raise ParameterError("--offload-tolerance", f"must be a finite fraction >= 0, got {tolerance!r}")
@@ -256,8 +276,8 @@ def offload_plan(
 
 
 def largest_feasible_chunks(schedule: Schedule, timeline: Timeline, **kwargs) -> int:
-    """The largest C that :func:`offload_plan` accepts in "error" mode with these settings."""
-    kwargs = {k: v for k, v in kwargs.items() if k not in ("chunks", "auto", "on_infeasible", "tolerance")}
+    """The largest C that :func:`plan_offload` accepts in "error" mode with these settings."""
+    kwargs = {k: v for k, v in kwargs.items() if k not in ("offload_chunks", "auto", "on_infeasible", "tolerance")}
     postpone = kwargs.pop("postpone_warmup", False)
     ctx = _Context.make(
         schedule, timeline, kwargs.pop("offload_time", 0.0), kwargs.pop("transfer_times", None),
@@ -280,15 +300,10 @@ def host_memory_curve(timeline: Timeline, rank: int) -> list[tuple[float, float]
             continue
         key = (e.op.stage, e.op.microbatch)
         if e.op.kind is OpKind.OFFLOAD_START:
-            pts.append((e.start, 1, amount.get(key, 0.0)))
+            pts.append((e.start, ALLOC, amount.get(key, 0.0)))
         elif e.op.kind is OpKind.RELOAD_END:
-            pts.append((e.end, 0, -amount.get(key, 0.0)))
-    pts.sort(key=lambda x: (x[0], x[1]))
-    level, curve = 0.0, [(timeline.start, 0.0)]
-    for t, _, d in pts:
-        level += d
-        curve.append((t, level))
-    return curve
+            pts.append((e.end, FREE, -amount.get(key, 0.0)))
+    return [(timeline.start, 0.0)] + [(t, level) for t, _, level in memory_sweep(pts)]
 
 
 # --------------------------------------------------------------------------------------

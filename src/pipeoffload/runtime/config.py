@@ -150,13 +150,13 @@ class TrainConfig:
         sched = build(ScheduleSpec(sc.name, sc.stages, sc.microbatches, v=sc.v, g=sc.g, mem_limit=sc.mem_limit))
         self.model.check_split(sched.num_stages)
         self._check_reliability(sched)
-        self.offload_plan(sched)  # an infeasible or out-of-range C fails here, before any process starts
+        self.plan_offload(sched)  # an infeasible or out-of-range C fails here, before any process starts
         if t.corpus is not None:
             require(Path(t.corpus).is_file(), "--corpus", f"file not found: {t.corpus}")
         return sched
 
 
-    def offload_plan(self, sched):
+    def plan_offload(self, sched):
         """The offload pass on ``sched`` with ``[offload]`` (unit costs, +1/0/−1 memory),
         or None when offload is off. Pure and deterministic: every rank gets the same
         plan. Raises ParameterError naming the flag for bad settings."""
@@ -169,10 +169,10 @@ class TrainConfig:
             return None
         require(isinstance(o.time, (int, float)) and math.isfinite(o.time) and o.time >= 0, "--offload-time",
                 f"must be a finite number >= 0, got {o.time!r}")
-        from ..offload import plan_offload
+        from ..passes.offload import plan_offload
 
         auto = c == "auto"
-        return plan_offload(sched, chunks=None if auto else c, auto=auto, offload_time=float(o.time),
+        return plan_offload(sched, offload_chunks=None if auto else c, auto=auto, offload_time=float(o.time),
                             link_group=o.link_group, on_infeasible=o.on_infeasible)
 
     def _check_reliability(self, sched) -> None:

@@ -22,9 +22,9 @@ import torch.distributed as dist
 from ..costs import Costs, MemoryDeltas
 from ..ir import OpKind, Schedule
 from ..passes.comm import message_key
-from ..passes.offload import OffloadResult, offload_plan
+from ..passes.offload import OffloadResult, plan_offload
 from ..passes.timing import simulate
-from ..timeline import TimedOp, Timeline
+from ..timeline import ALLOC, TimedOp, Timeline
 from .executor import OpSample, StepResult
 
 _MIN_COST = 1e-9
@@ -128,27 +128,18 @@ def in_op_peaks(tl: Timeline, peaks: Sequence[tuple[float, float, float]],
                 deltas: Sequence[tuple[float, float, float]]) -> list[float]:
     """Per rank: the highest of ``tl``'s memory curve and, for every compute op, the
     level just before it plus its in-op peak (a BW: B's, or B's delta plus W's)."""
-    points: list[list[tuple[float, int, float]]] = [[] for _ in range(tl.num_ranks)]
-    for e in tl.events:
-        if e.mem > 0:
-            points[e.rank].append((e.start, 1, e.mem))
-        elif e.mem < 0:
-            points[e.rank].append((e.end, 0, e.mem))
+    sweeps = tl.memory_sweeps()
     compute: list[list[TimedOp]] = [[] for _ in range(tl.num_ranks)]
     for e in tl.events:
         if e.stream == "compute" and e.op.kind.is_compute:
             compute[e.rank].append(e)
     out = []
     for r in range(tl.num_ranks):
-        pts = sorted(points[r], key=lambda x: (x[0], x[1]))
-        keys = [(t, o) for t, o, _ in pts]
-        levels, lvl = [], 0.0
-        for _, _, d in pts:
-            lvl += d
-            levels.append(lvl)
+        keys = [(t, o) for t, o, _ in sweeps[r]]
+        levels = [level for _, _, level in sweeps[r]]
         best = max([0.0] + levels)
         for e in compute[r]:
-            i = bisect_right(keys, (e.start, 1))
+            i = bisect_right(keys, (e.start, ALLOC))
             before = (levels[i - 1] if i else 0.0) - (e.mem if e.mem > 0 else 0.0)
             pf, pb, pw = peaks[e.op.stage]
             k = e.op.kind
@@ -160,7 +151,7 @@ def in_op_peaks(tl: Timeline, peaks: Sequence[tuple[float, float, float]],
 
 
 def predict_offload(schedule: Schedule, costs: Sequence[tuple[float, float, float]],
-                    deltas: Sequence[tuple[float, float, float]], comm: float = 0.0, *, chunks: int | None = None,
+                    deltas: Sequence[tuple[float, float, float]], comm: float = 0.0, *, offload_chunks: int | None = None,
                     moved: dict[int, float] | None = None, program: Schedule | None = None,
                     peaks: Sequence[tuple[float, float, float]] | None = None,
                     **options: Any) -> tuple[Timeline, OffloadResult | None]:
@@ -168,8 +159,8 @@ def predict_offload(schedule: Schedule, costs: Sequence[tuple[float, float, floa
     the offload transfers. Returns ``(timeline, pass result or None)``.
 
     Without ``program``: the offload pass
-    (:func:`~pipeoffload.passes.offload.offload_plan`) on that timeline with the run's
-    settings — ``chunks`` (the C the run used) and ``options`` (``offload_time``,
+    (:func:`~pipeoffload.passes.offload.plan_offload`) on that timeline with the run's
+    settings — ``offload_chunks`` (the C the run used) and ``options`` (``offload_time``,
     ``link_group``, ...; ``on_infeasible`` defaults to "skip").
 
     With ``program`` (the schedule that ran, transfer ops included): its transfer ops as
@@ -188,10 +179,10 @@ def predict_offload(schedule: Schedule, costs: Sequence[tuple[float, float, floa
     base = predict(schedule, costs, deltas, comm)
     res = None
     if program is None:
-        if chunks is None:
-            raise TypeError("predict_offload needs chunks= or program=")
+        if offload_chunks is None:
+            raise TypeError("predict_offload needs offload_chunks= or program=")
         options.setdefault("on_infeasible", "skip")
-        res = offload_plan(schedule.compute_only(), base, chunks=chunks, comm=comm, **options)
+        res = plan_offload(schedule.compute_only(), base, offload_chunks=offload_chunks, comm=comm, **options)
         events = list(res.timeline.events)
         meta = dict(res.timeline.meta)
         label = f"C={res.chunks}"

@@ -71,7 +71,7 @@ def train_worker(ctx: DistContext, cfg: TrainConfig) -> None:
     out = _output_dir(rt.output) if ctx.rank == 0 else None  # named by the start time
     sched = build(ScheduleSpec(sc.name, sc.stages, sc.microbatches, v=sc.v, g=sc.g, mem_limit=sc.mem_limit))
     S = sched.num_stages
-    plan = cfg.offload_plan(sched)  # PipeOffload: the offload pass's transfer ops in every rank's program
+    plan = cfg.plan_offload(sched)  # PipeOffload: the offload pass's transfer ops in every rank's program
     run_sched = plan.schedule if plan is not None else sched
     store = OffloadStore(recompute=cfg.offload.recompute) if plan is not None else None
     faults = FaultInjector(resolve_fault(rt.fault_injection), ctx.rank, sched.placement.rank_of(S - 1) == ctx.rank)

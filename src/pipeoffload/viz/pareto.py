@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..compare import Comparison, Row
+from ..studies.compare import Comparison, Row
 
 __all__ = ["draw_pareto"]
 

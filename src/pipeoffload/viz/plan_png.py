@@ -1,4 +1,4 @@
-"""PNG line plot of :func:`pipeoffload.scale.scale`: per-device activation memory against the number
+"""PNG line plot of :func:`pipeoffload.studies.scale.scale`: per-device activation memory against the number
 of pipeline stages, one line per schedule (offloading series dashed).
 
 matplotlib is imported inside :func:`draw_scale` (Agg canvas, no pyplot), so importing this module
@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..scale import ScaleResult
+    from ..studies.scale import ScaleResult
 
 __all__ = ["draw_scale"]
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from .errors import ParameterError
+from ..errors import ParameterError
 
 if sys.version_info >= (3, 11):
     import tomllib

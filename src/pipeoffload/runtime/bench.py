@@ -33,8 +33,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ParameterError, require
-from .models.config import ModelConfig
+from ..errors import ParameterError, require
+from ..models.config import ModelConfig
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ class BenchConfig:
 
     def check(self) -> None:
         """Raise ParameterError for a bad configuration (before any process starts)."""
-        from .schedules import generate
+        from ..schedules import generate
 
         require(self.pairs >= 1, "--pairs", f"must be >= 1, got {self.pairs}")
         require(self.warmup >= 1, "--warmup", f"must be >= 1 (the first step sets up), got {self.warmup}")
@@ -178,7 +178,7 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict[str, Any]:
     cfg.check()
     import torch
 
-    from .runtime.launcher import launch
+    from .launcher import launch
 
     t0 = time.perf_counter()
     rows: list[dict[str, Any]] = []
@@ -208,12 +208,12 @@ def bench_worker(ctx: Any, cfg: BenchConfig, out_path: str, progress: bool = Tru
     import torch
     import torch.distributed as dist
 
-    from .interop.torch_csv import to_actions
-    from .models.data import ByteCorpus, load_corpus
-    from .models.transformer import build_stage, lm_loss
-    from .runtime.executor import PipelineRunner
-    from .runtime.torch_baseline import TORCH_CLASSES, imported_order, stages_of, torch_pipeline
-    from .schedules import generate
+    from ..interop.torch_csv import to_actions
+    from ..models.data import ByteCorpus, load_corpus
+    from ..models.transformer import build_stage, lm_loss
+    from .executor import PipelineRunner
+    from .torch_baseline import TORCH_CLASSES, imported_order, stages_of, torch_pipeline
+    from ..schedules import generate
 
     p, m, rank = ctx.world_size, cfg.microbatches, ctx.rank
     corpus = ByteCorpus(load_corpus(), cfg.model.seq_len, seed=0)

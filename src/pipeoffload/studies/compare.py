@@ -20,11 +20,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from .costs import Costs, MemoryDeltas
-from .errors import PipeoffloadError, require
-from .ir import OpKind, Schedule
-from .passes.timing import simulate
-from .schedules import SCHEDULES, ScheduleSpec, build, info
+from ..costs import Costs, MemoryDeltas
+from ..errors import PipeoffloadError, require
+from ..ir import OpKind, Schedule
+from ..passes.timing import simulate
+from ..schedules import SCHEDULES, ScheduleSpec, build, info
 
 __all__ = ["Candidate", "Row", "Comparison", "candidates", "compare", "p2p_messages", "pareto_frontier"]
 

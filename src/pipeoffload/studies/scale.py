@@ -32,10 +32,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from .cost_model import ModelSpec, pipeline_costs
-from .errors import ParameterError, PipeoffloadError
-from .hardware import GiB, Hardware, get_hardware
-from .presets import PO_RUNTIME, get_model
+from ..costmodel.model import ModelSpec, pipeline_costs
+from ..errors import ParameterError, PipeoffloadError
+from ..costmodel.hardware import GiB, Hardware, get_hardware
+from ..costmodel.presets import PO_RUNTIME, get_model
 
 __all__ = ["Series", "SERIES", "ScalePoint", "ScaleResult", "scale"]
 
@@ -174,10 +174,10 @@ def scale(
     ``po_runtime``: apply PipeOffload's runtime setting (flash attention, no dropout, elementwise
     recompute) to the model, as the paper measures; ``series``: keys of :data:`SERIES` (default all).
     """
-    from .ir import Placement
-    from .passes.offload import offload_plan
-    from .passes.timing import simulate
-    from .schedules import SCHEDULES, ScheduleSpec, build
+    from ..ir import Placement
+    from ..passes.offload import plan_offload
+    from ..passes.timing import simulate
+    from ..schedules import SCHEDULES, ScheduleSpec, build
 
     st = _check_stages(stages)
     spec = get_model(model, **(PO_RUNTIME if po_runtime else {}))
@@ -219,7 +219,7 @@ def scale(
             pt.makespan_ms = tl.makespan
             if s.offload:
                 try:
-                    res = offload_plan(sched, tl, chunks=min(s.offload, s.v), transfer_times=[x.offload_ms for x in pc.groups],
+                    res = plan_offload(sched, tl, offload_chunks=min(s.offload, s.v), transfer_times=[x.offload_ms for x in pc.groups],
                                        link_group=link_group, solo_factor=solo_factor, on_infeasible="skip",
                                        postpone_warmup=True, comm=pc.comm_ms)
                 except PipeoffloadError as e:

@@ -5,8 +5,8 @@ API
 ---
 ``plan(model, hardware, gpus, *, memory_budget=None, global_batch=None, microbatch=None, seq=None,
 options=None) -> PlanResult``
-    ``model``: a preset name, a model file or a :class:`~pipeoffload.cost_model.ModelSpec`;
-    ``hardware``: a profile name, file or :class:`~pipeoffload.hardware.Hardware`;
+    ``model``: a preset name, a model file or a :class:`~pipeoffload.costmodel.model.ModelSpec`;
+    ``hardware``: a profile name, file or :class:`~pipeoffload.costmodel.hardware.Hardware`;
     ``memory_budget``: bytes per device (default: the hardware's HBM); ``global_batch``: sequences
     per iteration (default ``4 · gpus · microbatch``); ``microbatch``/``seq`` override the model's.
     Guarantees: every configuration in ``PlanResult.configs`` has a predicted device peak
@@ -55,13 +55,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from .cost_model import ModelSpec, PipelineCosts, layer_split, pipeline_costs
-from .costs import Costs, MemoryDeltas
-from .errors import ParameterError, PipeoffloadError
-from .hardware import GiB, Hardware, get_hardware
-from .ir import Placement, Schedule
-from .presets import PO_RUNTIME, get_model
-from .timeline import Timeline
+from ..costmodel.model import ModelSpec, PipelineCosts, layer_split, pipeline_costs
+from ..costs import Costs, MemoryDeltas
+from ..errors import ParameterError, PipeoffloadError
+from ..costmodel.hardware import GiB, Hardware, get_hardware
+from ..ir import Placement, Schedule
+from ..costmodel.presets import PO_RUNTIME, get_model
+from ..timeline import Timeline
 
 __all__ = [
     "NodeProfile", "node_profile", "PlanOptions", "Split", "Family", "MemoryBreakdown", "Config",
@@ -201,7 +201,7 @@ class PlanOptions:
     peak_rate: float | None = None
 
     def check(self) -> None:
-        from .schedules import SCHEDULES
+        from ..schedules import SCHEDULES
 
         unknown = [s for s in self.schedules if s not in SCHEDULES]
         if unknown or not self.schedules:
@@ -220,7 +220,7 @@ class PlanOptions:
 def families(p: int, layers: int, options: PlanOptions = PlanOptions()) -> list[Family]:
     """Schedule families worth trying with ``p`` pipeline ranks (p·v ≤ layers; multi-chunk
     families need p ≥ 2)."""
-    from .schedules import SCHEDULES
+    from ..schedules import SCHEDULES
 
     out: list[Family] = []
     if p == 1:  # no pipeline: every one-chunk schedule is the same F, BW sequence
@@ -537,27 +537,6 @@ class _Sim:
     extrapolated: bool
 
 
-def _peaks(tl: Timeline) -> list[float]:
-    """Per-rank activation peak, the same rule as Timeline.peak_memory (frees at a time before
-    allocations at that time), in one pass."""
-    pts: list[list[tuple[float, int, float]]] = [[] for _ in range(tl.num_ranks)]
-    for e in tl.events:
-        if e.mem > 0:
-            pts[e.rank].append((e.start, 1, e.mem))
-        elif e.mem < 0:
-            pts[e.rank].append((e.end, 0, e.mem))
-    out = []
-    for lst in pts:
-        lst.sort(key=lambda x: (x[0], x[1]))
-        level = peak = 0.0
-        for _, _, d in lst:
-            level += d
-            if level > peak:
-                peak = level
-        out.append(peak)
-    return out
-
-
 def _sim_points(m: int, p: int, name: str, g: int | None) -> tuple[int, int | None]:
     """``(m1, m2)``: simulate m1 (and m2 = m1 + period, extrapolating linearly) or just m."""
     factor, period = _STEADY.get(name, _DEFAULT_STEADY)
@@ -618,7 +597,7 @@ class _Evaluator:
 
     # -- schedules -------------------------------------------------------------------------
     def schedule(self, fam: Family, p: int, m: int, sh: ShardedCosts, placement: Placement) -> Schedule:
-        from .schedules import ScheduleSpec, build
+        from ..schedules import ScheduleSpec, build
 
         g = fam.g(p)
         fixed = fam.schedule in FIXED_ORDER
@@ -632,7 +611,7 @@ class _Evaluator:
         if not fixed:
             kw.update(costs=sh.costs, memory=sh.memory)
         if fam.schedule in ("zb-auto", "zb-v"):
-            from .schedules.zb_auto import default_limit
+            from ..schedules.zb_auto import default_limit
 
             b_plus = max(0.0, max(d[1] for d in sh.memory.group_deltas))  # type: ignore[union-attr]
             kw["mem_limit"] = (fam.limit or 1) * default_limit(placement, sh.memory) + b_plus
@@ -652,7 +631,7 @@ class _Evaluator:
 
     # -- simulation -------------------------------------------------------------------------
     def placement(self, fam: Family, p: int) -> Placement:
-        from .schedules import SCHEDULES
+        from ..schedules import SCHEDULES
 
         return Placement.vshape(p) if SCHEDULES[fam.schedule].placement == "v" else Placement.loop(p, fam.v)
 
@@ -672,8 +651,8 @@ class _Evaluator:
         return res
 
     def _simulate(self, split: Split, fam: Family, m: int, rc: bool) -> _Sim:
-        from .errors import ScheduleError
-        from .passes.timing import simulate
+        from ..errors import ScheduleError
+        from ..passes.timing import simulate
 
         p = split.pp
         sh = self.sharded(rc, p, fam.v, split.tp)
@@ -691,9 +670,9 @@ class _Evaluator:
                 raise _Refused("generator", f"schedule deadlocks: {e}") from None
             runs.append((mm, sched, tl))
         (ma, sa, ta), (mb, _, tb) = runs[0], runs[-1]
-        peaks = _peaks(tb)
+        peaks = tb.peak_memory()
         if len(runs) == 2:
-            peaks = [max(x, y) for x, y in zip(peaks, _peaks(ta))]
+            peaks = [max(x, y) for x, y in zip(peaks, ta.peak_memory())]
             slope = (tb.makespan - ta.makespan) / (mb - ma)
             makespan = tb.makespan + (m - mb) * slope
         else:
@@ -793,12 +772,12 @@ class _Evaluator:
                       bubble, mfu, tokens, sim.simulated_m, sim.extrapolated, dropped, list(notes))
 
     def with_offload(self, split: Split, fam: Family, m: int, rc: bool, C: int) -> tuple[Config, Any]:
-        from .passes.offload import offload_plan
+        from ..passes.offload import plan_offload
 
         sim = self.simulate(split, fam, m, rc)
         self.stats["offload_plans"] += 1
         try:
-            res = offload_plan(sim.schedule, sim.timeline, chunks=C, transfer_times=sim.sh.transfer_ms,
+            res = plan_offload(sim.schedule, sim.timeline, offload_chunks=C, transfer_times=sim.sh.transfer_ms,
                                link_group=self.opts.link_group, solo_factor=self.opts.solo_factor,
                                on_infeasible="skip", postpone_warmup=True, comm=sim.sh.comm)
         except PipeoffloadError as e:
@@ -984,7 +963,7 @@ def plan(
 
 
 def _state_per_param(model: ModelSpec) -> tuple[int, int, int]:
-    from .cost_model import state_bytes_per_param
+    from ..costmodel.model import state_bytes_per_param
 
     return state_bytes_per_param(model.dtype)
 

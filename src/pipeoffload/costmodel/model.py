@@ -47,8 +47,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from .costs import Costs, MemoryDeltas
-from .errors import ParameterError
+from ..costs import Costs, MemoryDeltas
+from ..errors import ParameterError
 from .hardware import Hardware
 
 DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}

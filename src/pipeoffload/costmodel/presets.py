@@ -25,8 +25,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from .cost_model import ModelSpec
-from .errors import ParameterError
+from .model import ModelSpec
+from ..errors import ParameterError
 from .hardware import read_table
 
 _GPT = dict(vocab=51200, dtype="fp16", activation="gelu", flash_attention=False, dropout=True,
