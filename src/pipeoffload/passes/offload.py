@@ -79,7 +79,7 @@ from ..ir import Op, OpKind, Schedule
 from ..timeline import ALLOC, FREE, TimedOp, Timeline, _clean, memory_sweep
 from .timing import dependencies
 
-__all__ = ["LinkModel", "Transfer", "OffloadResult", "plan_offload", "largest_feasible_chunks", "host_memory_curve"]
+__all__ = ["LinkModel", "Transfer", "OffloadOptions", "OffloadResult", "plan_offload", "largest_feasible_chunks", "host_memory_curve"]
 
 _EPS = 1e-9
 _MAX_RETIMES = 100
@@ -129,6 +129,29 @@ class Transfer:
     reload_end: float
     backward_start: float  #: start of the B (or BW) that needs the activation
     link: int
+
+
+@dataclass(frozen=True)
+class OffloadOptions:
+    """The offload pass's settings (the keyword arguments of :func:`plan_offload` after
+    the timeline), as one value a caller can build, store and pass on."""
+
+    offload_chunks: int | None = None
+    auto: bool = False
+    offload_time: float = 0.0
+    transfer_times: tuple[float, ...] | None = None
+    link_group: int = 2
+    solo_factor: float = 0.7
+    tolerance: float = 0.01
+    on_infeasible: str | None = None
+    postpone_warmup: bool = False
+
+    def kwargs(self) -> dict:
+        """As keyword arguments of :func:`plan_offload`."""
+        out = {f: getattr(self, f) for f in self.__dataclass_fields__}
+        if out["transfer_times"] is not None:
+            out["transfer_times"] = list(out["transfer_times"])
+        return out
 
 
 @dataclass

@@ -20,7 +20,8 @@ gradient of the mean loss over the microbatches. Call your optimizer afterwards.
 
 What one step does
 ------------------
-The schedule's compute ops go through :func:`pipeoffload.passes.comm.insert_comm`,
+The schedule goes through :func:`pipeoffload.passes.lower` (``comm=True``: validated,
+then :func:`pipeoffload.passes.comm.insert_comm`),
 which adds sends/receives and proves the order deadlock-free before anything runs.
 Then each rank walks its list:
 
@@ -54,8 +55,8 @@ from torch.autograd.graph import get_gradient_edge, saved_tensors_hooks
 
 from ..errors import ParameterError
 from ..ir import Op, OpKind, Schedule
-from ..passes.comm import incoming_order, insert_comm, message_key, message_tag
-from ..passes.validate import validate
+from ..passes.comm import incoming_order, message_key, message_tag
+from ..passes.lower import lower
 from ..timeline import TimedOp
 from .activations import ActivationStore, KeepActivations
 from .meter import MemoryMeter, make_meter
@@ -114,9 +115,8 @@ class PipelineRunner:
         sync_timing: bool | None = None,
         group: Any = None,
     ) -> None:
-        validate(schedule)
         self.schedule = schedule
-        self.program = insert_comm(schedule)
+        self.program = lower(schedule, comm=True).schedule  # validated, sends/receives added
         self.group = group
         if not dist.is_initialized() and schedule.num_ranks > 1:
             raise ParameterError("stages", f"schedule {schedule.name} has {schedule.num_ranks} ranks and needs an "
