@@ -30,6 +30,7 @@ def files(tmp_path):
         "unknown": "[training]\nstepz = 3\n",
         "section": "[trainer]\nsteps = 3\n",
         "wrong_type": '[schedule]\nstages = "four"\n',
+        "wrong_type_flag_key": '[training]\nsteps = "five"\n',  # a key a flag also sets
         "a_file": "",
     }
     out = {}
@@ -43,6 +44,7 @@ def files(tmp_path):
     (ck / "step-00000003" / "manifest.json").write_text(json.dumps(
         {"format": 1, "step": 3, "world_size": 2, "files": {}, "meta": {"fingerprint": {}}}))
     out["ck"] = str(ck)
+    out["tmp"] = str(tmp_path)
     return out
 
 
@@ -89,6 +91,8 @@ CASES = [
     (["train", "--config", "{unknown}"], "training.stepz", "valid keys of [training]"),
     (["train", "--config", "{section}"], "--config", "valid: model, schedule"),
     (["train", "--config", "{wrong_type}"], "schedule.stages", "must be int"),
+    (["train", "--config", "{wrong_type_flag_key}"], "training.steps: must be int", None),  # the file's key
+    (["train", "--config", "{tmp}"], "--config", "cannot read"),
     (["train", "--config", "/nonexistent.toml"], "--config", "file not found"),
     # other training parameters
     (["train", "--steps", "0"], "--steps", ">= 1"),
@@ -100,6 +104,8 @@ CASES = [
     (["train", "--on-nonfinite", "ignore"], "--on-nonfinite", "'stop', 'skip'"),
     (["train", "--fault-injection", "op=explode,rank=0,step=1"], "runtime.fault_injection", "kill, raise"),
     (["train", "--fault-injection", "op=kill,rank=9,step=1"], "runtime.fault_injection", "0..3"),
+    # unreadable input files
+    (["simulate", "1f1b", "--stage-costs", "{tmp}"], "--stage-costs", "cannot read"),
 ]
 
 
@@ -168,3 +174,56 @@ def test_the_world_size_check_in_a_real_process():
 def test_bad_input_on_the_command_line_of_a_real_process():
     r, _ = _run(["simulate", "interleaved-1f1b", "-m", "2", "-p", "4"], {})
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "-m:" in r.stderr
+
+
+# --- output files that cannot be written ----------------------------------------------------
+
+#: Every verb that writes files, with the flag naming each (``{out}``: the path to write).
+OUTPUTS = [
+    (["simulate", "1f1b", "-p", "4", "-m", "8", "--png", "{out}"], "--png"),
+    (["simulate", "1f1b", "-p", "4", "-m", "8", "--trace", "{out}"], "--trace"),
+    (["simulate", "1f1b", "-p", "4", "-m", "8", "--csv", "{out}"], "--csv"),
+    (["compare", "-p", "4", "-m", "8", "--png", "{out}"], "--png"),
+    (["plan", "--model", "1.5B", "--gpus", "8", "--png", "{out}"], "--png"),
+    (["scale", "--model", "1.5B", "--stages", "4", "--png", "{out}"], "--png"),
+    (["train", "--steps", "1", "--output", "{out}"], "--output"),
+    (["bench", "--output", "{out}"], "--output"),
+]
+
+
+#: Where an output cannot be written. An existing directory is a valid --output folder, so
+#: that case applies to file outputs only.
+UNWRITABLE = [(argv, flag, where) for argv, flag in OUTPUTS for where in ("under_a_file", "a_directory", "proc")
+              if not (where == "a_directory" and flag == "--output")]
+
+
+@pytest.mark.parametrize("argv,flag,where", UNWRITABLE,
+                         ids=[f"{' '.join(a[:2])} {f} {w}" for a, f, w in UNWRITABLE])
+def test_an_output_that_cannot_be_written_is_one_line_naming_flag_and_path(argv, flag, where, files, capsys,
+                                                                           monkeypatch):
+    """Never a traceback, never a process started first: exit status 2 and one line with the
+    flag and the path (`simulate --png /proc/x/y.png` printed a 30-line traceback)."""
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "PIPEOFFLOAD_FAULT"):
+        monkeypatch.delenv(var, raising=False)
+    if where == "proc":
+        assert os.path.isdir("/proc"), "these tests need Linux's /proc"
+    out = {"under_a_file": os.path.join(files["a_file"], "sub", "x.png"), "a_directory": files["tmp"],
+           "proc": "/proc/x/y.png"}[where]
+    rc = main([a.format(out=out) for a in argv])
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith(f"pipeoffload {argv[0]}: error: {flag}: cannot write {out}"), err
+
+
+def test_a_write_that_fails_late_is_one_line_too(tmp_path):
+    """What only writing can tell (here: a full disk) names the flag and the path as well."""
+    from pipeoffload.commands.common import write_output
+    from pipeoffload.errors import ParameterError
+
+    def full(path):
+        raise OSError(28, "No space left on device", path)
+
+    with pytest.raises(ParameterError) as e:
+        write_output("--png", str(tmp_path / "t.png"), full)
+    assert str(e.value) == f"--png: cannot write {tmp_path / 't.png'}: No space left on device"

@@ -93,3 +93,136 @@ def test_simulate_with_cost_model(capsys):
     off = json.loads(capsys.readouterr().out)
     assert off["offload"]["transfer_times"] == pytest.approx([g.offload_ms for g in pc.groups])
     assert max(off["peak_memory"]) <= max(off["peak_memory_no_offload"])
+
+
+# --- an offload request that places nothing says why ------------------------------------------
+
+
+@pytest.mark.parametrize("args, reason, helps", [
+    (["1f1b", "-p", "8", "-m", "32", "--offload-chunks", "1", "--offload-time", "50"],
+     "256 short_lifespan", "a shorter transfer (--offload-time)"),
+    (["1f1b", "-p", "8", "-m", "32", "--offload", "auto", "--offload-time", "50"],
+     "--offload auto placed no transfer", "--offload-tolerance"),
+])
+def test_an_offload_that_places_nothing_warns_in_one_line(args, reason, helps, capsys):
+    assert main(["simulate", *args, "--json"]) == 0
+    cap = capsys.readouterr()
+    assert json.loads(cap.out)["offload"]["transfers"] == 0
+    lines = cap.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("pipeoffload simulate: warning: "), cap.err
+    assert reason in lines[0] and helps in lines[0], cap.err
+
+
+@pytest.mark.parametrize("args", [
+    ["1f1b", "-p", "8", "-m", "32", "--offload-chunks", "1", "--offload-time", "0.5"],  # some transfers
+    ["1f1b", "-p", "8", "-m", "32", "--offload-chunks", "0"],  # nothing asked for
+    ["1f1b", "-p", "8", "-m", "32"],  # no offload
+])
+def test_no_warning_when_offload_places_transfers_or_none_was_asked(args, capsys):
+    assert main(["simulate", *args]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_train_warns_before_spawning_when_nothing_would_be_offloaded(capsys):
+    from pipeoffload.commands.train import _warn_if_nothing_offloaded
+    from pipeoffload.runtime.config import TrainConfig
+
+    cfg = TrainConfig.load(None, {"schedule.name": "1f1b", "offload.chunks": 1, "offload.time": 50.0})
+    _warn_if_nothing_offloaded(cfg, cfg.check())
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("pipeoffload train: warning: offloading chunk 0"), err
+    assert "short_lifespan" in err[0]
+    cfg = TrainConfig()  # the default run offloads (auto, free transfers)
+    _warn_if_nothing_offloaded(cfg, cfg.check())
+    assert capsys.readouterr().err == ""
+
+
+# --- library parameters, command-line flags ------------------------------------------------------
+
+
+@pytest.mark.parametrize("param, flag", [
+    ("offload_chunks", "--offload-chunks"), ("offload_time", "--offload-time"), ("link_group", "--link-group"),
+    ("solo_factor", "--solo-factor"), ("tolerance", "--offload-tolerance"), ("on_infeasible", "--offload-infeasible"),
+    ("transfer_times", "--transfer-times"), ("mem_limit", "--mem-limit"), ("comm", "comm"),
+])
+def test_a_library_parameter_prints_as_its_flag(param, flag, monkeypatch, capsys):
+    """Whatever layer raises it, the CLI names the flag (and the flags the message mentions);
+    a parameter the table does not know prints as it is."""
+    from pipeoffload.errors import ParameterError
+    from pipeoffload.passes import offload
+
+    def refuse(*args, **kwargs):
+        raise ParameterError(param, "too much; lower `offload_chunks` or `offload_time`")
+
+    monkeypatch.setattr(offload, "plan_offload", refuse)
+    assert main(["simulate", "1f1b", "--offload-chunks", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"pipeoffload simulate: error: {flag}: too much; lower --offload-chunks or --offload-time\n"
+
+
+def test_library_errors_name_library_parameters():
+    """A Python caller reads the library's names, not the command line's."""
+    from pipeoffload.costs import parse_costs
+    from pipeoffload.errors import ParameterError
+    from pipeoffload.runtime.config import TrainConfig
+    from pipeoffload.schedules import generate
+
+    with pytest.raises(ParameterError, match="^m: must be an integer >= 1"):
+        generate("1f1b", p=4, m=0)
+    with pytest.raises(ParameterError, match="^costs: F must be a positive"):
+        parse_costs("F=0")
+    with pytest.raises(ParameterError, match="^training.steps: must be >= 1"):
+        TrainConfig.load(None, {"training.steps": 0}).check()
+    with pytest.raises(ParameterError, match="^checkpoint.resume: needs `checkpoint.dir`"):
+        TrainConfig.load(None, {"checkpoint.resume": True}).check()
+
+
+def test_comma_separated_integers():
+    from pipeoffload.commands.common import int_list
+    from pipeoffload.errors import ParameterError
+
+    assert int_list(" 2, 4,,8 ", "--stages") == (2, 4, 8) and int_list("", "--chunks") == ()
+    with pytest.raises(ParameterError, match="^--stages: expected comma-separated integers, got '2,x'"):
+        int_list("2,x", "--stages")
+    with pytest.raises(ParameterError, match="^--stages: needs at least one value"):
+        int_list(" , ", "--stages", required=True)
+
+
+# --- the front door: import pipeoffload ------------------------------------------------------------
+
+FRONT_DOOR = """
+import sys
+import pipeoffload as po
+assert "torch" not in sys.modules, "import pipeoffload imported torch"
+sched = po.generate("group-interleaved", p=8, m=32, v=2, g=4)
+tl = po.simulate(sched, po.Costs(F=1, B=1, W=1, comm=0), po.MemoryDeltas())
+off = po.plan_offload(sched, offload_chunks=1, offload_time=0.25)
+low = po.lower(sched, offload=po.OffloadOptions(offload_chunks=1), comm=True)
+assert isinstance(sched, po.Schedule) and isinstance(tl, po.Timeline) and low.offload.chunks == 1
+assert issubclass(po.ParameterError, po.PipeoffloadError) and issubclass(po.ScheduleError, po.PipeoffloadError)
+assert round(tl.bubble_rate, 4) == 0.0857 and off.peak[0] < off.peak_no_offload[0]
+assert "torch" not in sys.modules, "the pure API imported torch"
+print(sorted(po.__all__))
+"""
+
+
+def test_import_pipeoffload_gives_the_api_without_torch():
+    r = subprocess.run([sys.executable, "-c", FRONT_DOOR], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    for name in ("generate", "simulate", "lower", "plan_offload", "OffloadOptions", "Costs", "MemoryDeltas",
+                 "Schedule", "Timeline", "PipeoffloadError", "ParameterError", "ScheduleError",
+                 "PipelineRunner", "launch", "OffloadStore"):
+        assert repr(name) in r.stdout
+
+
+def test_the_runtime_names_resolve_lazily():
+    pytest.importorskip("torch")
+    import pipeoffload as po
+    from pipeoffload.runtime.executor import PipelineRunner
+    from pipeoffload.runtime.launcher import launch
+    from pipeoffload.runtime.offload_store import OffloadStore
+
+    assert (po.PipelineRunner, po.launch, po.OffloadStore) == (PipelineRunner, launch, OffloadStore)
+    assert {"PipelineRunner", "launch", "OffloadStore"} <= set(dir(po))
+    with pytest.raises(AttributeError):
+        po.no_such_name  # noqa: B018

@@ -256,8 +256,10 @@ def test_pipeline_costs_errors():
         pipeline_costs(SMALL, SLOW, 2, split=[1, 2])
     with pytest.raises(ParameterError, match="p·v = 2"):
         pipeline_costs(SMALL, SLOW, 2, split=[2])
-    with pytest.raises(ParameterError, match="-v"):
+    with pytest.raises(ParameterError, match="^v: must be a positive integer"):
         pipeline_costs(SMALL, SLOW, 2, v=0)
+    with pytest.raises(ParameterError, match=r"^p/v: 4 layer groups \(p·v\) exceed"):
+        pipeline_costs(SMALL, SLOW, 2, v=2)
 
 
 def test_modelspec_validation():
@@ -318,7 +320,7 @@ def test_hardware_bad_json(tmp_path, data, words):
     f.write_text(json.dumps(data))
     with pytest.raises(ParameterError) as e:
         get_hardware(str(f))
-    assert e.value.param == "--hardware"
+    assert e.value.param == "hardware"
     for w in words + [str(f)]:
         assert w in str(e.value)
 
@@ -348,7 +350,7 @@ def test_model_file(tmp_path):
     f.write_text("layers = 4\nhidden = 64\nheads = 3\nseq = 32\nvocab = 100\n")
     with pytest.raises(ParameterError, match="heads") as e:
         load_model(f)
-    assert str(f) in str(e.value) and e.value.param == "--model"
+    assert str(f) in str(e.value) and e.value.param == "model" and "key 'heads': hidden size" in e.value.message
     f.write_text("layers = 4\nhidden = 64\nheads = 4\nseq = 32\nvocab = 100\nlayer = 3\n")
     with pytest.raises(ParameterError, match="unknown key"):
         load_model(f)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import subprocess
 import sys
 
@@ -106,33 +107,51 @@ def test_deadlock_never_hangs_in_simulate():
 @pytest.mark.parametrize(
     "name, kw, msg",
     [
-        ("1f1b", dict(p=4, m=0), r"-m: must be an integer >= 1"),
-        ("1f1b", dict(p=0, m=4), r"-p: must be an integer >= 1"),
-        ("1f1b", dict(p=4, m=4, v=2), r"-v: schedule 1f1b needs v in \{1\}"),
-        ("interleaved-1f1b", dict(p=4, m=3), r"-m: schedule interleaved-1f1b needs m >= 4"),
-        ("interleaved-1f1b", dict(p=4, m=4, v=0), r"-v: must be an integer >= 1"),
-        ("group-interleaved", dict(p=8, m=8, g=3), r"-g: .*4..8 for p=8; got 3"),
-        ("group-interleaved", dict(p=8, m=8, g=9), r"-g: .*got 9"),
-        ("gpipe", dict(p=4, m=4, g=2), r"-g: schedule gpipe has no group size"),
-        ("nope", dict(p=4, m=4), r"unknown schedule 'nope'; valid: gpipe, 1f1b"),
+        ("1f1b", dict(p=4, m=0), r"^m: must be an integer >= 1"),
+        ("1f1b", dict(p=0, m=4), r"^p: must be an integer >= 1"),
+        ("1f1b", dict(p=4, m=4, v=2), r"^v: schedule 1f1b needs v in \{1\}"),
+        ("interleaved-1f1b", dict(p=4, m=3), r"^m: schedule interleaved-1f1b needs m >= 4"),
+        ("interleaved-1f1b", dict(p=4, m=4, v=0), r"^v: must be an integer >= 1"),
+        ("group-interleaved", dict(p=8, m=8, g=3), r"^g: .*4..8 for p=8; got 3"),
+        ("group-interleaved", dict(p=8, m=8, g=9), r"^g: .*got 9"),
+        ("gpipe", dict(p=4, m=4, g=2), r"^g: schedule gpipe has no group size; `g` applies to group-interleaved"),
+        ("zb-auto", dict(p=4, m=4, mem_limit=0.5), r"^mem_limit: .*in the units of `memory`"),
+        ("nope", dict(p=4, m=4), r"^schedule: unknown schedule 'nope'; valid: gpipe, 1f1b"),
     ],
 )
 def test_parameter_errors(name, kw, msg):
+    """Library errors name the library's parameters, never a command-line flag."""
     with pytest.raises(ParameterError, match=msg):
         generate(name, **kw)
+
+
+def test_parameter_error_renders_with_other_names():
+    """A front end renames the parameter and the parameters the message names in backquotes."""
+    with pytest.raises(ParameterError) as e:
+        generate("gpipe", p=4, m=4, g=2)
+    assert e.value.param == "g"
+    assert e.value.message == "schedule gpipe has no group size; `g` applies to group-interleaved"
+    assert e.value.render({"g": "-g"}) == "-g: schedule gpipe has no group size; -g applies to group-interleaved"
+    assert e.value.render({}) == str(e.value)
+    again = pickle.loads(pickle.dumps(e.value))
+    assert (type(again), again.param, again.message, str(again)) == (ParameterError, "g", e.value.message, str(e.value))
 
 
 def test_costs_and_memory_parsing():
     c = parse_costs("F=2,b=3,W=1.5,comm=0.25")
     assert (c.F, c.B, c.W, c.comm) == (2, 3, 1.5, 0.25)
-    with pytest.raises(ParameterError, match="--costs: unknown key 'X'"):
+    with pytest.raises(ParameterError, match="^costs: unknown key 'X'"):
         parse_costs("X=1")
-    with pytest.raises(ParameterError, match="--costs: F must be a positive"):
+    with pytest.raises(ParameterError, match="^costs: F must be a positive"):
         parse_costs("F=-1")
-    with pytest.raises(ParameterError, match="--costs: comm must be"):
+    with pytest.raises(ParameterError, match="^costs: comm must be"):
         parse_costs("comm=-1")
+    with pytest.raises(ParameterError, match="^stage_costs: gives 1 device-stages"):
+        Costs(stage_costs=((1, 1, 1),)).check_fits(Placement.loop(2))
+    with pytest.raises(ParameterError, match="^group_costs: B must be a positive"):
+        Costs(group_costs=((1, 0, 1),))
     assert parse_memory("F=10,B=-4").W == -6
-    with pytest.raises(ParameterError, match="--memory: F \\+ B \\+ W must be 0"):
+    with pytest.raises(ParameterError, match="^memory: F \\+ B \\+ W must be 0"):
         parse_memory("F=1,B=0,W=0")
 
 

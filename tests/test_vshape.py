@@ -26,7 +26,7 @@ from pipeoffload.schedules.building_block import (
 from pipeoffload.schedules.vshape import unit_peak_bound, v_half_block, v_min_block, v_zb_block
 
 V_NAMES = ["v-min", "v-half", "v-zb"]
-#: REFERENCE.md's unit grid counts F = B = W = 1 per chunk; a V rank holds two chunks,
+#: The unit grid (docs/algorithms.md#82-unit-cost-grid-for-four-stages) counts F = B = W = 1 per chunk; a V rank holds two chunks,
 #: and Costs are per device-stage, so a stage costs 2.
 UNIT_CHUNK = Costs(F=2, B=2, W=2)
 F, B, W = OpKind.F, OpKind.B, OpKind.W
@@ -37,7 +37,7 @@ def _run(name: str, p: int, m: int, costs: Costs = UNIT_CHUNK):
     return sched, simulate(sched, costs)
 
 
-# --- REFERENCE.md unit-cost grid, p = 4 -------------------------------------------------
+# --- unit-cost grid, p = 4 (docs/algorithms.md#82-unit-cost-grid-for-four-stages) -------------------------------------------------
 
 GRID = [
     # (schedule, m, published bubble, published peak)
@@ -121,10 +121,10 @@ def test_vzb_zero_bubble_at_unit_costs(p):
 def test_parameter_errors(name):
     with pytest.raises(ParameterError) as e:
         generate(name, p=4, m=8, v=3)
-    assert e.value.param == "-v" and "2" in str(e.value)
+    assert e.value.param == "v" and "2" in str(e.value)
     with pytest.raises(ParameterError) as e:
         generate(name, p=4, m=8, g=2)
-    assert e.value.param == "-g"
+    assert e.value.param == "g"
     assert generate(name, p=4, m=8, v=2).chunks == 2
 
 

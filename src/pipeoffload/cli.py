@@ -2,7 +2,8 @@
 
 Each verb lives in ``pipeoffload.commands.<verb>`` and exposes
 ``register(subparsers) -> argparse.ArgumentParser`` (setting ``func``).
-Errors caused by input exit with status 2 and one line naming the parameter.
+Errors caused by input exit with status 2 and one line naming the flag
+(library parameters are named by their flags: ``commands.common.CLI_FLAGS``).
 """
 
 from __future__ import annotations
@@ -11,10 +12,13 @@ import argparse
 import importlib
 import sys
 
+from .commands.common import cli_message
 from .errors import PipeoffloadError
 
-#: Verbs in the order --help lists them. A module that does not exist yet is skipped.
+#: Verbs in the order --help lists them.
 VERBS = ["train", "schedules", "simulate", "compare", "models", "plan", "scale", "bench"]
+#: What ``pipeoffload`` with no verb runs: the main job.
+DEFAULT_VERB = "train"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -32,13 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"pipeoffload {__version__}")
     sub = parser.add_subparsers(dest="verb", metavar="VERB", parser_class=_Parser)
     for verb in VERBS:
-        try:
-            mod = importlib.import_module(f"pipeoffload.commands.{verb}")
-        except ModuleNotFoundError as e:
-            if e.name == f"pipeoffload.commands.{verb}":
-                continue
-            raise
-        mod.register(sub)
+        importlib.import_module(f"pipeoffload.commands.{verb}").register(sub)
     return parser
 
 
@@ -46,25 +44,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
-        # No verb: the main job (training once the runtime exists, else a simulation).
-        default = "train" if "train" in sub_names(parser) else "simulate"
-        args = parser.parse_args([default] + ([] if default == "train" else ["group-interleaved"]))
+        args = parser.parse_args([DEFAULT_VERB])
     try:
         rc = args.func(args)
     except PipeoffloadError as e:
-        print(f"pipeoffload {args.verb}: error: {e}", file=sys.stderr)
+        print(f"pipeoffload {args.verb}: error: {cli_message(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
     return int(rc or 0)
-
-
-def sub_names(parser: argparse.ArgumentParser) -> list[str]:
-    for a in parser._actions:
-        if isinstance(a, argparse._SubParsersAction):
-            return list(a.choices)
-    return []
 
 
 if __name__ == "__main__":

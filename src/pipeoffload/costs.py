@@ -47,31 +47,31 @@ class Costs:
     group_costs: tuple[Triple, ...] | None = None
 
     def __post_init__(self) -> None:
-        _check_triple("--costs", (self.F, self.B, self.W), positive=True)
+        _check_triple("costs", (self.F, self.B, self.W), positive=True)
         if not math.isfinite(self.comm) or self.comm < 0:
-            raise ParameterError("--costs", f"comm must be a finite number >= 0, got {self.comm!r}")
+            raise ParameterError("costs", f"comm must be a finite number >= 0, got {self.comm!r}")
         if self.stage_costs is not None:
             object.__setattr__(
                 self,
                 "stage_costs",
-                tuple(_check_triple("--stage-costs", t, True) for t in self.stage_costs),
+                tuple(_check_triple("stage_costs", t, True) for t in self.stage_costs),
             )
         if self.group_costs is not None:
             object.__setattr__(
                 self,
                 "group_costs",
-                tuple(_check_triple("--stage-costs", t, True) for t in self.group_costs),
+                tuple(_check_triple("group_costs", t, True) for t in self.group_costs),
             )
 
     def check_fits(self, placement: Placement) -> None:
         if self.stage_costs is not None and len(self.stage_costs) != placement.num_ranks:
             raise ParameterError(
-                "--stage-costs",
+                "stage_costs",
                 f"gives {len(self.stage_costs)} device-stages but the schedule has {placement.num_ranks} ranks",
             )
         if self.group_costs is not None and len(self.group_costs) != placement.num_stages:
             raise ParameterError(
-                "--stage-costs",
+                "group_costs",
                 f"gives {len(self.group_costs)} layer groups but the schedule has {placement.num_stages}",
             )
 
@@ -115,12 +115,12 @@ class MemoryDeltas:
     group_deltas: tuple[Triple, ...] | None = field(default=None)
 
     def __post_init__(self) -> None:
-        _check_triple("--memory", (self.F, self.B, self.W), positive=False)
+        _check_triple("memory", (self.F, self.B, self.W), positive=False)
         if self.F < 0:
-            raise ParameterError("--memory", f"F must be >= 0 (a forward keeps activations), got {self.F}")
+            raise ParameterError("memory", f"F must be >= 0 (a forward keeps activations), got {self.F}")
         if abs(self.F + self.B + self.W) > 1e-9 * max(1.0, abs(self.F)):
             raise ParameterError(
-                "--memory",
+                "memory",
                 f"F + B + W must be 0 (what F keeps, B and W free), got {self.F}+{self.B}+{self.W}",
             )
 
@@ -156,7 +156,10 @@ def parse_kv(text: str, param: str, allowed: Sequence[str]) -> dict[str, float]:
 
 
 def parse_costs(text: str | None, stage_costs: Mapping | Sequence | None = None) -> Costs:
-    vals = parse_kv(text or "", "--costs", ["F", "B", "W", "comm"])
+    """:class:`Costs` from ``"F=1,B=1,W=1,comm=0"`` and optional per-rank or per-layer-group
+    overrides (:func:`load_stage_costs`'s JSON). Errors name ``costs``, ``stage_costs``
+    or ``group_costs``."""
+    vals = parse_kv(text or "", "costs", ["F", "B", "W", "comm"])
     kwargs: dict = dict(vals)
     if stage_costs is not None:
         kwargs.update(_parse_stage_costs(stage_costs))
@@ -164,7 +167,9 @@ def parse_costs(text: str | None, stage_costs: Mapping | Sequence | None = None)
 
 
 def parse_memory(text: str | None) -> MemoryDeltas:
-    vals = parse_kv(text or "", "--memory", ["F", "B", "W"])
+    """:class:`MemoryDeltas` from ``"F=1,B=0,W=-1"`` (W defaults to what F and B leave).
+    Errors name ``memory``."""
+    vals = parse_kv(text or "", "memory", ["F", "B", "W"])
     if vals and "W" not in vals:
         # Let users give F and B only: W frees the rest.
         vals["W"] = -(vals.get("F", 1.0) + vals.get("B", 0.0))
@@ -192,18 +197,21 @@ def _parse_stage_costs(data: Mapping | Sequence) -> dict:
     """``[{F,B,W}, …]`` per rank, or ``{"stages": […]}`` / ``{"layer_groups": […]}``."""
     if isinstance(data, Mapping):
         if "layer_groups" in data:
-            return {"group_costs": _triples(data["layer_groups"], "--stage-costs")}
+            return {"group_costs": _triples(data["layer_groups"], "stage_costs")}
         if "stages" in data:
-            return {"stage_costs": _triples(data["stages"], "--stage-costs")}
-        raise ParameterError("--stage-costs", "a JSON object needs a 'stages' or 'layer_groups' list")
-    return {"stage_costs": _triples(list(data), "--stage-costs")}
+            return {"stage_costs": _triples(data["stages"], "stage_costs")}
+        raise ParameterError("stage_costs", "a JSON object needs a 'stages' or 'layer_groups' list")
+    return {"stage_costs": _triples(list(data), "stage_costs")}
 
 
 def load_stage_costs(path: str | Path) -> Mapping | Sequence:
+    """The JSON of a stage-costs file (for :func:`parse_costs`); errors name ``stage_costs``."""
     p = Path(path)
     try:
         return json.loads(p.read_text())
     except FileNotFoundError:
-        raise ParameterError("--stage-costs", f"file not found: {p}") from None
+        raise ParameterError("stage_costs", f"file not found: {p}") from None
+    except OSError as e:
+        raise ParameterError("stage_costs", f"cannot read {p}: {e.strerror or e}") from None
     except json.JSONDecodeError as e:
-        raise ParameterError("--stage-costs", f"{p} is not valid JSON: {e}") from None
+        raise ParameterError("stage_costs", f"{p} is not valid JSON: {e}") from None

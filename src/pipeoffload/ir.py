@@ -1,6 +1,6 @@
 """The schedule model: op kinds, ops, placements and schedules. Pure data, no torch.
 
-Vocabulary (ALGORITHMS.md §1): ``p`` ranks (pipeline devices), ``m`` microbatches,
+Vocabulary (docs/algorithms.md#1-the-schedule-model): ``p`` ranks (pipeline devices), ``m`` microbatches,
 ``v`` chunks per rank. There are ``num_stages`` layer groups ("stages" in PyTorch's
 vocabulary); a *chunk* is one layer group placed on one rank, and ``Op.chunk`` is
 its index among that rank's layer groups (ascending stage order).
@@ -22,7 +22,7 @@ class OpKind(str, Enum):
     B = "B"  #: backward for the input gradient only
     W = "W"  #: backward for the weight gradient only
     BW = "BW"  #: fused full backward (B + W)
-    # Added by the offload pass (issue: PipeOffload planning).
+    # Added by the offload pass.
     OFFLOAD_START = "OFFLOAD_START"  #: device→host copy of a chunk's activations begins
     OFFLOAD_END = "OFFLOAD_END"  #: copy done; device memory released
     RELOAD_START = "RELOAD_START"  #: device buffer allocated, host→device copy begins
@@ -181,7 +181,9 @@ class Schedule:
 
     @property
     def chunks(self) -> int:
-        """Layer groups per rank (the largest count for a custom placement)."""
+        """The papers' ``v``: chunks (layer groups) per rank, the most on any rank for a
+        custom placement. (Not to be confused with the number of chunks the offload pass
+        offloads, ``offload_chunks``.)"""
         return self.placement.max_chunks
 
     def ops(self) -> Iterator[Op]:

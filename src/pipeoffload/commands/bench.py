@@ -13,13 +13,13 @@ import argparse
 import sys
 import time
 
-from ..runtime.bench import PAIRS, BenchConfig
-from ..errors import ParameterError
 from ..models.config import ModelConfig
+from ..runtime.bench import PAIRS, BenchConfig
+from .common import int_list, name_list, output_dir, print_json
 
 
 def register(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser(
+    parser = sub.add_parser(
         "bench",
         help="benchmark our runtime against torch.distributed.pipelining (step time, activation memory, losses)",
         description="For each pipeline size and each schedule both runtimes offer (GPipe, 1F1B, interleaved 1F1B, "
@@ -30,45 +30,36 @@ def register(sub) -> argparse.ArgumentParser:
         "saved-tensor meter), and the loss and gradient differences. Where torch's generated order differs from "
         "ours, torch's order is also run on our runtime. Writes bench.json and bench.md to --output.",
     )
-    p.add_argument("-p", "--stages", default="2,4", metavar="P[,P...]", help="pipeline sizes (default 2,4)")
-    p.add_argument("--schedules", default=",".join(PAIRS), metavar="NAME[,NAME...]",
-                   help=f"which shared schedules (default all: {', '.join(PAIRS)})")
-    p.add_argument("--pairs", type=int, default=5, help="timed (ours, torch) pairs per schedule (default 5)")
-    p.add_argument("--warmup", type=int, default=1, help="untimed steps of each runtime first (default 1)")
-    p.add_argument("-m", "--microbatches", dest="m", type=int, default=8, help="microbatches per step (default 8)")
-    p.add_argument("--microbatch-size", type=int, default=2, help="sequences per microbatch (default 2)")
-    mdl = p.add_argument_group("model")
+    parser.add_argument("-p", "--stages", default="2,4", metavar="P[,P...]", help="pipeline sizes (default 2,4)")
+    parser.add_argument("--schedules", default=",".join(PAIRS), metavar="NAME[,NAME...]",
+                        help=f"which shared schedules (default all: {', '.join(PAIRS)})")
+    parser.add_argument("--pairs", type=int, default=5, help="timed (ours, torch) pairs per schedule (default 5)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps of each runtime first (default 1)")
+    parser.add_argument("-m", "--microbatches", dest="m", type=int, default=8, help="microbatches per step (default 8)")
+    parser.add_argument("--microbatch-size", type=int, default=2, help="sequences per microbatch (default 2)")
+    mdl = parser.add_argument_group("model")
     mdl.add_argument("--layers", type=int, default=8, help="transformer layers (default 8; >= p*v)")
     mdl.add_argument("--hidden", type=int, default=128, help="hidden size (default 128)")
     mdl.add_argument("--heads", type=int, default=4, help="attention heads (default 4)")
     mdl.add_argument("--kv-heads", type=int, default=2, help="key/value heads (default 2)")
     mdl.add_argument("--seq-len", type=int, default=128, help="sequence length (default 128)")
-    p.add_argument("--no-same-order", action="store_true",
-                   help="skip running torch's generated order on our runtime")
-    p.add_argument("--threads", type=int, default=None, help="torch threads per rank (default cores/p)")
-    p.add_argument("--timeout", type=float, default=120.0, help="seconds any blocking wait may take (default 120)")
-    p.add_argument("--output", "-o", default=None, metavar="DIR", help="output folder (default runs/bench-<timestamp>)")
-    p.add_argument("--json", action="store_true", help="print the results as one JSON object")
-    p.set_defaults(func=run)
-    return p
-
-
-def _int_list(text: str, flag: str) -> list[int]:
-    try:
-        vals = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ParameterError(flag, f"expected comma-separated integers, got {text!r}") from None
-    if not vals:
-        raise ParameterError(flag, "needs at least one value")
-    return vals
+    parser.add_argument("--no-same-order", action="store_true",
+                        help="skip running torch's generated order on our runtime")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads per rank (default cores/p)")
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds any blocking wait may take (default 120)")
+    parser.add_argument("--output", "-o", default=None, metavar="DIR",
+                        help="output folder (default runs/bench-<timestamp>)")
+    parser.add_argument("--json", action="store_true", help="print the results as one JSON object")
+    parser.set_defaults(func=run)
+    return parser
 
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
     model = ModelConfig(layers=args.layers, hidden=args.hidden, heads=args.heads, kv_heads=args.kv_heads,
                         seq_len=args.seq_len)
     cfg = BenchConfig(
-        stages=_int_list(args.stages, "--stages"),
-        schedules=[s.strip() for s in args.schedules.split(",") if s.strip()],
+        stages=list(int_list(args.stages, "--stages", required=True)),
+        schedules=list(name_list(args.schedules)),
         pairs=args.pairs, warmup=args.warmup, microbatches=args.m, microbatch_size=args.microbatch_size,
         model=model, same_order=not args.no_same_order, threads=args.threads, timeout_s=args.timeout,
         output=args.output or f"runs/bench-{time.strftime('%Y%m%d-%H%M%S')}",
@@ -79,6 +70,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)  # parameter errors before torch is imported or any process starts
+    output_dir("--output", cfg.output)
     try:
         from ..runtime.bench import run_bench, text_report
         from ..runtime.launcher import LaunchError
@@ -93,8 +85,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"pipeoffload bench: error: {e}", file=sys.stderr)
         return 1
     if args.json:
-        from .common import print_json
-
         print_json(results)
     else:
         print(text_report(results))

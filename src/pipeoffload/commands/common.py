@@ -1,34 +1,168 @@
-"""Argument helpers shared by verbs: schedule parameters, costs, memory."""
+"""What the verbs share: argument groups (schedule, costs, memory, offload), the
+command line's names for library parameters, list parsing, output files, JSON."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable
 
 from ..costs import Costs, MemoryDeltas, load_stage_costs, parse_costs, parse_memory
+from ..errors import ParameterError, PipeoffloadError, rename_mentions
+
+# --- library parameter names -> command-line flags -------------------------------------
+
+#: The flag that sets each library parameter, by the name the library's errors use
+#: (:class:`~pipeoffload.errors.ParameterError`'s ``param`` and the parameters its
+#: message names in backquotes). A name without an entry is printed as it is.
+CLI_FLAGS: dict[str, str] = {
+    # schedules (pipeoffload.schedules.ScheduleSpec), the papers' letters
+    "p": "-p", "m": "-m", "v": "-v", "g": "-g", "p/v": "-p/-v", "mem_limit": "--mem-limit",
+    # costs and memory deltas (pipeoffload.costs)
+    "costs": "--costs", "stage_costs": "--stage-costs", "group_costs": "--stage-costs", "memory": "--memory",
+    # the offload pass (pipeoffload.passes.offload)
+    "offload_chunks": "--offload-chunks", "offload_time": "--offload-time", "link_group": "--link-group",
+    "solo_factor": "--solo-factor", "tolerance": "--offload-tolerance", "on_infeasible": "--offload-infeasible",
+    "postpone_warmup": "--postpone-warmup", "transfer_times": "--transfer-times",
+    # the cost model and the planner (pipeoffload.costmodel, pipeoffload.planner)
+    "model": "--model", "hardware": "--hardware", "trim_edges": "--trim-edges", "gpus": "--gpus",
+    "memory_budget": "--memory-budget", "global_batch": "--global-batch", "seq": "--seq",
+    "microbatch": "--microbatch-size", "schedules": "--schedules", "chunks": "--chunks",
+    "recompute": "--recompute", "top": "--top", "tp_bw": "--tp-link-gbs", "hbm_bw": "--hbm-gbs",
+    "peak_rate": "--peak-tflops",
+    # studies (compare, scale) and the benchmark
+    "stages": "--stages", "world_size": "--stages", "series": "--series", "pairs": "--pairs", "warmup": "--warmup",
+    "microbatch_size": "--microbatch-size", "microbatches": "--microbatches",
+    # schedule files (pipeoffload.interop.torch_csv)
+    "path": "--from-csv",
+    # `pipeoffload train`'s configuration (pipeoffload.runtime.config): the keys its flags set
+    # where the message has always named the flag
+    "config": "--config", "training.steps": "--steps", "training.corpus": "--corpus",
+    "training.on_nonfinite": "--on-nonfinite", "runtime.timeout_s": "--timeout", "runtime.threads": "--threads",
+    "offload.chunks": "--offload", "offload.time": "--offload-time", "checkpoint.dir": "--checkpoint-dir",
+    "checkpoint.every": "--checkpoint-every", "checkpoint.keep": "--checkpoint-keep",
+    "checkpoint.resume": "--resume",
+}
 
 
-def add_costs_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--costs", default="F=1,B=1,W=1,comm=0", metavar="F=..,B=..,W=..,comm=..",
-                   help="op durations per device-stage and comm latency per hop (default: unit costs)")
-    p.add_argument("--stage-costs", metavar="FILE",
-                   help="JSON: a list of {F,B,W} per rank, or {'layer_groups': [...]} per layer group")
-    p.add_argument("--memory", default="F=1,B=0,W=-1", metavar="F=..,B=..,W=..",
-                   help="activation memory change per op kind per device-stage (units or bytes; default F=1,B=0,W=-1)")
+def cli_message(error: PipeoffloadError) -> str:
+    """An error as the command line prints it: parameters named by their flags."""
+    if isinstance(error, ParameterError):
+        return error.render(CLI_FLAGS)
+    return str(error)
 
 
-def add_schedule_args(p: argparse.ArgumentParser, positional: bool = True) -> None:
+def cli_text(text: str) -> str:
+    """An error kept as text, ``"param: message"`` or ``"reason: param: message"`` (a refused
+    schedule in ``compare``, a refused point in ``scale``), with its parameters named by
+    their flags."""
+    parts = text.split(": ", 2)
+    for i, part in enumerate(parts[:-1][:2]):
+        if part in CLI_FLAGS:
+            parts[i] = CLI_FLAGS[part]
+            break
+    return rename_mentions(": ".join(parts), CLI_FLAGS)
+
+
+# --- lists on the command line ---------------------------------------------------------
+
+
+def name_list(text: str) -> tuple[str, ...]:
+    """``"a, b,,c"`` -> ``("a", "b", "c")``."""
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def int_list(text: str, flag: str, *, required: bool = False) -> tuple[int, ...]:
+    """``"2,4,8"`` -> ``(2, 4, 8)``; ParameterError naming ``flag`` for anything else
+    (and for no value at all when ``required``)."""
+    try:
+        values = tuple(int(x) for x in name_list(text))
+    except ValueError:
+        raise ParameterError(flag, f"expected comma-separated integers, got {text!r}") from None
+    if required and not values:
+        raise ParameterError(flag, "needs at least one value")
+    return values
+
+
+# --- output files ----------------------------------------------------------------------
+
+
+def check_output(flag: str, path: str | os.PathLike | None, directory: bool = False) -> None:
+    """Fail before any work when ``path`` (given with ``flag``) clearly cannot be written:
+    a directory where a file goes (or the reverse), or a parent that is not a writable
+    directory. Creates nothing; what only writing can tell is left to :func:`write_output`."""
+    if path is None:
+        return
+    target = Path(path)
+    if target.exists():
+        if target.is_dir() != directory:
+            raise ParameterError(flag, f"cannot write {path}: {'not a' if directory else 'is a'} directory")
+        return
+    parent = target.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ParameterError(flag, f"cannot write {path}: {parent} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ParameterError(flag, f"cannot write {path}: permission denied in {parent}")
+
+
+def write_output(flag: str, path: str, write: Callable[[str], Any]) -> None:
+    """``write(path)``, with a failure to write (a missing or read-only folder, a
+    directory in the way) turned into a ParameterError naming ``flag`` and ``path``."""
+    try:
+        write(path)
+    except OSError as e:
+        where = f" ({e.filename})" if e.filename and str(e.filename) != str(path) else ""
+        raise ParameterError(flag, f"cannot write {path}: {e.strerror or e}{where}") from None
+    except ParameterError as e:  # a writer that reports its own failure to write
+        raise ParameterError(flag, e.message if e.message.startswith("cannot write") else
+                             f"cannot write {path}: {e.message}") from None
+
+
+def output_dir(flag: str, path: str) -> None:
+    """Create the output folder ``path`` (given with ``flag``) now, before processes start,
+    or fail naming the flag and the path."""
+    write_output(flag, path, lambda p: Path(p).mkdir(parents=True, exist_ok=True))
+
+
+def print_json(obj: Any) -> None:
+    try:
+        json.dump(obj, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+    except BrokenPipeError:  # e.g. `| head`: not an error of ours
+        sys.stdout = None  # type: ignore[assignment]
+
+
+# --- schedule, costs and memory arguments -----------------------------------------------
+
+
+def add_costs_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--costs", default="F=1,B=1,W=1,comm=0", metavar="F=..,B=..,W=..,comm=..",
+                        help="op durations per device-stage and comm latency per hop (default: unit costs)")
+    parser.add_argument("--stage-costs", metavar="FILE",
+                        help="JSON: a list of {F,B,W} per rank, or {'layer_groups': [...]} per layer group")
+    parser.add_argument("--memory", default="F=1,B=0,W=-1", metavar="F=..,B=..,W=..",
+                        help="activation memory change per op kind per device-stage (units or bytes; "
+                             "default F=1,B=0,W=-1)")
+
+
+def add_schedule_args(parser: argparse.ArgumentParser, positional: bool = True) -> None:
+    """-p, -m, -v, -g: the papers' p (ranks), m (microbatches), v (chunks per rank) and
+    g (group size of group-interleaved)."""
     if positional:
-        p.add_argument("schedule", help="schedule name (see `pipeoffload schedules`)")
-    p.add_argument("-p", "--stages", dest="p", type=int, default=4, help="pipeline ranks (default 4)")
-    p.add_argument("-m", "--microbatches", dest="m", type=int, default=8, help="microbatches (default 8)")
-    p.add_argument("-v", "--chunks", dest="v", type=int, default=None, help="chunks per rank (schedule default)")
-    p.add_argument("-g", "--group", dest="g", type=int, default=None,
-                   help="group size for group-interleaved, ceil(p/2)..p (default ceil(p/2))")
-    p.add_argument("--mem-limit", type=float, default=None,
-                   help="memory limit for zb-auto, in the units of --memory (default p units)")
+        parser.add_argument("schedule", help="schedule name (see `pipeoffload schedules`)")
+    parser.add_argument("-p", "--stages", dest="p", type=int, default=4, help="pipeline ranks (default 4)")
+    parser.add_argument("-m", "--microbatches", dest="m", type=int, default=8, help="microbatches (default 8)")
+    parser.add_argument("-v", "--chunks", dest="v", type=int, default=None, help="chunks per rank (schedule default)")
+    parser.add_argument("-g", "--group", dest="g", type=int, default=None,
+                        help="group size for group-interleaved, ceil(p/2)..p (default ceil(p/2))")
+    parser.add_argument("--mem-limit", type=float, default=None,
+                        help="memory limit for zb-auto, in the units of --memory (default p units)")
 
 
 def costs_from_args(args: argparse.Namespace) -> Costs:
@@ -45,39 +179,30 @@ def memory_unit(args: argparse.Namespace) -> str:
     return "units" if (m.F, m.B, m.W) == (1.0, 0.0, -1.0) else "memory"
 
 
-def print_json(obj: Any) -> None:
-    try:
-        json.dump(obj, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-        sys.stdout.flush()
-    except BrokenPipeError:  # e.g. `| head`: not an error of ours
-        sys.stdout = None  # type: ignore[assignment]
-
-
 # --- activation offload (PipeOffload) -------------------------------------------------
 
 
-def add_offload_args(p: argparse.ArgumentParser) -> None:
-    """Flags that turn on and tune the offload pass (ALGORITHMS.md §5)."""
-    g = p.add_argument_group("activation offload (PipeOffload)")
-    g.add_argument("--offload-chunks", type=int, default=None, metavar="C",
-                   help="offload chunks 0..C-1 of every rank (earliest, longest-lived first)")
-    g.add_argument("--offload", choices=["auto", "none"], default=None,
-                   help="auto: choose C for the lowest peak within --offload-tolerance of the makespan")
-    g.add_argument("--offload-time", type=float, default=0.0, metavar="X",
-                   help="one one-way transfer of a chunk's activations for one microbatch, as a multiple of "
-                        "that chunk's F+B+W time (the reference's offload_time = k/2; default 0 = instantaneous)")
-    g.add_argument("--offload-tolerance", type=float, default=0.01, metavar="FRAC",
-                   help="with --offload auto: allowed makespan increase (default 0.01 = 1%%)")
-    g.add_argument("--link-group", type=int, default=2, metavar="N",
-                   help="ranks sharing one host link (default 2: ranks 2r and 2r+1)")
-    g.add_argument("--solo-factor", type=float, default=0.7, metavar="F",
-                   help="transfer time multiplier while the link's other direction is idle (default 0.7)")
-    g.add_argument("--offload-infeasible", choices=["error", "skip", "delay"], default=None,
-                   help="when a reload cannot finish before its backward: error (default with -C), "
-                        "skip that offload (default with auto), or delay the backward")
-    g.add_argument("--postpone-warmup", action="store_true",
-                   help="start warm-up forwards as late as their consumers allow (shorter lifespans)")
+def add_offload_args(parser: argparse.ArgumentParser) -> None:
+    """Flags that turn on and tune the offload pass (docs/algorithms.md#63-the-offload-pass)."""
+    group = parser.add_argument_group("activation offload (PipeOffload)")
+    group.add_argument("--offload-chunks", type=int, default=None, metavar="C",
+                       help="offload chunks 0..C-1 of every rank (earliest, longest-lived first)")
+    group.add_argument("--offload", choices=["auto", "none"], default=None,
+                       help="auto: choose C for the lowest peak within --offload-tolerance of the makespan")
+    group.add_argument("--offload-time", type=float, default=0.0, metavar="X",
+                       help="one one-way transfer of a chunk's activations for one microbatch, as a multiple of "
+                            "that chunk's F+B+W time (the reference's offload_time = k/2; default 0 = instantaneous)")
+    group.add_argument("--offload-tolerance", type=float, default=0.01, metavar="FRAC",
+                       help="with --offload auto: allowed makespan increase (default 0.01 = 1%%)")
+    group.add_argument("--link-group", type=int, default=2, metavar="N",
+                       help="ranks sharing one host link (default 2: ranks 2r and 2r+1)")
+    group.add_argument("--solo-factor", type=float, default=0.7, metavar="F",
+                       help="transfer time multiplier while the link's other direction is idle (default 0.7)")
+    group.add_argument("--offload-infeasible", choices=["error", "skip", "delay"], default=None,
+                       help="when a reload cannot finish before its backward: error (default with -C), "
+                            "skip that offload (default with auto), or delay the backward")
+    group.add_argument("--postpone-warmup", action="store_true",
+                       help="start warm-up forwards as late as their consumers allow (shorter lifespans)")
 
 
 def offload_requested(args: argparse.Namespace) -> bool:
@@ -91,8 +216,6 @@ def offload_options(args: argparse.Namespace) -> dict:
     """Keyword arguments for :func:`pipeoffload.passes.offload.plan_offload` (without comm).
 
     Raises ParameterError for flags that need offload turned on or contradict each other."""
-    from ..errors import ParameterError
-
     auto = getattr(args, "offload", None) == "auto"
     if getattr(args, "offload", None) == "none" and args.offload_chunks is not None:
         raise ParameterError("--offload", "'none' contradicts --offload-chunks")
@@ -112,3 +235,38 @@ def offload_options(args: argparse.Namespace) -> dict:
         "on_infeasible": args.offload_infeasible,
         "postpone_warmup": args.postpone_warmup,
     }
+
+
+#: Why the offload pass skipped a candidate (``OffloadResult.skipped``), and what would help.
+_SKIP_REASONS = {
+    "short_lifespan": ("the backward needs the activation before a round trip to the host could end",
+                       "a shorter transfer ({time})"),
+    "no_memory": ("the chunk's forward keeps no activation memory",
+                  "offloading more chunks (--offload-chunks) whose forwards keep memory"),
+    "link_busy": ("the reload could not finish on the busy host link before its backward",
+                  "a shorter transfer ({time}), --postpone-warmup (spreads the warm-up's offloads) or "
+                  "--offload-infeasible delay (backwards wait for their reloads)"),
+}
+
+
+def offload_warning(off: Any, tolerance_flag: str | None = "--offload-tolerance") -> str | None:
+    """One line saying why an offload request placed no transfer at all and what would
+    help; None when it placed some, or when C = 0 was asked for. ``off`` is an
+    :class:`~pipeoffload.passes.offload.OffloadResult`."""
+    if off.transfers:
+        return None
+    settings = off.settings
+    time = "--offload-time" if settings.get("offload_time") is not None else "a faster host link, --hardware"
+    if off.chunks == 0:
+        if not settings.get("auto"):
+            return None
+        advice = f"a shorter transfer ({time})" + (f" or a larger {tolerance_flag}" if tolerance_flag else "")
+        return (f"--offload auto placed no transfer: offloading any chunk lowers no peak within a makespan "
+                f"increase of {settings.get('tolerance', 0.01):g}; {advice} would help")
+    which = "chunk 0" if off.chunks == 1 else f"chunks 0..{off.chunks - 1}"
+    known = {reason: _SKIP_REASONS.get(reason, ("", "")) for reason in off.skipped}
+    why = ", ".join(f"{n} {reason}" + (f" ({known[reason][0]})" if known[reason][0] else "")
+                    for reason, n in off.skipped.items())
+    helps = " or ".join(h.format(time=time) for _, h in known.values() if h)
+    return (f"offloading {which} of every rank placed no transfer: all {sum(off.skipped.values())} candidates "
+            f"skipped: {why or 'none'}" + (f"; {helps} would help" if helps else ""))

@@ -5,11 +5,20 @@ from __future__ import annotations
 import argparse
 
 from ..studies.compare import Comparison, compare
-from .common import add_costs_args, costs_from_args, memory_from_args, memory_unit, print_json
+from .common import (
+    add_costs_args,
+    check_output,
+    cli_text,
+    costs_from_args,
+    memory_from_args,
+    memory_unit,
+    print_json,
+    write_output,
+)
 
 
 def register(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser(
+    parser = sub.add_parser(
         "compare",
         help="compare every schedule: bubble rate, peak memory, P2P volume; Pareto plot",
         description="Generate and time every registered schedule (group-interleaved with g=ceil(p/2) and g=p, "
@@ -18,22 +27,26 @@ def register(sub) -> argparse.ArgumentParser:
         "messages, and mark the Pareto frontier of (peak memory, bubble rate). Schedules that refuse the "
         "parameters are listed with the reason.",
     )
-    p.add_argument("-p", "--stages", dest="p", type=int, default=4, help="pipeline ranks (default 4)")
-    p.add_argument("-m", "--microbatches", dest="m", type=int, default=8, help="microbatches (default 8)")
-    add_costs_args(p)
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--png", metavar="FILE", help="write a PNG plot of peak memory vs bubble rate")
-    p.set_defaults(func=run)
-    return p
+    parser.add_argument("-p", "--stages", dest="p", type=int, default=4, help="pipeline ranks (default 4)")
+    parser.add_argument("-m", "--microbatches", dest="m", type=int, default=8, help="microbatches (default 8)")
+    add_costs_args(parser)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--png", metavar="FILE", help="write a PNG plot of peak memory vs bubble rate")
+    parser.set_defaults(func=run)
+    return parser
 
 
 def run(args: argparse.Namespace) -> int:
+    check_output("--png", args.png)
     unit = memory_unit(args)
     cmp = compare(args.p, args.m, costs_from_args(args), memory_from_args(args))
+    for row in cmp.rows:  # a refused schedule's reason, with parameters named by their flags
+        if row.error:
+            row.error = cli_text(row.error)
     if args.png:
         from ..viz.pareto import draw_pareto
 
-        draw_pareto(cmp, args.png, memory_unit=unit)
+        write_output("--png", args.png, lambda path: draw_pareto(cmp, path, memory_unit=unit))
     if args.json:
         print_json({**cmp.to_json(), "memory_unit": unit})
     else:

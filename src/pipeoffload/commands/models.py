@@ -11,35 +11,38 @@ from __future__ import annotations
 
 import argparse
 
-from ..costmodel.model import k_closed_form, k_from_model, pipeline_costs
 from ..costmodel.hardware import HARDWARE, get_hardware
+from ..costmodel.model import k_closed_form, k_from_model, pipeline_costs
 from ..costmodel.presets import PO_RUNTIME, PRESETS, get_model
+from ..errors import ParameterError
 from .common import print_json
 
 MB = 1e6
 
 
 def register(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser(
+    parser = sub.add_parser(
         "models",
         help="list model presets and hardware; offload ratio k; per-layer-group costs",
         description="List the model presets. --k prints PipeOffload's offload ratio k (closed form and from "
         "this cost model); --groups prints one model's per-layer-group costs (times in ms, bytes) for p·v groups.",
     )
-    p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument("--model", metavar="NAME", help="one preset (or a .toml/.json model file); default: all presets")
-    p.add_argument("--hardware", default=None, metavar="NAME",
-                   help=f"hardware profile ({', '.join(HARDWARE)}) or a .toml/.json file (default a100-80g)")
-    mode = p.add_mutually_exclusive_group()
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument("--model", metavar="NAME",
+                        help="one preset (or a .toml/.json model file); default: all presets")
+    parser.add_argument("--hardware", default=None, metavar="NAME",
+                        help=f"hardware profile ({', '.join(HARDWARE)}) or a .toml/.json file (default a100-80g)")
+    mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--k", action="store_true", help="print the offload ratio k per model")
     mode.add_argument("--hardware-list", action="store_true", help="list the hardware profiles")
     mode.add_argument("--groups", action="store_true", help="per-layer-group costs of --model for -p/-v")
-    p.add_argument("-p", "--stages", dest="p", type=int, default=None, help="with --groups: pipeline ranks")
-    p.add_argument("-v", "--chunks", dest="v", type=int, default=1, help="with --groups: chunks per rank (default 1)")
-    p.add_argument("--trim-edges", action="store_true",
-                   help="with --groups: one layer fewer in the first and last group (PipeOffload's balancing)")
-    p.set_defaults(func=run)
-    return p
+    parser.add_argument("-p", "--stages", dest="p", type=int, default=None, help="with --groups: pipeline ranks")
+    parser.add_argument("-v", "--chunks", dest="v", type=int, default=1,
+                        help="with --groups: chunks per rank (default 1)")
+    parser.add_argument("--trim-edges", action="store_true",
+                        help="with --groups: one layer fewer in the first and last group (PipeOffload's balancing)")
+    parser.set_defaults(func=run)
+    return parser
 
 
 def _models(args: argparse.Namespace):
@@ -107,8 +110,6 @@ def _k(args: argparse.Namespace) -> int:
 
 
 def _groups(args: argparse.Namespace) -> int:
-    from ..errors import ParameterError
-
     if not args.model:
         raise ParameterError("--model", "--groups needs one model (--model NAME)")
     if args.p is None:

@@ -12,24 +12,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..errors import ParameterError
 from ..costmodel.hardware import GiB, HARDWARE
-from .common import print_json
-
-
-def _csv(text: str) -> tuple[str, ...]:
-    return tuple(x.strip() for x in text.split(",") if x.strip())
-
-
-def _ints(text: str, flag: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in _csv(text))
-    except ValueError:
-        raise ParameterError(flag, f"expected comma-separated integers, got {text!r}") from None
+from ..errors import ParameterError
+from .common import check_output, int_list, name_list, print_json, write_output
 
 
 def register(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser(
+    parser = sub.add_parser(
         "plan",
         help="search schedule x offload x recompute x PP/TP/DP splits under a per-device memory budget",
         description="Search pipeline schedules (and their chunks v and group size g), activation offload "
@@ -38,32 +27,33 @@ def register(sub) -> argparse.ArgumentParser:
         "their per-device memory breakdown, MFU and bubble rate, and why every other schedule family failed. "
         "docs/planner.md explains the model.",
     )
-    p.add_argument("--model", required=True, metavar="NAME|FILE", help="model preset or .toml/.json model file")
-    p.add_argument("--hardware", default="a100-80g", metavar="NAME|FILE",
-                   help=f"hardware profile ({', '.join(HARDWARE)}) or a .toml/.json file (default a100-80g)")
-    p.add_argument("--gpus", type=int, required=True, metavar="N", help="number of GPUs (nodes of 8)")
-    p.add_argument("--memory-budget", type=float, default=None, metavar="GIB",
-                   help="device memory budget in GiB (2^30 bytes; default: the hardware's HBM)")
-    p.add_argument("--seq", type=int, default=None, metavar="S", help="sequence length (default: the model's)")
-    p.add_argument("--global-batch", type=int, default=None, metavar="B",
-                   help="sequences per iteration (default 4 x GPUs x microbatch size)")
-    p.add_argument("--microbatch-size", type=int, default=None, metavar="b",
-                   help="sequences per microbatch (default: the model's)")
-    p.add_argument("--schedules", default=None, metavar="A,B,..",
-                   help="schedules to search (default: all; zb-auto runs with 1x and 2x 1F1B's memory)")
-    p.add_argument("--chunks", default="2,4", metavar="V,..", help="chunk counts v for interleaved schedules (default 2,4)")
-    p.add_argument("--recompute", choices=["both", "on", "off"], default="both",
-                   help="recompute of cheap elementwise ops: search both (default), or fix it")
-    p.add_argument("--no-offload", action="store_true", help="do not consider activation offload")
-    p.add_argument("--po-runtime", action="store_true",
-                   help="PipeOffload's runtime setting for the model: flash attention, no dropout")
-    p.add_argument("--top", type=int, default=10, metavar="K", help="configurations to show (default 10)")
-    p.add_argument("--tp-link-gbs", type=float, default=None, metavar="GB/S",
-                   help="intra-node link for TP collectives (default: built-in per hardware, A100 300)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--png", metavar="FILE", help="write the best plan's timeline with memory curves as PNG")
-    p.set_defaults(func=run)
-    return p
+    parser.add_argument("--model", required=True, metavar="NAME|FILE", help="model preset or .toml/.json model file")
+    parser.add_argument("--hardware", default="a100-80g", metavar="NAME|FILE",
+                        help=f"hardware profile ({', '.join(HARDWARE)}) or a .toml/.json file (default a100-80g)")
+    parser.add_argument("--gpus", type=int, required=True, metavar="N", help="number of GPUs (nodes of 8)")
+    parser.add_argument("--memory-budget", type=float, default=None, metavar="GIB",
+                        help="device memory budget in GiB (2^30 bytes; default: the hardware's HBM)")
+    parser.add_argument("--seq", type=int, default=None, metavar="S", help="sequence length (default: the model's)")
+    parser.add_argument("--global-batch", type=int, default=None, metavar="B",
+                        help="sequences per iteration (default 4 x GPUs x microbatch size)")
+    parser.add_argument("--microbatch-size", type=int, default=None, metavar="b",
+                        help="sequences per microbatch (default: the model's)")
+    parser.add_argument("--schedules", default=None, metavar="A,B,..",
+                        help="schedules to search (default: all; zb-auto runs with 1x and 2x 1F1B's memory)")
+    parser.add_argument("--chunks", default="2,4", metavar="V,..",
+                        help="chunk counts v for interleaved schedules (default 2,4)")
+    parser.add_argument("--recompute", choices=["both", "on", "off"], default="both",
+                        help="recompute of cheap elementwise ops: search both (default), or fix it")
+    parser.add_argument("--no-offload", action="store_true", help="do not consider activation offload")
+    parser.add_argument("--po-runtime", action="store_true",
+                        help="PipeOffload's runtime setting for the model: flash attention, no dropout")
+    parser.add_argument("--top", type=int, default=10, metavar="K", help="configurations to show (default 10)")
+    parser.add_argument("--tp-link-gbs", type=float, default=None, metavar="GB/S",
+                        help="intra-node link for TP collectives (default: built-in per hardware, A100 300)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--png", metavar="FILE", help="write the best plan's timeline with memory curves as PNG")
+    parser.set_defaults(func=run)
+    return parser
 
 
 def options_from_args(args: argparse.Namespace):
@@ -71,8 +61,8 @@ def options_from_args(args: argparse.Namespace):
 
     rc = {"both": (False, True), "on": (True,), "off": (False,)}[args.recompute]
     return PlanOptions(
-        schedules=_csv(args.schedules) if args.schedules else DEFAULT_SCHEDULES,
-        chunks=_ints(args.chunks, "--chunks"),
+        schedules=name_list(args.schedules) if args.schedules else DEFAULT_SCHEDULES,
+        chunks=int_list(args.chunks, "--chunks"),
         recompute=rc,
         offload=not args.no_offload,
         top=args.top,
@@ -84,6 +74,7 @@ def options_from_args(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     from ..planner import plan
 
+    check_output("--png", args.png)
     if args.memory_budget is not None and not args.memory_budget > 0:
         raise ParameterError("--memory-budget", f"must be a positive number of GiB, got {args.memory_budget!r}")
     res = plan(
@@ -108,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         tl = res.timeline(best)
         title = (f"best plan: {best.describe()}" + (f" (drawn at m={tl.num_microbatches})"
                                                     if tl.num_microbatches != best.m else ""))
-        draw_timeline(tl, args.png, title=title)
+        write_output("--png", args.png, lambda path: draw_timeline(tl, path, title=title))
         if not args.json:
             print(f"wrote {args.png}")
     return 0

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import argparse
 
-from ..errors import ParameterError
 from ..costmodel.hardware import HARDWARE
-from .common import print_json
+from ..errors import ParameterError
+from .common import check_output, cli_text, int_list, name_list, print_json, write_output
 
 
 def register(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser(
+    parser = sub.add_parser(
         "scale",
         help="per-device activation memory vs number of stages, with and without offload",
         description="For each stage count, split the model's layers over p devices (TP=1), run 1F1B, interleaved "
@@ -26,37 +26,37 @@ def register(sub) -> argparse.ArgumentParser:
         "times come from the cost model in PipeOffload's runtime setting (flash attention, no dropout, "
         "elementwise recompute) unless --as-defined.",
     )
-    p.add_argument("--model", required=True, metavar="NAME|FILE", help="model preset or .toml/.json model file")
-    p.add_argument("--hardware", default="a100-80g", metavar="NAME|FILE",
-                   help=f"hardware profile ({', '.join(HARDWARE)}) or a file (default a100-80g)")
-    p.add_argument("--stages", default="4,8,16,32", metavar="P,..", help="stage counts (default 4,8,16,32)")
-    p.add_argument("-m", "--microbatches", dest="m", type=int, default=None,
-                   help="microbatches per iteration at every p (default 2 x the largest stage count)")
-    p.add_argument("--layers", type=int, default=None, metavar="L",
-                   help="override the model's layer count (e.g. 64 so that every stage count divides it)")
-    p.add_argument("--series", default=None, metavar="K,..",
-                   help="which lines (default all): 1f1b, interleaved, v-half, v-min, gis, po-half, po-full")
-    p.add_argument("--as-defined", action="store_true",
-                   help="use the model as defined instead of PipeOffload's runtime setting")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--png", metavar="FILE", help="write a line plot (GiB per device vs stages)")
-    p.set_defaults(func=run)
-    return p
+    parser.add_argument("--model", required=True, metavar="NAME|FILE", help="model preset or .toml/.json model file")
+    parser.add_argument("--hardware", default="a100-80g", metavar="NAME|FILE",
+                        help=f"hardware profile ({', '.join(HARDWARE)}) or a file (default a100-80g)")
+    parser.add_argument("--stages", default="4,8,16,32", metavar="P,..", help="stage counts (default 4,8,16,32)")
+    parser.add_argument("-m", "--microbatches", dest="m", type=int, default=None,
+                        help="microbatches per iteration at every p (default 2 x the largest stage count)")
+    parser.add_argument("--layers", type=int, default=None, metavar="L",
+                        help="override the model's layer count (e.g. 64 so that every stage count divides it)")
+    parser.add_argument("--series", default=None, metavar="K,..",
+                        help="which lines (default all): 1f1b, interleaved, v-half, v-min, gis, po-half, po-full")
+    parser.add_argument("--as-defined", action="store_true",
+                        help="use the model as defined instead of PipeOffload's runtime setting")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--png", metavar="FILE", help="write a line plot (GiB per device vs stages)")
+    parser.set_defaults(func=run)
+    return parser
 
 
 def run(args: argparse.Namespace) -> int:
     from ..costmodel.presets import get_model
     from ..studies.scale import scale
 
-    try:
-        stages = tuple(int(x) for x in args.stages.split(",") if x.strip())
-    except ValueError:
-        raise ParameterError("--stages", f"expected comma-separated integers, got {args.stages!r}") from None
+    check_output("--png", args.png)
+    stages = int_list(args.stages, "--stages")
     if args.layers is not None and args.layers < 1:
         raise ParameterError("--layers", f"must be a positive integer, got {args.layers}")
     model = get_model(args.model, **({"layers": args.layers} if args.layers is not None else {}))
-    series = [x.strip() for x in args.series.split(",") if x.strip()] if args.series else None
+    series = list(name_list(args.series)) if args.series else None
     res = scale(model, args.hardware, stages, args.m, series, po_runtime=not args.as_defined)
+    for point in (pt for pts in res.points.values() for pt in pts if pt.error):
+        point.error = cli_text(point.error)  # why a point is missing, with parameters named by their flags
     if args.json:
         print_json(res.to_dict())
     else:
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     if args.png:
         from ..viz.plan_png import draw_scale
 
-        draw_scale(res, args.png)
+        write_output("--png", args.png, lambda path: draw_scale(res, path))
         if not args.json:
             print(f"wrote {args.png}")
     return 0

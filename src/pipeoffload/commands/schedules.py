@@ -9,10 +9,10 @@ from .common import print_json
 
 
 def register(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("schedules", help="list the available schedules")
-    p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(func=run)
-    return p
+    parser = sub.add_parser("schedules", help="list the available schedules")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.set_defaults(func=run)
+    return parser
 
 
 def run(args: argparse.Namespace) -> int:

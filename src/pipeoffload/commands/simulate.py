@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from ..errors import ParameterError
@@ -14,44 +15,51 @@ from .common import (
     add_costs_args,
     add_offload_args,
     add_schedule_args,
+    check_output,
     costs_from_args,
     memory_from_args,
     memory_unit,
     offload_options,
     offload_requested,
+    offload_warning,
     print_json,
+    write_output,
 )
+
+#: The files simulate can write: flag, argparse dest.
+OUTPUT_FLAGS = (("--png", "png"), ("--trace", "trace"), ("--csv", "csv"))
 
 
 def register(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser(
+    parser = sub.add_parser(
         "simulate",
         help="generate and time a schedule; report bubble and per-rank peak memory",
         description="Generate SCHEDULE, time it with the given costs, and report makespan, bubble rate "
         "and per-rank peak activation memory. Optional PNG timeline, Chrome trace, PyTorch CSV, text grid.",
     )
-    add_schedule_args(p)
-    for a in p._actions:  # the name is optional when --from-csv gives the schedule
+    add_schedule_args(parser)
+    for a in parser._actions:  # the name is optional when --from-csv gives the schedule
         if a.dest == "schedule":
             a.nargs, a.default, a.help = "?", None, a.help + "; or give --from-csv FILE"
-    p.add_argument("--from-csv", metavar="FILE",
-                   help="simulate a torch.distributed.pipelining schedule CSV (one row of actions per rank) "
-                        "instead of generating one; p, m, v and the placement come from the file")
-    add_costs_args(p)
-    add_model_args(p)
-    add_offload_args(p)
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--ops", action="store_true", help="with --json: include every op's start/end and memory curves")
-    p.add_argument("--png", metavar="FILE", help="write a PNG timeline with memory curves")
-    p.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace JSON")
-    p.add_argument("--csv", metavar="FILE", help="write the schedule as torch.distributed.pipelining CSV")
-    p.add_argument("--text", action="store_true", help="print a compact text grid of the timeline")
-    p.set_defaults(func=run)
-    return p
+    parser.add_argument("--from-csv", metavar="FILE",
+                        help="simulate a torch.distributed.pipelining schedule CSV (one row of actions per rank) "
+                             "instead of generating one; p, m, v and the placement come from the file")
+    add_costs_args(parser)
+    add_model_args(parser)
+    add_offload_args(parser)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--ops", action="store_true",
+                        help="with --json: include every op's start/end and memory curves")
+    parser.add_argument("--png", metavar="FILE", help="write a PNG timeline with memory curves")
+    parser.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace JSON")
+    parser.add_argument("--csv", metavar="FILE", help="write the schedule as torch.distributed.pipelining CSV")
+    parser.add_argument("--text", action="store_true", help="print a compact text grid of the timeline")
+    parser.set_defaults(func=run)
+    return parser
 
 
-def add_model_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("costs from the cost model (instead of --costs/--memory)")
+def add_model_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("costs from the cost model (instead of --costs/--memory)")
     g.add_argument("--model", metavar="NAME|FILE",
                    help="model preset (see `pipeoffload models`) or TOML/JSON file: per-layer-group F/B/W "
                         "times (ms), activation bytes, comm latency and offload transfer times")
@@ -65,8 +73,6 @@ def model_costs(args: argparse.Namespace, name: str):
     """``(Costs, MemoryDeltas, transfer_times)`` from --model/--hardware, or None without --model."""
     if not getattr(args, "model", None):
         if getattr(args, "hardware", None) or getattr(args, "trim_edges", False):
-            from ..errors import ParameterError
-
             raise ParameterError("--hardware", "needs --model NAME|FILE")
         return None
     from ..costmodel.model import pipeline_costs
@@ -118,13 +124,18 @@ def schedule_from_args(args: argparse.Namespace) -> tuple[ScheduleSpec, Schedule
         raise ParameterError("--from-csv", f"give a schedule name ({args.schedule!r}) or --from-csv FILE, not both")
     from ..interop.torch_csv import read_csv
 
-    sched = read_csv(csv_path, name=Path(csv_path).stem, param="--from-csv")
+    try:
+        sched = read_csv(csv_path, name=Path(csv_path).stem)
+    except ParameterError as e:  # about the file, whatever the reader calls it
+        raise ParameterError("--from-csv", e.message) from None
     # The file fixes p, m and v (what --model's per-group costs are computed for).
     args.p, args.m, args.v, args.g = sched.num_ranks, sched.num_microbatches, sched.chunks, None
     return spec_from_args(args, sched.name), sched
 
 
 def run(args: argparse.Namespace) -> int:
+    for flag, dest in OUTPUT_FLAGS:
+        check_output(flag, getattr(args, dest))
     spec, sched = schedule_from_args(args)
     derived = model_costs(args, spec.name)
     unit = "bytes" if derived is not None else memory_unit(args)
@@ -141,22 +152,7 @@ def run(args: argparse.Namespace) -> int:
         sched, tl = off.schedule, off.timeline
     outputs(args, sched, tl)
     if args.json:
-        obj = {
-            "schedule": sched.name,
-            "stages": sched.num_ranks,
-            "microbatches": sched.num_microbatches,
-            "chunks": sched.chunks,
-            "group": sched.params.get("g"),
-            "memory_unit": unit,
-            **timeline_json(tl, args.ops),
-        }
-        obj["peak_memory_max"] = max(obj["peak_memory"])
-        if off is not None:
-            obj["peak_memory_no_offload"] = off.peak_no_offload
-            obj["host_memory"] = off.host_memory
-            obj["offloaded_chunks"] = off.chunks
-            obj["offload"] = off.summary()
-        print_json(obj)
+        print_json(report_json(args, sched, tl, unit, off))
     else:
         print(report_text(sched.name, tl))
         if off is not None:
@@ -165,23 +161,47 @@ def run(args: argparse.Namespace) -> int:
             from ..viz.text import render_grid
 
             print(render_grid(tl))
+    warning = offload_warning(off) if off is not None else None
+    if warning:
+        print(f"pipeoffload simulate: warning: {warning}", file=sys.stderr)
     return 0
 
 
-def outputs(args: argparse.Namespace, sched, tl: Timeline) -> None:
-    """Write the PNG / trace / CSV files requested on the command line."""
+def report_json(args: argparse.Namespace, sched: Schedule, tl: Timeline, unit: str, off) -> dict:
+    """The ``--json`` report; ``off`` is the offload pass's result or None."""
+    obj = {
+        "schedule": sched.name,
+        "stages": sched.num_ranks,
+        "microbatches": sched.num_microbatches,
+        "chunks": sched.chunks,
+        "group": sched.params.get("g"),
+        "memory_unit": unit,
+        **timeline_json(tl, args.ops),
+    }
+    obj["peak_memory_max"] = max(obj["peak_memory"])
+    if off is not None:
+        obj["peak_memory_no_offload"] = off.peak_no_offload
+        obj["host_memory"] = off.host_memory
+        obj["offloaded_chunks"] = off.chunks
+        obj["offload"] = off.summary()
+    return obj
+
+
+def outputs(args: argparse.Namespace, sched: Schedule, tl: Timeline) -> None:
+    """Write the PNG / trace / CSV files requested on the command line (a path that
+    cannot be written is a ParameterError naming its flag and the path)."""
     if args.png:
         from ..viz.png import draw_timeline
 
-        draw_timeline(tl, args.png)
+        write_output("--png", args.png, lambda path: draw_timeline(tl, path))
     if args.trace:
         from ..viz.trace import write_trace
 
-        write_trace(tl, args.trace)
+        write_output("--trace", args.trace, lambda path: write_trace(tl, path))
     if args.csv:
         from ..interop.torch_csv import write_csv
 
-        write_csv(sched, args.csv)
+        write_output("--csv", args.csv, lambda path: write_csv(sched, path, param="--csv"))
 
 
 def report_text(name: str, tl: Timeline) -> str:

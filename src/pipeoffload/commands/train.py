@@ -9,12 +9,14 @@ plus a PNG timeline, trace JSON and summary.json. torch is imported only when ru
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from ..runtime.config import TrainConfig
+from .common import offload_warning, output_dir
 
-#: flag dest -> config key
-_FLAGS = {
+#: Each flag (by its argparse dest) and the configuration key it overrides.
+_CONFIG_KEYS = {
     "schedule": "schedule.name", "p": "schedule.stages", "m": "schedule.microbatches", "v": "schedule.v",
     "g": "schedule.g", "mem_limit": "schedule.mem_limit",
     "steps": "training.steps", "microbatch_size": "training.microbatch_size", "lr": "training.lr",
@@ -32,7 +34,7 @@ _FLAGS = {
 
 
 def register(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser(
+    parser = sub.add_parser(
         "train",
         help="train the reference transformer on the bundled corpus with a pipeline schedule (the main job)",
         description="Spawn P local ranks (gloo on CPU; or run under torchrun, NCCL with CUDA), train the reference "
@@ -41,18 +43,28 @@ def register(sub) -> argparse.ArgumentParser:
         "memory. Writes summary.json, timeline.png, trace.json to --output (default runs/<timestamp>). "
         "Flags override the --config TOML file, which overrides the defaults.",
     )
-    g = p.add_argument_group("schedule")
+    for add_group in (_schedule_args, _offload_args, _training_args, _model_args, _runtime_args, _reliability_args):
+        add_group(parser)
+    parser.set_defaults(func=run)
+    return parser
+
+
+def _schedule_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("schedule")
     g.add_argument("--schedule", "-s", default=None, help="schedule name (default group-interleaved)")
     g.add_argument("-p", "--stages", dest="p", type=int, default=None, help="pipeline ranks (default 4)")
     g.add_argument("-m", "--microbatches", dest="m", type=int, default=None, help="microbatches per step (default 8)")
     g.add_argument("-v", "--chunks", dest="v", type=int, default=None, help="chunks per rank (schedule default)")
     g.add_argument("-g", "--group", dest="g", type=int, default=None, help="group size for group-interleaved")
     g.add_argument("--mem-limit", type=float, default=None, help="memory limit for zb-auto (units)")
-    o = p.add_argument_group("activation offload (PipeOffload)")
+
+
+def _offload_args(parser: argparse.ArgumentParser) -> None:
+    o = parser.add_argument_group("activation offload (PipeOffload)")
     o.add_argument("--offload", type=_offload_arg, default=None, metavar="auto|none|C",
                    help="offload activations to host memory: 'auto' (default: the offload pass picks the number of "
                         "chunks with the lowest peak), 'none', or C (chunks c < C of every rank)")
-    o.add_argument("--offload-chunks", dest="offload", type=_chunks_arg, default=None, metavar="C",
+    o.add_argument("--offload-chunks", dest="offload", type=_offload_chunks_arg, default=None, metavar="C",
                    help="same as --offload C")
     o.add_argument("--offload-time", type=float, default=None, metavar="X",
                    help="planned one-way transfer time of a chunk's activations, as a multiple of its F+B+W time "
@@ -62,26 +74,39 @@ def register(sub) -> argparse.ArgumentParser:
                         "backward, or fail")
     o.add_argument("--recompute", action="store_const", const=True, default=None,
                    help="recompute norm and SwiGLU elementwise outputs in backward instead of offloading them")
-    t = p.add_argument_group("training")
+
+
+def _training_args(parser: argparse.ArgumentParser) -> None:
+    t = parser.add_argument_group("training")
     t.add_argument("--steps", type=int, default=None, help="optimizer steps (default 60)")
     t.add_argument("--microbatch-size", type=int, default=None, help="sequences per microbatch (default 4)")
     t.add_argument("--lr", type=float, default=None, help="peak learning rate (default 3e-3)")
     t.add_argument("--corpus", default=None, metavar="FILE", help="train on this text file instead of the bundled one")
     t.add_argument("--seed", type=int, default=None, help="data order seed")
-    mdl = p.add_argument_group("model")
+
+
+def _model_args(parser: argparse.ArgumentParser) -> None:
+    mdl = parser.add_argument_group("model")
     mdl.add_argument("--layers", type=int, default=None, help="transformer layers (default 8; >= p*v)")
     mdl.add_argument("--hidden", type=int, default=None, help="hidden size (default 128)")
     mdl.add_argument("--heads", type=int, default=None, help="attention heads (default 4)")
     mdl.add_argument("--kv-heads", type=int, default=None, help="key/value heads (default 2)")
     mdl.add_argument("--seq-len", type=int, default=None, help="sequence length (default 128)")
-    r = p.add_argument_group("runtime")
+
+
+def _runtime_args(parser: argparse.ArgumentParser) -> None:
+    r = parser.add_argument_group("runtime")
     r.add_argument("--output", "-o", default=None, metavar="DIR", help="output folder (default runs/<timestamp>)")
-    r.add_argument("--config", default=None, metavar="FILE", help="TOML file with [model] [schedule] [training] [runtime]")
+    r.add_argument("--config", default=None, metavar="FILE",
+                   help="TOML file with [model] [schedule] [offload] [training] [runtime] [checkpoint]")
     r.add_argument("--timeout", type=float, default=None, help="seconds any blocking wait may take (default 120)")
     r.add_argument("--backend", default=None, choices=["auto", "gloo", "nccl"], help="process-group backend")
     r.add_argument("--threads", type=int, default=None, help="torch threads per CPU rank (default cores/ranks)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
-    c = p.add_argument_group("reliability")
+
+
+def _reliability_args(parser: argparse.ArgumentParser) -> None:
+    c = parser.add_argument_group("reliability")
     c.add_argument("--checkpoint-dir", default=None, metavar="DIR",
                    help="save checkpoints (one step-NNNNNNNN/ folder per save: a file per rank, manifest last)")
     c.add_argument("--checkpoint-every", type=int, default=None, metavar="N",
@@ -95,18 +120,17 @@ def register(sub) -> argparse.ArgumentParser:
     c.add_argument("--fault-injection", default=None, metavar="SPEC",
                    help="testing aid: op=kill|raise|hang|nan_loss|nan_grad,rank=R,step=N[,at=B] "
                         "(also $PIPEOFFLOAD_FAULT)")
-    p.set_defaults(func=run)
-    return p
 
 
 def _offload_arg(text: str) -> int | str:
     t = text.strip().lower()
     if t in ("auto", "none", "off"):
         return t
-    return _chunks_arg(t)
+    return _offload_chunks_arg(t)
 
 
-def _chunks_arg(text: str) -> int:
+def _offload_chunks_arg(text: str) -> int:
+    """The number of chunks to offload, C >= 0."""
     try:
         c = int(text)
     except ValueError:
@@ -117,7 +141,7 @@ def _chunks_arg(text: str) -> int:
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    over = {key: getattr(args, dest, None) for dest, key in _FLAGS.items()}
+    over = {key: getattr(args, dest, None) for dest, key in _CONFIG_KEYS.items()}
     if getattr(args, "no_progress", False):
         over["runtime.progress"] = False
     return TrainConfig.load(getattr(args, "config", None), over)
@@ -129,7 +153,10 @@ def run(args: argparse.Namespace) -> int:
     if cfg.checkpoint.resume:
         from ..runtime.checkpoint import fingerprint, precheck
 
-        precheck(cfg.checkpoint.dir, sched.num_ranks, fingerprint(cfg, sched))
+        precheck(cfg.checkpoint.dir, sched.num_ranks, fingerprint(cfg, sched), param="checkpoint.dir")
+    first_rank = os.environ.get("RANK", "0") == "0"  # the one process that reports (and writes)
+    if first_rank and cfg.runtime.output:
+        output_dir("--output", cfg.runtime.output)
     try:
         from ..runtime.launcher import LaunchError, check_external_world
         from ..runtime.train import run_training
@@ -140,9 +167,18 @@ def run(args: argparse.Namespace) -> int:
             return 2
         raise
     check_external_world(sched.num_ranks)  # under torchrun: WORLD_SIZE fits, before any rendezvous
+    if first_rank:
+        _warn_if_nothing_offloaded(cfg, sched)
     try:
         run_training(cfg)
     except LaunchError as e:
         print(f"pipeoffload train: error: {e}", file=sys.stderr)
         return 1
     return 0
+
+
+def _warn_if_nothing_offloaded(cfg: TrainConfig, sched) -> None:
+    off = cfg.plan_offload(sched)
+    warning = offload_warning(off, tolerance_flag=None) if off is not None else None
+    if warning:
+        print(f"pipeoffload train: warning: {warning}", file=sys.stderr)

@@ -25,7 +25,7 @@ Profile files use human units, one flat table::
     note = "..."             # optional free text
 
 A missing required key, an unknown key, or a value that is not a positive number raises
-:class:`~pipeoffload.errors.ParameterError` (param ``--hardware``) naming the key and the file.
+:class:`~pipeoffload.errors.ParameterError` (param ``hardware``) naming the key and the file.
 """
 
 from __future__ import annotations
@@ -64,10 +64,10 @@ class Hardware:
         for key in ("compute_rate", "hbm_bytes", "host_bw", "link_bw"):
             x = getattr(self, key)
             if not isinstance(x, (int, float)) or isinstance(x, bool) or not math.isfinite(x) or x <= 0:
-                raise ParameterError("--hardware", f"{self.name}: {key} must be a positive number, got {x!r}")
+                raise ParameterError("hardware", f"{self.name}: {key} must be a positive number, got {x!r}")
         lat = self.link_latency
         if not isinstance(lat, (int, float)) or isinstance(lat, bool) or not math.isfinite(lat) or lat < 0:
-            raise ParameterError("--hardware", f"{self.name}: link_latency must be a number >= 0, got {lat!r}")
+            raise ParameterError("hardware", f"{self.name}: link_latency must be a number >= 0, got {lat!r}")
 
     def to_dict(self) -> dict[str, Any]:
         """The profile in the file format's keys and units (round-trips through ``hardware_from_dict``)."""
@@ -87,7 +87,7 @@ def _profile(name: str, tflops: float, hbm_gib: float, host_gbs: float, link_gbs
     return Hardware(name, tflops * 1e12, hbm_gib * GiB, host_gbs * GB, link_gbs * GB, latency_us / 1e6, note)
 
 
-#: Built-in profiles. Compute and host-link numbers for A100/H100 are PipeOffload's (§5 of ALGORITHMS.md).
+#: Built-in profiles. Compute and host-link numbers for A100/H100 are PipeOffload's (docs/algorithms.md#51-the-offload-ratio-k).
 #: The inter-stage link is calibrated on ZB's measured T_comm = 0.601 ms for the 1.5B model
 #: (6·1024·2304·2 B = 28.3 MB per hop: 50 GB/s + 10 µs gives 0.58 ms) and scaled 1.5× for NVLink 4.
 HARDWARE: dict[str, Hardware] = {
@@ -163,7 +163,7 @@ def _number(data: Mapping[str, Any], key: str, source: str, minimum_exclusive: b
     ok = ok and (x > 0 if minimum_exclusive else x >= 0)
     if not ok:
         what = "a positive number" if minimum_exclusive else "a number >= 0"
-        raise ParameterError("--hardware", f"{source}: key {key!r} must be {what}, got {x!r}")
+        raise ParameterError("hardware", f"{source}: key {key!r} must be {what}, got {x!r}")
     return float(x)
 
 
@@ -172,20 +172,20 @@ def hardware_from_dict(data: Mapping[str, Any], source: str = "<dict>", default_
     unknown = sorted(set(data) - set(_REQUIRED) - set(_OPTIONAL))
     if unknown:
         raise ParameterError(
-            "--hardware",
+            "hardware",
             f"{source}: unknown key(s) {', '.join(map(repr, unknown))}; "
             f"valid keys are {', '.join(_REQUIRED + _OPTIONAL)}",
         )
     missing = [k for k in _REQUIRED if k not in data]
     if missing:
         raise ParameterError(
-            "--hardware", f"{source}: missing key(s) {', '.join(map(repr, missing))} (required: {', '.join(_REQUIRED)})"
+            "hardware", f"{source}: missing key(s) {', '.join(map(repr, missing))} (required: {', '.join(_REQUIRED)})"
         )
     name = data.get("name", default_name)
     note = data.get("note", "")
     for key, val in (("name", name), ("note", note)):
         if not isinstance(val, str) or (key == "name" and not val.strip()):
-            raise ParameterError("--hardware", f"{source}: key {key!r} must be a non-empty string, got {val!r}")
+            raise ParameterError("hardware", f"{source}: key {key!r} must be a non-empty string, got {val!r}")
     latency = _number(data, "link_latency_us", source, minimum_exclusive=False) if "link_latency_us" in data else 0.0
     return _profile(
         name,
@@ -201,7 +201,7 @@ def hardware_from_dict(data: Mapping[str, Any], source: str = "<dict>", default_
 def load_hardware(path: str | Path) -> Hardware:
     """Read a profile from a TOML or JSON file; the name defaults to the file's stem."""
     p = Path(path)
-    return hardware_from_dict(read_table(p, "--hardware"), source=str(p), default_name=p.stem)
+    return hardware_from_dict(read_table(p, "hardware"), source=str(p), default_name=p.stem)
 
 
 def get_hardware(name_or_path: str | Path | Hardware) -> Hardware:
@@ -215,7 +215,7 @@ def get_hardware(name_or_path: str | Path | Hardware) -> Hardware:
     if p.suffix.lower() in (".toml", ".json") or p.exists():
         return load_hardware(p)
     raise ParameterError(
-        "--hardware",
+        "hardware",
         f"unknown hardware {str(name_or_path)!r}; valid names are {', '.join(HARDWARE)} "
         "(or a path to a .toml/.json profile)",
     )

@@ -31,7 +31,7 @@ what F leaves for B (what an offload moves); ``w_bytes`` what stays from B until
     parameter/gradient/optimizer bytes), ``comm_ms``, ``split``.
 
 ``state_bytes_per_param(dtype) -> (param, grad, optimizer)`` bytes: mixed-precision Adam assumption.
-``k_closed_form(h, s, compute_rate, host_bw) -> float``: PipeOffload's ``10/(3(6h+s)) · B_c/B_o``.
+``k_closed_form(hidden, seq, compute_rate, host_bw) -> float``: PipeOffload's ``10/(3(6h+s)) · B_c/B_o``.
 ``k_from_model(model, hardware) -> float``: ``(D2H + H2D) / (F + B + W)`` time of one layer's saved
 activations, from this model's own bytes and FLOPs.
 
@@ -85,8 +85,8 @@ class BlockCost:
     def __add__(self, other: "BlockCost") -> "BlockCost":
         return BlockCost(*(a + b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
 
-    def __mul__(self, n: int) -> "BlockCost":
-        return BlockCost(*(a * n for a in dataclasses.astuple(self)))
+    def __mul__(self, count: int) -> "BlockCost":
+        return BlockCost(*(a * count for a in dataclasses.astuple(self)))
 
     __rmul__ = __mul__
 
@@ -322,14 +322,14 @@ def layer_split(layers: int, groups: int, trim_edges: bool = False) -> tuple[int
     _positive_int("layers", layers)
     _positive_int("groups", groups)
     if groups > layers:
-        raise ParameterError("-p/-v", f"{groups} layer groups (p·v) exceed the model's {layers} layers")
+        raise ParameterError("p/v", f"{groups} layer groups (p·v) exceed the model's {layers} layers")
     if trim_edges and groups > 1:
         counts = _spread(layers + 2, groups)
         counts[0] -= 1
         counts[-1] -= 1
         if min(counts) < 1:
             raise ParameterError(
-                "--trim-edges", f"removing a layer from the first and last of {groups} groups of a "
+                "trim_edges", f"removing a layer from the first and last of {groups} groups of a "
                 f"{layers}-layer model leaves a group empty: {counts}",
             )
         return tuple(counts)
@@ -434,43 +434,59 @@ def pipeline_costs(
     ``boundary_bytes / link_bw + link_latency``. Guarantees: each group's memory deltas sum to 0; each
     group's F, B, W times are > 0.
     """
-    _positive_int("-p", p)
-    _positive_int("-v", v)
-    n = p * v
-    if split is None:
-        counts = layer_split(model.layers, n, trim_edges)
-    else:
-        counts = tuple(split)
-        if len(counts) != n:
-            raise ParameterError("split", f"gives {len(counts)} layer groups but p·v = {n}")
-        if any(not isinstance(c, int) or isinstance(c, bool) or c < 1 for c in counts):
-            raise ParameterError("split", f"every group needs a positive integer number of layers, got {list(counts)}")
-        if sum(counts) != model.layers:
-            raise ParameterError("split", f"sums to {sum(counts)} layers but the model has {model.layers}")
-    rate_ms = hardware.compute_rate / 1e3  # FLOP per ms
-    pb, gb, ob = state_bytes_per_param(model.dtype)
-    layer, emb, head = model.layer(), model.embedding(), model.head()
-    groups = []
-    for g, nl in enumerate(counts):
-        blk = layer * nl
-        if g == 0:
-            blk = blk + emb
-        if g == n - 1:
-            blk = blk + head
-        groups.append(GroupCost(
-            index=g, layers=nl, has_embedding=g == 0, has_head=g == n - 1, block=blk,
-            F_ms=blk.f_flops / rate_ms, B_ms=blk.b_flops / rate_ms, W_ms=blk.w_flops / rate_ms,
-            offload_ms=blk.saved_bytes / hardware.host_bw * 1e3,
-            param_bytes=pb * blk.params, grad_bytes=gb * blk.params, optimizer_bytes=ob * blk.params,
-        ))
+    _positive_int("p", p)
+    _positive_int("v", v)
+    counts = _check_split(model, p * v, split) if split is not None else layer_split(model.layers, p * v, trim_edges)
+    blocks = (model.layer(), model.embedding(), model.head())
+    groups = tuple(_group_cost(model, hardware, blocks, index, layers, len(counts))
+                   for index, layers in enumerate(counts))
     comm_ms = (model.boundary_bytes() / hardware.link_bw + hardware.link_latency) * 1e3
+    costs, memory = _simulator_inputs(groups, v, comm_ms)
+    return PipelineCosts(model, hardware, p, v, counts, groups, comm_ms, costs, memory)
+
+
+def _check_split(model: ModelSpec, num_groups: int, split: Sequence[int]) -> tuple[int, ...]:
+    counts = tuple(split)
+    if len(counts) != num_groups:
+        raise ParameterError("split", f"gives {len(counts)} layer groups but p·v = {num_groups}")
+    if any(not isinstance(c, int) or isinstance(c, bool) or c < 1 for c in counts):
+        raise ParameterError("split", f"every group needs a positive integer number of layers, got {list(counts)}")
+    if sum(counts) != model.layers:
+        raise ParameterError("split", f"sums to {sum(counts)} layers but the model has {model.layers}")
+    return counts
+
+
+def _group_cost(model: ModelSpec, hardware: Hardware, blocks: tuple[BlockCost, BlockCost, BlockCost],
+                index: int, layers: int, num_groups: int) -> GroupCost:
+    """Layer group ``index`` of ``num_groups``: ``layers`` transformer layers, the embedding on
+    the first group, the head and loss on the last (``blocks``: a layer, the embedding, the head)."""
+    rate_ms = hardware.compute_rate / 1e3  # FLOP per ms
+    param_b, grad_b, optim_b = state_bytes_per_param(model.dtype)
+    layer, embedding, head = blocks
+    blk = layer * layers
+    if index == 0:
+        blk = blk + embedding
+    if index == num_groups - 1:
+        blk = blk + head
+    return GroupCost(
+        index=index, layers=layers, has_embedding=index == 0, has_head=index == num_groups - 1, block=blk,
+        F_ms=blk.f_flops / rate_ms, B_ms=blk.b_flops / rate_ms, W_ms=blk.w_flops / rate_ms,
+        offload_ms=blk.saved_bytes / hardware.host_bw * 1e3,
+        param_bytes=param_b * blk.params, grad_bytes=grad_b * blk.params, optimizer_bytes=optim_b * blk.params,
+    )
+
+
+def _simulator_inputs(groups: Sequence[GroupCost], v: int, comm_ms: float) -> tuple[Costs, MemoryDeltas]:
+    """``Costs`` (ms) and ``MemoryDeltas`` (bytes) with per-group values; the uniform fields are a
+    device-stage's mean (``v`` groups)."""
+    n = len(groups)
     mean = [v * sum(x) / n for x in zip(*((g.F_ms, g.B_ms, g.W_ms) for g in groups))]
     costs = Costs(F=mean[0], B=mean[1], W=mean[2], comm=comm_ms,
                   group_costs=tuple((g.F_ms, g.B_ms, g.W_ms) for g in groups))
     dmean = [v * sum(x) / n for x in zip(*(g.deltas for g in groups))]
     dmean[2] = -(dmean[0] + dmean[1])  # exact zero sum despite rounding
     memory = MemoryDeltas(F=dmean[0], B=dmean[1], W=dmean[2], group_deltas=tuple(g.deltas for g in groups))
-    return PipelineCosts(model, hardware, p, v, counts, tuple(groups), comm_ms, costs, memory)
+    return costs, memory
 
 
 def state_bytes_per_rank(pc: PipelineCosts, placement: Any) -> list[int]:
@@ -484,20 +500,21 @@ def state_bytes_per_rank(pc: PipelineCosts, placement: Any) -> list[int]:
 
 
 # ---------------------------------------------------------------------------------------------
-# The offload ratio k (ALGORITHMS.md §5)
+# The offload ratio k (docs/algorithms.md#51-the-offload-ratio-k)
 
 
-def k_closed_form(h: int, s: int, compute_rate: float, host_bw: float) -> float:
-    """PipeOffload's ``k = 10 / (3(6h + s)) · B_c / B_o`` (``B_c`` FLOP/s, ``B_o`` bytes/s).
+def k_closed_form(hidden: int, seq: int, compute_rate: float, host_bw: float) -> float:
+    """PipeOffload's ``k = 10 / (3(6h + s)) · B_c / B_o`` with ``h`` = ``hidden``, ``s`` = ``seq``
+    (``B_c`` = ``compute_rate`` FLOP/s, ``B_o`` = ``host_bw`` bytes/s).
 
     It is ``2 · 20h / (72h² + 12hs) · B_c/B_o``: 20h bytes per token and layer (16-bit, flash attention,
     no dropout, norms and GELU recomputed, multi-head attention, FFN 4h) moved twice, over the per-token
     F + B + W FLOPs of a GPT-3 layer.
     """
-    for name, x in (("h", h), ("s", s), ("compute_rate", compute_rate), ("host_bw", host_bw)):
+    for name, x in (("hidden", hidden), ("seq", seq), ("compute_rate", compute_rate), ("host_bw", host_bw)):
         if not x > 0:
             raise ParameterError(name, f"must be positive, got {x!r}")
-    return 10.0 / (3.0 * (6 * h + s)) * compute_rate / host_bw
+    return 10.0 / (3.0 * (6 * hidden + seq)) * compute_rate / host_bw
 
 
 def k_from_model(model: ModelSpec, hardware: Hardware) -> float:

@@ -5,7 +5,7 @@ API
 ``PRESETS: dict[str, ModelSpec]`` in listing order; ``preset_names() -> list[str]``.
 ``get_model(name_or_path, **overrides) -> ModelSpec``: a preset (exact name, case-insensitive) or a
 ``.toml``/``.json`` file of ``ModelSpec`` fields; ``overrides`` are applied with ``ModelSpec.replace``.
-Unknown names raise ParameterError(``--model``) listing the valid names.
+Unknown names raise ParameterError(``model``) listing the valid names.
 ``load_model(path) -> ModelSpec`` / ``model_from_dict(data, source)``: a model file (flat table with
 ``ModelSpec`` field names; ``layers, hidden, heads, seq, vocab`` required; ``name`` defaults to the stem).
 ``TINY``: the runtime's small CPU model (8 layers, h=128, 4 heads, 2 KV groups, SwiGLU FFN 384,
@@ -87,21 +87,21 @@ def model_from_dict(data: dict[str, Any], source: str = "<dict>", default_name: 
     unknown = sorted(set(data) - set(_FIELDS))
     if unknown:
         raise ParameterError(
-            "--model", f"{source}: unknown key(s) {', '.join(map(repr, unknown))}; valid keys are {', '.join(_FIELDS)}"
+            "model", f"{source}: unknown key(s) {', '.join(map(repr, unknown))}; valid keys are {', '.join(_FIELDS)}"
         )
     missing = [k for k in _REQUIRED if k not in data]
     if missing:
-        raise ParameterError("--model", f"{source}: missing key(s) {', '.join(map(repr, missing))}")
+        raise ParameterError("model", f"{source}: missing key(s) {', '.join(map(repr, missing))}")
     kwargs = {"name": default_name, **data}
     try:
         return ModelSpec(**kwargs)
     except ParameterError as e:
-        raise ParameterError("--model", f"{source}: key {e.param!r}: {str(e).split(': ', 1)[-1]}") from None
+        raise ParameterError("model", f"{source}: key {e.param!r}: {e.message}") from None
 
 
 def load_model(path: str | Path) -> ModelSpec:
     p = Path(path)
-    return model_from_dict(read_table(p, "--model"), source=str(p), default_name=p.stem)
+    return model_from_dict(read_table(p, "model"), source=str(p), default_name=p.stem)
 
 
 def get_model(name_or_path: str | Path | ModelSpec, **overrides: Any) -> ModelSpec:
@@ -119,9 +119,9 @@ def get_model(name_or_path: str | Path | ModelSpec, **overrides: Any) -> ModelSp
                 model = load_model(p)
             else:
                 raise ParameterError(
-                    "--model", f"unknown model {key!r}; valid names are {', '.join(PRESETS)} (or a .toml/.json file)"
+                    "model", f"unknown model {key!r}; valid names are {', '.join(PRESETS)} (or a .toml/.json file)"
                 )
     unknown = sorted(set(overrides) - set(_FIELDS))
     if unknown:
-        raise ParameterError("--model", f"unknown field(s) {', '.join(unknown)}; valid: {', '.join(_FIELDS)}")
+        raise ParameterError("model", f"unknown field(s) {', '.join(unknown)}; valid: {', '.join(_FIELDS)}")
     return model.replace(**overrides) if overrides else model

@@ -12,6 +12,8 @@ from ..errors import require
 class ModelConfig:
     """A decoder-only transformer in the modern style (RMSNorm, rotary embeddings,
     grouped-query attention, SwiGLU MLP). Byte-level by default (``vocab_size`` 256).
+    It is the ``[model]`` section of ``pipeoffload train``'s configuration, so errors
+    name the configuration key (``model.heads``).
 
     ``seed`` fixes the initial weights; each layer draws from its own generator
     (seeded by ``seed`` and the layer index), so the weights do not depend on how
@@ -74,8 +76,8 @@ def layer_ranges(layers: int, num_stages: int) -> list[range]:
     groups first, since the first and last groups also carry the embedding and the
     output head (PipeOffload removes a layer from those stages for the same reason).
     """
-    require(num_stages >= 1, "stages", f"need at least one layer group, got {num_stages}")
-    require(layers >= num_stages, "model.layers", f"{layers} layers cannot fill {num_stages} layer groups")
+    require(num_stages >= 1, "num_stages", f"need at least one layer group, got {num_stages}")
+    require(layers >= num_stages, "layers", f"{layers} layers cannot fill {num_stages} layer groups")
     base, extra = divmod(layers, num_stages)
     sizes = [base] * num_stages
     order = list(range(1, num_stages - 1)) + [0, num_stages - 1] if num_stages > 2 else list(range(num_stages))

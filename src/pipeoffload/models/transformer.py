@@ -38,16 +38,16 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         # Declared right after each op, before a consumer saves it; recomputed with the
         # same ops in backward, so the bits are identical.
         hint = recompute_active()
-        r = _rms_inverse(x, self.eps)
+        r = _rms_inverse(hidden, self.eps)
         if hint:
-            recomputable(r, _rms_inverse, x, self.eps)
-        xr = x * r
+            recomputable(r, _rms_inverse, hidden, self.eps)
+        xr = hidden * r
         if hint:
-            recomputable(xr, torch.mul, x, r)
+            recomputable(xr, torch.mul, hidden, r)
         out = xr * self.weight
         if hint:
             recomputable(out, torch.mul, xr, self.weight)
@@ -66,11 +66,11 @@ def rotary_tables(cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
     return ang.cos(), ang.sin()
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate (first half, second half) pairs of ``x`` (b, heads, s, hd)."""
-    s = x.shape[-2]
+def apply_rotary(qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate (first half, second half) pairs of the queries or keys ``qk`` (b, heads, s, hd)."""
+    s = qk.shape[-2]
     c, sn = cos[:s], sin[:s]
-    x1, x2 = x.chunk(2, dim=-1)
+    x1, x2 = qk.chunk(2, dim=-1)
     return torch.cat((x1 * c - x2 * sn, x1 * sn + x2 * c), dim=-1)
 
 
@@ -86,11 +86,11 @@ class Attention(nn.Module):
         self.wv = nn.Linear(h, cfg.kv_heads * hd, bias=False)
         self.wo = nn.Linear(cfg.heads * hd, h, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        b, s, _ = x.shape
-        q = self.wq(x).view(b, s, self.heads, self.head_dim).transpose(1, 2)
-        k = self.wk(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = self.wv(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, s, _ = hidden.shape
+        q = self.wq(hidden).view(b, s, self.heads, self.head_dim).transpose(1, 2)
+        k = self.wk(hidden).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.wv(hidden).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         rep = self.heads // self.kv_heads
         if rep > 1:
@@ -108,13 +108,13 @@ class SwiGLU(nn.Module):
         self.w3 = nn.Linear(h, f, bias=False)
         self.w2 = nn.Linear(f, h, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         hint = recompute_active()
-        h1 = self.w1(x)
+        h1 = self.w1(hidden)
         a = F.silu(h1)
         if hint:
             recomputable(a, F.silu, h1)
-        h3 = self.w3(x)
+        h3 = self.w3(hidden)
         gated = a * h3
         if hint:
             recomputable(gated, torch.mul, a, h3)
@@ -131,9 +131,9 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.hidden, cfg.norm_eps)
         self.mlp = SwiGLU(cfg)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), cos, sin)
-        return x + self.mlp(self.mlp_norm(x))
+    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        hidden = hidden + self.attn(self.attn_norm(hidden), cos, sin)
+        return hidden + self.mlp(self.mlp_norm(hidden))
 
 
 class LayerGroup(nn.Module):
@@ -181,14 +181,14 @@ class LayerGroup(nn.Module):
             self.norm.weight.fill_(1.0)
             fill(self.head.weight, std, _gen(cfg.seed, _HEAD_SEED))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.embed is not None:
-            x = self.embed(x)
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        """Token ids (first group) or hidden states in; hidden states or logits (last group) out."""
+        hidden = self.embed(inputs) if self.embed is not None else inputs
         for block in self.layers.values():
-            x = block(x, self.rope_cos, self.rope_sin)
+            hidden = block(hidden, self.rope_cos, self.rope_sin)
         if self.head is not None:
-            x = self.head(self.norm(x))
-        return x
+            return self.head(self.norm(hidden))
+        return hidden
 
 
 def _gen(seed: int, index: int) -> torch.Generator:

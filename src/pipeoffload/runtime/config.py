@@ -1,8 +1,13 @@
 """Training configuration as dataclasses: model, schedule, training, runtime.
 
 Pure Python (no torch). Sources, later ones winning: the defaults below, an optional
-TOML file (``--config``; sections ``[model]``, ``[schedule]``, ``[training]``,
-``[runtime]`` with the field names below), then command-line flags.
+TOML file (``pipeoffload train --config``; sections ``[model]``, ``[schedule]``,
+``[offload]``, ``[training]``, ``[runtime]``, ``[checkpoint]`` with the field names
+below), then overrides (the command line's flags).
+
+Errors are :class:`~pipeoffload.errors.ParameterError` naming the configuration key
+(``training.steps``, ``offload.chunks``, ``model.layers``), or ``config`` for the
+file as a whole; the command line shows the keys its flags set as those flags.
 
 >>> cfg = TrainConfig.load("run.toml", overrides={"schedule.stages": 2})
 """
@@ -31,7 +36,7 @@ class ScheduleConfig:
     name: str = "group-interleaved"
     stages: int = 4  #: p, pipeline ranks
     microbatches: int = 8  #: m
-    v: int | None = None  #: chunks per rank (schedule default when None)
+    v: int | None = None  #: chunks (layer groups) per rank (schedule default when None)
     g: int | None = None  #: group size for group-interleaved
     mem_limit: float | None = None  #: for zb-auto, in units
 
@@ -41,10 +46,11 @@ class OffloadConfig:
     """Activation offload (PipeOffload): the offload pass plans which (chunk,
     microbatch) activations go to host memory; the runtime's ``OffloadStore`` moves them.
 
-    Default: ``chunks = "auto"`` with ``time = 0`` (transfers assumed free — on CPU a
-    transfer is a memcpy — so the pass picks the C with the lowest peak) and
-    ``on_infeasible = "skip"`` (an offload whose reload cannot finish before its B is
-    dropped, never an error).
+    ``chunks`` (the key ``offload.chunks``) is the number of chunks offloaded, the offload
+    pass's ``offload_chunks``. Default: ``chunks = "auto"`` with ``time = 0`` (transfers
+    assumed free — on CPU a transfer is a memcpy — so the pass picks the C with the lowest
+    peak) and ``on_infeasible = "skip"`` (an offload whose reload cannot finish before its
+    B is dropped, never an error).
     """
 
     chunks: int | str = "auto"  #: "auto", "none", or C: offload chunks c < C of every rank
@@ -104,15 +110,16 @@ class TrainConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], source: str = "config") -> "TrainConfig":
-        """Build from ``{"model": {...}, ...}``; unknown sections or keys raise ParameterError."""
+    def from_dict(cls, data: Mapping[str, Any], source: str | None = None) -> "TrainConfig":
+        """Build from ``{"model": {...}, ...}``; unknown sections or keys and values of the
+        wrong type raise ParameterError (``source``: the file ``data`` was read from, if any)."""
         parts: dict[str, Any] = {}
         for sec, sub in data.items():
             if sec not in _SECTIONS:
-                raise ParameterError(source, f"unknown section [{sec}]; valid: {', '.join(_SECTIONS)}")
+                raise ParameterError("config", f"unknown section [{sec}]; valid: {', '.join(_SECTIONS)}")
             if not isinstance(sub, Mapping):
-                raise ParameterError(source, f"[{sec}] must be a table")
-            parts[sec] = _make(_SECTIONS[sec], sub, f"{sec}")
+                raise ParameterError("config", f"[{sec}] must be a table")
+            parts[sec] = _make(_SECTIONS[sec], sub, sec, source)
         return cls(**parts)
 
     @classmethod
@@ -124,15 +131,17 @@ class TrainConfig:
             try:
                 data = tomllib.loads(p.read_text())
             except FileNotFoundError:
-                raise ParameterError("--config", f"file not found: {p}") from None
+                raise ParameterError("config", f"file not found: {p}") from None
+            except OSError as e:
+                raise ParameterError("config", f"cannot read {p}: {e.strerror or e}") from None
             except tomllib.TOMLDecodeError as e:
-                raise ParameterError("--config", f"{p} is not valid TOML: {e}") from None
+                raise ParameterError("config", f"{p} is not valid TOML: {e}") from None
         for key, val in (overrides or {}).items():
             if val is None:
                 continue
             sec, _, name = key.partition(".")
             data.setdefault(sec, {})[name] = val
-        return cls.from_dict(data, "--config")
+        return cls.from_dict(data, None if path is None else str(path))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -142,32 +151,32 @@ class TrainConfig:
         from ..schedules import ScheduleSpec, build
 
         t, sc = self.training, self.schedule
-        require(t.steps >= 1, "--steps", f"must be >= 1, got {t.steps}")
+        require(t.steps >= 1, "training.steps", f"must be >= 1, got {t.steps}")
         require(t.microbatch_size >= 1, "training.microbatch_size", f"must be >= 1, got {t.microbatch_size}")
         require(t.lr > 0, "training.lr", f"must be > 0, got {t.lr}")
-        require(self.runtime.timeout_s > 0, "--timeout", f"must be > 0, got {self.runtime.timeout_s}")
+        require(self.runtime.timeout_s > 0, "runtime.timeout_s", f"must be > 0, got {self.runtime.timeout_s}")
         require(self.runtime.recv_lookahead >= 0, "runtime.recv_lookahead", "must be >= 0")
         sched = build(ScheduleSpec(sc.name, sc.stages, sc.microbatches, v=sc.v, g=sc.g, mem_limit=sc.mem_limit))
         self.model.check_split(sched.num_stages)
         self._check_reliability(sched)
         self.plan_offload(sched)  # an infeasible or out-of-range C fails here, before any process starts
         if t.corpus is not None:
-            require(Path(t.corpus).is_file(), "--corpus", f"file not found: {t.corpus}")
+            require(Path(t.corpus).is_file(), "training.corpus", f"file not found: {t.corpus}")
         return sched
-
 
     def plan_offload(self, sched):
         """The offload pass on ``sched`` with ``[offload]`` (unit costs, +1/0/−1 memory),
         or None when offload is off. Pure and deterministic: every rank gets the same
-        plan. Raises ParameterError naming the flag for bad settings."""
+        plan. Raises ParameterError naming the key (``offload.chunks``, ``offload.time``) or
+        the offload pass's parameter for bad settings."""
         o = self.offload
         c = o.chunks
         if isinstance(c, str):
-            require(c in ("auto", "none", "off"), "--offload",
+            require(c in ("auto", "none", "off"), "offload.chunks",
                     f"must be auto, none or a number of chunks 0..{sched.chunks}, got {c!r}")
         if c in ("none", "off", 0):
             return None
-        require(isinstance(o.time, (int, float)) and math.isfinite(o.time) and o.time >= 0, "--offload-time",
+        require(isinstance(o.time, (int, float)) and math.isfinite(o.time) and o.time >= 0, "offload.time",
                 f"must be a finite number >= 0, got {o.time!r}")
         from ..passes.offload import plan_offload
 
@@ -184,17 +193,17 @@ class TrainConfig:
             raise ParameterError("model.layers", f"schedule {sched.name} puts 2 layer groups on each of {p} devices "
                                  f"in a V and needs equal groups: {self.model.layers} layers do not split into {S} "
                                  f"(use a multiple of 2p = {S}, e.g. {lo} or {hi})")
-        require(t.on_nonfinite in ("stop", "skip"), "--on-nonfinite",
+        require(t.on_nonfinite in ("stop", "skip"), "training.on_nonfinite",
                 f"must be stop or skip, got {t.on_nonfinite!r}")
-        require(rt.threads is None or rt.threads >= 1, "--threads", f"must be >= 1, got {rt.threads}")
+        require(rt.threads is None or rt.threads >= 1, "runtime.threads", f"must be >= 1, got {rt.threads}")
         require(rt.init_timeout_s > 0, "runtime.init_timeout_s", f"must be > 0, got {rt.init_timeout_s}")
-        require(ck.every >= 0, "--checkpoint-every", f"must be >= 0 (0 = only after the last step), got {ck.every}")
-        require(ck.keep >= 1, "--checkpoint-keep", f"must be >= 1, got {ck.keep}")
+        require(ck.every >= 0, "checkpoint.every", f"must be >= 0 (0 = only after the last step), got {ck.every}")
+        require(ck.keep >= 1, "checkpoint.keep", f"must be >= 1, got {ck.keep}")
         if ck.dir is None:
-            require(not ck.resume, "--resume", "needs --checkpoint-dir DIR")
-            require(ck.every == 0, "--checkpoint-every", "needs --checkpoint-dir DIR")
+            require(not ck.resume, "checkpoint.resume", "needs `checkpoint.dir`")
+            require(ck.every == 0, "checkpoint.every", "needs `checkpoint.dir`")
         elif Path(ck.dir).exists():
-            require(Path(ck.dir).is_dir(), "--checkpoint-dir", f"{ck.dir} exists and is not a directory")
+            require(Path(ck.dir).is_dir(), "checkpoint.dir", f"{ck.dir} exists and is not a directory")
         from .faults import resolve  # pure: the configured fault, or $PIPEOFFLOAD_FAULT
 
         spec = resolve(rt.fault_injection)
@@ -205,14 +214,16 @@ class TrainConfig:
             require(spec.step <= t.steps, spec.source, f"step={spec.step} is after the last step ({t.steps})")
 
 
-def _make(cls: type, values: Mapping[str, Any], section: str) -> Any:
+def _make(cls: type, values: Mapping[str, Any], section: str, source: str | None) -> Any:
+    """One section's dataclass; errors name the key ``section.key`` read from ``source``."""
     names = {f.name for f in fields(cls)}
     for k in values:
         if k not in names:
-            raise ParameterError(f"{section}.{k}", f"unknown key; valid keys of [{section}]: {', '.join(sorted(names))}")
+            raise ParameterError(f"{section}.{k}",
+                                 f"unknown key; valid keys of [{section}]: {', '.join(sorted(names))}", source=source)
     types = {f.name: f.type for f in fields(cls)}
     for k, val in values.items():
-        _check_type(f"{section}.{k}", val, types[k])
+        _check_type(f"{section}.{k}", val, types[k], source)
     try:
         return cls(**dict(values))
     except TypeError as e:
@@ -222,10 +233,10 @@ def _make(cls: type, values: Mapping[str, Any], section: str) -> Any:
 _TYPES = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,), "None": (type(None),)}
 
 
-def _check_type(param: str, val: Any, annotation: Any) -> None:
+def _check_type(key: str, val: Any, annotation: Any, source: str | None) -> None:
     """Check a TOML value against a field annotation such as ``"int | None"``."""
     names = [t.strip() for t in str(annotation).split("|")]
     allowed = tuple(t for n in names for t in _TYPES.get(n, (object,)))
     ok = isinstance(val, allowed) and not (isinstance(val, bool) and "bool" not in names)
     if not ok:
-        raise ParameterError(param, f"must be {' or '.join(names)}, got {val!r}")
+        raise ParameterError(key, f"must be {' or '.join(names)}, got {val!r}", source=source)

@@ -14,7 +14,7 @@ from ..errors import ParameterError
 from ..ir import Schedule
 from .spec import ScheduleSpec
 
-__all__ = ["ScheduleSpec", "ScheduleInfo", "SCHEDULES", "generate", "build", "names"]
+__all__ = ["ScheduleSpec", "ScheduleInfo", "SCHEDULES", "generate", "build", "info", "names"]
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The building-block method of controllable-memory schedules (ALGORITHMS.md §4).
+"""The building-block method of controllable-memory schedules (docs/algorithms.md#28-the-building-block-method).
 
 A *building block* gives the unit-slot offset of every op of one microbatch on every
 rank (one slot per F, B or W of one chunk). The schedule is built in four steps:
@@ -178,21 +178,23 @@ class SlotGrid:
     def length(self) -> int:
         return len(self.cells[0])
 
-    def put(self, cell: Cell, t: int) -> None:
+    def put(self, cell: Cell, slot: int) -> None:
+        """Place ``cell`` at ``slot`` of its rank (the grid grows as needed)."""
         r = self.placement.rank_of(cell[1])
         row = self.cells[r]
-        if t >= len(row):
+        if slot >= len(row):
             for other in self.cells:
-                other.extend([None] * (t + 1 - len(other)))
-        if row[t] is not None:
-            raise ScheduleError(f"slot grid: rank {r} slot {t} is taken by {row[t]}, cannot place {cell}")
-        row[t] = cell
-        self.pos[cell] = t
+                other.extend([None] * (slot + 1 - len(other)))
+        if row[slot] is not None:
+            raise ScheduleError(f"slot grid: rank {r} slot {slot} is taken by {row[slot]}, cannot place {cell}")
+        row[slot] = cell
+        self.pos[cell] = slot
 
     def take(self, cell: Cell) -> int:
-        t = self.pos.pop(cell)
-        self.cells[self.placement.rank_of(cell[1])][t] = None
-        return t
+        """Remove ``cell``; return the slot it held."""
+        slot = self.pos.pop(cell)
+        self.cells[self.placement.rank_of(cell[1])][slot] = None
+        return slot
 
     def memory(self, rank: int) -> list[int]:
         """Level after each slot: chunk activations alive (F +1, W −1)."""

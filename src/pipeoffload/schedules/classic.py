@@ -15,7 +15,7 @@ def gpipe(spec: ScheduleSpec) -> Schedule:
     """All forwards (chunk by chunk), then all fused backwards in reverse. Peak m units."""
     spec.no_group()
     p, m = spec.p, spec.m
-    v = spec.chunks(1)
+    v = spec.resolve_v(1)
     pl = Placement.loop(p, v)
     per_rank = []
     for i in range(p):
@@ -28,7 +28,7 @@ def gpipe(spec: ScheduleSpec) -> Schedule:
 def one_f_one_b(spec: ScheduleSpec) -> Schedule:
     """1F1B: rank i warms up with p−i−1 forwards, then alternates F and BW."""
     spec.no_group()
-    spec.chunks(1, allowed=(1,))
+    spec.resolve_v(1, allowed=(1,))
     p, m = spec.p, spec.m
     pl = Placement.loop(p, 1)
     per_rank = []
@@ -82,7 +82,7 @@ def interleaved_1f1b(spec: ScheduleSpec) -> Schedule:
     """
     spec.no_group()
     p, m = spec.p, spec.m
-    v = spec.chunks(2)
+    v = spec.resolve_v(2)
     spec.need_m_at_least(p, "forwards advance through the chunks in groups of at least p microbatches")
     pl = Placement.loop(p, v)
     g0 = len(microbatch_groups(p, m)[0])
@@ -108,15 +108,15 @@ def group_interleaved(spec: ScheduleSpec) -> Schedule:
     """Group-interleaved 1F1B (PipeOffload's GIS), B/W split, group size g.
 
     Built from the reference code's cyclic block of 3gv unit slots per rank
-    (ALGORITHMS.md §2), repeated ⌈m/g⌉ times, microbatches past m dropped; the
+    (docs/algorithms.md#24-group-interleaved-1f1b), repeated ⌈m/g⌉ times, microbatches past m dropped; the
     timing pass then squeezes it. Unit-cost peak: g·v + p − g chunk units.
     """
     p, m = spec.p, spec.m
-    v = spec.chunks(2)
+    v = spec.resolve_v(2)
     gmin = (p + 1) // 2
     g = spec.g if spec.g is not None else gmin
     if not gmin <= g <= p:
-        raise ParameterError("-g", f"group size must satisfy ceil(p/2) <= g <= p, i.e. {gmin}..{p} for p={p}; got {g}")
+        raise ParameterError("g", f"group size must satisfy ceil(p/2) <= g <= p, i.e. {gmin}..{p} for p={p}; got {g}")
     pl = Placement.loop(p, v)
     k = -(-gmin // g)  # ⌈g_min/g⌉ (= 1 over the valid range)
     period = 3 * g * v

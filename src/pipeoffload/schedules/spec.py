@@ -10,10 +10,13 @@ from ..errors import ParameterError, require
 
 @dataclass
 class ScheduleSpec:
-    """What to generate. ``v``/``g`` default per schedule when None.
+    """What to generate, in the papers' letters: ``p`` ranks, ``m`` microbatches, ``v``
+    chunks (layer groups) per rank, ``g`` the group size of group-interleaved.
+    ``v``/``g`` default per schedule when None.
 
     ``costs``/``memory`` are used by generators that plan with them (zb-auto, zb-v)
     and ignored by fixed-order ones. ``mem_limit`` is in the units of ``memory``.
+    Errors are :class:`~pipeoffload.errors.ParameterError` naming these fields.
     """
 
     name: str
@@ -26,26 +29,28 @@ class ScheduleSpec:
     memory: MemoryDeltas = field(default_factory=MemoryDeltas)
 
     def __post_init__(self) -> None:
-        for attr, flag in (("p", "-p"), ("m", "-m")):
-            val = getattr(self, attr)
+        for param in ("p", "m"):
+            val = getattr(self, param)
             if not isinstance(val, int) or isinstance(val, bool) or val < 1:
-                raise ParameterError(flag, f"must be an integer >= 1, got {val!r}")
-        if self.v is not None and (not isinstance(self.v, int) or self.v < 1):
-            raise ParameterError("-v", f"must be an integer >= 1, got {self.v!r}")
-        if self.g is not None and (not isinstance(self.g, int) or self.g < 1):
-            raise ParameterError("-g", f"must be an integer >= 1, got {self.g!r}")
+                raise ParameterError(param, f"must be an integer >= 1, got {val!r}")
+        for param in ("v", "g"):
+            val = getattr(self, param)
+            if val is not None and (not isinstance(val, int) or val < 1):
+                raise ParameterError(param, f"must be an integer >= 1, got {val!r}")
 
-    def chunks(self, default: int, allowed: tuple[int, ...] | None = None) -> int:
+    def resolve_v(self, default: int, allowed: tuple[int, ...] | None = None) -> int:
+        """``v``, or the schedule's ``default`` when None; one of ``allowed`` when given."""
         v = self.v if self.v is not None else default
         if allowed is not None and v not in allowed:
             raise ParameterError(
-                "-v", f"schedule {self.name} needs v in {{{', '.join(map(str, allowed))}}}, got {v}"
+                "v", f"schedule {self.name} needs v in {{{', '.join(map(str, allowed))}}}, got {v}"
             )
         return v
 
     def need_m_at_least(self, minimum: int, why: str) -> None:
-        require(self.m >= minimum, "-m", f"schedule {self.name} needs m >= {minimum} ({why}), got {self.m}")
+        require(self.m >= minimum, "m", f"schedule {self.name} needs m >= {minimum} ({why}), got {self.m}")
 
     def no_group(self) -> None:
+        """Refuse ``g``: only group-interleaved has a group size."""
         if self.g is not None:
-            raise ParameterError("-g", f"schedule {self.name} has no group size; -g applies to group-interleaved")
+            raise ParameterError("g", f"schedule {self.name} has no group size; `g` applies to group-interleaved")

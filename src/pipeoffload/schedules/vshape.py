@@ -1,4 +1,4 @@
-"""Controllable-memory V schedules: V-Min, V-Half, V-ZB (ALGORITHMS.md §4).
+"""Controllable-memory V schedules: V-Min, V-Half, V-ZB (docs/algorithms.md#29-v-min-v-half-and-v-zb).
 
 All three run on the V placement (v = 2: rank ``i`` holds layer groups ``i``, chunk 0,
 and ``2p−1−i``, chunk 1; the loss is on rank 0, the turn at rank ``p−1`` is local) and
@@ -92,7 +92,7 @@ def v_zb_block(p: int) -> BuildingBlock:
 
 def _check(spec: ScheduleSpec) -> None:
     spec.no_group()
-    spec.chunks(2, allowed=(2,))
+    spec.resolve_v(2, allowed=(2,))
 
 
 def v_min(spec: ScheduleSpec) -> Schedule:

@@ -1,11 +1,11 @@
-"""Zero-bubble schedules (ZB paper, ALGORITHMS.md §3): ZB-H1, ZB-H2, the
+"""Zero-bubble schedules (ZB paper, docs/algorithms.md#25-zero-bubble-zb-h1-and-zb-h2): ZB-H1, ZB-H2, the
 memory-limited automatic scheduler (ZB-1p / ZB-2p) and ZB-V. All split the
 backward into B (input gradient) and W (weight gradient). Pure Python.
 
 Bubble figures in the docstrings are *iteration* bubbles, the ZB paper's metric:
 ``1 − busiest rank's compute / longest rank span`` where a rank's span runs from its
 first op's start to its last op's end (what one iteration costs when iterations
-follow each other with the optimizer step unsynchronised, ZB §6). The searching
+follow each other with the optimizer step unsynchronised, docs/algorithms.md#32-iteration-time-and-the-optimizer-step). The searching
 generators (zb-auto, zb-v) minimise the longest span, then the makespan.
 """
 
@@ -59,7 +59,7 @@ def _h2_order(p: int, m: int) -> Order:
 
 def _loop_v1(spec: ScheduleSpec) -> None:
     spec.no_group()
-    spec.chunks(1, allowed=(1,))
+    spec.resolve_v(1, allowed=(1,))
 
 
 def zb_h1(spec: ScheduleSpec) -> Schedule:
@@ -81,7 +81,7 @@ def zb_h2(spec: ScheduleSpec) -> Schedule:
     m ≥ 2p−1). With ``comm = 0`` and m ≥ 2p−1 the iteration bubble is
     (p−1)·max(0, T_F+T_B−2T_W, T_B−T_F): the paper's (p−1)(T_F+T_B−2T_W) floored
     at 0, for T_B ≤ T_F. Worth its memory only with the unsynchronised optimizer
-    step (ZB §6).
+    step (docs/algorithms.md#32-iteration-time-and-the-optimizer-step).
     """
     _loop_v1(spec)
     p, m = spec.p, spec.m
@@ -107,8 +107,8 @@ def _check_limit(limit: float, placement: Placement, spec: ScheduleSpec) -> None
     need = max(d[OpKind.F] for d in spec.memory.delta_table(placement))
     if not limit >= need:
         raise ParameterError(
-            "--mem-limit",
-            f"must hold at least one forward's activation ({need:g} in the units of --memory), got {limit:g}",
+            "mem_limit",
+            f"must hold at least one forward's activation ({need:g} in the units of `memory`), got {limit:g}",
         )
 
 
@@ -122,7 +122,7 @@ def zb_auto(spec: ScheduleSpec) -> Schedule:
     Guarantees: every rank's peak ≤ the limit (in the units of ``spec.memory``);
     any m ≥ 1; the longest rank span is no longer than ZB-H1's or 1F1B's with the
     same costs whenever those fit the limit (at p·F they do when B frees ≥ 0);
-    at 2p·F it reaches ZB-2p's near-zero bubble (REFERENCE.md).
+    at 2p·F it reaches ZB-2p's near-zero bubble (docs/algorithms.md#82-unit-cost-grid-for-four-stages).
     """
     _loop_v1(spec)
     p, m = spec.p, spec.m
@@ -142,7 +142,7 @@ def zb_auto(spec: ScheduleSpec) -> Schedule:
             cands += got
             break
     if not cands:
-        raise ParameterError("--mem-limit", f"no schedule keeps every rank within {limit:g}")
+        raise ParameterError("mem_limit", f"no schedule keeps every rank within {limit:g}")
     best = _best(cands)
     return build_schedule("zb-auto", m, pl, best.order, p=p, m=m, v=1, mem_limit=limit)
 
@@ -198,7 +198,7 @@ def zb_v(spec: ScheduleSpec) -> Schedule:
     ≤ the limit; any m ≥ 1; bubble 0 when T_F = T_B = T_W and comm = 0 (m ≥ 2p).
     """
     spec.no_group()
-    spec.chunks(2, allowed=(2,))
+    spec.resolve_v(2, allowed=(2,))
     p, m = spec.p, spec.m
     pl = Placement.vshape(p)
     limit = float(spec.mem_limit) if spec.mem_limit is not None else default_limit(pl, spec.memory)
@@ -206,6 +206,6 @@ def zb_v(spec: ScheduleSpec) -> Schedule:
     cands = v_candidates(p, m, spec.costs, spec.memory, limit)
     cands += _replays(lambda: Tracker(pl, m, spec.costs, spec.memory, limit), [_zbv_handcrafted(p, m)])
     if not cands:
-        raise ParameterError("--mem-limit", f"no ZB-V schedule keeps every rank within {limit:g}")
+        raise ParameterError("mem_limit", f"no ZB-V schedule keeps every rank within {limit:g}")
     best = _best(cands)
     return build_schedule("zb-v", m, pl, best.order, p=p, m=m, v=2, mem_limit=limit)
