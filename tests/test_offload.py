@@ -1,4 +1,4 @@
-"""Offload pass: REFERENCE selective-offload rows, plan invariants, infeasibility, auto, CLI."""
+"""Offload pass: the published selective-offload rows (docs/algorithms.md §8.4), plan invariants, infeasibility, auto, CLI."""
 
 from __future__ import annotations
 
@@ -12,9 +12,8 @@ from hypothesis import strategies as st
 
 from pipeoffload.cli import main
 from pipeoffload.costs import Costs, MemoryDeltas
-from pipeoffload.errors import ParameterError, PipeoffloadError
+from pipeoffload.errors import ParameterError
 from pipeoffload.ir import OpKind
-from pipeoffload.passes.offload import plan_offload
 from pipeoffload.passes.offload import host_memory_curve, largest_feasible_chunks, plan_offload
 from pipeoffload.passes.timing import completion_key, dependencies, simulate
 from pipeoffload.passes.validate import validate
@@ -30,15 +29,7 @@ def _timed(name: str, costs: Costs | None = None, **kw):
     return s, simulate(s, costs)
 
 
-def _available(name: str, **kw):
-    """Generate a registry schedule, skipping generators other helpers have not landed."""
-    try:
-        return generate(name, **kw)
-    except (ImportError, AttributeError) as e:  # generator module / function not written yet
-        pytest.skip(f"{name}: generator not available ({e})")
-
-
-# --- REFERENCE.md "Selective offload" (group-interleaved, p=8, m=32, unit costs, instant) ----
+# --- docs/algorithms.md#84-selective-offload-rows (group-interleaved, p=8, m=32, unit costs, instant) ----
 @pytest.mark.parametrize(
     "v, g, peaks",
     [(2, 4, [12, 5, 1]), (4, 4, [20, 13, 9, 5, 1]), (4, 8, [32, 24, 16, 8])],
@@ -165,17 +156,14 @@ _CLASSIC = ["gpipe", "1f1b", "interleaved-1f1b", "group-interleaved"]
     c_frac=st.floats(0, 1),
 )
 def test_plan_invariants(name, p, extra_m, costs, ot, link_group, solo, mode, postpone, c_frac):
-    try:
-        sched = generate(name, p=p, m=p + extra_m)
-    except (ImportError, AttributeError, PipeoffloadError):
-        return  # generator not landed yet, or these parameters are outside its range
+    sched = generate(name, p=p, m=p + extra_m)  # every one takes any p >= 2, m >= p
     tl = simulate(sched, costs)
     C = round(c_frac * sched.chunks)
     kw = dict(offload_time=ot, link_group=link_group, solo_factor=solo, comm=costs.comm, postpone_warmup=postpone)
     try:
         res = plan_offload(sched, tl, offload_chunks=C, on_infeasible=mode, **kw)
     except ParameterError as e:
-        assert mode == "error" and e.param == "--offload-chunks"
+        assert mode == "error" and e.param == "offload_chunks"
         best = largest_feasible_chunks(sched, tl, **kw)
         assert best < C and f"the largest feasible C for these settings is {best}" in str(e)
         res, C = plan_offload(sched, tl, offload_chunks=best, **kw), best
@@ -185,7 +173,7 @@ def test_plan_invariants(name, p, extra_m, costs, ot, link_group, solo, mode, po
 
 @pytest.mark.parametrize("name", list(SCHEDULES))
 def test_every_registry_schedule(name):
-    sched = _available(name, p=4, m=8)
+    sched = generate(name, p=4, m=8)
     tl = simulate(sched)
     for c in range(sched.chunks + 1):
         res = plan_offload(sched, tl, offload_chunks=c)  # instantaneous: always feasible
@@ -201,7 +189,7 @@ def test_infeasible_names_largest_feasible_c():
     assert largest_feasible_chunks(s, tl, offload_time=1.0) == 1
     with pytest.raises(ParameterError) as ei:
         plan_offload(s, tl, offload_chunks=3, offload_time=1.0)
-    assert ei.value.param == "--offload-chunks"
+    assert ei.value.param == "offload_chunks"
     assert "the largest feasible C for these settings is 1" in str(ei.value)
     s1, tl1 = _timed("1f1b", p=8, m=32)
     with pytest.raises(ParameterError, match="largest feasible C for these settings is 0"):
@@ -279,24 +267,25 @@ def test_byte_memory_model_offloads_the_forward_share():
 
 # --- errors --------------------------------------------------------------------------------
 @pytest.mark.parametrize(
-    "kwargs, flag",
+    "kwargs, param",
     [
-        (dict(offload_chunks=3), "--offload-chunks"),
-        (dict(offload_chunks=-1), "--offload-chunks"),
-        (dict(offload_time=-0.1), "--offload-time"),
-        (dict(offload_time=float("nan")), "--offload-time"),
-        (dict(link_group=0), "--link-group"),
-        (dict(solo_factor=0.0), "--solo-factor"),
-        (dict(tolerance=-0.01), "--offload-tolerance"),
-        (dict(on_infeasible="maybe"), "--offload-infeasible"),
-        (dict(transfer_times=[0.1, 0.2]), "--transfer-times"),
+        (dict(offload_chunks=3), "offload_chunks"),
+        (dict(offload_chunks=-1), "offload_chunks"),
+        (dict(offload_time=-0.1), "offload_time"),
+        (dict(offload_time=float("nan")), "offload_time"),
+        (dict(link_group=0), "link_group"),
+        (dict(solo_factor=0.0), "solo_factor"),
+        (dict(tolerance=-0.01), "tolerance"),
+        (dict(on_infeasible="maybe"), "on_infeasible"),
+        (dict(transfer_times=[0.1, 0.2]), "transfer_times"),
     ],
 )
-def test_bad_settings_name_the_flag(kwargs, flag):
+def test_bad_settings_name_the_parameter(kwargs, param):
+    """The library names its own keyword argument (the command line maps it to its flag)."""
     s, tl = _timed("group-interleaved", p=4, m=8, v=2)
     with pytest.raises(ParameterError) as ei:
         plan_offload(s, tl, **kwargs)
-    assert ei.value.param == flag
+    assert ei.value.param == param
 
 
 def test_wrong_comm_is_detected_when_retiming():

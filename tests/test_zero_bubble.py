@@ -3,7 +3,7 @@
 Two bubble metrics appear below (see pipeoffload.timeline):
 
 * ``tl.bubble_rate``: the ZB paper's metric, 1 − busiest rank / longest rank *span*
-  (a rank's first op start to its last op end). REFERENCE.md's ZB and V figures are
+  (a rank's first op start to its last op end). The published ZB and V figures (docs/algorithms.md#8-published-figures-the-tests-check) are
   in this metric;
 * ``tl.bubble_rate_makespan``: 1 − busiest rank / makespan over all ranks. ZB-2p's
   and ZB-V's published 0 is impossible in it: its makespan includes the (p−1)·T_F a
@@ -30,7 +30,7 @@ from pipeoffload.schedules.zb_auto import auto_candidates
 from pipeoffload.schedules.zb_v import v_candidates
 from pipeoffload.timeline import Timeline
 
-TOL = 0.002  # REFERENCE.md: bubble within 0.002 absolute, or lower
+TOL = 0.002  # docs/algorithms.md#8-published-figures-the-tests-check: bubble within 0.002 absolute, or lower
 
 
 def spans(tl: Timeline) -> list[float]:
@@ -46,7 +46,7 @@ def run(name: str, p: int, m: int, costs: Costs | None = None, memory: MemoryDel
     return simulate(generate(name, p, m, costs=costs, memory=memory, **kw), costs, memory)
 
 
-# --- REFERENCE.md: unit-cost grid, p = 4 --------------------------------------------------
+# --- unit-cost grid, p = 4 (docs/algorithms.md#82-unit-cost-grid-for-four-stages) --------------------------------------------------
 
 GRID = {  # m: (1F1B, ZB-1p, ZB-2p, ZB-V) bubble rates
     8: (0.273, 0.111, 0.0, 0.0),
@@ -73,7 +73,7 @@ def test_unit_grid_p4(m: int) -> None:
     assert zbv.bubble_rate_makespan == pytest.approx(1.5 / (3 * m + 1.5))
 
 
-# --- REFERENCE.md: the published ZB row (1.5B model, 8 A100s) -------------------------------
+# --- the published ZB row, 1.5B model, 8 A100s (docs/algorithms.md#81-zero-bubble-row-for-the-15b-model) -------------------------------
 
 PUB_COSTS = Costs(F=18.522, B=18.086, W=9.337, comm=0.601)
 PUB_MEMORY = MemoryDeltas(F=201216, B=-127488, W=-73728)  # 34h+5as, −(2h+5as), −32h with h=2304 a=24 s=1024
@@ -246,13 +246,13 @@ def test_any_microbatch_count(p: int, m: int, f: float, b: float, w: float, comm
 @pytest.mark.parametrize(
     "name,kw,param",
     [
-        ("zb-v", {"v": 3}, "-v"),
-        ("zb-v", {"g": 2}, "-g"),
-        ("zb-h1", {"v": 2}, "-v"),
-        ("zb-h2", {"g": 4}, "-g"),
-        ("zb-auto", {"v": 2}, "-v"),
-        ("zb-auto", {"mem_limit": 0.5}, "--mem-limit"),
-        ("zb-v", {"mem_limit": 0.25}, "--mem-limit"),
+        ("zb-v", {"v": 3}, "v"),
+        ("zb-v", {"g": 2}, "g"),
+        ("zb-h1", {"v": 2}, "v"),
+        ("zb-h2", {"g": 4}, "g"),
+        ("zb-auto", {"v": 2}, "v"),
+        ("zb-auto", {"mem_limit": 0.5}, "mem_limit"),
+        ("zb-v", {"mem_limit": 0.25}, "mem_limit"),
     ],
 )
 def test_parameter_errors(name: str, kw: dict, param: str) -> None:

@@ -95,8 +95,6 @@ def check_deadlock_free(program: Schedule) -> None:
     that every compute op's cross-rank input is received before it.
     """
     _check_pairs(program)
-    S = program.num_stages
-    pl = program.placement
     p = program.num_ranks
     lists = program.ranks
     ptr = [0] * p
@@ -107,34 +105,7 @@ def check_deadlock_free(program: Schedule) -> None:
         progress = False
         for r in range(p):
             lst = lists[r]
-            while ptr[r] < len(lst):
-                op = lst[ptr[r]]
-                k = op.kind
-                if k in _RECV:
-                    mk = message_key(op)
-                    if mk not in issued:
-                        break
-                    done[r].add(("msg",) + mk)
-                elif k in _SEND:
-                    produced = ("F" if k is OpKind.SEND_F else "B", op.stage, op.microbatch)
-                    if produced not in done[r]:
-                        raise ScheduleError(
-                            f"rank {r}, position {ptr[r]}: {op} sends a result its rank has not computed yet "
-                            f"(rule: a send follows its producer)")
-                    issued.add(message_key(op))
-                elif k.is_compute:
-                    for dk in dependencies(op, S):
-                        if pl.rank_of(dk[1]) == r:
-                            ok = dk in done[r]
-                        else:
-                            ok = ("msg", dk[0], dk[1], dk[2]) in done[r]
-                        if not ok:
-                            how = "computed earlier on this rank" if pl.rank_of(dk[1]) == r else \
-                                f"received from rank {pl.rank_of(dk[1])} before it"
-                            raise ScheduleError(
-                                f"rank {r}, position {ptr[r]}: {op} needs {dk[0]}(stage={dk[1]}, mb={dk[2]}), "
-                                f"which is not {how} (rule: inputs precede their consumer)")
-                    done[r].add(completion_key(op))
+            while ptr[r] < len(lst) and _run_op(program, r, ptr[r], issued, done[r]):
                 ptr[r] += 1
                 progress = True
     stuck = [r for r in range(p) if ptr[r] < len(lists[r])]
@@ -145,6 +116,46 @@ def check_deadlock_free(program: Schedule) -> None:
             d, s, j = message_key(op)
             parts.append(f"rank {r} waits at {op} for SEND_{d}(stage={s}, mb={j}) from rank {op.peer}")
         raise ScheduleError("deadlock in the send/receive order: " + "; ".join(parts))
+
+
+def _run_op(program: Schedule, r: int, i: int, issued: set[MessageKey], done: set) -> bool:
+    """Run op ``i`` of rank ``r``: False when it is a receive whose message was not sent
+    yet (it blocks); raises ScheduleError when the op breaks a rule."""
+    op = program.ranks[r][i]
+    k = op.kind
+    if k in _RECV:
+        mk = message_key(op)
+        if mk not in issued:
+            return False
+        done.add(("msg",) + mk)
+    elif k in _SEND:
+        produced = ("F" if k is OpKind.SEND_F else "B", op.stage, op.microbatch)
+        if produced not in done:
+            raise ScheduleError(
+                f"rank {r}, position {i}: {op} sends a result its rank has not computed yet "
+                f"(rule: a send follows its producer)")
+        issued.add(message_key(op))
+    elif k.is_compute:
+        _check_inputs(program, r, i, op, done)
+        done.add(completion_key(op))
+    return True
+
+
+def _check_inputs(program: Schedule, r: int, i: int, op: Op, done: set) -> None:
+    """Each input of compute op ``op`` (position ``i`` on rank ``r``) was computed
+    earlier on the rank, or received there from the rank that computed it."""
+    pl = program.placement
+    for dk in dependencies(op, program.num_stages):
+        if pl.rank_of(dk[1]) == r:
+            ok = dk in done
+        else:
+            ok = ("msg", dk[0], dk[1], dk[2]) in done
+        if not ok:
+            how = "computed earlier on this rank" if pl.rank_of(dk[1]) == r else \
+                f"received from rank {pl.rank_of(dk[1])} before it"
+            raise ScheduleError(
+                f"rank {r}, position {i}: {op} needs {dk[0]}(stage={dk[1]}, mb={dk[2]}), "
+                f"which is not {how} (rule: inputs precede their consumer)")
 
 
 def _check_pairs(program: Schedule) -> None:

@@ -5,7 +5,7 @@ from :func:`pipeoffload.passes.timing.simulate` (the compute ops carry their mem
 deltas). Output: a new Schedule whose per-rank lists also hold OFFLOAD_START/END and
 RELOAD_START/END ops, and a new Timeline whose transfer events run on the "d2h"/"h2d"
 streams and carry memory deltas, so ``Timeline.memory_curve``/``peak_memory`` show
-the effect directly (ALGORITHMS.md §5).
+the effect directly (docs/algorithms.md#63-the-offload-pass).
 
 What is offloaded (selective offload)
     Chunk ``c`` of every rank for ``c < C``: the earliest layer groups, which live
@@ -74,12 +74,15 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..costs import Costs, MemoryDeltas
-from ..errors import ParameterError, ScheduleError
+from ..errors import ParameterError
 from ..ir import Op, OpKind, Schedule
 from ..timeline import ALLOC, FREE, TimedOp, Timeline, _clean, memory_sweep
-from .timing import dependencies
+from .timing import completion_key, dependents, run_list_schedule, simulate
 
-__all__ = ["LinkModel", "Transfer", "OffloadOptions", "OffloadResult", "plan_offload", "largest_feasible_chunks", "host_memory_curve"]
+__all__ = [
+    "LinkModel", "Transfer", "OffloadOptions", "OffloadResult", "plan_offload", "largest_feasible_chunks",
+    "host_memory_curve",
+]
 
 _EPS = 1e-9
 _MAX_RETIMES = 100
@@ -88,6 +91,8 @@ _INFEASIBLE_MODES = ("error", "skip", "delay")
 SKIP_SHORT = "short_lifespan"  #: F end → B start no longer than the round trip: saves nothing
 SKIP_EMPTY = "no_memory"  #: the chunk's F keeps nothing
 SKIP_LINK = "link_busy"  #: on_infeasible="skip": the reload could not finish before its B
+#: The four ops of one transfer, in the order they happen.
+_TRANSFER_KINDS = (OpKind.OFFLOAD_START, OpKind.OFFLOAD_END, OpKind.RELOAD_START, OpKind.RELOAD_END)
 
 
 @dataclass(frozen=True)
@@ -103,9 +108,9 @@ class LinkModel:
 
     def __post_init__(self) -> None:
         if not isinstance(self.group, int) or isinstance(self.group, bool) or self.group < 1:
-            raise ParameterError("--link-group", f"ranks per host link must be an integer >= 1, got {self.group!r}")
+            raise ParameterError("link_group", f"ranks per host link must be an integer >= 1, got {self.group!r}")
         if not (math.isfinite(self.solo_factor) and 0 < self.solo_factor <= 1):
-            raise ParameterError("--solo-factor", f"must be in (0, 1], got {self.solo_factor!r}")
+            raise ParameterError("solo_factor", f"must be in (0, 1], got {self.solo_factor!r}")
 
     def link_of(self, rank: int) -> int:
         return rank // self.group
@@ -236,27 +241,16 @@ def plan_offload(
     OFFLOAD_START ≤ OFFLOAD_END ≤ RELOAD_START ≤ RELOAD_END ≤ its B's start (strict
     when the transfer time is positive); only chunks ``c < C`` are offloaded;
     copies of one direction never overlap on one link; unless a B was delayed,
-    every rank's peak ≤ its no-offload peak. Raises ParameterError naming the CLI
-    flag for bad settings or an infeasible C.
+    every rank's peak ≤ its no-offload peak. Raises ParameterError naming the
+    keyword argument (e.g. ``offload_chunks``) for bad settings or an infeasible C.
     """
-    if timeline is None:
-        from .timing import simulate
-
-        costs = costs or Costs()
-        schedule = schedule.compute_only()
-        timeline = simulate(schedule, costs, memory, memory_unit=memory_unit)
-        comm = costs.comm if comm is None else comm
-    elif costs is not None or memory is not None:
-        raise ParameterError("timeline", "give a timeline, or costs/memory to time the schedule with, not both")
-    comm = 0.0 if comm is None else comm
-    chunks = offload_chunks
+    schedule, timeline, comm = _timed_inputs(schedule, timeline, costs, memory, memory_unit, comm)
     ctx = _Context.make(schedule, timeline, offload_time, transfer_times, link_group, solo_factor, comm)
-    if not (math.isfinite(tolerance) and tolerance >= 0):
-        raise ParameterError("--offload-tolerance", f"must be a finite fraction >= 0, got {tolerance!r}")
-    mode = on_infeasible or ("skip" if auto else "error")
-    if mode not in _INFEASIBLE_MODES:
-        raise ParameterError("--offload-infeasible", f"must be one of {', '.join(_INFEASIBLE_MODES)}, got {mode!r}")
-    vmax = schedule.chunks
+    mode = _infeasible_mode(tolerance, on_infeasible, auto)
+    if auto:
+        res = _plan_auto(ctx, offload_chunks, mode, postpone_warmup, tolerance)
+    else:
+        res = _plan_exactly(ctx, offload_chunks, mode, postpone_warmup)
     settings = {
         "auto": bool(auto),
         "offload_time": offload_time if transfer_times is None else None,
@@ -267,33 +261,6 @@ def plan_offload(
         "on_infeasible": mode,
         "postpone_warmup": postpone_warmup,
     }
-    if auto:
-        if chunks is not None:
-            _check_chunks(chunks, vmax)
-        hi = vmax if chunks is None else chunks
-        limit = ctx.base_makespan * (1.0 + tolerance) + _EPS
-        best: OffloadResult | None = None
-        for c in range(hi, -1, -1):
-            res = _try(ctx, c, mode, postpone_warmup)
-            if res is None or res.makespan > limit:
-                continue
-            key = (max(res.peak, default=0.0), sum(res.peak), res.chunks)
-            if best is None or key <= (max(best.peak, default=0.0), sum(best.peak), best.chunks):
-                best = res
-        assert best is not None  # C = 0 never lengthens the makespan
-        best.settings = {**settings, **best.settings}
-        return best
-    c = vmax if chunks is None else chunks
-    _check_chunks(c, vmax)
-    res = _try(ctx, c, mode, postpone_warmup)
-    if res is None:
-        best = next(k for k in range(c - 1, -1, -1) if _try(ctx, k, mode, postpone_warmup) is not None)
-        raise ParameterError(
-            "--offload-chunks",
-            f"offloading {c} chunk(s) per rank is infeasible: {ctx.last_failure}; the largest feasible C for "
-            f"these settings is {best} (or let backwards wait: --offload-infeasible delay, or drop those "
-            f"offloads: --offload-infeasible skip)",
-        )
     res.settings = {**settings, **res.settings}
     return res
 
@@ -308,7 +275,8 @@ def largest_feasible_chunks(schedule: Schedule, timeline: Timeline, **kwargs) ->
     )
     if kwargs:
         raise TypeError(f"unexpected arguments: {', '.join(kwargs)}")
-    return next(c for c in range(schedule.chunks, -1, -1) if _try(ctx, c, "error", postpone) is not None)
+    feasible = (c for c in range(schedule.chunks, -1, -1) if _plan_for_chunks(ctx, c, "error", postpone) is not None)
+    return next(feasible)
 
 
 def host_memory_curve(timeline: Timeline, rank: int) -> list[tuple[float, float]]:
@@ -330,36 +298,108 @@ def host_memory_curve(timeline: Timeline, rank: int) -> list[tuple[float, float]
 
 
 # --------------------------------------------------------------------------------------
-# Internals
+# Internals: settings
 # --------------------------------------------------------------------------------------
 
 
-def _check_chunks(c: object, vmax: int) -> None:
-    if not isinstance(c, int) or isinstance(c, bool) or not 0 <= c <= vmax:
-        raise ParameterError("--offload-chunks", f"must be an integer in 0..{vmax} (chunks per rank), got {c!r}")
+def _timed_inputs(
+    schedule: Schedule,
+    timeline: Timeline | None,
+    costs: Costs | None,
+    memory: MemoryDeltas | None,
+    memory_unit: str,
+    comm: float | None,
+) -> tuple[Schedule, Timeline, float]:
+    """The schedule, its timeline (simulated here when not given) and the comm latency
+    it was timed with."""
+    if timeline is None:
+        costs = costs or Costs()
+        schedule = schedule.compute_only()
+        timeline = simulate(schedule, costs, memory, memory_unit=memory_unit)
+        comm = costs.comm if comm is None else comm
+    elif costs is not None or memory is not None:
+        raise ParameterError("timeline", "give a timeline, or costs/memory to time the schedule with, not both")
+    return schedule, timeline, 0.0 if comm is None else comm
+
+
+def _infeasible_mode(tolerance: float, on_infeasible: str | None, auto: bool) -> str:
+    """Check ``tolerance`` and ``on_infeasible``; the mode to plan in."""
+    if not (math.isfinite(tolerance) and tolerance >= 0):
+        raise ParameterError("tolerance", f"must be a finite fraction >= 0, got {tolerance!r}")
+    mode = on_infeasible or ("skip" if auto else "error")
+    if mode not in _INFEASIBLE_MODES:
+        raise ParameterError("on_infeasible", f"must be one of {', '.join(_INFEASIBLE_MODES)}, got {mode!r}")
+    return mode
+
+
+def _check_chunks(chunks: object, most: int) -> None:
+    if not isinstance(chunks, int) or isinstance(chunks, bool) or not 0 <= chunks <= most:
+        raise ParameterError("offload_chunks", f"must be an integer in 0..{most} (chunks per rank), got {chunks!r}")
+
+
+def _plan_auto(ctx: _Context, chunks: int | None, mode: str, postpone: bool, tolerance: float) -> OffloadResult:
+    """``auto``: among the plans for C = 0..``chunks`` whose makespan is within
+    ``tolerance``, the lowest highest peak, then lowest summed peaks, then fewer chunks."""
+    if chunks is not None:
+        _check_chunks(chunks, ctx.schedule.chunks)
+    most = ctx.schedule.chunks if chunks is None else chunks
+    limit = ctx.base_makespan * (1.0 + tolerance) + _EPS
+    best: OffloadResult | None = None
+    for c in range(most, -1, -1):
+        res = _plan_for_chunks(ctx, c, mode, postpone)
+        if res is None or res.makespan > limit:
+            continue
+        key = (max(res.peak, default=0.0), sum(res.peak), res.chunks)
+        if best is None or key <= (max(best.peak, default=0.0), sum(best.peak), best.chunks):
+            best = res
+    assert best is not None  # C = 0 never lengthens the makespan
+    return best
+
+
+def _plan_exactly(ctx: _Context, chunks: int | None, mode: str, postpone: bool) -> OffloadResult:
+    """The plan for ``chunks`` (default: all); ParameterError naming the largest
+    feasible C when it is infeasible in "error" mode."""
+    c = ctx.schedule.chunks if chunks is None else chunks
+    _check_chunks(c, ctx.schedule.chunks)
+    res = _plan_for_chunks(ctx, c, mode, postpone)
+    if res is None:
+        best = next(k for k in range(c - 1, -1, -1) if _plan_for_chunks(ctx, k, mode, postpone) is not None)
+        raise ParameterError(
+            "offload_chunks",
+            f"offloading {c} chunk(s) per rank is infeasible: {ctx.last_failure}; the largest feasible C for "
+            f"these settings is {best} (or let backwards wait: `on_infeasible`=\"delay\", or drop those "
+            f"offloads: `on_infeasible`=\"skip\")",
+        )
+    return res
 
 
 @dataclass
-class _Cand:
+class _Candidate:
     """A (layer group, microbatch) that may be offloaded, with its compute times."""
 
     rank: int
     stage: int
     chunk: int
-    mb: int
+    microbatch: int
     amount: float
-    f_end: float
-    b_start: float
-    dur: float  #: one-way transfer time at the shared rate
+    forward_end: float
+    backward_start: float
+    transfer_time: float  #: one-way transfer time at the shared rate
     link: int
+
+
+#: A candidate's planned copies: (offload start, offload end, reload start, reload end).
+_Slots = tuple[float, float, float, float]
 
 
 @dataclass
 class _Context:
+    """The checked inputs of one :func:`plan_offload` call, shared by every plan it tries."""
+
     schedule: Schedule
     timeline: Timeline
     link: LinkModel
-    dur_of_stage: list[float]
+    transfer_time_of_stage: list[float]  #: one-way transfer time per layer group
     comm: float
     base_makespan: float
     op_dur: dict  #: op key → duration (from the timeline)
@@ -399,52 +439,209 @@ class _Context:
         op_mem = {e.op.key: e.mem for e in events}
         if len(op_dur) != sum(len(lst) for lst in schedule.ranks):
             raise ParameterError("timeline", "does not time every op of the schedule exactly once")
-        S = schedule.num_stages
-        if transfer_times is not None:
-            tt = [float(x) for x in transfer_times]
-            if len(tt) != S:
-                raise ParameterError("--transfer-times", f"needs one time per layer group ({S}), got {len(tt)}")
-            if any(not math.isfinite(x) or x < 0 for x in tt):
-                raise ParameterError("--transfer-times", f"times must be finite and >= 0, got {tt}")
-            dur_of_stage = tt
-        else:
-            if not (isinstance(offload_time, (int, float)) and math.isfinite(offload_time) and offload_time >= 0):
-                raise ParameterError("--offload-time", f"must be a finite number >= 0, got {offload_time!r}")
-            # The chunk's F+B+W per microbatch: mean over microbatches (equal when simulated).
-            tot = [0.0] * S
-            for e in events:
-                tot[e.op.stage] += e.end - e.start
-            m = schedule.num_microbatches
-            dur_of_stage = [offload_time * t / m for t in tot]
-        return cls(schedule, timeline, link, dur_of_stage, float(comm), timeline.makespan,
+        transfer_time_of_stage = _transfer_times(schedule, events, offload_time, transfer_times)
+        return cls(schedule, timeline, link, transfer_time_of_stage, float(comm), timeline.makespan,
                    op_dur, op_mem, events)
 
 
-def _candidates(ctx: _Context, events: list[TimedOp], C: int) -> tuple[list[_Cand], Counter]:
-    f_end: dict = {}
-    b_start: dict = {}
+def _transfer_times(schedule: Schedule, events: list[TimedOp], offload_time: float,
+                    transfer_times: Sequence[float] | None) -> list[float]:
+    """One one-way transfer's time per layer group: ``transfer_times``, or
+    ``offload_time`` × the group's F+B+W per microbatch."""
+    S = schedule.num_stages
+    if transfer_times is not None:
+        times = [float(x) for x in transfer_times]
+        if len(times) != S:
+            raise ParameterError("transfer_times", f"needs one time per layer group ({S}), got {len(times)}")
+        if any(not math.isfinite(x) or x < 0 for x in times):
+            raise ParameterError("transfer_times", f"times must be finite and >= 0, got {times}")
+        return times
+    if not (isinstance(offload_time, (int, float)) and math.isfinite(offload_time) and offload_time >= 0):
+        raise ParameterError("offload_time", f"must be a finite number >= 0, got {offload_time!r}")
+    # The chunk's F+B+W per microbatch: mean over microbatches (equal when simulated).
+    total = [0.0] * S
+    for e in events:
+        total[e.op.stage] += e.end - e.start
+    m = schedule.num_microbatches
+    return [offload_time * t / m for t in total]
+
+
+# --------------------------------------------------------------------------------------
+# Internals: one plan
+# --------------------------------------------------------------------------------------
+
+
+def _plan_for_chunks(ctx: _Context, C: int, mode: str, postpone: bool) -> OffloadResult | None:
+    """Plan with C chunks using each placement heuristic and keep the best plan:
+    in "error" mode only complete plans count; then the shortest makespan, the
+    lowest highest peak, the lowest summed peaks. None when no complete plan exists
+    in "error" mode (reason in ctx.last_failure)."""
+    best: OffloadResult | None = None
+    for name, place in _STRATEGIES.items():
+        res = _plan_with_placement(ctx, C, mode, postpone, place)
+        if res is None:
+            continue
+        res.settings["placement"] = name
+        key = (_clean(res.makespan), max(res.peak, default=0.0), sum(res.peak))
+        if best is None or key < (_clean(best.makespan), max(best.peak, default=0.0), sum(best.peak)):
+            best = res
+    return best
+
+
+def _plan_with_placement(ctx: _Context, C: int, mode: str, postpone: bool, place) -> OffloadResult | None:
+    """Plan with C chunks and one placement heuristic; None when infeasible in "error"
+    mode (reason in ctx.last_failure).
+
+    "delay": a late reload's B may not start before the reload ends; re-time the
+    compute ops with those release times and plan again, until no reload is late.
+    """
+    if postpone or mode == "delay":
+        ctx.check_retimable()
+    events, release = ctx.base_events, {}
+    if postpone:
+        events, release = _postponed_warmup(ctx)
+    for attempt in range(_MAX_RETIMES):
+        if attempt:
+            events = _retime(ctx, release)
+        cands, skipped = _candidates(ctx, events, C)
+        placed, failed = place(cands, mode)
+        if not failed or mode == "skip":
+            if failed:
+                skipped[SKIP_LINK] += len(failed)
+                gone = {id(c) for c in failed}
+                cands = [c for c in cands if id(c) not in gone]
+            return _build_result(ctx, C, events, cands, placed, skipped)
+        if mode == "error":
+            first = min(failed, key=lambda c: c.backward_start)
+            ctx.last_failure = (
+                f"{len(failed)} reload(s) cannot finish before their backward on the host link "
+                f"(first: rank {first.rank}, chunk {first.chunk}, microbatch {first.microbatch})"
+            )
+            return None
+        for c in failed:  # "delay": each late reload's B waits for it
+            key = (_backward_kind(ctx, c.stage, c.microbatch), c.stage, c.microbatch)
+            release[key] = max(release.get(key, -math.inf), placed[id(c)][3])
+    raise ParameterError(
+        "offload_chunks",
+        f"offloading {C} chunk(s) per rank with delayed backwards did not settle after {_MAX_RETIMES} "
+        "re-timings; lower `offload_chunks` or `offload_time`, or use `on_infeasible`=\"skip\"",
+    )
+
+
+def _candidates(ctx: _Context, events: list[TimedOp], C: int) -> tuple[list[_Candidate], Counter]:
+    """The (layer group, microbatch) pairs of chunks c < C worth offloading, in the
+    order of their forwards in ``events``; the others counted by skip reason."""
+    forward: dict = {}
+    backward_start: dict = {}
     for e in events:
         k = e.op.kind
         if k is OpKind.F:
-            f_end[(e.op.stage, e.op.microbatch)] = e
+            forward[(e.op.stage, e.op.microbatch)] = e
         elif k.is_backward:
-            b_start[(e.op.stage, e.op.microbatch)] = e.start
+            backward_start[(e.op.stage, e.op.microbatch)] = e.start
     skipped: Counter = Counter()
     out = []
-    for (s, j), fe in f_end.items():
+    for (s, j), fe in forward.items():
         if fe.op.chunk >= C:
             continue
-        d = ctx.dur_of_stage[s]
+        d = ctx.transfer_time_of_stage[s]
         amount = fe.mem
         if amount <= _EPS:
             skipped[SKIP_EMPTY] += 1
             continue
-        life = b_start[(s, j)] - fe.end
-        if life <= 2 * d + _EPS:
+        b_start = backward_start[(s, j)]
+        if b_start - fe.end <= 2 * d + _EPS:
             skipped[SKIP_SHORT] += 1
             continue
-        out.append(_Cand(fe.rank, s, fe.op.chunk, j, amount, fe.end, b_start[(s, j)], d, ctx.link.link_of(fe.rank)))
+        out.append(_Candidate(fe.rank, s, fe.op.chunk, j, amount, fe.end, b_start, d, ctx.link.link_of(fe.rank)))
     return out, skipped
+
+
+def _backward_kind(ctx: _Context, stage: int, mb: int) -> OpKind:
+    return OpKind.B if (OpKind.B, stage, mb) in ctx.op_dur else OpKind.BW
+
+
+def _retime(ctx: _Context, release: dict) -> list[TimedOp]:
+    """The compute ops re-timed by the timing pass's engine with extra release times
+    (op key → earliest start), clocks starting where the timeline starts; in the
+    timeline's event order."""
+    events = run_list_schedule(
+        ctx.schedule,
+        lambda o: ctx.op_dur[o.key],
+        ctx.comm,
+        lambda o: ctx.op_mem[o.key],
+        release=release,
+        origin=min(e.start for e in ctx.base_events),
+    )
+    by_key = {e.op.key: e for e in events}
+    return [by_key[e.op.key] for e in ctx.base_events]
+
+
+# --------------------------------------------------------------------------------------
+# Internals: postponed warm-up
+# --------------------------------------------------------------------------------------
+
+
+def _postponed_warmup(ctx: _Context) -> tuple[list[TimedOp], dict]:
+    """The base timeline with its warm-up forwards postponed, and those forwards' new
+    starts as release times. Postponed once, on the undelayed timeline: later
+    re-timings keep these F starts as lower bounds (postponing again after a delay
+    would feed back)."""
+    events = _postpone_warmup(ctx, ctx.base_events)
+    base = {e.op.key: e.start for e in ctx.base_events}
+    return events, {e.op.key: e.start for e in events if e.start > base[e.op.key]}
+
+
+def _warmup_forwards(events: list[TimedOp]) -> list[tuple[TimedOp, TimedOp | None]]:
+    """Each warm-up F (before its rank's first backward) with the next op on its rank."""
+    by_rank: dict[int, list[TimedOp]] = {}
+    for e in events:
+        by_rank.setdefault(e.rank, []).append(e)
+    warm: list[tuple[TimedOp, TimedOp | None]] = []
+    for lst in by_rank.values():
+        lst.sort(key=lambda e: e.start)
+        for i, e in enumerate(lst):
+            if e.op.kind is not OpKind.F:
+                if e.op.kind.is_backward:
+                    break
+                continue
+            warm.append((e, lst[i + 1] if i + 1 < len(lst) else None))
+    return warm
+
+
+def _postpone_warmup(ctx: _Context, events: list[TimedOp]) -> list[TimedOp]:
+    """Move each warm-up F as late as the next op on its rank and its dependents
+    (:func:`~pipeoffload.passes.timing.dependents`) allow. Order and makespan unchanged."""
+    S = ctx.schedule.num_stages
+    start_of = {completion_key(e.op): e.start for e in events}
+    rank_of = {completion_key(e.op): e.rank for e in events}
+    new: dict = {}  # completion key → postponed start
+    for e, nxt in sorted(_warmup_forwards(events), key=lambda x: -x[0].start):
+        key = completion_key(e.op)
+        latest = math.inf
+        if nxt is not None:
+            nxt_key = completion_key(nxt.op)
+            latest = new.get(nxt_key, start_of[nxt_key])
+        for dk in dependents(key, S):
+            if dk in start_of:
+                latest = min(latest, new.get(dk, start_of[dk]) - (ctx.comm if rank_of[dk] != e.rank else 0.0))
+        if math.isinf(latest):
+            continue
+        st = max(e.start, latest - (e.end - e.start))
+        if st > e.start + _EPS:
+            new[key] = st
+    if not new:
+        return events
+    out = []
+    for e in events:
+        st = new.get(completion_key(e.op))
+        out.append(e if st is None else TimedOp(e.op, st, st + e.end - e.start, e.stream, e.mem))
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# Internals: placing the copies on the host links
+# --------------------------------------------------------------------------------------
 
 
 def _earliest_gap(busy: list[tuple[float, float]], t: float, d: float) -> float:
@@ -470,7 +667,7 @@ def _latest_gap(busy: list[tuple[float, float]], T: float, d: float) -> float:
     return e
 
 
-def _place(cands: list[_Cand], mode: str) -> tuple[dict, list[_Cand]]:
+def _place_by_value(cands: list[_Candidate], mode: str) -> tuple[dict[int, _Slots], list[_Candidate]]:
     """Place every candidate's two copies on its link, most valuable first.
 
     Candidates go in order of chunk (earliest first), then lifespan (longest first):
@@ -478,269 +675,128 @@ def _place(cands: list[_Cand], mode: str) -> tuple[dict, list[_Cand]]:
     free h2d time that ends by its B and starts after the offload. So the plan for C
     chunks is the plan for C−1 plus transfers fitted into the gaps it left.
 
-    Returns (placed: id → (off_start, off_end, rel_start, rel_end), failed). A
-    failed candidate is not placed, except in "delay" mode where its reload takes
-    the earliest free h2d time after its offload (ending after its B's start).
+    Returns (placed: id → slots, failed). A failed candidate is not placed, except in
+    "delay" mode where its reload takes the earliest free h2d time after its offload
+    (ending after its B's start).
     """
     d2h: dict[int, list[tuple[float, float]]] = {}
     h2d: dict[int, list[tuple[float, float]]] = {}
-    placed: dict[int, tuple[float, float, float, float]] = {}
-    failed: list[_Cand] = []
-    order = sorted(cands, key=lambda c: (c.chunk, c.f_end - c.b_start, c.f_end, c.rank, c.mb))
+    placed: dict[int, _Slots] = {}
+    failed: list[_Candidate] = []
+    order = sorted(cands, key=lambda c: (c.chunk, c.forward_end - c.backward_start, c.forward_end, c.rank,
+                                         c.microbatch))
     for c in order:
-        d = c.dur
+        d = c.transfer_time
         if d <= _EPS:  # instantaneous: no link time
-            placed[id(c)] = (c.f_end, c.f_end, c.b_start, c.b_start)
+            placed[id(c)] = (c.forward_end, c.forward_end, c.backward_start, c.backward_start)
             continue
         up, down = d2h.setdefault(c.link, []), h2d.setdefault(c.link, [])
-        os_ = _earliest_gap(up, c.f_end, d)
-        oe = os_ + d
-        re_ = _latest_gap(down, c.b_start, d) if oe + d <= c.b_start + _EPS else -math.inf
-        if re_ - d < oe - _EPS:
+        off_start = _earliest_gap(up, c.forward_end, d)
+        off_end = off_start + d
+        rel_end = _latest_gap(down, c.backward_start, d) if off_end + d <= c.backward_start + _EPS else -math.inf
+        if rel_end - d < off_end - _EPS:
             failed.append(c)
             if mode != "delay":
                 continue
-            rs = _earliest_gap(down, oe, d)
-            re_ = rs + d
-        insort(up, (os_, oe))
-        insort(down, (re_ - d, re_))
-        placed[id(c)] = (os_, oe, max(re_ - d, oe), re_)
+            rel_end = _earliest_gap(down, off_end, d) + d
+        insort(up, (off_start, off_end))
+        insort(down, (rel_end - d, rel_end))
+        placed[id(c)] = (off_start, off_end, max(rel_end - d, off_end), rel_end)
     return placed, failed
 
 
-def _place_edf(cands: list[_Cand], mode: str) -> tuple[dict, list[_Cand]]:
+def _place_by_deadline(cands: list[_Candidate], mode: str) -> tuple[dict[int, _Slots], list[_Candidate]]:
     """Place copies by deadline on each link: offloads by non-preemptive
     earliest-deadline-first in time order (released at the F's end, deadline = the B's
     start minus the reload time); reloads by the mirror image, planned backwards
     (released at the B's start, most urgent = latest offload end). Packs a busy link
-    better than :func:`_place`; same return value."""
-    by_link: dict[int, list[_Cand]] = {}
+    better than :func:`_place_by_value`; same return value."""
+    by_link: dict[int, list[_Candidate]] = {}
     for c in cands:
         by_link.setdefault(c.link, []).append(c)
-    placed: dict[int, tuple[float, float, float, float]] = {}
-    failed: list[_Cand] = []
+    placed: dict[int, _Slots] = {}
+    failed: list[_Candidate] = []
     for lst in by_link.values():
-        off: dict[int, tuple[float, float]] = {}
-        order = sorted(lst, key=lambda c: (-c.f_end, -c.rank, -c.stage, -c.mb))  # pop() = earliest
-        heap: list = []
-        t = -math.inf
-        while order or heap:
-            if not heap:
-                t = max(t, order[-1].f_end)
-            while order and order[-1].f_end <= t + _EPS:
-                c = order.pop()
-                heapq.heappush(heap, (c.b_start - c.dur, c.f_end, c.rank, c.stage, c.mb, id(c), c))
-            c = heapq.heappop(heap)[-1]
-            st = max(t, c.f_end)
-            off[id(c)] = (st, st + c.dur)
-            t = st + c.dur
-        order = sorted(lst, key=lambda c: (c.b_start, c.rank, c.stage, c.mb))  # pop() = latest
-        heap = []
-        T = math.inf
-        down: list[tuple[float, float]] = []
-        late: list[_Cand] = []
-        while order or heap:
-            if not heap:
-                T = min(T, order[-1].b_start)
-            while order and order[-1].b_start >= T - _EPS:
-                c = order.pop()
-                heapq.heappush(heap, (-off[id(c)][1], -c.rank, -c.stage, -c.mb, id(c), c))
-            c = heapq.heappop(heap)[-1]
-            os_, oe = off[id(c)]
-            e = min(T, c.b_start)
-            if e - c.dur < oe - _EPS:
-                late.append(c)
-                continue
-            placed[id(c)] = (os_, oe, max(e - c.dur, oe), e)
-            if c.dur > _EPS:
-                down.append((e - c.dur, e))
-            T = e - c.dur
+        offloads = _deadline_offloads(lst)
+        late, reloads = _deadline_reloads(lst, offloads, placed)
         failed += late
         if mode == "delay":
-            down.sort()
-            for c in sorted(late, key=lambda c: c.b_start):
-                os_, oe = off[id(c)]
-                rs = _earliest_gap(down, oe, c.dur)
-                insort(down, (rs, rs + c.dur))
-                placed[id(c)] = (os_, oe, rs, rs + c.dur)
+            reloads.sort()
+            for c in sorted(late, key=lambda c: c.backward_start):
+                off_start, off_end = offloads[id(c)]
+                rel_start = _earliest_gap(reloads, off_end, c.transfer_time)
+                insort(reloads, (rel_start, rel_start + c.transfer_time))
+                placed[id(c)] = (off_start, off_end, rel_start, rel_start + c.transfer_time)
     return placed, failed
 
 
-#: Placement heuristics tried by :func:`_try`; the better plan is kept.
-_STRATEGIES = {"value": _place, "deadline": _place_edf}
-
-
-def _try(ctx: _Context, C: int, mode: str, postpone: bool) -> OffloadResult | None:
-    """Plan with C chunks using each placement heuristic and keep the best plan:
-    in "error" mode only complete plans count; then the shortest makespan, the
-    lowest highest peak, the lowest summed peaks. None when no complete plan exists
-    in "error" mode (reason in ctx.last_failure)."""
-    best: OffloadResult | None = None
-    for name, place in _STRATEGIES.items():
-        res = _try_one(ctx, C, mode, postpone, place)
-        if res is None:
-            continue
-        res.settings["placement"] = name
-        key = (_clean(res.makespan), max(res.peak, default=0.0), sum(res.peak))
-        if best is None or key < (_clean(best.makespan), max(best.peak, default=0.0), sum(best.peak)):
-            best = res
-    return best
-
-
-def _try_one(ctx: _Context, C: int, mode: str, postpone: bool, place) -> OffloadResult | None:
-    """Plan with C chunks; None when infeasible in "error" mode (reason in ctx.last_failure).
-
-    "delay": a late reload's B may not start before the reload ends; re-time the
-    compute ops with those release times and plan again, until no reload is late.
-    """
-    release: dict = {}
-    events = ctx.base_events
-    if postpone or mode == "delay":
-        ctx.check_retimable()
-    if postpone:
-        # Postpone once, on the undelayed timeline; later re-timings keep those F
-        # starts as lower bounds (postponing again after a delay would feed back).
-        events = _postpone_warmup(ctx, events)
-        base = {e.op.key: e.start for e in ctx.base_events}
-        release = {e.op.key: e.start for e in events if e.start > base[e.op.key]}
-    retime = False
-    for _ in range(_MAX_RETIMES):
-        if retime:
-            events = _retime(ctx, release)
-        cands, skipped = _candidates(ctx, events, C)
-        placed, failed = place(cands, mode)
-        if not failed or mode == "skip":
-            if failed:
-                skipped[SKIP_LINK] += len(failed)
-                gone = {id(c) for c in failed}
-                cands = [c for c in cands if id(c) not in gone]
-            return _finish(ctx, C, events, cands, placed, skipped)
-        if mode == "error":
-            c = min(failed, key=lambda c: c.b_start)
-            ctx.last_failure = (
-                f"{len(failed)} reload(s) cannot finish before their backward on the host link "
-                f"(first: rank {c.rank}, chunk {c.chunk}, microbatch {c.mb})"
-            )
-            return None
-        for c in failed:
-            key = (_backward_kind(ctx, c.stage, c.mb), c.stage, c.mb)
-            release[key] = max(release.get(key, -math.inf), placed[id(c)][3])
-        retime = True
-    raise ParameterError(
-        "--offload-chunks",
-        f"offloading {C} chunk(s) per rank with delayed backwards did not settle after {_MAX_RETIMES} "
-        "re-timings; lower --offload-chunks or --offload-time, or use --offload-infeasible skip",
-    )
-
-
-def _backward_kind(ctx: _Context, stage: int, mb: int) -> OpKind:
-    return OpKind.B if (OpKind.B, stage, mb) in ctx.op_dur else OpKind.BW
-
-
-def _retime(ctx: _Context, release: dict) -> list[TimedOp]:
-    """List-schedule the compute ops in schedule order with extra release times."""
-    sched = ctx.schedule
-    S, p = sched.num_stages, sched.num_ranks
-    finish: dict = {}
-    ptr = [0] * p
-    clock = [0.0] * p
-    out: list[TimedOp] = []
-    progress = True
-    origin = min(e.start for e in ctx.base_events)
-    clock = [origin] * p
-    while progress:
-        progress = False
-        for r in range(p):
-            ops = sched.ranks[r]
-            while ptr[r] < len(ops):
-                op = ops[ptr[r]]
-                t = max(clock[r], release.get(op.key, -math.inf))
-                ok = True
-                for dk in dependencies(op, S):
-                    f = finish.get(dk)
-                    if f is None:
-                        ok = False
-                        break
-                    end, dr = f
-                    t = max(t, end + (ctx.comm if dr != r else 0.0))
-                if not ok:
-                    break
-                end = t + ctx.op_dur[op.key]
-                out.append(TimedOp(op, t, end, "compute", ctx.op_mem[op.key]))
-                k = "F" if op.kind is OpKind.F else ("W" if op.kind is OpKind.W else "B")
-                finish[(k, op.stage, op.microbatch)] = (end, r)
-                clock[r] = end
-                ptr[r] += 1
-                progress = True
-    if any(ptr[r] < len(sched.ranks[r]) for r in range(p)):  # pragma: no cover - validated input
-        raise ScheduleError("offload re-timing deadlocked; the schedule is not valid")
+def _deadline_offloads(cands: list[_Candidate]) -> dict[int, tuple[float, float]]:
+    """One link's offloads, earliest deadline first: id → (start, end)."""
+    out: dict[int, tuple[float, float]] = {}
+    order = sorted(cands, key=lambda c: (-c.forward_end, -c.rank, -c.stage, -c.microbatch))  # pop() = earliest
+    heap: list = []
+    t = -math.inf
+    while order or heap:
+        if not heap:
+            t = max(t, order[-1].forward_end)
+        while order and order[-1].forward_end <= t + _EPS:
+            c = order.pop()
+            deadline = c.backward_start - c.transfer_time
+            heapq.heappush(heap, (deadline, c.forward_end, c.rank, c.stage, c.microbatch, id(c), c))
+        c = heapq.heappop(heap)[-1]
+        start = max(t, c.forward_end)
+        out[id(c)] = (start, start + c.transfer_time)
+        t = start + c.transfer_time
     return out
 
 
-def _postpone_warmup(ctx: _Context, events: list[TimedOp]) -> list[TimedOp]:
-    """Move each warm-up F (before its rank's first backward) as late as the next op on
-    its rank and its consumers allow. Order and makespan unchanged."""
-    S = ctx.schedule.num_stages
-    by_rank: dict[int, list[TimedOp]] = {}
-    for e in events:
-        by_rank.setdefault(e.rank, []).append(e)
-    start_of: dict = {}
-    for lst in by_rank.values():
-        lst.sort(key=lambda e: e.start)
-    for e in events:
-        start_of[e.op.key] = e.start
-    rank_of = {e.op.key: e.rank for e in events}
-    warm: list[tuple[TimedOp, TimedOp | None]] = []
-    for lst in by_rank.values():
-        for i, e in enumerate(lst):
-            if e.op.kind is not OpKind.F:
-                if e.op.kind.is_backward:
-                    break
-                continue
-            warm.append((e, lst[i + 1] if i + 1 < len(lst) else None))
-    new: dict = {}
-    for e, nxt in sorted(warm, key=lambda x: -x[0].start):
-        s, j, r = e.op.stage, e.op.microbatch, e.rank
-        latest = math.inf if nxt is None else new.get(nxt.op.key, start_of[nxt.op.key])
-        consumers = [(OpKind.F, s + 1, j)] if s + 1 < S else []
-        consumers += [(OpKind.B, s, j), (OpKind.BW, s, j)]
-        for ck in consumers:
-            if ck not in start_of:
-                continue
-            cs = new.get(ck, start_of[ck]) - (ctx.comm if rank_of[ck] != r else 0.0)
-            latest = min(latest, cs)
-        if math.isinf(latest):
+def _deadline_reloads(cands: list[_Candidate], offloads: dict[int, tuple[float, float]],
+                      placed: dict[int, _Slots]) -> tuple[list[_Candidate], list[tuple[float, float]]]:
+    """One link's reloads, planned backwards from the B starts, latest offload end
+    first; each placed candidate's slots go into ``placed``. Returns the candidates
+    whose reload cannot follow its offload (late) and the busy h2d intervals."""
+    order = sorted(cands, key=lambda c: (c.backward_start, c.rank, c.stage, c.microbatch))  # pop() = latest
+    heap: list = []
+    T = math.inf
+    busy: list[tuple[float, float]] = []
+    late: list[_Candidate] = []
+    while order or heap:
+        if not heap:
+            T = min(T, order[-1].backward_start)
+        while order and order[-1].backward_start >= T - _EPS:
+            c = order.pop()
+            heapq.heappush(heap, (-offloads[id(c)][1], -c.rank, -c.stage, -c.microbatch, id(c), c))
+        c = heapq.heappop(heap)[-1]
+        off_start, off_end = offloads[id(c)]
+        end = min(T, c.backward_start)
+        d = c.transfer_time
+        if end - d < off_end - _EPS:
+            late.append(c)
             continue
-        st = max(e.start, latest - (e.end - e.start))
-        if st > e.start + _EPS:
-            new[e.op.key] = st
-    if not new:
-        return events
-    out = []
-    for e in events:
-        st = new.get(e.op.key)
-        out.append(e if st is None else TimedOp(e.op, st, st + e.end - e.start, e.stream, e.mem))
-    return out
+        placed[id(c)] = (off_start, off_end, max(end - d, off_end), end)
+        if d > _EPS:
+            busy.append((end - d, end))
+        T = end - d
+    return late, busy
 
 
-def _finish(ctx: _Context, C: int, events: list[TimedOp], cands: list[_Cand], placed: dict,
-            skipped: Counter) -> OffloadResult:
-    sched, tl, link = ctx.schedule, ctx.timeline, ctx.link
-    transfers: list[Transfer] = []
-    for c in cands:
-        os_, oe, rs, re_ = placed[id(c)]
-        transfers.append(Transfer(c.rank, c.stage, c.chunk, c.mb, c.amount, os_, oe, rs, re_, c.b_start, c.link))
-    _apply_solo_speedup(transfers, link.solo_factor)
+#: Placement heuristics tried by :func:`_plan_for_chunks`; the better plan is kept.
+_STRATEGIES = {"value": _place_by_value, "deadline": _place_by_deadline}
 
-    t_events: list[TimedOp] = []
-    for t in transfers:
-        mk = lambda k: Op(k, t.stage, t.microbatch, t.rank, t.chunk)  # noqa: E731
-        t_events += [
-            TimedOp(mk(OpKind.OFFLOAD_START), t.offload_start, t.offload_end, "d2h", 0.0),
-            TimedOp(mk(OpKind.OFFLOAD_END), t.offload_end, t.offload_end, "d2h", -t.amount),
-            TimedOp(mk(OpKind.RELOAD_START), t.reload_start, t.reload_end, "h2d", t.amount),
-            TimedOp(mk(OpKind.RELOAD_END), t.reload_end, t.reload_end, "h2d", 0.0),
-        ]
+
+# --------------------------------------------------------------------------------------
+# Internals: the result
+# --------------------------------------------------------------------------------------
+
+
+def _build_result(ctx: _Context, C: int, events: list[TimedOp], cands: list[_Candidate],
+                  placed: dict[int, _Slots], skipped: Counter) -> OffloadResult:
+    """The offloaded schedule and timeline for the placed candidates."""
+    sched, tl = ctx.schedule, ctx.timeline
+    transfers = [Transfer(c.rank, c.stage, c.chunk, c.microbatch, c.amount, *placed[id(c)], c.backward_start, c.link)
+                 for c in cands]
+    _apply_solo_speedup(transfers, ctx.link.solo_factor)
+    t_events = _transfer_events(transfers)
     compute = sorted(events, key=lambda e: (e.rank, e.start))
     new_tl = Timeline(
         num_ranks=tl.num_ranks,
@@ -772,6 +828,22 @@ def _finish(ctx: _Context, C: int, events: list[TimedOp], cands: list[_Cand], pl
     )
     new_tl.meta["offload"] = {"chunks": C, "transfers": len(transfers), "skipped": dict(res.skipped)}
     return res
+
+
+def _transfer_events(transfers: list[Transfer]) -> list[TimedOp]:
+    """The four timed ops of each transfer, on the "d2h" and "h2d" streams."""
+    out: list[TimedOp] = []
+    for t in transfers:
+        off_start, off_end, rel_start, rel_end = (
+            Op(k, t.stage, t.microbatch, t.rank, t.chunk) for k in _TRANSFER_KINDS
+        )
+        out += [
+            TimedOp(off_start, t.offload_start, t.offload_end, "d2h", 0.0),
+            TimedOp(off_end, t.offload_end, t.offload_end, "d2h", -t.amount),
+            TimedOp(rel_start, t.reload_start, t.reload_end, "h2d", t.amount),
+            TimedOp(rel_end, t.reload_end, t.reload_end, "h2d", 0.0),
+        ]
+    return out
 
 
 def _apply_solo_speedup(transfers: list[Transfer], solo: float) -> None:
@@ -815,7 +887,7 @@ def _apply_solo_speedup(transfers: list[Transfer], solo: float) -> None:
             t.reload_start = t.reload_end - solo * (t.reload_end - t.reload_start)
 
 
-_KIND_ORDER = {OpKind.OFFLOAD_START: 0, OpKind.OFFLOAD_END: 1, OpKind.RELOAD_START: 2, OpKind.RELOAD_END: 3}
+_KIND_ORDER = {k: i for i, k in enumerate(_TRANSFER_KINDS)}
 
 
 def _insert_ops(sched: Schedule, compute: list[TimedOp], t_events: list[TimedOp]) -> list[list[Op]]:

@@ -1,18 +1,27 @@
 """Timing pass: place every compute op of a schedule in time (list scheduling).
 
 Each rank runs its ops in the given order, each as early as its dependencies allow
-(ALGORITHMS.md §1): ``F(s,j)`` after ``F(s−1,j)``; ``B/BW(s,j)`` after ``B/BW(s+1,j)``
+(docs/algorithms.md#12-ops-and-dependencies): ``F(s,j)`` after ``F(s−1,j)``; ``B/BW(s,j)`` after ``B/BW(s+1,j)``
 (the last layer group's after its own ``F``); ``W(s,j)`` after ``B(s,j)``. A dependency
 that crosses ranks adds ``costs.comm``. The result is a :class:`Timeline`.
 
 The same engine proves a schedule deadlock-free: if some rank can never run its next
 op, :class:`ScheduleError` names the cycle of waiting ranks.
+
+This module holds the only implementation of these rules. :class:`ListScheduler` is
+the engine, incremental: it places ops one at a time (each at the end of its rank's
+list, never before an optional release time) and answers "when could this op start?"
+for a greedy generator that is still choosing (``schedules.zb_auto``).
+:func:`place_rank_lists` drives it through fixed per-rank orders;
+:func:`run_list_schedule` times a whole :class:`Schedule` with it, optionally with
+per-op release times (the offload pass's delayed backwards and postponed forwards).
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
-from typing import Callable
+from typing import Callable, Mapping, Sequence
 
 from ..costs import Costs, MemoryDeltas
 from ..errors import ScheduleError
@@ -24,6 +33,19 @@ from ..timeline import TimedOp, Timeline
 Key = tuple[str, int, int]
 
 _F, _B, _W = OpKind.F, OpKind.B, OpKind.W
+
+#: The completion kinds as small ints, the engine's op address ``(code, stage, mb)``
+#: (list indices in the hot loops): forward, backward (B or BW: the input gradient),
+#: weight gradient.
+F_CODE, B_CODE, W_CODE = 0, 1, 2
+#: Each compute :class:`OpKind`'s completion code.
+KIND_CODE = {OpKind.F: F_CODE, OpKind.B: B_CODE, OpKind.BW: B_CODE, OpKind.W: W_CODE}
+_CODE_NAME = ("F", "B", "W")  #: code → completion key name
+_CODE_OF_NAME = {"F": F_CODE, "B": B_CODE, "W": W_CODE}
+#: Each code's OpKind in a B/W-split schedule (an OpKind that completes it).
+CODE_KIND = (OpKind.F, OpKind.B, OpKind.W)
+_NOT_PLACED = -math.inf  #: end time of an op not placed yet
+_NO_RELEASE = -math.inf  #: release time of an op with none
 
 
 def completion_key(op: Op) -> Key:
@@ -48,9 +70,209 @@ def dependencies(op: Op, num_stages: int) -> list[Key]:
     return deps
 
 
+def dependents(key: Key, num_stages: int) -> list[Key]:
+    """Keys of the ops that wait for ``key``: the inverse of :func:`dependencies`,
+    derived from it (an op's inputs are of its own microbatch, one layer group away
+    at most)."""
+    _, s, j = key
+    return [
+        (name, s2, j)
+        for name, code in _CODE_OF_NAME.items()
+        for s2 in (s - 1, s, s + 1)
+        if 0 <= s2 < num_stages and key in dependencies(Op(CODE_KIND[code], s2, j, 0, 0), num_stages)
+    ]
+
+
+def _code_dependencies(code: int, stage: int, num_stages: int) -> list[tuple[int, int]]:
+    """:func:`dependencies` in the engine's codes: ``(code, stage)`` of each input."""
+    op = Op(CODE_KIND[code], stage, 0, 0, 0)
+    return [(_CODE_OF_NAME[name], s) for name, s, _ in dependencies(op, num_stages)]
+
+
 def _key_str(key: Key) -> str:
     kind = {"F": "F", "B": "B/BW", "W": "W"}[key[0]]
     return f"{kind}(stage={key[1]}, mb={key[2]})"
+
+
+class ListScheduler:
+    """The list-scheduling engine, one op at a time.
+
+    An op is addressed as ``(code, stage, mb)`` with ``code`` one of
+    ``F_CODE``/``B_CODE``/``W_CODE`` (:data:`KIND_CODE`), ``0 ≤ stage <`` the number
+    of layer groups and ``0 ≤ mb < num_microbatches``; it runs on the rank that
+    ``stage_to_rank`` gives its layer group. :meth:`place` appends an op to its
+    rank: it starts at the latest of its rank's clock (the end of the rank's previous
+    op, ``origin`` at first), its inputs' ends (+ ``comm`` when the input was computed
+    on another rank) and its release time, and runs for the given duration.
+
+    Guarantees: :meth:`earliest_start` is exactly the start :meth:`place` would give;
+    placing every op of a schedule in each rank's order gives the times of
+    :func:`run_list_schedule`. Asking for an input that is not placed yet calls
+    :meth:`_not_placed`, which raises :class:`ScheduleError` (a subclass may raise
+    its own error instead).
+    """
+
+    __slots__ = ("num_stages", "num_microbatches", "comm", "rank_of", "origin", "clock", "end", "deps")
+
+    def __init__(
+        self, stage_to_rank: Sequence[int], num_microbatches: int, comm: float = 0.0, origin: float = 0.0
+    ) -> None:
+        S, m = len(stage_to_rank), num_microbatches
+        self.num_stages, self.num_microbatches = S, m
+        self.comm = comm
+        self.rank_of = list(stage_to_rank)
+        self.origin = origin
+        self.clock = [origin] * (max(self.rank_of) + 1)
+        #: End time of every op (index :meth:`slot`), ``-inf`` until placed.
+        self.end = [_NOT_PLACED] * (3 * S * m)
+        #: Per ``code·S + stage``: each input as (slot of its microbatch 0, latency).
+        self.deps: list[tuple[tuple[int, float], ...]] = [
+            tuple(
+                ((dc * S + ds) * m, comm if self.rank_of[ds] != self.rank_of[s] else 0.0)
+                for dc, ds in _code_dependencies(c, s, S)
+            )
+            for c in range(3)
+            for s in range(S)
+        ]
+
+    def slot(self, code: int, stage: int, mb: int) -> int:
+        """Index of op ``(code, stage, mb)`` in :attr:`end`."""
+        return (code * self.num_stages + stage) * self.num_microbatches + mb
+
+    def done(self, code: int, stage: int, mb: int) -> bool:
+        """Whether op ``(code, stage, mb)`` has been placed."""
+        return self.end[(code * self.num_stages + stage) * self.num_microbatches + mb] != _NOT_PLACED
+
+    def end_of(self, code: int, stage: int, mb: int) -> float:
+        """End time of a placed op."""
+        e = self.end[(code * self.num_stages + stage) * self.num_microbatches + mb]
+        if e == _NOT_PLACED:
+            self._not_placed(code, stage, mb, "is")
+        return e
+
+    def ready(self, code: int, stage: int, mb: int) -> bool:
+        """Whether every input of op ``(code, stage, mb)`` has been placed."""
+        end, unplaced = self.end, _NOT_PLACED
+        for base, _ in self.deps[code * self.num_stages + stage]:
+            if end[base + mb] == unplaced:
+                return False
+        return True
+
+    def missing_input(self, code: int, stage: int, mb: int) -> int:
+        """Slot of the first input of op ``(code, stage, mb)`` not placed yet, or −1."""
+        end = self.end
+        for base, _ in self.deps[code * self.num_stages + stage]:
+            if end[base + mb] == _NOT_PLACED:
+                return base + mb
+        return -1
+
+    def arrival(self, code: int, stage: int, mb: int) -> float:
+        """When every input of op ``(code, stage, mb)`` is available on its rank
+        (``origin`` for an op with none)."""
+        t = self.origin
+        end = self.end
+        for base, latency in self.deps[code * self.num_stages + stage]:
+            e = end[base + mb]
+            if e == _NOT_PLACED:
+                self._not_placed(code, stage, mb, "has an input that is")
+            e += latency
+            if e > t:
+                t = e
+        return t
+
+    def earliest_start(self, code: int, stage: int, mb: int, release: float = _NO_RELEASE) -> float:
+        """The start :meth:`place` would give op ``(code, stage, mb)`` now."""
+        t = self.arrival(code, stage, mb)
+        c = self.clock[self.rank_of[stage]]
+        return max(t, c, release)
+
+    def place(self, code: int, stage: int, mb: int, duration: float, release: float = _NO_RELEASE) -> float:
+        """Append op ``(code, stage, mb)`` to its rank, not before ``release``; return
+        its start. (The input loop of :meth:`arrival` is repeated inline: this is the
+        hot path of every generator and of the timing pass.)"""
+        end, unplaced = self.end, _NOT_PLACED
+        own = code * self.num_stages + stage
+        t = self.origin
+        for base, latency in self.deps[own]:
+            e = end[base + mb]
+            if e == unplaced:
+                self._not_placed(code, stage, mb, "has an input that is")
+            e += latency
+            if e > t:
+                t = e
+        clock = self.clock
+        r = self.rank_of[stage]
+        if clock[r] > t:
+            t = clock[r]
+        if release > t:
+            t = release
+        e = t + duration
+        end[own * self.num_microbatches + mb] = e
+        clock[r] = e
+        return t
+
+    def _not_placed(self, code: int, stage: int, mb: int, what: str) -> None:
+        raise ScheduleError(f"{_CODE_NAME[code]}(stage={stage}, mb={mb}) {what} not placed yet")
+
+
+def place_rank_lists(
+    engine: ListScheduler,
+    lists: Sequence[Sequence[tuple[int, int, int]]],
+    place: Callable[[int, int], object],
+) -> list[int]:
+    """Place fixed per-rank orders: rank ``r``'s ops ``lists[r]`` (each ``(code,
+    stage, mb)``) in order, each once all its inputs are placed, by calling
+    ``place(r, i)`` (which must place ``lists[r][i]`` into ``engine``).
+
+    Guarantees: ``place`` is called once per op, in each rank's order, and only when
+    the op's inputs are placed; returns how many ops of each rank were placed — all of
+    them unless the orders deadlock.
+    """
+    p = len(lists)
+    S, m = engine.num_stages, engine.num_microbatches
+    deps, end, unplaced = engine.deps, engine.end, _NOT_PLACED
+    done = [0] * p
+    waiting: dict[int, list[int]] = {}
+    ready = deque(range(p))
+    while ready:
+        r = ready.popleft()
+        ops = lists[r]
+        i = done[r]
+        while i < len(ops):
+            code, stage, mb = ops[i]
+            missing = -1  # engine.missing_input, inline: once per op of every timing
+            for base, _ in deps[code * S + stage]:
+                if end[base + mb] == unplaced:
+                    missing = base + mb
+                    break
+            if missing >= 0:
+                waiting.setdefault(missing, []).append(r)
+                break
+            place(r, i)
+            i += 1
+            woken = waiting.pop((code * S + stage) * m + mb, None)
+            if woken:
+                ready.extend(woken)
+        done[r] = i
+    return done
+
+
+def _op_codes(schedule: Schedule, ranks: list[list[Op]]) -> tuple[list[list[tuple[int, int, int]]], int]:
+    """Each op's engine address, and the number of microbatches to size the engine for.
+    Raises ScheduleError for an op outside the placement's layer groups."""
+    S, m = schedule.num_stages, schedule.num_microbatches
+    codes = []
+    for lst in ranks:
+        row = []
+        for op in lst:
+            s, j = op.stage, op.microbatch
+            if not (0 <= s < S and j >= 0):
+                raise ScheduleError(f"{op}: stage or microbatch out of range (rule: placement consistent)")
+            if j >= m:
+                m = j + 1
+            row.append((KIND_CODE[op.kind], s, j))
+        codes.append(row)
+    return codes, m
 
 
 def run_list_schedule(
@@ -58,48 +280,37 @@ def run_list_schedule(
     duration: Callable[[Op], float],
     comm: float,
     memory: Callable[[Op], float] | None = None,
+    *,
+    release: Mapping[tuple[OpKind, int, int], float] | None = None,
+    origin: float = 0.0,
 ) -> list[TimedOp]:
-    """Core engine. Returns the timed compute ops; raises ScheduleError on deadlock."""
-    p, S = schedule.num_ranks, schedule.num_stages
+    """Time every compute op of ``schedule``, each rank's in its order, each as early as
+    its inputs allow (``comm`` across ranks) and never before ``release[op.key]``;
+    every rank's clock starts at ``origin``.
+
+    Guarantees: every compute op appears exactly once in the result, with its
+    ``memory`` delta (0 without ``memory``); each rank's ops keep the schedule's order
+    and never overlap; an op starts at the earliest time its rank, its inputs and its
+    release allow. Raises ScheduleError naming the cycle of waiting ranks on deadlock.
+    """
     ranks = [[o for o in lst if o.kind.is_compute] for lst in schedule.ranks]
-    finish: dict[Key, tuple[float, int]] = {}
-    waiting: dict[Key, list[int]] = {}
-    ptr = [0] * p
-    clock = [0.0] * p
+    codes, m = _op_codes(schedule, ranks)
+    engine = ListScheduler(schedule.placement.stage_to_rank, m, comm, origin)
     events: list[TimedOp] = []
-    ready = deque(range(p))
-    while ready:
-        r = ready.popleft()
-        ops = ranks[r]
-        while ptr[r] < len(ops):
-            op = ops[ptr[r]]
-            t = clock[r]
-            blocked = None
-            for dk in dependencies(op, S):
-                f = finish.get(dk)
-                if f is None:
-                    blocked = dk
-                    break
-                end, dr = f
-                if dr != r:
-                    end += comm
-                if end > t:
-                    t = end
-            if blocked is not None:
-                waiting.setdefault(blocked, []).append(r)
-                break
-            end = t + duration(op)
-            events.append(TimedOp(op, t, end, "compute", memory(op) if memory else 0.0))
-            key = completion_key(op)
-            finish[key] = (end, r)
-            clock[r] = end
-            ptr[r] += 1
-            woken = waiting.pop(key, None)
-            if woken:
-                ready.extend(woken)
-    stuck = [r for r in range(p) if ptr[r] < len(ranks[r])]
+    place_op = engine.place
+    no_release = _NO_RELEASE
+
+    def place(r: int, i: int) -> None:
+        op = ranks[r][i]
+        code, stage, mb = codes[r][i]
+        d = duration(op)
+        t = place_op(code, stage, mb, d, release.get(op.key, no_release) if release else no_release)
+        events.append(TimedOp(op, t, t + d, "compute", memory(op) if memory else 0.0))
+
+    done = place_rank_lists(engine, codes, place)
+    stuck = [r for r in range(len(ranks)) if done[r] < len(ranks[r])]
     if stuck:
-        raise ScheduleError(_deadlock_message(schedule, ranks, ptr, stuck))
+        raise ScheduleError(_deadlock_message(schedule, ranks, done, stuck))
     return events
 
 

@@ -19,14 +19,28 @@ from .timing import completion_key, dependencies, run_list_schedule
 
 
 def validate(schedule: Schedule) -> None:
-    """Raise :class:`ScheduleError` if ``schedule`` breaks a rule; return None if valid."""
+    """Raise :class:`ScheduleError` if ``schedule`` breaks a rule; return None if valid.
+
+    Guarantees: the rules are checked in the order of the module docstring, and the
+    error names the first bad op (rank and position) or the missing op, and the rule.
+    """
     pl = schedule.placement
-    p, S, m = pl.num_ranks, pl.num_stages, schedule.num_microbatches
+    m = schedule.num_microbatches
     if m < 1:
         raise ScheduleError(f"schedule has {m} microbatches; need at least 1")
-    if len(schedule.ranks) != p:
-        raise ScheduleError(f"schedule has {len(schedule.ranks)} op lists but the placement has {p} ranks")
+    if len(schedule.ranks) != pl.num_ranks:
+        raise ScheduleError(f"schedule has {len(schedule.ranks)} op lists but the placement has {pl.num_ranks} ranks")
+    counts = _check_shape(schedule)
+    _check_complete(schedule, counts)
+    _check_local_order(schedule)
+    run_list_schedule(schedule, lambda o: 1.0, 0.0)
 
+
+def _check_shape(schedule: Schedule) -> Counter:
+    """Rule 1, and no op twice: each compute op agrees with the placement. Returns how
+    often each op key occurs."""
+    pl = schedule.placement
+    S, m = pl.num_stages, schedule.num_microbatches
     counts: Counter = Counter()
     rank_of, chunk_of = pl.stage_to_rank, pl.chunk_of
     for r, lst in enumerate(schedule.ranks):
@@ -47,19 +61,30 @@ def validate(schedule: Schedule) -> None:
                 bad = (f"chunk {op.chunk} but layer group {stage} is chunk "
                        f"{chunk_of(stage)} of rank {r} (rule: placement consistent)")
             else:
-                key = (kind, stage, j)
-                c = counts[key] = counts[key] + 1
-                if c > 1:
-                    bad = "duplicate op (rule: each op runs exactly once)"
-                elif kind is OpKind.BW and (counts[(OpKind.B, stage, j)] or counts[(OpKind.W, stage, j)]):
-                    bad = "BW together with B/W for the same layer group and microbatch"
-                elif kind in (OpKind.B, OpKind.W) and counts[(OpKind.BW, stage, j)]:
-                    bad = "B/W together with BW for the same layer group and microbatch"
+                bad = _count(counts, kind, stage, j)
             if bad:
                 raise ScheduleError(f"rank {r}, position {i}: {op}: {bad}")
+    return counts
 
-    for s in range(S):
-        for j in range(m):
+
+def _count(counts: Counter, kind: OpKind, stage: int, j: int) -> str | None:
+    """Count op ``(kind, stage, j)``; what is wrong when it repeats or mixes BW with B/W."""
+    key = (kind, stage, j)
+    c = counts[key] = counts[key] + 1
+    if c > 1:
+        return "duplicate op (rule: each op runs exactly once)"
+    if kind is OpKind.BW and (counts[(OpKind.B, stage, j)] or counts[(OpKind.W, stage, j)]):
+        return "BW together with B/W for the same layer group and microbatch"
+    if kind in (OpKind.B, OpKind.W) and counts[(OpKind.BW, stage, j)]:
+        return "B/W together with BW for the same layer group and microbatch"
+    return None
+
+
+def _check_complete(schedule: Schedule, counts: Counter) -> None:
+    """Rule 2: every (layer group, microbatch) has one F and one BW, or one B and one W."""
+    pl = schedule.placement
+    for s in range(pl.num_stages):
+        for j in range(schedule.num_microbatches):
             if not counts[(OpKind.F, s, j)]:
                 raise ScheduleError(f"missing F(stage={s}, mb={j}) on rank {pl.rank_of(s)} (rule: every F runs once)")
             has_bw = counts[(OpKind.BW, s, j)]
@@ -71,6 +96,11 @@ def validate(schedule: Schedule) -> None:
                     f"(rule: one BW, or one B and one W)"
                 )
 
+
+def _check_local_order(schedule: Schedule) -> None:
+    """Rule 3: on each rank an op comes after its dependencies that share its rank."""
+    pl = schedule.placement
+    S = pl.num_stages
     for r, lst in enumerate(schedule.ranks):
         done: set = set()
         for i, op in enumerate(lst):
@@ -84,5 +114,3 @@ def validate(schedule: Schedule) -> None:
                         f"{dk[0]}(stage={dk[1]}, mb={dk[2]}) (rule: local order)"
                     )
             done.add(completion_key(op))
-
-    run_list_schedule(schedule, lambda o: 1.0, 0.0)

@@ -1,7 +1,7 @@
 """ZB's memory-limited automatic scheduler ("ZB-1p", "ZB-2p"), and the op-placing
 tracker that the zero-bubble greedy schedulers share. Pure Python.
 
-The heuristic (ALGORITHMS.md §3, a reading of the ZB reference code, one layer
+The heuristic (docs/algorithms.md#26-automatic-zero-bubble-zb-auto, a reading of the ZB reference code, one layer
 group per rank):
 
 1. Warm-up: every stage runs as many forwards as fit under the memory limit before
@@ -15,9 +15,9 @@ group per rank):
 
 A few tie-breaking variants run; the caller keeps the one with the shortest
 longest-rank span (then the shortest makespan).
-:class:`Tracker` times every op the moment it is placed, with the rules of
-:func:`pipeoffload.passes.timing.simulate` (same dependencies, ``comm`` on
-cross-rank edges, same per-layer-group durations), so the greedy decisions see the
+:class:`Tracker` times every op the moment it is placed with the timing pass's own
+engine (:class:`pipeoffload.passes.timing.ListScheduler`: same dependencies, ``comm``
+on cross-rank edges, same per-layer-group durations), so the greedy decisions see the
 times the final schedule really has.
 """
 
@@ -28,128 +28,83 @@ from typing import Sequence
 
 from ..costs import Costs, MemoryDeltas
 from ..ir import OpKind, Placement
+from ..passes.timing import B_CODE, CODE_KIND, F_CODE, KIND_CODE, W_CODE, ListScheduler, place_rank_lists
 
-#: Op kinds as small ints inside the greedy loops (speed).
-KF, KB, KW = 0, 1, 2
-KIND = (OpKind.F, OpKind.B, OpKind.W)
 _EPS = 1e-9
+
+__all__ = [
+    "F_CODE", "B_CODE", "W_CODE", "CODE_KIND", "Infeasible", "Tracker", "replay", "default_limit",
+    "auto_variant", "auto_candidates", "VARIANTS",
+]
 
 
 class Infeasible(Exception):
     """A greedy variant cannot continue (memory limit, or a rule it cannot keep)."""
 
 
-class Tracker:
+class Tracker(ListScheduler):
     """Places ops of a B/W-split schedule one at a time, each at the end of its
-    rank's list and as early as its dependencies allow.
+    rank's list and as early as its dependencies allow, and keeps the per-rank
+    memory level, peak and idle time the greedy schedulers decide with.
 
-    Dependencies (as the timing pass): ``F(s,j)`` after ``F(s−1,j)``; ``B(s,j)``
-    after ``F(s,j)`` and ``B(s+1,j)``; ``W(s,j)`` after ``B(s,j)``; ``comm`` is added
-    when the producer sits on another rank. Memory: a rank's level after each op is
-    the running sum of its ops' deltas, which is exactly the timing pass's curve
-    (ops on a rank never overlap), so ``peak`` is the peak the timeline reports.
+    Ops are ``(code, stage, mb)`` as in :class:`~pipeoffload.passes.timing.ListScheduler`
+    (code F_CODE, B_CODE or W_CODE). Guarantees: every op is timed by the timing
+    pass's engine, so the times are those :func:`~pipeoffload.passes.timing.simulate`
+    gives the finished order; a rank's memory level after each op is the running sum
+    of its ops' deltas, which is exactly the timing pass's curve (ops on a rank never
+    overlap), so ``peak`` is the peak the timeline reports; :meth:`put` raises
+    :class:`Infeasible` rather than exceed ``limit`` or place an op whose input is
+    missing.
     """
 
-    __slots__ = (
-        "p", "S", "m", "comm", "rank_of", "dur", "mem", "end", "clock", "level", "peak",
-        "idle", "started", "first", "order", "limit", "tol", "deps",
-    )
+    __slots__ = ("p", "dur", "mem", "level", "peak", "idle", "started", "first", "order", "limit", "tol")
 
     def __init__(
         self, placement: Placement, m: int, costs: Costs, memory: MemoryDeltas, limit: float
     ) -> None:
-        self.p, self.S, self.m = placement.num_ranks, placement.num_stages, m
-        self.comm = costs.comm
-        self.rank_of = list(placement.stage_to_rank)
+        super().__init__(placement.stage_to_rank, m, costs.comm)
+        self.p = placement.num_ranks
         dt, mt = costs.duration_table(placement), memory.delta_table(placement)
+        #: Per layer group: (F, B, W) duration and memory delta, indexed by code.
         self.dur = [(d[OpKind.F], d[OpKind.B], d[OpKind.W]) for d in dt]
         self.mem = [(d[OpKind.F], d[OpKind.B], d[OpKind.W]) for d in mt]
         self.limit = limit
         #: Slack for float noise when comparing sums of deltas with the limit.
         self.tol = _EPS * max(1.0, abs(limit))
-        n = 3 * self.S * m
-        self.end = [-1.0] * n
-        self.clock = [0.0] * self.p
         self.level = [0.0] * self.p
         self.peak = [0.0] * self.p
         self.idle = [0.0] * self.p  #: idle time after the rank's first op
         self.started = [False] * self.p
         self.first = [0.0] * self.p  #: start of the rank's first op
         self.order: list[list[tuple[OpKind, int, int]]] = [[] for _ in range(self.p)]
-        #: Per op (k·S + s): its dependencies as (index base into ``end``, latency added).
-        self.deps: list[tuple[tuple[int, float], ...]] = [
-            tuple(
-                ((dk * self.S + ds) * m, self.comm if self.rank_of[ds] != self.rank_of[s] else 0.0)
-                for dk, ds in self._deps(k, s)
-            )
-            for k in range(3)
-            for s in range(self.S)
-        ]
 
-    # --- lookups ---------------------------------------------------------------
-    def done(self, k: int, s: int, j: int) -> bool:
-        return self.end[(k * self.S + s) * self.m + j] >= 0.0
+    def _not_placed(self, code: int, stage: int, mb: int, what: str) -> None:
+        raise Infeasible(f"{CODE_KIND[code]}(stage={stage}, mb={mb}) {what} not placed yet")
 
-    def end_of(self, k: int, s: int, j: int) -> float:
-        e = self.end[(k * self.S + s) * self.m + j]
-        if e < 0.0:
-            raise Infeasible(f"{KIND[k]}(stage={s}, mb={j}) not placed yet")
-        return e
+    def fits(self, stage: int, code: int, extra: float = 0.0) -> bool:
+        """Whether op kind ``code`` of layer group ``stage`` (plus ``extra``) fits the limit now."""
+        r = self.rank_of[stage]
+        return self.level[r] + extra + self.mem[stage][code] <= self.limit + self.tol
 
-    def ready(self, k: int, s: int, j: int) -> bool:
-        """Whether every dependency of op ``(k, s, j)`` has been placed."""
-        end = self.end
-        return all(end[base + j] >= 0.0 for base, _ in self.deps[k * self.S + s])
-
-    def arrival(self, k: int, s: int, j: int) -> float:
-        """When every input of op ``(k, s, j)`` is available on its rank."""
-        t = 0.0
-        end = self.end
-        for base, lat in self.deps[k * self.S + s]:
-            e = end[base + j]
-            if e < 0.0:
-                raise Infeasible(f"a dependency of {KIND[k]}(stage={s}, mb={j}) is not placed yet")
-            e += lat
-            if e > t:
-                t = e
-        return t
-
-    def _deps(self, k: int, s: int) -> list[tuple[int, int]]:
-        if k == KF:
-            return [(KF, s - 1)] if s > 0 else []
-        if k == KW:
-            return [(KB, s)]
-        return [(KF, s), (KB, s + 1)] if s < self.S - 1 else [(KF, s)]
-
-    def fits(self, s: int, k: int, extra: float = 0.0) -> bool:
-        r = self.rank_of[s]
-        return self.level[r] + extra + self.mem[s][k] <= self.limit + self.tol
-
-    # --- placing ---------------------------------------------------------------
-    def put(self, k: int, s: int, j: int) -> float:
-        """Append op ``(k, s, j)`` to its rank; return its end time."""
-        r = self.rank_of[s]
-        start = self.arrival(k, s, j)
-        c = self.clock[r]
-        if start < c:
-            start = c
-        elif self.started[r]:
-            self.idle[r] += start - c
-        if not self.started[r]:
+    def put(self, code: int, stage: int, mb: int) -> float:
+        """Append op ``(code, stage, mb)`` to its rank; return its end time."""
+        r = self.rank_of[stage]
+        delta = self.mem[stage][code]
+        if delta > 0 and not self.level[r] + delta <= self.limit + self.tol:
+            raise Infeasible(f"rank {r} would exceed the memory limit")
+        before = self.clock[r]
+        start = self.place(code, stage, mb, self.dur[stage][code])
+        if self.started[r]:
+            self.idle[r] += start - before
+        else:
             self.started[r] = True
             self.first[r] = start
-        dm = self.mem[s][k]
-        if dm > 0 and not self.fits(s, k):
-            raise Infeasible(f"rank {r} would exceed the memory limit")
-        e = start + self.dur[s][k]
-        self.end[(k * self.S + s) * self.m + j] = e
-        self.clock[r] = e
-        lv = self.level[r] + dm
-        self.level[r] = lv
-        if lv > self.peak[r]:
-            self.peak[r] = lv
-        self.order[r].append((KIND[k], s, j))
-        return e
+        level = self.level[r] + delta
+        self.level[r] = level
+        if level > self.peak[r]:
+            self.peak[r] = level
+        self.order[r].append((CODE_KIND[code], stage, mb))
+        return self.clock[r]
 
     # --- results ---------------------------------------------------------------
     def makespan(self) -> float:
@@ -162,32 +117,16 @@ class Tracker:
         return max(self.idle)
 
 
-def replay(tr: Tracker, per_rank: Sequence[Sequence[tuple[OpKind, int, int]]]) -> Tracker:
-    """Place a fixed per-rank order into ``tr`` (list scheduling, as the timing pass).
+def replay(tracker: Tracker, per_rank: Sequence[Sequence[tuple[OpKind, int, int]]]) -> Tracker:
+    """Place a fixed per-rank order into ``tracker`` (list scheduling, as the timing pass).
 
     Raises :class:`Infeasible` on deadlock or when the order breaks the memory limit.
     """
-    code = {OpKind.F: KF, OpKind.B: KB, OpKind.W: KW}
-    lists = [[(code[k], s, j) for k, s, j in ops] for ops in per_rank]
-    ptr = [0] * tr.p
-    waiting: dict[int, list[int]] = {}
-    ready = list(range(tr.p))
-    S, m = tr.S, tr.m
-    while ready:
-        r = ready.pop()
-        ops = lists[r]
-        while ptr[r] < len(ops):
-            k, s, j = ops[ptr[r]]
-            missing = next((base + j for base, _ in tr.deps[k * S + s] if tr.end[base + j] < 0.0), None)
-            if missing is not None:
-                waiting.setdefault(missing, []).append(r)
-                break
-            tr.put(k, s, j)
-            ptr[r] += 1
-            ready.extend(waiting.pop((k * S + s) * m + j, ()))
-    if any(ptr[r] < len(lists[r]) for r in range(tr.p)):
+    lists = [[(KIND_CODE[kind], stage, mb) for kind, stage, mb in ops] for ops in per_rank]
+    placed = place_rank_lists(tracker, lists, lambda r, i: tracker.put(*lists[r][i]))
+    if any(n < len(ops) for n, ops in zip(placed, lists)):
         raise Infeasible("the order deadlocks")
-    return tr
+    return tracker
 
 
 def default_limit(placement: Placement, memory: MemoryDeltas) -> float:
@@ -212,124 +151,177 @@ def auto_variant(
 
     Raises :class:`Infeasible` when this variant cannot respect ``limit``.
     """
-    tr = Tracker(Placement.loop(p, 1), m, costs, memory, limit)
-    dF = [d[KF] for d in tr.dur]
-    dB = [d[KB] for d in tr.dur]
-    dW = [d[KW] for d in tr.dur]
-    mF = [d[KF] for d in tr.mem]
-    mW = [d[KW] for d in tr.mem]
-    comm = tr.comm
-    f, b, w = [0] * p, [0] * p, [0] * p
-    clock, idle = tr.clock, tr.idle
-    tol = tr.tol
+    greedy = _AutoGreedy(p, m, costs, memory, limit, allow_bubble_before_first_b, prioritize_b, greedy_fill)
+    return greedy.run()
 
-    def put(j: int, k: int) -> None:
-        if k == KF:
-            tr.put(KF, j, f[j])
-            f[j] += 1
-        elif k == KB:
-            tr.put(KB, j, b[j])
-            b[j] += 1
-        else:
-            tr.put(KW, j, w[j])
-            w[j] += 1
 
-    def make_room(j: int, k: int) -> None:
-        # W's forced by the memory limit (W frees what B left).
-        while not tr.fits(j, k):
-            if w[j] >= b[j] or tr.mem[j][KW] >= 0:
-                raise Infeasible(f"stage {j} cannot fit the memory limit")
-            put(j, KW)
+class _AutoGreedy:
+    """The state of one run of the heuristic: the tracker and, per stage (= rank),
+    how many F, B and W it has placed."""
 
-    def fill_gap(j: int, arrive: float) -> None:
-        # Whole W's that end before the input arrives, then maybe one partial W.
-        while w[j] < b[j] and clock[j] + dW[j] <= arrive:
-            put(j, KW)
-        if w[j] < b[j] and clock[j] < arrive:
-            if arrive - clock[j] <= max(idle) - idle[j]:
-                if greedy_fill:
-                    put(j, KW)
+    __slots__ = (
+        "p", "m", "limit", "tracker", "allow_bubble_before_first_b", "prioritize_b", "greedy_fill",
+        "dur_f", "dur_b", "dur_w", "mem_f", "mem_w", "placed", "n_f", "n_b", "n_w", "clock", "idle",
+    )
+
+    def __init__(
+        self,
+        p: int,
+        m: int,
+        costs: Costs,
+        memory: MemoryDeltas,
+        limit: float,
+        allow_bubble_before_first_b: bool,
+        prioritize_b: bool,
+        greedy_fill: bool,
+    ) -> None:
+        self.p, self.m, self.limit = p, m, limit
+        self.tracker = tr = Tracker(Placement.loop(p, 1), m, costs, memory, limit)
+        self.allow_bubble_before_first_b = allow_bubble_before_first_b
+        self.prioritize_b = prioritize_b
+        self.greedy_fill = greedy_fill
+        self.dur_f = [d[F_CODE] for d in tr.dur]
+        self.dur_b = [d[B_CODE] for d in tr.dur]
+        self.dur_w = [d[W_CODE] for d in tr.dur]
+        self.mem_f = [d[F_CODE] for d in tr.mem]
+        self.mem_w = [d[W_CODE] for d in tr.mem]
+        #: Ops placed so far per stage, by code (F, B, W).
+        self.placed = self.n_f, self.n_b, self.n_w = [0] * p, [0] * p, [0] * p
+        self.clock, self.idle = tr.clock, tr.idle
+
+    def run(self) -> Tracker:
+        self._first_iteration()
+        for _ in range(1, self.m):
+            self._steady_round()
+        n_w = self.n_w
+        for j in range(self.p):
+            while n_w[j] < self.m:
+                self._put(j, W_CODE)
+        return self.tracker
+
+    # --- placing ------------------------------------------------------------------
+    def _put(self, stage: int, code: int) -> None:
+        counts = self.placed[code]
+        self.tracker.put(code, stage, counts[stage])
+        counts[stage] += 1
+
+    def _make_room(self, stage: int, code: int) -> None:
+        """W's forced by the memory limit (W frees what B left)."""
+        tr, n_b, n_w = self.tracker, self.n_b, self.n_w
+        while not tr.fits(stage, code):
+            if n_w[stage] >= n_b[stage] or tr.mem[stage][W_CODE] >= 0:
+                raise Infeasible(f"stage {stage} cannot fit the memory limit")
+            self._put(stage, W_CODE)
+
+    def _fill_gap(self, stage: int, arrive: float) -> None:
+        """Whole W's that end before the input arrives, then maybe one partial W."""
+        n_b, n_w, clock, idle = self.n_b, self.n_w, self.clock, self.idle
+        dur_w = self.dur_w[stage]
+        while n_w[stage] < n_b[stage] and clock[stage] + dur_w <= arrive:
+            self._put(stage, W_CODE)
+        if n_w[stage] < n_b[stage] and clock[stage] < arrive:
+            if arrive - clock[stage] <= max(idle) - idle[stage]:
+                if self.greedy_fill:
+                    self._put(stage, W_CODE)
             else:
-                put(j, KW)
+                self._put(stage, W_CODE)
 
-    # Iteration 0: the first forward everywhere, the warm-up forwards, the first B's.
-    for j in range(p):
-        put(j, KF)
-    req = [0] * p
-    last_t = tr.end_of(KF, p - 1, 0) + dB[p - 1]
-    for j in range(p - 2, -1, -1):
-        mem_j, cost = tr.level[j], clock[j]
-        while f[j] + req[j] < m and mem_j + mF[j] <= limit + tol:
-            if allow_bubble_before_first_b:
-                if cost + dF[j] > last_t + comm:
-                    break
-            elif cost >= last_t + comm:
-                break
-            mem_j += mF[j]
-            cost += dF[j]
-            req[j] += 1
-        last_t = max(cost, last_t + comm) + dB[j]
-    for j in range(1, p):  # strictly fewer warm-up forwards on each later stage
-        req[j] = min(req[j], req[j - 1])  # (never more: its inputs come from j−1)
-        while req[j] > 0 and req[j] >= req[j - 1] and f[j] + req[j] < m:
-            req[j] -= 1
-    for j in range(p):
-        for _ in range(req[j]):
-            make_room(j, KF)
-            put(j, KF)
-    for j in range(p - 1, -1, -1):
-        make_room(j, KB)
-        put(j, KB)
-
-    # Steady state: one F (where the heuristic wants it) and one B per stage.
-    for i in range(1, m):
-        req = [0] * p
-        worst = max(idle)
+    # --- iteration 0 --------------------------------------------------------------
+    def _first_iteration(self) -> None:
+        """The first forward everywhere, the warm-up forwards, the first B's."""
+        p = self.p
         for j in range(p):
-            if f[j] >= m:
-                continue
-            if prioritize_b and j + 1 < p and f[j] >= f[j + 1] + 2:
-                # Far ahead of the next stage: skip this F unless it is free.
-                nxt = clock[j + 1] + dF[j + 1] + dB[j + 1] + comm
-                if clock[j] >= nxt:
-                    continue
-                w_cost, cnt, lv = 0.0, 0, tr.level[j] + mF[j]
-                while lv > limit + tol and w[j] + cnt < b[j]:
-                    w_cost += dW[j]
-                    lv += mW[j]
-                    cnt += 1
-                if clock[j] + dF[j] + w_cost <= nxt:
-                    req[j] = 1
-                    continue
-                if nxt - clock[j] <= worst - idle[j]:
-                    continue
-            req[j] = 1
-        for j in range(p - 2, -1, -1):
-            req[j] = min(req[j], req[j + 1])
+            self._put(j, F_CODE)
+        warmup = self._warmup_forwards()
         for j in range(p):
-            if not req[j]:
-                continue
-            make_room(j, KF)
-            if j > 0:
-                fill_gap(j, tr.end_of(KF, j - 1, f[j]) + comm)
-            make_room(j, KF)
-            put(j, KF)
+            for _ in range(warmup[j]):
+                self._make_room(j, F_CODE)
+                self._put(j, F_CODE)
         for j in range(p - 1, -1, -1):
-            if b[j] >= f[j]:
-                raise Infeasible(f"stage {j} has no forward for its next backward")
-            make_room(j, KB)
-            if j + 1 < p:
-                fill_gap(j, tr.end_of(KB, j + 1, b[j]) + comm)
-            if j == 0 and f[0] == m:
-                while w[0] < b[0]:
-                    put(0, KW)
-            make_room(j, KB)
-            put(j, KB)
+            self._make_room(j, B_CODE)
+            self._put(j, B_CODE)
 
-    for j in range(p):
-        while w[j] < m:
-            put(j, KW)
-    return tr
+    def _warmup_forwards(self) -> list[int]:
+        """How many more forwards each stage runs before its first B: as many as fit
+        the limit before that B's input can arrive, strictly fewer on each later stage."""
+        p, m, tr = self.p, self.m, self.tracker
+        n_f = self.n_f
+        limit, tol, comm = self.limit, tr.tol, tr.comm
+        extra = [0] * p
+        last_t = tr.end_of(F_CODE, p - 1, 0) + self.dur_b[p - 1]
+        for j in range(p - 2, -1, -1):
+            level, t = tr.level[j], tr.clock[j]
+            while n_f[j] + extra[j] < m and level + self.mem_f[j] <= limit + tol:
+                if self.allow_bubble_before_first_b:
+                    if t + self.dur_f[j] > last_t + comm:
+                        break
+                elif t >= last_t + comm:
+                    break
+                level += self.mem_f[j]
+                t += self.dur_f[j]
+                extra[j] += 1
+            last_t = max(t, last_t + comm) + self.dur_b[j]
+        for j in range(1, p):  # strictly fewer warm-up forwards on each later stage
+            extra[j] = min(extra[j], extra[j - 1])  # (never more: its inputs come from j−1)
+            while extra[j] > 0 and extra[j] >= extra[j - 1] and n_f[j] + extra[j] < m:
+                extra[j] -= 1
+        return extra
+
+    # --- steady state -------------------------------------------------------------
+    def _steady_round(self) -> None:
+        """One F (where the heuristic wants it) and one B per stage."""
+        p, tr, comm = self.p, self.tracker, self.tracker.comm
+        n_f, n_b = self.n_f, self.n_b
+        worst = max(self.idle)
+        wanted = [self._forward_wanted(j, worst) for j in range(p)]
+        for j in range(p - 2, -1, -1):
+            wanted[j] = min(wanted[j], wanted[j + 1])
+        for j in range(p):
+            if not wanted[j]:
+                continue
+            self._make_room(j, F_CODE)
+            if j > 0:
+                self._fill_gap(j, tr.end_of(F_CODE, j - 1, n_f[j]) + comm)
+            self._make_room(j, F_CODE)
+            self._put(j, F_CODE)
+        for j in range(p - 1, -1, -1):
+            if n_b[j] >= n_f[j]:
+                raise Infeasible(f"stage {j} has no forward for its next backward")
+            self._make_room(j, B_CODE)
+            if j + 1 < p:
+                self._fill_gap(j, tr.end_of(B_CODE, j + 1, n_b[j]) + comm)
+            if j == 0 and n_f[0] == self.m:
+                self._drain_weights(0)
+            self._make_room(j, B_CODE)
+            self._put(j, B_CODE)
+
+    def _forward_wanted(self, j: int, worst: float) -> int:
+        """1 if stage ``j`` runs a forward this round, else 0. With ``prioritize_b``, a
+        stage far ahead of the next one skips it unless it is free."""
+        n_f, n_b, n_w = self.n_f, self.n_b, self.n_w
+        if n_f[j] >= self.m:
+            return 0
+        if not (self.prioritize_b and j + 1 < self.p and n_f[j] >= n_f[j + 1] + 2):
+            return 1
+        tr = self.tracker
+        clock, limit = tr.clock, self.limit + tr.tol
+        nxt = clock[j + 1] + self.dur_f[j + 1] + self.dur_b[j + 1] + tr.comm
+        if clock[j] >= nxt:
+            return 0
+        w_cost, cnt, level = 0.0, 0, tr.level[j] + self.mem_f[j]
+        while level > limit and n_w[j] + cnt < n_b[j]:
+            w_cost += self.dur_w[j]
+            level += self.mem_w[j]
+            cnt += 1
+        if clock[j] + self.dur_f[j] + w_cost <= nxt:
+            return 1
+        return 0 if nxt - clock[j] <= worst - tr.idle[j] else 1
+
+    def _drain_weights(self, stage: int) -> None:
+        """Every W whose B has run."""
+        n_b, n_w = self.n_b, self.n_w
+        while n_w[stage] < n_b[stage]:
+            self._put(stage, W_CODE)
 
 
 #: Tie-breaking variants: (allow bubble before first B, prefer B over F, greedy filling).
@@ -341,9 +333,9 @@ def auto_candidates(
 ) -> list[Tracker]:
     """Every variant of the heuristic that respects ``limit`` (possibly none)."""
     out = []
-    for a, pb, g in VARIANTS:
+    for allow_bubble, prioritize_b, greedy_fill in VARIANTS:
         try:
-            out.append(auto_variant(p, m, costs, memory, limit, a, pb, g))
+            out.append(auto_variant(p, m, costs, memory, limit, allow_bubble, prioritize_b, greedy_fill))
         except Infeasible:
             continue
     return out
