@@ -189,8 +189,8 @@ def compare(
     schedule's own message for refused parameters, "not available" when its module
     or function cannot be imported). ``on_frontier`` marks the Pareto-optimal rows.
     """
-    require(isinstance(p, int) and p >= 1, "-p", f"must be an integer >= 1, got {p!r}")
-    require(isinstance(m, int) and m >= 1, "-m", f"must be an integer >= 1, got {m!r}")
+    require(isinstance(p, int) and p >= 1, "p", f"must be an integer >= 1, got {p!r}")
+    require(isinstance(m, int) and m >= 1, "m", f"must be an integer >= 1, got {m!r}")
     costs = costs or Costs()
     memory = memory or MemoryDeltas()
     rows = [_row(c, p, m, costs, memory) for c in (which if which is not None else candidates(p, memory))]

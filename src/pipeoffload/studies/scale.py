@@ -1,6 +1,6 @@
 """Scalability of per-device activation memory with the number of pipeline stages. Pure Python.
 
-PipeOffload's claim (ALGORITHMS.md §5): with offload, the activation memory each device holds stays
+PipeOffload's claim (docs/algorithms.md#5-activation-offload): with offload, the activation memory each device holds stays
 flat or falls as stages are added, because the model's layers are spread over more stages while the
 number of microbatches in flight per device is capped by the offload, not by p. Without offload,
 1F1B holds p microbatches of L/p layers (flat in bytes, ≈ L layers' worth), interleaved 1F1B a bit
@@ -13,8 +13,9 @@ API
 ``scale(model, hardware, stages=(4, 8, 16, 32), m=None, series=None, *, po_runtime=True,
 link_group=2, solo_factor=0.7) -> ScaleResult``
     For every series and stage count p: split the model into p·v layer groups (TP = 1), generate the
-    schedule with ``m`` microbatches (default 2·max(stages): a fixed global batch), time it with the
-    cost model (ms, bytes), offload when the series says so (the offload pass with the hardware's
+    schedule with ``m`` microbatches (default 2·max(stages): a fixed global batch), lower it through
+    the pass pipeline (:func:`pipeoffload.passes.lower`: validated, timed with the cost model in ms
+    and bytes) and offload when the series says so (the offload pass with the hardware's
     real transfer times, ranks paired on a host link, warm-up postponed, a reload that cannot finish
     before its backward is dropped and counted), and record the highest per-device activation peak.
     A point that cannot be built (p·v > layers, m too small, generator unavailable) carries the
@@ -24,18 +25,22 @@ link_group=2, solo_factor=0.7) -> ScaleResult``
 
 "Half offload" is PipeOffload's selective offload of the first of two chunks: group-interleaved 1F1B,
 v = 2, g = ⌈p/2⌉ (the PO base schedule), chunk 0 of every rank offloaded — half the chunks, the
-long-lived ones (ALGORITHMS.md §5). "Full offload" offloads both chunks of the same schedule.
+long-lived ones (docs/algorithms.md#53-selective-offload-po-half-and-po-full). "Full offload" offloads both chunks of the same schedule.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
-from ..costmodel.model import ModelSpec, pipeline_costs
-from ..errors import ParameterError, PipeoffloadError
 from ..costmodel.hardware import GiB, Hardware, get_hardware
+from ..costmodel.model import ModelSpec, PipelineCosts, pipeline_costs
 from ..costmodel.presets import PO_RUNTIME, get_model
+from ..errors import ParameterError, PipeoffloadError
+from ..ir import Schedule
+from ..passes.lower import lower
+from ..passes.offload import OffloadOptions
+from ..timeline import Timeline
 
 __all__ = ["Series", "SERIES", "ScalePoint", "ScaleResult", "scale"]
 
@@ -152,10 +157,19 @@ class ScaleResult:
 def _check_stages(stages: Sequence[int]) -> tuple[int, ...]:
     out = tuple(stages)
     if not out or any(not isinstance(p, int) or isinstance(p, bool) or p < 2 for p in out):
-        raise ParameterError("--stages", f"needs stage counts >= 2, got {list(stages)}")
+        raise ParameterError("stages", f"needs stage counts >= 2, got {list(stages)}")
     if list(out) != sorted(set(out)):
-        raise ParameterError("--stages", f"stage counts must be increasing without repeats, got {list(out)}")
+        raise ParameterError("stages", f"stage counts must be increasing without repeats, got {list(out)}")
     return out
+
+
+def _check_series(series: Sequence[str] | None) -> tuple[Series, ...]:
+    by_key = {s.key: s for s in SERIES}
+    keys = list(series) if series is not None else [s.key for s in SERIES]
+    unknown = [k for k in keys if k not in by_key]
+    if unknown or not keys:
+        raise ParameterError("series", f"unknown series {', '.join(unknown) or '(none)'}; valid: {', '.join(by_key)}")
+    return tuple(by_key[k] for k in keys)
 
 
 def scale(
@@ -173,65 +187,84 @@ def scale(
 
     ``po_runtime``: apply PipeOffload's runtime setting (flash attention, no dropout, elementwise
     recompute) to the model, as the paper measures; ``series``: keys of :data:`SERIES` (default all).
+    Raises ParameterError naming ``stages``, ``m`` or ``series`` (or the model's or hardware's
+    parameter) for bad inputs.
     """
-    from ..ir import Placement
-    from ..passes.offload import plan_offload
-    from ..passes.timing import simulate
-    from ..schedules import SCHEDULES, ScheduleSpec, build
-
-    st = _check_stages(stages)
+    counts = _check_stages(stages)
     spec = get_model(model, **(PO_RUNTIME if po_runtime else {}))
     hw = get_hardware(hardware)
-    mm = 2 * max(st) if m is None else m
-    if not isinstance(mm, int) or isinstance(mm, bool) or mm < 1:
-        raise ParameterError("-m", f"must be a positive integer, got {m!r}")
-    by_key = {s.key: s for s in SERIES}
-    keys = list(series) if series is not None else [s.key for s in SERIES]
-    unknown = [k for k in keys if k not in by_key]
-    if unknown or not keys:
-        raise ParameterError("--series", f"unknown series {', '.join(unknown) or '(none)'}; valid: {', '.join(by_key)}")
-    chosen = tuple(by_key[k] for k in keys)
+    microbatches = 2 * max(counts) if m is None else m
+    if not isinstance(microbatches, int) or isinstance(microbatches, bool) or microbatches < 1:
+        raise ParameterError("m", f"must be a positive integer, got {m!r}")
+    chosen = _check_series(series)
+    study = _Study(spec, hw, microbatches, OffloadOptions(link_group=link_group, solo_factor=solo_factor,
+                                                          on_infeasible="skip", postpone_warmup=True))
+    points = {s.key: [study.point(s, p) for p in counts] for s in chosen}
+    return ScaleResult(spec, hw, counts, microbatches, chosen, points)
 
-    points: dict[str, list[ScalePoint]] = {s.key: [] for s in chosen}
-    base_cache: dict = {}
-    for s in chosen:
-        for p in st:
-            pt = ScalePoint(p)
-            points[s.key].append(pt)
-            if p * s.v > spec.layers:
-                pt.error = f"p·v = {p * s.v} layer groups exceed the model's {spec.layers} layers"
-                continue
-            try:
-                pc = pipeline_costs(spec, hw, p, s.v)
-                pl = Placement.vshape(p) if SCHEDULES[s.schedule].placement == "v" else Placement.loop(p, s.v)
-                pt.layers = max(sum(pc.split[g] for g in pl.stages_of(r)) for r in range(p))
-                g = None if s.group is None else (p + 1) // 2
-                key = (s.schedule, s.v, g, p)
-                if key not in base_cache:
-                    sched = build(ScheduleSpec(s.schedule, p, mm, v=s.v, g=g, costs=pc.costs, memory=pc.memory),
-                                  check=False)
-                    base_cache[key] = (sched, simulate(sched, pc.costs, pc.memory, memory_unit="bytes"))
-                sched, tl = base_cache[key]
-            except (PipeoffloadError, ImportError, AttributeError) as e:
-                pt.error = f"{type(e).__name__ if isinstance(e, ImportError) else 'refused'}: {e}"
-                continue
-            pt.bubble_rate = tl.bubble_rate
-            pt.makespan_ms = tl.makespan
-            if s.offload:
-                try:
-                    res = plan_offload(sched, tl, offload_chunks=min(s.offload, s.v), transfer_times=[x.offload_ms for x in pc.groups],
-                                       link_group=link_group, solo_factor=solo_factor, on_infeasible="skip",
-                                       postpone_warmup=True, comm=pc.comm_ms)
-                except PipeoffloadError as e:
-                    pt.error = f"offload refused: {e}"
-                    continue
-                pt.per_rank = list(res.peak)
-                pt.host = max(res.host_memory)
-                pt.dropped = res.skipped.get("link_busy", 0)
-                pt.makespan_ms = res.makespan
-                pt.makespan_increase = res.makespan / res.makespan_no_offload - 1.0
-                pt.bubble_rate = res.timeline.bubble_rate
-            else:
-                pt.per_rank = tl.peak_memory()
+
+class _Study:
+    """The points of one :func:`scale` call: ``model`` on ``hardware`` with ``m`` microbatches,
+    offloading with ``offload``'s host-link settings. Schedules and their timelines without
+    offload are kept per (schedule, v, g, p), shared by the series that differ only in offload."""
+
+    def __init__(self, model: ModelSpec, hardware: Hardware, m: int, offload: OffloadOptions) -> None:
+        self.model, self.hardware, self.m, self.offload = model, hardware, m, offload
+        self._bases: dict[tuple[str, int, int | None, int], tuple[Schedule, Timeline]] = {}
+
+    def point(self, s: Series, p: int) -> ScalePoint:
+        """Series ``s`` at ``p`` stages; a point that cannot be built carries the reason."""
+        from ..ir import Placement
+        from ..schedules import SCHEDULES
+
+        pt = ScalePoint(p)
+        if p * s.v > self.model.layers:
+            pt.error = f"p·v = {p * s.v} layer groups exceed the model's {self.model.layers} layers"
+            return pt
+        try:
+            pc = pipeline_costs(self.model, self.hardware, p, s.v)
+            pl = Placement.vshape(p) if SCHEDULES[s.schedule].placement == "v" else Placement.loop(p, s.v)
+            pt.layers = max(sum(pc.split[g] for g in pl.stages_of(r)) for r in range(p))
+            sched, tl = self._base(s, p, pc)
+        except (PipeoffloadError, ImportError, AttributeError) as e:
+            pt.error = f"{type(e).__name__ if isinstance(e, ImportError) else 'refused'}: {e}"
+            return pt
+        pt.bubble_rate = tl.bubble_rate
+        pt.makespan_ms = tl.makespan
+        if s.offload:
+            self._offload(pt, s, sched, pc)
+        else:
+            pt.per_rank = tl.peak_memory()
+        if pt.error is None:
             pt.activation = max(pt.per_rank)
-    return ScaleResult(spec, hw, st, mm, chosen, points)
+        return pt
+
+    def _base(self, s: Series, p: int, pc: PipelineCosts) -> tuple[Schedule, Timeline]:
+        """The series' schedule at ``p`` and its timeline without offload (ms, bytes)."""
+        from ..schedules import ScheduleSpec, build
+
+        g = None if s.group is None else (p + 1) // 2
+        key = (s.schedule, s.v, g, p)
+        if key not in self._bases:
+            sched = build(ScheduleSpec(s.schedule, p, self.m, v=s.v, g=g, costs=pc.costs, memory=pc.memory),
+                          check=False)
+            self._bases[key] = (sched, lower(sched, pc.costs, pc.memory, memory_unit="bytes").timeline)
+        return self._bases[key]
+
+    def _offload(self, pt: ScalePoint, s: Series, sched: Schedule, pc: PipelineCosts) -> None:
+        """Fill ``pt`` from the offload pass's plan of ``s.offload`` chunks per rank with the
+        hardware's real transfer times (or set ``pt.error`` when the pass refuses)."""
+        settings = replace(self.offload, offload_chunks=min(s.offload, s.v),
+                           transfer_times=tuple(x.offload_ms for x in pc.groups))
+        try:
+            res = lower(sched, pc.costs, pc.memory, memory_unit="bytes", offload=settings).offload
+        except PipeoffloadError as e:
+            pt.error = f"offload refused: {e}"
+            return
+        assert res is not None
+        pt.per_rank = list(res.peak)
+        pt.host = max(res.host_memory)
+        pt.dropped = res.skipped.get("link_busy", 0)
+        pt.makespan_ms = res.makespan
+        pt.makespan_increase = res.makespan / res.makespan_no_offload - 1.0
+        pt.bubble_rate = res.timeline.bubble_rate

@@ -1,0 +1,144 @@
+"""An evaluated configuration: its memory breakdown, time, MFU and bubble. Pure Python.
+
+:func:`assemble` turns a simulated candidate (:class:`~.simulate.Simulated`) into a
+:class:`Config`; :func:`assemble_offloaded` does the same with the offload pass's plan on top.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Sequence
+
+from ..costmodel.hardware import GiB
+from .sharding import rank_states
+from .space import Family, Problem, Split
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..passes.offload import OffloadResult
+    from .simulate import Simulated
+
+__all__ = ["MemoryBreakdown", "Config", "assemble", "assemble_offloaded"]
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Predicted peak of the binding device (bytes). ``device = params + grads_optimizer +
+    activations`` exactly; ``host`` (pinned host memory of the offloaded activations, that device)
+    and ``host_max`` (any device) are not device memory."""
+
+    params: float
+    grads_optimizer: float
+    activations: float
+    host: float = 0.0
+    host_max: float = 0.0
+    rank: int = 0
+
+    @property
+    def device(self) -> float:
+        return self.params + self.grads_optimizer + self.activations
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank, "params_gib": self.params / GiB, "grads_optimizer_gib": self.grads_optimizer / GiB,
+            "activations_gib": self.activations / GiB, "device_gib": self.device / GiB,
+            "host_gib": self.host / GiB, "host_max_gib": self.host_max / GiB,
+        }
+
+
+@dataclass
+class Config:
+    """One evaluated configuration (fitting or not)."""
+
+    family: Family
+    split: Split
+    m: int
+    g: int | None
+    recompute: bool
+    offload_chunks: int  #: 0 = no offload
+    memory: MemoryBreakdown
+    budget: float
+    makespan_ms: float
+    dp_exposed_ms: float
+    bubble_rate: float
+    mfu: float
+    tokens_per_s: float
+    simulated_m: int
+    extrapolated: bool
+    dropped_offloads: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def iteration_ms(self) -> float:
+        return self.makespan_ms + self.dp_exposed_ms
+
+    @property
+    def fits(self) -> bool:
+        return self.memory.device <= self.budget
+
+    @property
+    def over(self) -> float:
+        """Bytes above the budget (≤ 0 when it fits)."""
+        return self.memory.device - self.budget
+
+    @property
+    def name(self) -> str:
+        """The schedule with its concrete v and g, e.g. "group-interleaved v=2 g=4"."""
+        f = self.family
+        if f.group:
+            return f"{f.schedule} v={f.v} g={self.g}"
+        return f.label
+
+    def describe(self) -> str:
+        off = f", offload C={self.offload_chunks}" if self.offload_chunks else ""
+        rc = ", recompute" if self.recompute else ""
+        return f"{self.name} {self.split} m={self.m}{rc}{off}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "family": self.family.label, "schedule": self.family.schedule, "v": self.family.v, "g": self.g,
+            "tp": self.split.tp, "pp": self.split.pp, "dp": self.split.dp, "microbatches": self.m,
+            "recompute": self.recompute, "offload_chunks": self.offload_chunks,
+            "memory": self.memory.to_dict(), "fits": self.fits,
+            "iteration_s": self.iteration_ms / 1e3, "pipeline_s": self.makespan_ms / 1e3,
+            "dp_exposed_s": self.dp_exposed_ms / 1e3, "bubble_rate": self.bubble_rate, "mfu": self.mfu,
+            "tokens_per_s": self.tokens_per_s, "simulated_microbatches": self.simulated_m,
+            "extrapolated": self.extrapolated, "dropped_offloads": self.dropped_offloads, "notes": list(self.notes),
+        }
+
+
+def assemble(problem: Problem, sim: "Simulated", offload_chunks: int = 0, act: list[float] | None = None,
+             host: list[float] | None = None, extra_ms: float = 0.0, dropped: int = 0,
+             notes: Sequence[str] = ()) -> Config:
+    """``sim`` as a configuration of ``problem``: per-rank activation peaks ``act`` (default the
+    simulation's) and pinned host memory ``host`` (default none), ``extra_ms`` added to the makespan.
+
+    Guarantees: the breakdown is the rank where parameters + gradients/optimizer + activations is
+    highest, and its three parts add up to ``memory.device``; iteration = makespan + exposed DP time.
+    """
+    split = sim.split
+    act = act if act is not None else sim.act
+    host = host if host is not None else [0.0] * split.pp
+    state = rank_states(sim.sharded, sim.placement)
+    totals = [state[r][0] + state[r][1] + act[r] for r in range(split.pp)]
+    r = max(range(split.pp), key=lambda i: totals[i])
+    mem = MemoryBreakdown(state[r][0], state[r][1], act[r], host[r], max(host), r)
+    makespan = sim.makespan + extra_ms
+    it_ms = makespan + sim.dp_exposed
+    flops = sim.sharded.flops * sim.m * split.dp
+    mfu = flops / (it_ms / 1e3 * problem.gpus * problem.node.peak_rate) if it_ms > 0 else 0.0
+    tokens = problem.global_batch * problem.model.seq / (it_ms / 1e3) if it_ms > 0 else 0.0
+    bubble = 1.0 - max(sim.busy) / makespan if makespan > 0 else 0.0
+    return Config(sim.family, split, sim.m, sim.family.g(split.pp), sim.recompute, offload_chunks, mem,
+                  problem.budget, makespan, sim.dp_exposed, bubble, mfu, tokens, sim.simulated_m, sim.extrapolated,
+                  dropped, list(notes))
+
+
+def assemble_offloaded(problem: Problem, sim: "Simulated", offload: "OffloadResult", chunks: int) -> Config:
+    """``sim`` with the offload pass's plan of ``chunks`` chunks per rank (made on the ``m1``
+    timeline): peaks are the plan's plus whatever the plain peak grew by between ``m1`` and the real
+    m (conservative); dropped offloads are counted and noted."""
+    act = [a + max(0.0, b - c) for a, b, c in zip(offload.peak, sim.act, offload.peak_no_offload)]
+    dropped = offload.skipped.get("link_busy", 0)
+    notes = [f"{dropped} offloads dropped (host link busy)"] if dropped else []
+    return assemble(problem, sim, chunks, act, list(offload.host_memory),
+                    offload.makespan - offload.makespan_no_offload, dropped, notes)

@@ -1,0 +1,67 @@
+"""The data-parallel gradient all-reduce, overlapped with the pipeline's last backwards. Pure Python.
+
+Model (docs/planner.md §3): each rank all-reduces its fp32 gradients over the ``dp`` replicas
+with a ring (``2(d−1)/d`` of the bytes), one bucket per layer, each launched when its layer's
+gradient is final — the layer group's last W (or BW), the group's layers finishing in reverse
+order through it — and queued on one link (Megatron's overlapped gradient reduce). DP inside a
+node (``TP·DP ≤ 8``) uses the TP link, otherwise the hardware's inter-stage link. Only what runs
+past the end of the pipeline adds to the iteration.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..costmodel.hardware import Hardware
+from ..ir import Placement
+from ..timeline import Timeline
+from .sharding import NodeProfile, ShardedCosts
+from .space import NODE_GPUS, Split
+
+__all__ = ["dp_exposed"]
+
+
+def dp_exposed(timeline: Timeline, sharded: ShardedCosts, split: Split, placement: Placement, node: NodeProfile,
+               hardware: Hardware) -> float:
+    """ms of the DP gradient all-reduce that runs past the pipeline's end (worst rank).
+
+    Guarantees: 0 when ``split.dp == 1``; never negative.
+    """
+    d = split.dp
+    if d == 1:
+        return 0.0
+    bw = node.tp_bw if split.tp * d <= NODE_GPUS else hardware.link_bw
+    last = _last_gradient_ops(timeline)
+    end = timeline.end
+    worst = 0.0
+    for r in range(placement.num_ranks):
+        t = -math.inf
+        for ready, duration in sorted(_buckets(sharded, placement.stages_of(r), last, end, d, bw, node)):
+            t = max(t, ready) + duration
+        worst = max(worst, t - end)
+    return max(0.0, worst)
+
+
+def _last_gradient_ops(timeline: Timeline) -> dict[int, tuple[float, float]]:
+    """Per layer group: (start, end) of its last W or BW, after which its gradients are final."""
+    last: dict[int, tuple[float, float]] = {}
+    for e in timeline.events:
+        if e.stream == "compute" and e.op.kind.value in ("W", "BW"):
+            s = e.op.stage
+            if s not in last or e.end > last[s][1]:
+                last[s] = (e.start, e.end)
+    return last
+
+
+def _buckets(sharded: ShardedCosts, stages: tuple[int, ...], last: dict[int, tuple[float, float]], end: float,
+             d: int, bw: float, node: NodeProfile) -> list[tuple[float, float]]:
+    """(ready ms, all-reduce ms) of every layer's bucket of the groups ``stages``: layer k of a
+    group of L is final at fraction (k+1)/L through the group's last gradient op."""
+    out: list[tuple[float, float]] = []
+    for s in stages:
+        layers = sharded.layers[s]
+        nbytes = sharded.state[s][1] / layers
+        t_ar = 2 * (d - 1) / d * nbytes / bw * 1e3 + node.collective_latency * 1e3
+        st, en = last.get(s, (end, end))
+        out += [(st + (k + 1) / layers * (en - st), t_ar) for k in range(layers)]
+    return out

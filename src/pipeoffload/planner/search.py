@@ -1,0 +1,245 @@
+"""The search: ``plan()``, over splits × schedule families × recompute × offload. Pure Python.
+
+API
+---
+``plan(model, hardware, gpus, *, memory_budget=None, global_batch=None, microbatch=None, seq=None,
+options=None) -> PlanResult``
+    ``model``: a preset name, a model file or a :class:`~pipeoffload.costmodel.model.ModelSpec`;
+    ``hardware``: a profile name, file or :class:`~pipeoffload.costmodel.hardware.Hardware`;
+    ``memory_budget``: bytes per device (default: the hardware's HBM); ``global_batch``: sequences
+    per iteration (default ``4 · gpus · microbatch``); ``microbatch``/``seq`` override the model's.
+
+How (docs/planner.md §4): splits whose states alone exceed the budget are rejected; every
+(split, family) candidate gets a lower bound of its time and is simulated in that order, plain
+then with recompute, the first variant that fits accepted — unless ``top`` configurations
+already fit faster than its bound; then, fastest first, the candidates that did not fit try
+offload of ``C = 1..v`` chunks (with recompute first), again only while they could enter the
+top ``options.top``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..costmodel.hardware import GiB, Hardware, get_hardware
+from ..costmodel.model import ModelSpec, state_bytes_per_param
+from ..costmodel.presets import PO_RUNTIME, get_model
+from ..errors import ParameterError
+from .bounds import check_memory_bound, time_bound
+from .config import Config, assemble, assemble_offloaded
+from .report import Refused, Rejection, family_rejections
+from .result import PlanResult
+from .sharding import node_profile
+from .simulate import Simulator
+from .space import FIXED_ORDER, Family, PlanOptions, Problem, Split, enumerate_splits, families
+
+__all__ = ["plan"]
+
+_MICROBATCH_RULE = ("each schedule is simulated at m, or at two m past its warm-up (same m modulo its period) "
+                    "with the iteration time extrapolated linearly")
+
+
+@dataclass
+class _Candidate:
+    """One (split, family) of the search, with ``m`` microbatches, and what became of it."""
+
+    split: Split
+    family: Family
+    m: int
+    attempts: list[Config] = field(default_factory=list)  #: every variant evaluated
+    refusals: list[Refused] = field(default_factory=list)
+    fit: Config | None = None  #: the accepted variant
+    pruned: str | None = None  #: why it was not (fully) evaluated
+    bound: float = 0.0  #: lower bound of its iteration time, ms
+
+    @property
+    def where(self) -> str:
+        return f"{self.family.label} {self.split} m={self.m}"
+
+
+class _Ranking:
+    """Iteration times of the configurations that fit so far, sorted; decides pruning."""
+
+    def __init__(self, top: int) -> None:
+        self.top = top
+        self.times: list[float] = []
+
+    def beaten(self, bound: float) -> bool:
+        """Whether ``top`` configurations already fit with a time no worse than ``bound``."""
+        return len(self.times) >= self.top and bound >= self.times[self.top - 1]
+
+    def keep(self, cand: _Candidate, cfg: Config) -> bool:
+        """Record ``cfg`` as an attempt of ``cand``; if it fits the budget, make it the candidate's
+        configuration and rank its time. True if it fits."""
+        cand.attempts.append(cfg)
+        if not cfg.fits:
+            return False
+        cand.fit = cfg
+        self.times.append(cfg.iteration_ms)
+        self.times.sort()
+        return True
+
+
+def plan(
+    model: str | ModelSpec,
+    hardware: str | Hardware,
+    gpus: int,
+    *,
+    memory_budget: float | None = None,
+    global_batch: int | None = None,
+    microbatch: int | None = None,
+    seq: int | None = None,
+    options: PlanOptions | None = None,
+) -> PlanResult:
+    """Search the configurations of ``model`` on ``gpus`` × ``hardware`` (see the module docstring).
+
+    Guarantees: every configuration in ``PlanResult.configs`` has a predicted device peak
+    (parameters + gradients and optimizer states + resident activations) ≤ the budget, and they are
+    sorted by predicted iteration time; every family of schedules that produced no configuration has
+    an entry in ``PlanResult.rejected`` saying why (OOM by how much, m too small, generator refused,
+    offload infeasible, or pruned as slower than the shown ones). Raises ParameterError naming the
+    argument (``gpus``, ``memory_budget``, ``global_batch``, ``seq``, ``microbatch``, or the field
+    of ``options``) for bad inputs.
+    """
+    t_start = time.perf_counter()
+    problem = _problem(model, hardware, gpus, memory_budget, global_batch, microbatch, seq, options or PlanOptions())
+    simulator = Simulator(problem)
+    splits, rejected_splits = enumerate_splits(problem.model, gpus, problem.global_batch)
+    candidates, labels = _candidates(problem, splits, rejected_splits)
+    ranking = _Ranking(problem.options.top)
+    _plain_phase(problem, simulator, candidates, ranking)
+    if problem.options.offload:
+        _offload_phase(problem, simulator, candidates, ranking)
+    configs = sorted((c.fit for c in candidates if c.fit), key=lambda x: (x.iteration_ms, x.memory.device))
+    stats: dict[str, Any] = dict(simulator.stats)
+    stats.update(splits=len(splits), splits_rejected=len(rejected_splits), candidates=len(candidates),
+                 families=labels, fitting=len(configs), seconds=round(time.perf_counter() - t_start, 3),
+                 microbatch_rule=_MICROBATCH_RULE)
+    return PlanResult(problem.model, problem.hardware, problem.node, gpus, problem.budget, problem.global_batch,
+                      problem.options, configs[: problem.options.top], family_rejections(candidates, labels),
+                      rejected_splits, stats)
+
+
+def _problem(model: Any, hardware: Any, gpus: int, memory_budget: float | None, global_batch: int | None,
+             microbatch: int | None, seq: int | None, opts: PlanOptions) -> Problem:
+    """The checked inputs of one search (raises ParameterError naming the first bad one)."""
+    opts.check()
+    if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
+        raise ParameterError("gpus", f"must be a positive integer, got {gpus!r}")
+    spec = _resolve_model(model, seq, microbatch, opts.po_runtime)
+    hw = get_hardware(hardware)
+    node = node_profile(hw, opts.peak_rate, opts.tp_bw, opts.hbm_bw)
+    budget = hw.hbm_bytes if memory_budget is None else memory_budget
+    if not (isinstance(budget, (int, float)) and math.isfinite(budget) and budget > 0):
+        raise ParameterError("memory_budget", f"must be a positive number, got {memory_budget!r}")
+    gb = global_batch if global_batch is not None else 4 * gpus * spec.microbatch
+    if not isinstance(gb, int) or isinstance(gb, bool) or gb < 1:
+        raise ParameterError("global_batch", f"must be a positive integer, got {global_batch!r}")
+    if gb % spec.microbatch:
+        raise ParameterError("global_batch",
+                             f"{gb} sequences are not a whole number of microbatches of {spec.microbatch}")
+    return Problem(spec, hw, node, budget, gb, gpus, opts)
+
+
+def _resolve_model(model: Any, seq: int | None, microbatch: int | None, po_runtime: bool) -> ModelSpec:
+    over: dict[str, Any] = {}
+    for name, x in (("seq", seq), ("microbatch", microbatch)):
+        if x is not None:
+            if not isinstance(x, int) or isinstance(x, bool) or x < 1:
+                raise ParameterError(name, f"must be a positive integer, got {x!r}")
+            over[name] = x
+    if po_runtime:
+        over.update({k: v for k, v in PO_RUNTIME.items() if k != "recompute_elementwise"})
+    return get_model(model, **over)
+
+
+def _candidates(problem: Problem, splits: list[tuple[Split, int]],
+                rejected_splits: list[Rejection]) -> tuple[list[_Candidate], list[str]]:
+    """Every (split, family) to evaluate, and the family labels in order of first appearance.
+    Splits whose parameters, gradients and optimizer states alone average more than the budget
+    per device are appended to ``rejected_splits`` instead."""
+    spec, budget = problem.model, problem.budget
+    total_state = spec.params() * sum(state_bytes_per_param(spec.dtype))
+    candidates: list[_Candidate] = []
+    labels: list[str] = []
+    for split, m in splits:
+        avg = total_state / (split.tp * split.pp)
+        if avg > budget:
+            rejected_splits.append(Rejection(
+                str(split), "split", f"parameters, gradients and optimizer states alone average {avg / GiB:.1f} GiB "
+                f"per device (over the {budget / GiB:.3g} GiB budget by {(avg - budget) / GiB:.1f} GiB)",
+                over=avg - budget, config=str(split)))
+            continue
+        for fam in families(split.pp, spec.layers, problem.options):
+            candidates.append(_Candidate(split, fam, m))
+            if fam.label not in labels:
+                labels.append(fam.label)
+    return candidates, labels
+
+
+def _plain_phase(problem: Problem, simulator: Simulator, candidates: list[_Candidate], ranking: _Ranking) -> None:
+    """Plain and recompute-only simulations (cheap); the first variant that fits is accepted.
+    Candidates go by a lower bound of their iteration time (the busiest rank's compute, no
+    bubble), so once ``top`` configurations fit, a candidate whose bound is no better is not
+    simulated at all."""
+    order = [rc for rc in (False, True) if rc in problem.options.recompute]
+    for c in candidates:
+        c.bound = time_bound(simulator.costs, c.split, c.family, c.m, order[0])
+    for c in sorted(candidates, key=lambda c: c.bound):
+        if ranking.beaten(c.bound):
+            c.pruned = (f"not simulated: even with no bubble an iteration takes ≥ {c.bound / 1e3:.3g} s, "
+                        f"slower than the {problem.options.top} configurations shown")
+            continue
+        try:
+            check_memory_bound(problem, simulator.costs, c.split, c.family, c.m)
+        except Refused as e:
+            c.refusals.append(e)
+            continue
+        for rc in order:
+            try:
+                sim = simulator.simulate(c.split, c.family, c.m, rc)
+            except Refused as e:
+                c.refusals.append(e.naming(c.where))
+                if e.kind == "m" or c.family.schedule in FIXED_ORDER:
+                    break
+                continue
+            if ranking.keep(c, assemble(problem, sim)):
+                break
+
+
+def _offload_phase(problem: Problem, simulator: Simulator, candidates: list[_Candidate], ranking: _Ranking) -> None:
+    """Offload for the candidates that were simulated but did not fit, fastest first; those that
+    cannot enter the top ``top`` even without offload's cost are pruned. Per candidate: with
+    recompute first, C = 1..v chunks, the first that fits accepted."""
+    need = [c for c in candidates if c.fit is None and c.attempts]
+    need.sort(key=lambda c: min(a.iteration_ms for a in c.attempts))
+    order = [rc for rc in (True, False) if rc in problem.options.recompute]
+    for c in need:
+        if c.family.schedule == "gpipe":
+            c.refusals.append(Refused("offload", "not offloaded: GPipe keeps every microbatch (peak grows with m)"))
+            continue
+        fastest = min(a.iteration_ms for a in c.attempts)
+        if ranking.beaten(fastest):
+            c.pruned = (f"offload not evaluated: even without its cost the iteration takes ≥ {fastest / 1e3:.3g} s, "
+                        f"slower than the {problem.options.top} configurations shown")
+            continue
+        for rc in order:
+            if c.fit:
+                break
+            _offload_variants(problem, simulator, c, rc, ranking)
+
+
+def _offload_variants(problem: Problem, simulator: Simulator, c: _Candidate, rc: bool, ranking: _Ranking) -> None:
+    """Offload C = 1..v chunks of ``c`` with recompute ``rc`` until one fits or the offload pass
+    (or the simulation) refuses; the refusal is recorded and ends this recompute setting only."""
+    for chunks in range(1, c.family.v + 1):
+        try:
+            sim, res = simulator.offload(c.split, c.family, c.m, rc, chunks)
+        except Refused as e:
+            c.refusals.append(e.naming(c.where))
+            return
+        if ranking.keep(c, assemble_offloaded(problem, sim, res, chunks)):
+            return

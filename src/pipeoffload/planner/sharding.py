@@ -1,0 +1,198 @@
+"""One GPU's costs under tensor parallelism, and the node constants they need. Pure Python.
+
+``node_profile(hardware)``: the constants the cost model's :class:`Hardware` lacks (TP link,
+HBM bandwidth, nominal peak FLOP/s). ``shard_costs(pc, tp, node)``: a pipeline's per-group
+costs divided over ``tp`` GPUs (Megatron TP with sequence parallelism) plus the TP
+collectives. :class:`CostTable`: those per-GPU costs for every (recompute, p, v, TP) a search
+asks for, each computed once. ``rank_states``/``rank_compute``: per-rank sums over a
+placement.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..costmodel.hardware import Hardware
+from ..costmodel.model import ModelSpec, PipelineCosts, layer_split, pipeline_costs
+from ..costs import Costs, MemoryDeltas
+from ..errors import ParameterError
+from ..ir import Placement
+
+__all__ = ["NodeProfile", "node_profile", "ShardedCosts", "shard_costs", "CostTable", "rank_states",
+           "rank_compute"]
+
+#: Per built-in profile: nominal dense 16-bit peak (FLOP/s, for MFU), the intra-node TP link
+#: (achieved one-direction NVLink bandwidth, bytes/s) and HBM bandwidth (bytes/s). The cost model's
+#: Hardware has none of these, so they live here (see NodeProfile).
+_NODE_CONSTANTS: dict[str, tuple[float, float, float]] = {
+    "a100-80g": (312e12, 300e9, 2.0e12),  # NVLink 3: 600 GB/s bidirectional
+    "h100-80g": (989e12, 450e9, 3.35e12),  # NVLink 4: 900 GB/s bidirectional
+    "h200": (989e12, 450e9, 4.8e12),
+}
+
+
+@dataclass(frozen=True)
+class NodeProfile:
+    """Constants of one node that the cost model's :class:`Hardware` lacks.
+
+    ``peak_rate``: nominal dense peak FLOP/s, the MFU denominator; ``tp_bw``: achieved
+    one-direction bytes/s of the intra-node link TP (and DP inside a node) use; ``hbm_bw``: HBM
+    bytes/s (prices recomputation); ``collective_latency``: seconds per TP collective.
+    """
+
+    peak_rate: float
+    tp_bw: float
+    hbm_bw: float
+    collective_latency: float = 10e-6
+    source: str = ""
+
+
+def node_profile(hw: Hardware, peak_rate: float | None = None, tp_bw: float | None = None,
+                 hbm_bw: float | None = None) -> NodeProfile:
+    """The built-in constants for a known profile; for another profile, A100's scaled by its
+    achieved compute rate over A100's 220 TFLOP/s (stated in ``source``). Overrides win; an
+    override that is not a positive number raises ParameterError naming it."""
+    known = _NODE_CONSTANTS.get(hw.name.lower())
+    if known is not None:
+        peak, tp_link, hbm = known
+        source = f"built-in constants for {hw.name}"
+    else:
+        f = hw.compute_rate / 220e12
+        peak, tp_link, hbm = 312e12 * f, 300e9 * f, 2.0e12 * f
+        source = f"A100 constants scaled by {f:.3g} (achieved rate relative to a100-80g)"
+    for name, x in (("peak_rate", peak_rate), ("tp_bw", tp_bw), ("hbm_bw", hbm_bw)):
+        if x is not None and not (isinstance(x, (int, float)) and math.isfinite(x) and x > 0):
+            raise ParameterError(name, f"must be a positive number, got {x!r}")
+    return NodeProfile(peak_rate or peak, tp_bw or tp_link, hbm_bw or hbm, 10e-6, source)
+
+
+@dataclass(frozen=True)
+class ShardedCosts:
+    """One GPU's share of a ``p·v``-group split under TP (times ms, memory bytes, per microbatch).
+
+    ``costs``/``memory``: per layer group (``group_costs``/``group_deltas``); ``transfer_ms``: one-way
+    offload time per group; ``state``: (param, grad, optimizer) bytes per group; ``layers``: layers per
+    group; ``flops``: model FLOPs of one microbatch through the whole model (all GPUs; for MFU).
+    """
+
+    pc: PipelineCosts
+    tp: int
+    costs: Costs
+    memory: MemoryDeltas
+    transfer_ms: tuple[float, ...]
+    state: tuple[tuple[float, float, float], ...]
+    layers: tuple[int, ...]
+    flops: float
+    tp_ms_per_collective: float
+    recompute_ms_per_layer: float
+
+    @property
+    def comm(self) -> float:
+        return self.costs.comm
+
+
+def shard_costs(pc: PipelineCosts, tp: int, node: NodeProfile, recompute_ms_per_layer: float = 0.0) -> ShardedCosts:
+    """Divide ``pc`` by ``tp`` (sequence-parallel TP: compute, bytes, states, boundary and offload all
+    /tp) and add the TP collectives to F and B and ``recompute_ms_per_layer`` (whole layer, before
+    /tp) to B. With ``tp == 1`` and no recompute time the costs are ``pc``'s."""
+    model, hw = pc.model, pc.hardware
+    coll = 0.0
+    if tp > 1:
+        nbytes = model.tokens * model.hidden * model.dtype_bytes
+        coll = (2 * (tp - 1) / tp * nbytes / node.tp_bw + node.collective_latency) * 1e3
+    triples, deltas = [], []
+    for g in pc.groups:
+        nf = 2 * g.layers + int(g.has_embedding) + int(g.has_head)
+        nb = 2 * g.layers + int(g.has_head)
+        triples.append((g.F_ms / tp + nf * coll, g.B_ms / tp + nb * coll + g.layers * recompute_ms_per_layer / tp,
+                        g.W_ms / tp))
+        f, b, w = g.deltas
+        deltas.append((f / tp, b / tp, w / tp))
+    comm = (model.boundary_bytes() / tp / hw.link_bw + hw.link_latency) * 1e3
+    costs = Costs(F=sum(t[0] for t in triples) / pc.p, B=sum(t[1] for t in triples) / pc.p,
+                  W=sum(t[2] for t in triples) / pc.p, comm=comm, group_costs=tuple(triples))
+    df = sum(d[0] for d in deltas) / pc.p
+    db = sum(d[1] for d in deltas) / pc.p
+    memory = MemoryDeltas(F=df, B=db, W=-(df + db), group_deltas=tuple(deltas))
+    return ShardedCosts(
+        pc=pc, tp=tp, costs=costs, memory=memory,
+        transfer_ms=tuple(g.offload_ms / tp for g in pc.groups),
+        state=tuple((g.param_bytes / tp, g.grad_bytes / tp, g.optimizer_bytes / tp) for g in pc.groups),
+        layers=tuple(g.layers for g in pc.groups),
+        flops=float(sum(g.block.flops for g in pc.groups)),
+        tp_ms_per_collective=coll, recompute_ms_per_layer=recompute_ms_per_layer,
+    )
+
+
+class CostTable:
+    """Per-GPU costs of ``model`` on ``hardware`` for every (recompute, p, v, TP) asked for.
+
+    Guarantees: :meth:`sharded` returns the same object for the same ``(recompute, p, v, tp)``
+    (computed once, keyed by those values); the layers are split into ``p·v`` groups as
+    ``trim_edges`` says ("auto": the split whose heaviest group, F+B+W of the model as given, is
+    lighter), the same split for both recompute settings.
+    """
+
+    def __init__(self, model: ModelSpec, hardware: Hardware, node: NodeProfile,
+                 trim_edges: bool | str = "auto") -> None:
+        self.model, self.hardware, self.node, self.trim_edges = model, hardware, node, trim_edges
+        self._pipeline: dict[tuple[bool, int, int], PipelineCosts] = {}
+        self._sharded: dict[tuple[bool, int, int, int], ShardedCosts] = {}
+
+    def model_for(self, recompute: bool) -> ModelSpec:
+        return self.model.replace(recompute_elementwise=recompute)
+
+    def recompute_ms(self, recompute: bool) -> float:
+        """ms per layer (whole layer, before TP) of re-running the cheap elementwise ops in B:
+        twice the bytes they stop saving over the HBM bandwidth (memory-bound)."""
+        if not recompute:
+            return 0.0
+        dropped = self.model_for(False).layer().saved_bytes - self.model_for(True).layer().saved_bytes
+        return 2.0 * max(dropped, 0) / self.node.hbm_bw * 1e3
+
+    def layer_split(self, p: int, v: int) -> tuple[int, ...]:
+        """Layers per group of a ``p·v``-group split."""
+        n, layers = p * v, self.model.layers
+        plain = layer_split(layers, n)
+        if self.trim_edges is False or n < 3:
+            return plain
+        try:
+            trimmed = layer_split(layers, n, trim_edges=True)
+        except ParameterError:
+            return plain
+        if self.trim_edges is True:
+            return trimmed
+        heaviest = [max(g.F_ms + g.B_ms + g.W_ms
+                        for g in pipeline_costs(self.model, self.hardware, p, v, split=s).groups)
+                    for s in (plain, trimmed)]
+        return trimmed if heaviest[1] < heaviest[0] else plain
+
+    def sharded(self, recompute: bool, p: int, v: int, tp: int) -> ShardedCosts:
+        """One GPU's costs with ``recompute``, ``p`` ranks of ``v`` chunks, TP ``tp``."""
+        key = (recompute, p, v, tp)
+        if key not in self._sharded:
+            pkey = (recompute, p, v)
+            if pkey not in self._pipeline:
+                self._pipeline[pkey] = pipeline_costs(self.model_for(recompute), self.hardware, p, v,
+                                                      split=self.layer_split(p, v))
+            self._sharded[key] = shard_costs(self._pipeline[pkey], tp, self.node, self.recompute_ms(recompute))
+        return self._sharded[key]
+
+
+def rank_states(sharded: ShardedCosts, placement: Placement) -> list[tuple[float, float]]:
+    """Per rank: (parameter bytes, gradient + optimizer bytes) of the groups it holds, per GPU."""
+    state = [[0.0, 0.0] for _ in range(placement.num_ranks)]
+    for s, (param, grad, optimizer) in enumerate(sharded.state):
+        r = placement.rank_of(s)
+        state[r][0] += param
+        state[r][1] += grad + optimizer
+    return [(a, b) for a, b in state]
+
+
+def rank_compute(sharded: ShardedCosts, placement: Placement) -> list[float]:
+    """Per rank: ms of F+B+W of one microbatch through the groups it holds."""
+    busy = [0.0] * placement.num_ranks
+    for s, t in enumerate(sharded.costs.group_costs):  # type: ignore[arg-type]
+        busy[placement.rank_of(s)] += sum(t)
+    return busy

@@ -1,0 +1,213 @@
+"""Generating and timing candidates, with microbatch extrapolation and offload. Pure Python.
+
+A candidate (split, family, m, recompute) is generated and timed (the timing pass) with its
+per-GPU costs (:class:`~.sharding.CostTable`); offload goes through the pass pipeline,
+:func:`pipeoffload.passes.lower` with :class:`~pipeoffload.passes.offload.OffloadOptions`.
+Microbatches: a schedule is simulated with ``m`` only when ``m`` is within one period of its
+warm-up (:func:`simulated_microbatches`); beyond that at ``m1`` and ``m2 = m1 + period`` with
+``m1 ≡ m`` modulo the period, and the makespan is extrapolated linearly (exact for a periodic
+steady state); per-rank peaks are the larger of the two runs' (GPipe's, which grow with m, are
+scaled by ``m/m2``). Offload is planned on the ``m1`` timeline.
+
+:class:`Simulator` keeps every generated schedule and every simulation, keyed by value: the
+schedules of fixed-order generators by ``(schedule, p, m, v, g, limit)`` (shared across splits
+and recompute settings), those of cost-aware generators also by ``(recompute, tp)``, the
+simulations by ``(split, family, m, recompute)``; a refusal is kept like a result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ParameterError, PipeoffloadError, ScheduleError
+from ..ir import Placement, Schedule
+from ..passes.lower import lower
+from ..passes.offload import OffloadOptions, OffloadResult
+from ..passes.timing import simulate
+from ..timeline import Timeline
+from .dp import dp_exposed
+from .report import Refused
+from .sharding import CostTable, ShardedCosts
+from .space import FIXED_ORDER, Family, Problem, Split, placement_of
+
+__all__ = ["Simulated", "Simulator", "simulated_microbatches"]
+
+#: Steady-state rule per schedule: (warm-up microbatches in multiples of p, period) where period
+#: "p"/"g" means p / the group size. Simulating m ≥ factor·p reaches the steady state.
+_STEADY: dict[str, tuple[int, str | int]] = {
+    "gpipe": (1, 1), "1f1b": (2, 1), "zb-h1": (2, 1), "zb-h2": (2, 1), "zb-auto": (2, 1),
+    "interleaved-1f1b": (2, "p"), "group-interleaved": (1, "g"),
+}
+_DEFAULT_STEADY = (2, 1)
+
+
+def simulated_microbatches(m: int, p: int, schedule: str, g: int | None) -> tuple[int, int | None]:
+    """``(m1, m2)``: simulate m1 and m2 = m1 + period, extrapolating linearly, or ``(m, None)``:
+    simulate m itself.
+
+    Guarantees: with ``m2``, ``m1`` is past ``schedule``'s warm-up on ``p`` ranks, ``m2 ≤ m`` and
+    ``m − m1`` is a multiple of the period.
+    """
+    factor, period = _STEADY.get(schedule, _DEFAULT_STEADY)
+    per = p if period == "p" else (g or 1) if period == "g" else int(period)
+    lo = factor * p
+    if m <= lo + per:
+        return m, None
+    m1 = lo + (m - lo) % per
+    return m1, m1 + per
+
+
+@dataclass
+class Simulated:
+    """A candidate simulated at one or two m, extrapolated to its own ``m``."""
+
+    split: Split
+    family: Family
+    m: int
+    recompute: bool
+    schedule: Schedule  #: at the smaller simulated m (m1): offload and drawing use it
+    timeline: Timeline  #: ``schedule`` timed (ms, bytes)
+    sharded: ShardedCosts
+    placement: Placement
+    makespan: float  #: ms at the real m
+    busy: list[float]  #: per rank, ms at the real m
+    act: list[float]  #: per-rank activation peak, bytes at the real m
+    dp_exposed: float
+    simulated_m: int  #: the larger simulated m
+    extrapolated: bool
+
+
+class Simulator:
+    """Generates, times and offloads the candidates of one :class:`~.space.Problem`.
+
+    ``stats`` counts "simulations" (timed schedules), "offload_plans" and "generator_calls".
+    """
+
+    def __init__(self, problem: Problem, costs: CostTable | None = None) -> None:
+        self.problem = problem
+        self.costs = costs or CostTable(problem.model, problem.hardware, problem.node, problem.options.trim_edges)
+        self._schedules: dict[tuple, Schedule | Refused] = {}
+        self._simulations: dict[tuple[Split, Family, int, bool], Simulated | Refused] = {}
+        self.stats = {"simulations": 0, "offload_plans": 0, "generator_calls": 0}
+
+    # -- schedules ------------------------------------------------------------------------------
+    def schedule(self, family: Family, p: int, m: int, recompute: bool, tp: int) -> Schedule:
+        """``family``'s schedule on ``p`` ranks with ``m`` microbatches (cost-aware generators get
+        the per-GPU costs of ``recompute``, ``tp``); raises :class:`Refused` ("m" or "generator")."""
+        fixed = family.schedule in FIXED_ORDER
+        key = (family.schedule, p, m, family.v, family.g(p), family.limit) + (() if fixed else (recompute, tp))
+        hit = self._schedules.get(key)
+        if hit is None:
+            hit = self._generate(family, p, m, None if fixed else self.costs.sharded(recompute, p, family.v, tp))
+            if fixed or isinstance(hit, Refused):
+                self._schedules[key] = hit
+        if isinstance(hit, Refused):
+            raise hit
+        return hit
+
+    def _generate(self, family: Family, p: int, m: int, sh: ShardedCosts | None) -> Schedule | Refused:
+        from ..schedules import ScheduleSpec, build
+
+        kw: dict[str, Any] = {"v": family.v, "g": family.g(p)}
+        if sh is not None:
+            kw.update(costs=sh.costs, memory=sh.memory)
+        if family.schedule in ("zb-auto", "zb-v"):
+            from ..schedules.zb_auto import default_limit
+
+            b_plus = max(0.0, max(d[1] for d in sh.memory.group_deltas))  # type: ignore[union-attr]
+            kw["mem_limit"] = (family.limit or 1) * default_limit(placement_of(family, p), sh.memory) + b_plus
+        self.stats["generator_calls"] += 1
+        try:
+            return build(ScheduleSpec(family.schedule, p, m, **kw), check=False)
+        except ParameterError as e:
+            return Refused("m" if e.param in ("m", "-m") and "needs m" in str(e) else "generator", str(e))
+        except Exception as e:  # noqa: BLE001 - a generator is a plug-in: its failure rejects the candidate
+            return Refused("generator", f"{type(e).__name__}: {e}")
+
+    # -- simulation -----------------------------------------------------------------------------
+    def simulate(self, split: Split, family: Family, m: int, recompute: bool) -> Simulated:
+        """The candidate simulated (cached); raises :class:`Refused` when it cannot be."""
+        key = (split, family, m, recompute)
+        hit = self._simulations.get(key)
+        if hit is None:
+            try:
+                hit = self._simulate(split, family, m, recompute)
+            except Refused as e:
+                hit = e
+            self._simulations[key] = hit
+        if isinstance(hit, Refused):
+            raise hit
+        return hit
+
+    def _simulate(self, split: Split, family: Family, m: int, recompute: bool) -> Simulated:
+        p = split.pp
+        sh = self.costs.sharded(recompute, p, family.v, split.tp)
+        placement = placement_of(family, p)
+        runs = []
+        for mm in simulated_microbatches(m, p, family.schedule, family.g(p)):
+            if mm is not None:
+                sched = self.schedule(family, p, mm, recompute, split.tp)
+                runs.append((mm, sched, self._time(sched, sh)))
+        makespan, busy, peaks = _extrapolate(m, [(mm, tl) for mm, _, tl in runs], family.schedule)
+        (_, first_schedule, first_timeline), (last_m, _, last_timeline) = runs[0], runs[-1]
+        exposed = dp_exposed(last_timeline, sh, split, placement, self.problem.node, self.problem.hardware)
+        return Simulated(split, family, m, recompute, first_schedule, first_timeline, sh, placement, makespan,
+                         busy, peaks, exposed, last_m, len(runs) == 2 or last_m != m)
+
+    def _time(self, schedule: Schedule, sh: ShardedCosts) -> Timeline:
+        """``schedule`` timed with ``sh`` (memory in bytes); a schedule the timing pass rejects
+        (deadlock) is refused as the generator's fault.
+
+        This is the timing pass of :func:`~pipeoffload.passes.lower` without its validation, on
+        purpose: ``lower`` validates every schedule it is given (completeness, order and a
+        unit-time deadlock run, about the cost of timing it again), which made the issue's command
+        (116 timings of generator output the planner builds unchecked, as before) take 30–50% more
+        CPU time. The timeline is the one ``lower(schedule, sh.costs, sh.memory,
+        memory_unit="bytes").timeline`` gives (generated schedules hold compute ops only, and a test
+        compares the two), and offload (:meth:`offload`) does go through ``lower``.
+        """
+        self.stats["simulations"] += 1
+        try:
+            return simulate(schedule, sh.costs, sh.memory, memory_unit="bytes")
+        except ScheduleError as e:
+            raise Refused("generator", f"schedule deadlocks: {e}") from None
+
+    # -- offload --------------------------------------------------------------------------------
+    def offload(self, split: Split, family: Family, m: int, recompute: bool,
+                chunks: int) -> tuple[Simulated, OffloadResult]:
+        """The candidate simulated, and the offload pass's plan for chunks ``0..chunks−1`` of every
+        rank on its ``m1`` timeline (skip mode: a reload that cannot finish before its backward is
+        dropped; warm-up forwards postponed; the problem's host-link model and the groups'
+        transfer times). Raises :class:`Refused` ("offload") when the pass refuses."""
+        sim = self.simulate(split, family, m, recompute)
+        opts = self.problem.options
+        self.stats["offload_plans"] += 1
+        settings = OffloadOptions(offload_chunks=chunks, transfer_times=sim.sharded.transfer_ms,
+                                  link_group=opts.link_group, solo_factor=opts.solo_factor,
+                                  on_infeasible="skip", postpone_warmup=True)
+        try:
+            lowered = lower(sim.schedule, sim.sharded.costs, sim.sharded.memory, memory_unit="bytes",
+                            offload=settings)
+        except PipeoffloadError as e:
+            raise Refused("offload", f"offload pass refused C={chunks}: {e}") from None
+        assert lowered.offload is not None
+        return sim, lowered.offload
+
+
+def _extrapolate(m: int, runs: list[tuple[int, Timeline]], schedule: str) -> tuple[float, list[float], list[float]]:
+    """(makespan ms, per-rank busy ms, per-rank activation peak bytes) at ``m`` from timelines at
+    one or two simulated m (see the module docstring)."""
+    (ma, ta), (mb, tb) = runs[0], runs[-1]
+    peaks = tb.peak_memory()
+    if len(runs) == 2:
+        peaks = [max(x, y) for x, y in zip(peaks, ta.peak_memory())]
+        slope = (tb.makespan - ta.makespan) / (mb - ma)
+        makespan = tb.makespan + (m - mb) * slope
+    else:
+        makespan = tb.makespan
+    busy = [b * m / mb for b in tb.busy()]
+    makespan = max(makespan, max(busy))
+    if schedule == "gpipe" and mb != m:  # all forwards first: the peak grows with m
+        peaks = [x * m / mb for x in peaks]
+    return makespan, busy, peaks

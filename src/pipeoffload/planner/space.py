@@ -1,0 +1,214 @@
+"""The planner's search space: PP·TP·DP splits of the GPUs, schedule families, the search
+options, and the :class:`Problem` one search solves. Pure Python.
+
+``enumerate_splits(model, gpus, global_batch)``: every ``(split, m)`` worth simulating and
+the splits rejected outright. ``families(p, layers, options)``: the schedule families worth
+trying on ``p`` pipeline ranks. ``PlanOptions.check()`` raises
+:class:`~pipeoffload.errors.ParameterError` naming the option (a field of
+:class:`PlanOptions`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..costmodel.hardware import Hardware
+from ..costmodel.model import ModelSpec
+from ..errors import ParameterError
+from ..ir import Placement
+from .report import Rejection
+from .sharding import NodeProfile
+
+__all__ = [
+    "NODE_GPUS", "TP_CHOICES", "FIXED_ORDER", "DEFAULT_SCHEDULES", "Split", "Family", "PlanOptions", "Problem",
+    "families", "enumerate_splits", "placement_of",
+]
+
+#: GPUs per node: TP never crosses a node.
+NODE_GPUS = 8
+TP_CHOICES = (1, 2, 4, 8)
+#: Schedules whose op order depends only on (p, m, v, g): generated once, shared across costs.
+FIXED_ORDER = frozenset({"gpipe", "1f1b", "interleaved-1f1b", "group-interleaved", "zb-h1", "zb-h2"})
+#: Everything the planner may search, in the order it reports them.
+DEFAULT_SCHEDULES = ("1f1b", "gpipe", "zb-h1", "zb-h2", "zb-auto", "interleaved-1f1b", "group-interleaved",
+                     "zb-v", "v-half", "v-min", "v-zb")
+
+
+@dataclass(frozen=True)
+class Split:
+    """``tp · pp · dp`` GPUs: tensor, pipeline and data parallel degrees."""
+
+    tp: int
+    pp: int
+    dp: int
+
+    def __str__(self) -> str:
+        return f"TP={self.tp} PP={self.pp} DP={self.dp}"
+
+
+@dataclass(frozen=True)
+class Family:
+    """A schedule family: registry ``schedule`` with ``v`` chunks; ``group`` "half" (⌈p/2⌉) or
+    "full" (p) for group-interleaved; ``limit`` 1 or 2 (× 1F1B's memory) for zb-auto."""
+
+    schedule: str
+    v: int = 1
+    group: str | None = None
+    limit: int | None = None
+
+    @property
+    def label(self) -> str:
+        if self.schedule == "zb-auto":
+            return f"zb-{self.limit}p"
+        if self.schedule == "group-interleaved":
+            return f"group-interleaved v={self.v} g={'p/2' if self.group == 'half' else 'p'}"
+        if self.schedule == "interleaved-1f1b":
+            return f"interleaved-1f1b v={self.v}"
+        return self.schedule
+
+    def g(self, p: int) -> int | None:
+        """The group size on ``p`` ranks (None for a schedule without groups)."""
+        if self.group is None:
+            return None
+        return (p + 1) // 2 if self.group == "half" else p
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """Knobs of the search (defaults in brackets).
+
+    ``schedules``: registry names to search [all; zb-auto runs as "zb-1p" and "zb-2p"];
+    ``chunks``: v values for loop-placed multi-chunk schedules [(2, 4)]; ``recompute``: values of
+    recompute_elementwise to try [(False, True)]; ``offload``: try activation offload [True];
+    ``top``: configurations kept — a family slower than the top ones even before its offload is
+    evaluated is pruned [10]; ``po_runtime``: apply PipeOffload's runtime setting (flash attention,
+    no dropout) to the model [False]; ``trim_edges``: "auto" (the split with the lower heaviest
+    group), True or False; ``link_group``/``solo_factor``: the offload pass' host-link model [2, 0.7];
+    ``tp_bw``/``hbm_bw``/``peak_rate``: override :func:`~pipeoffload.planner.sharding.node_profile`.
+    """
+
+    schedules: tuple[str, ...] = DEFAULT_SCHEDULES
+    chunks: tuple[int, ...] = (2, 4)
+    recompute: tuple[bool, ...] = (False, True)
+    offload: bool = True
+    top: int = 10
+    po_runtime: bool = False
+    trim_edges: bool | str = "auto"
+    link_group: int = 2
+    solo_factor: float = 0.7
+    tp_bw: float | None = None
+    hbm_bw: float | None = None
+    peak_rate: float | None = None
+
+    def check(self) -> None:
+        """Raise :class:`ParameterError` naming the first invalid field."""
+        from ..schedules import SCHEDULES
+
+        unknown = [s for s in self.schedules if s not in SCHEDULES]
+        if unknown or not self.schedules:
+            raise ParameterError("schedules", f"unknown schedule(s) {', '.join(unknown) or '(none given)'}; "
+                                 f"valid: {', '.join(SCHEDULES)}")
+        if not self.chunks or any(not isinstance(v, int) or v < 2 for v in self.chunks):
+            raise ParameterError("chunks", f"chunk counts must be integers >= 2, got {list(self.chunks)}")
+        if not self.recompute:
+            raise ParameterError("recompute", "needs at least one of on/off")
+        if not isinstance(self.top, int) or self.top < 1:
+            raise ParameterError("top", f"must be an integer >= 1, got {self.top!r}")
+        if self.trim_edges not in ("auto", True, False):
+            raise ParameterError("trim_edges", f"must be 'auto', True or False, got {self.trim_edges!r}")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What one search solves: ``model`` (already in the searched setting, e.g. PipeOffload's
+    runtime) on ``gpus`` × ``hardware`` with ``node``'s constants, at most ``budget`` bytes per
+    device, ``global_batch`` sequences per iteration, searched with ``options``. Checked inputs."""
+
+    model: ModelSpec
+    hardware: Hardware
+    node: NodeProfile
+    budget: float
+    global_batch: int
+    gpus: int
+    options: PlanOptions
+
+
+def families(p: int, layers: int, options: PlanOptions = PlanOptions()) -> list[Family]:
+    """Schedule families worth trying with ``p`` pipeline ranks (p·v ≤ layers; multi-chunk
+    families need p ≥ 2)."""
+    from ..schedules import SCHEDULES
+
+    if p == 1:  # no pipeline: every one-chunk schedule is the same F, BW sequence
+        first = next((n for n in options.schedules if n == "1f1b"), None)
+        return [Family(first)] if first else []
+    out: list[Family] = []
+    for name in options.schedules:
+        info = SCHEDULES[name]
+        if name == "zb-auto":
+            out += [Family(name, 1, limit=1), Family(name, 1, limit=2)]
+        elif info.placement == "v":
+            if p >= 2 and 2 * p <= layers:
+                out.append(Family(name, 2))
+        elif info.default_v == 1:
+            out.append(Family(name, 1))
+        elif p >= 2:
+            out += _multi_chunk_families(name, p, layers, options.chunks)
+    return out
+
+
+def _multi_chunk_families(name: str, p: int, layers: int, chunks: tuple[int, ...]) -> list[Family]:
+    """A loop-placed multi-chunk schedule at every v of ``chunks`` with p·v ≤ layers (p ≥ 2);
+    group-interleaved with g = ⌈p/2⌉ and, where different, g = p."""
+    out: list[Family] = []
+    for v in sorted(set(chunks)):
+        if p * v > layers:
+            continue
+        if name == "group-interleaved":
+            out.append(Family(name, v, group="half"))
+            if p > (p + 1) // 2:
+                out.append(Family(name, v, group="full"))
+        else:
+            out.append(Family(name, v))
+    return out
+
+
+def enumerate_splits(model: ModelSpec, gpus: int, global_batch: int) -> tuple[list[tuple[Split, int]], list[Rejection]]:
+    """Every ``(split, m)`` worth simulating, and the splits rejected before any simulation.
+
+    Guarantees: ``tp · pp · dp == gpus`` for every split, in order of TP then PP; TP divides
+    ``min(gpus, NODE_GPUS)`` (splits whose TP does not are neither listed nor rejected);
+    ``m · dp · microbatch == global_batch`` for every accepted split.
+    """
+    ok: list[tuple[Split, int]] = []
+    bad: list[Rejection] = []
+    for tp in TP_CHOICES:
+        if gpus % tp or min(gpus, NODE_GPUS) % tp:
+            continue
+        rest = gpus // tp
+        for pp in (d for d in range(1, rest + 1) if rest % d == 0):
+            split = Split(tp, pp, rest // pp)
+            why = _split_refusal(model, split, global_batch)
+            if why:
+                bad.append(Rejection(str(split), "split", why, config=str(split)))
+            else:
+                ok.append((split, global_batch // (split.dp * model.microbatch)))
+    return ok, bad
+
+
+def _split_refusal(model: ModelSpec, split: Split, global_batch: int) -> str | None:
+    """Why ``split`` cannot hold ``model`` at ``global_batch`` (None when it can)."""
+    tp, b = split.tp, model.microbatch
+    if model.heads % tp or model.ffn % tp or model.kv_groups % tp:  # type: ignore[operator]
+        return f"TP={tp} does not divide the {model.heads} heads, {model.kv_groups} KV groups and FFN {model.ffn}"
+    if split.pp > model.layers:
+        return f"PP={split.pp} exceeds the model's {model.layers} layers"
+    if global_batch % (split.dp * b):
+        return f"global batch {global_batch} is not divisible by DP·microbatch = {split.dp}·{b}"
+    return None
+
+
+def placement_of(family: Family, p: int) -> Placement:
+    """Where ``family``'s layer groups live on ``p`` ranks: V-shaped or looped."""
+    from ..schedules import SCHEDULES
+
+    return Placement.vshape(p) if SCHEDULES[family.schedule].placement == "v" else Placement.loop(p, family.v)
