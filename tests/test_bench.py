@@ -37,13 +37,13 @@ def test_summarize_takes_per_pair_ratios():
     assert (s["ours_s"], s["torch_s"]) == (2.0, 2.0)
 
 
-@pytest.mark.parametrize("change, param", [
-    ({"schedules": ["nope"]}, "--schedules"),
-    ({"pairs": 0}, "--pairs"),
-    ({"warmup": 0}, "--warmup"),
-    ({"stages": [1]}, "--stages"),
-    ({"stages": [4], "microbatches": 3}, "--microbatches"),
-    ({"stages": [4], "microbatches": 9, "schedules": ["interleaved-1f1b"]}, "--microbatches"),  # 9 % (9//4)
+@pytest.mark.parametrize("change, param", [  # the library names its fields; the CLI maps them to flags
+    ({"schedules": ["nope"]}, "schedules"),
+    ({"pairs": 0}, "pairs"),
+    ({"warmup": 0}, "warmup"),
+    ({"stages": [1]}, "stages"),
+    ({"stages": [4], "microbatches": 3}, "microbatches"),
+    ({"stages": [4], "microbatches": 9, "schedules": ["interleaved-1f1b"]}, "microbatches"),  # 9 % (9//4)
     ({"stages": [4], "model": ModelConfig(layers=6)}, "model.layers"),  # interleaved needs 8 groups
 ])
 def test_config_errors_name_the_parameter(change, param):

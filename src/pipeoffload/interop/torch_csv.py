@@ -157,12 +157,13 @@ def to_actions(schedule: Schedule, strict: bool = False) -> list[list[str]]:
     return rows
 
 
-def write_csv(schedule: Schedule, path: str | Path, strict: bool = False, param: str = "--csv") -> Path:
+def write_csv(schedule: Schedule, path: str | Path, strict: bool = False, param: str = "path") -> Path:
     """Write ``schedule`` as torch's schedule CSV (one row per rank, one action per cell).
 
     The file loads with ``PipelineScheduleMulti._load_csv`` (compute-only schedules) or
     ``_PipelineScheduleRuntime._load_csv(..., format="compute_comms")`` (with comm ops).
-    Returns the path written. Unwritable paths raise :class:`ParameterError` for ``param``."""
+    Returns the path written. Unwritable paths raise :class:`ParameterError` for ``param``
+    (default ``path``, this function's argument; a command line passes its flag)."""
     rows = to_actions(schedule, strict=strict)
     out = Path(path)
     try:
@@ -212,28 +213,57 @@ def from_actions(
     module docstring. Every problem raises :class:`ParameterError` for ``param``, naming
     ``source`` and the row and column (1-based; row r+1 is rank r) of the offending cell.
     """
-
-    def fail(msg: str, r: int | None = None, c: int | None = None) -> ParameterError:
-        where = source
-        if r is not None:
-            where += f", row {r + 1} (rank {r})"
-        if c is not None:
-            where += f", column {c + 1}"
-        return ParameterError(param, f"{where}: {msg}")
-
+    fail = _CellError(source, param)
     rows = [list(row) for row in rows]
     while rows and all(_blank(c) for c in rows[-1]):
         rows.pop()  # trailing blank lines are not ranks
     if not rows:
         raise fail("no actions; expected one row of actions per rank")
-    p = len(rows)
+    parsed, owner = _parse_rows(rows, keep_comm, fail)
+    for r, ops in enumerate(parsed):
+        if not any(k.is_compute for k, *_ in ops):
+            raise fail("no compute actions; every rank must run at least one layer group", r)
+    pl = _placement_of(placement, len(rows), owner, fail)
+    m = _microbatch_count(parsed, num_microbatches, fail)
+    ranks, columns = _ops_of(parsed, pl, fail)
+    sched = Schedule(name, m, pl, ranks, {"p": len(rows), "m": m, "v": pl.max_chunks, "source": source})
+    try:
+        validate(sched)
+    except ScheduleError as e:
+        raise fail(f"not a valid schedule: {_with_columns(str(e), ranks, columns)}") from None
+    return sched
 
-    # Parse every cell, remembering where each op came from for error messages.
-    parsed: list[list[tuple[OpKind, int, int, int]]] = []
+
+class _CellError:
+    """Makes the ParameterError of :func:`from_actions`: ``param``, then ``source`` and,
+    where known, the row (rank) and column of the cell."""
+
+    def __init__(self, source: str, param: str) -> None:
+        self.source, self.param = source, param
+
+    def __call__(self, msg: str, r: int | None = None, c: int | None = None) -> ParameterError:
+        where = self.source
+        if r is not None:
+            where += f", row {r + 1} (rank {r})"
+        if c is not None:
+            where += f", column {c + 1}"
+        return ParameterError(self.param, f"{where}: {msg}")
+
+
+#: One parsed action: kind, layer group, microbatch, and the column it came from.
+_Parsed = tuple[OpKind, int, int, int]
+
+
+def _parse_rows(rows: list[list], keep_comm: bool,
+                fail: _CellError) -> tuple[list[list[_Parsed]], dict[int, tuple[int, int]]]:
+    """Every row's actions (comm ones only with ``keep_comm``), and where each layer
+    group is first seen (row, column); a layer group on two ranks or an action that
+    repeats is an error naming both cells."""
+    parsed: list[list[_Parsed]] = []
     owner: dict[int, tuple[int, int]] = {}  # stage -> (row, column) first seen
     seen: dict[tuple[OpKind, int, int], tuple[int, int]] = {}
     for r, row in enumerate(rows):
-        ops: list[tuple[OpKind, int, int, int]] = []
+        ops: list[_Parsed] = []
         for c, cell in enumerate(row):
             text = "" if cell is None else str(cell).strip()
             try:
@@ -256,36 +286,43 @@ def from_actions(
                     seen[(kind, s, j)] = (r, c)
                 ops.append((kind, s, j, c))
         parsed.append(ops)
+    return parsed, owner
 
-    for r, ops in enumerate(parsed):
-        if not any(k.is_compute for k, *_ in ops):
-            raise fail("no compute actions; every rank must run at least one layer group", r)
 
-    # Placement: observed stage → rank, checked against the one asked for.
-    S = max(owner) + 1
+def _placement_of(placement: str | Placement | None, p: int, owner: dict[int, tuple[int, int]],
+                  fail: _CellError) -> Placement:
+    """The observed layer group → rank map as a placement (inferred when ``placement``
+    is None), or the one asked for, checked against what the actions show."""
+    num_stages = max(owner) + 1
     if placement is None:
-        missing = [s for s in range(S) if s not in owner]
+        missing = [s for s in range(num_stages) if s not in owner]
         if missing:
             raise fail(f"layer group(s) {', '.join(map(str, missing[:5]))} never appear; stages must be "
-                       f"numbered 0..{S - 1} with no gaps (or pass a placement)")
-        pl = placement_kind([owner[s][0] for s in range(S)], p)
-    else:
-        pl = _resolve_placement(placement, p, S, owner, fail)
-        for s, (r, c) in owner.items():
-            if s >= pl.num_stages or pl.rank_of(s) != r:
-                held = "does not exist" if s >= pl.num_stages else f"is on rank {pl.rank_of(s)}"
-                raise fail(f"layer group {s} runs on rank {r} but in the {pl.kind} placement it {held}", r, c)
+                       f"numbered 0..{num_stages - 1} with no gaps (or pass a placement)")
+        return placement_kind([owner[s][0] for s in range(num_stages)], p)
+    pl = _resolve_placement(placement, p, num_stages, owner, fail)
+    for s, (r, c) in owner.items():
+        if s >= pl.num_stages or pl.rank_of(s) != r:
+            held = "does not exist" if s >= pl.num_stages else f"is on rank {pl.rank_of(s)}"
+            raise fail(f"layer group {s} runs on rank {r} but in the {pl.kind} placement it {held}", r, c)
+    return pl
 
-    # Microbatches.
+
+def _microbatch_count(parsed: list[list[_Parsed]], num_microbatches: int | None, fail: _CellError) -> int:
+    """``num_microbatches``, checked to cover every microbatch used; default the largest + 1."""
     top = max(j for ops in parsed for _, _, j, _ in ops) + 1
     if num_microbatches is None:
-        m = top
-    else:
-        m = num_microbatches
-        if not isinstance(m, int) or isinstance(m, bool) or m < top:
-            raise fail(f"num_microbatches={m!r} but the actions use microbatch {top - 1}; need an integer >= {top}")
+        return top
+    m = num_microbatches
+    if not isinstance(m, int) or isinstance(m, bool) or m < top:
+        raise fail(f"num_microbatches={m!r} but the actions use microbatch {top - 1}; need an integer >= {top}")
+    return m
 
-    # Ops.
+
+def _ops_of(parsed: list[list[_Parsed]], pl: Placement,
+            fail: _CellError) -> tuple[list[list[Op]], list[list[int]]]:
+    """Each rank's ops (sends/receives with their peer under torch's convention), and
+    the CSV column of each op (for the validator's messages)."""
     ranks: list[list[Op]] = []
     columns: list[list[int]] = []
     for r, ops in enumerate(parsed):
@@ -304,13 +341,7 @@ def from_actions(
             cols.append(c)
         ranks.append(lst)
         columns.append(cols)
-
-    sched = Schedule(name, m, pl, ranks, {"p": p, "m": m, "v": pl.max_chunks, "source": source})
-    try:
-        validate(sched)
-    except ScheduleError as e:
-        raise fail(f"not a valid schedule: {_with_columns(str(e), ranks, columns)}") from None
-    return sched
+    return ranks, columns
 
 
 def read_csv(
@@ -319,14 +350,14 @@ def read_csv(
     num_microbatches: int | None = None,
     name: str = "imported",
     keep_comm: bool = False,
-    param: str = "--csv",
+    param: str = "path",
 ) -> Schedule:
     """Read torch's schedule CSV (one row per rank) into a validated :class:`Schedule`.
 
     See :func:`from_actions` for how p, the placement and m are inferred. Any problem —
     missing or unreadable file, empty file, malformed cell, a layer group on two ranks,
-    an invalid order — raises :class:`ParameterError` for ``param`` naming the file, and
-    the row and column where one applies."""
+    an invalid order — raises :class:`ParameterError` for ``param`` (default ``path``, this
+    function's argument) naming the file, and the row and column where one applies."""
     src = Path(path)
     try:
         with src.open(newline="") as f:
@@ -342,24 +373,25 @@ def _blank(cell: str | None) -> bool:
     return cell is None or str(cell).strip() == ""
 
 
-def _resolve_placement(placement: str | Placement, p: int, S: int, owner: dict, fail) -> Placement:
+def _resolve_placement(placement: str | Placement, p: int, num_stages: int, owner: dict,
+                       fail: _CellError) -> Placement:
     if isinstance(placement, Placement):
         if placement.num_ranks != p:
             raise fail(f"{p} rows (ranks) but the placement has {placement.num_ranks} ranks")
         return placement
     if placement == "loop":
-        if S % p:
-            raise fail(f"loop placement needs a multiple of {p} layer groups, the actions use {S}")
-        return Placement.loop(p, S // p)
+        if num_stages % p:
+            raise fail(f"loop placement needs a multiple of {p} layer groups, the actions use {num_stages}")
+        return Placement.loop(p, num_stages // p)
     if placement == "v":
-        if S > 2 * p:
-            raise fail(f"V placement has {2 * p} layer groups for {p} ranks, the actions use {S}")
+        if num_stages > 2 * p:
+            raise fail(f"V placement has {2 * p} layer groups for {p} ranks, the actions use {num_stages}")
         return Placement.vshape(p)
     if placement == "custom":
-        missing = [s for s in range(S) if s not in owner]
+        missing = [s for s in range(num_stages) if s not in owner]
         if missing:
             raise fail(f"layer group(s) {', '.join(map(str, missing[:5]))} never appear")
-        return Placement.custom([owner[s][0] for s in range(S)], p)
+        return Placement.custom([owner[s][0] for s in range(num_stages)], p)
     raise ParameterError("placement", f"expected 'loop', 'v', 'custom' or a Placement, got {placement!r}")
 
 

@@ -1,6 +1,6 @@
 """Activation stores: where the tensors autograd saves during an F live until its B.
 
-This is the hook point for activation offload (PipeOffload, ALGORITHMS.md §5). The
+This is the hook point for activation offload (PipeOffload, docs/algorithms.md#54-how-the-runtime-moves-activations). The
 executor wraps every F op in ``torch.autograd.graph.saved_tensors_hooks`` whose pack
 and unpack call :meth:`ActivationStore.pack` / :meth:`ActivationStore.unpack` with
 the op's ``(stage, microbatch)``, and dispatches the offload pass's ops to the store:
@@ -25,7 +25,7 @@ offloads) and :meth:`capture` (a context around each F, told which tensors the
 runtime owns, i.e. the stage input it keeps until B).
 
 :class:`~pipeoffload.runtime.offload_store.OffloadStore` is PipeOffload's store
-(ALGORITHMS.md §5): parameters and tiny tensors pass through, views of a captured
+(docs/algorithms.md#54-how-the-runtime-moves-activations): parameters and tiny tensors pass through, views of a captured
 storage are recorded as aliases (base + size/stride/offset), the rest is copied to
 (pinned) host buffers on a d2h stream and freed on the device; reloaded on an h2d
 stream before the B; it tells the meter (:meth:`MemoryMeter.offloaded` /

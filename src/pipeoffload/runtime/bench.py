@@ -78,26 +78,27 @@ class BenchConfig:
     output: str | None = None  #: folder for bench.json / bench.md (None: don't write)
 
     def check(self) -> None:
-        """Raise ParameterError for a bad configuration (before any process starts)."""
+        """Raise ParameterError for a bad configuration (before any process starts),
+        naming the field (``pairs``, ``stages``, ...; the command line maps them to its flags)."""
         from ..schedules import generate
 
-        require(self.pairs >= 1, "--pairs", f"must be >= 1, got {self.pairs}")
-        require(self.warmup >= 1, "--warmup", f"must be >= 1 (the first step sets up), got {self.warmup}")
-        require(self.microbatch_size >= 1, "--microbatch-size", f"must be >= 1, got {self.microbatch_size}")
-        require(bool(self.stages), "--stages", "needs at least one pipeline size")
-        require(bool(self.schedules), "--schedules", "needs at least one schedule")
+        require(self.pairs >= 1, "pairs", f"must be >= 1, got {self.pairs}")
+        require(self.warmup >= 1, "warmup", f"must be >= 1 (the first step sets up), got {self.warmup}")
+        require(self.microbatch_size >= 1, "microbatch_size", f"must be >= 1, got {self.microbatch_size}")
+        require(bool(self.stages), "stages", "needs at least one pipeline size")
+        require(bool(self.schedules), "schedules", "needs at least one schedule")
         for key in self.schedules:
             if key not in PAIRS:
-                raise ParameterError("--schedules", f"unknown {key!r}; valid: {', '.join(PAIRS)}")
+                raise ParameterError("schedules", f"unknown {key!r}; valid: {', '.join(PAIRS)}")
         for p in self.stages:
-            require(isinstance(p, int) and p >= 2, "--stages", f"pipeline sizes must be >= 2, got {p}")
+            require(isinstance(p, int) and p >= 2, "stages", f"pipeline sizes must be >= 2, got {p}")
             m = self.microbatches
-            require(m >= p, "--microbatches", f"must be >= p = {p} (torch's 1F1B needs it), got {m}")
+            require(m >= p, "microbatches", f"must be >= p = {p} (torch's 1F1B needs it), got {m}")
             for key in self.schedules:
                 pr = PAIRS[key]
                 if pr.torch_class.startswith("ScheduleInterleaved"):
                     rounds = max(1, m // p)
-                    require(m % rounds == 0, "--microbatches", f"torch's {pr.torch_class} needs m to be a "
+                    require(m % rounds == 0, "microbatches", f"torch's {pr.torch_class} needs m to be a "
                             f"multiple of m // p = {rounds} at p = {p}, got {m}")
                 sched = generate(pr.ours, p=p, m=m, **pr.ours_kwargs(p))
                 self.model.check_split(sched.num_stages)
@@ -118,7 +119,7 @@ def _mib(x: float) -> float:
     return x / 2**20
 
 
-def _ranks(vals: list[float]) -> str:
+def _mib_per_rank(vals: list[float]) -> str:
     return " / ".join(f"{_mib(v):.2f}" for v in vals)
 
 
@@ -134,7 +135,7 @@ def markdown(results: dict[str, Any]) -> str:
         lines.append(
             f"| {row['p']} | {row['torch_class']} ↔ {row['ours_label']} | {1000 * s['ours_s']:.1f} | "
             f"{1000 * s['torch_s']:.1f} | **{s['ratio_median']:.3f}** ({s['ratio_min']:.3f}–{s['ratio_max']:.3f}) | "
-            f"{_ranks(row['peak_ours'])} | {_ranks(row['peak_torch'])} | {row['loss_diff']:.1e} | "
+            f"{_mib_per_rank(row['peak_ours'])} | {_mib_per_rank(row['peak_torch'])} | {row['loss_diff']:.1e} | "
             f"{row['grad_rel_diff']:.1e} |")
     return "\n".join(lines)
 
@@ -204,110 +205,157 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict[str, Any]:
 
 
 def bench_worker(ctx: Any, cfg: BenchConfig, out_path: str, progress: bool = True) -> None:
-    """One rank of one launch: every schedule of ``cfg`` at p = world size."""
+    """One rank of one launch: every schedule of ``cfg`` at p = world size; rank 0
+    writes the rows to ``out_path``."""
     import torch
     import torch.distributed as dist
 
-    from ..interop.torch_csv import to_actions
     from ..models.data import ByteCorpus, load_corpus
-    from ..models.transformer import build_stage, lm_loss
-    from .executor import PipelineRunner
-    from .torch_baseline import TORCH_CLASSES, imported_order, stages_of, torch_pipeline
-    from ..schedules import generate
 
-    p, m, rank = ctx.world_size, cfg.microbatches, ctx.rank
     corpus = ByteCorpus(load_corpus(), cfg.model.seq_len, seed=0)
     rows = []
     for key in cfg.schedules:
-        pr = PAIRS[key]
-        t_sched = time.perf_counter()
-        ours_sched = generate(pr.ours, p=p, m=m, **pr.ours_kwargs(p))
-        S = ours_sched.num_stages
-        placement, v = TORCH_CLASSES[pr.torch_class]
-        # Separate module copies per runtime; same seed, so the same initial weights.
-        tmods = {s: build_stage(cfg.model, s, p * v) for s in stages_of(placement, p, v, rank)}
-        tpipe = torch_pipeline(pr.torch_class, tmods, m, lm_loss, device=ctx.device)
-        contenders: dict[str, Any] = {
-            "ours": PipelineRunner(lambda s: build_stage(cfg.model, s, S), lm_loss, ours_sched, device=ctx.device,
-                                   timeout_s=cfg.timeout_s),
-            "torch": tpipe,
-        }
-        same = True
-        if cfg.same_order and v > 1:  # single-stage classes run a hand-written loop, not their listed order
-            torder = imported_order(tpipe, f"{pr.torch_class} order")
-            same = to_actions(torder) == to_actions(ours_sched)
-            if not same:
-                contenders["ours@torch-order"] = PipelineRunner(lambda s: build_stage(cfg.model, s, S), lm_loss,
-                                                                torder, device=ctx.device, timeout_s=cfg.timeout_s)
-        names = list(contenders)
-        times: dict[str, list[float]] = {n: [] for n in names}
-        compute: dict[str, list[float]] = {n: [] for n in names}  # this rank's compute time per timed step
-        peaks: dict[str, float] = {n: 0.0 for n in names}
-        losses: dict[str, list[float]] = {n: [] for n in names}
-        grads: dict[str, dict[str, torch.Tensor]] = {}
-
-        for it in range(cfg.warmup + cfg.pairs):
-            xs, ys = corpus.microbatches(it, m, cfg.microbatch_size)
-            # Alternate who goes first (A B, B A, ...): slow drifts of the machine cancel.
-            order = names if (it - cfg.warmup) % 2 == 0 else names[::-1]
-            for name in order:
-                c = contenders[name]
-                dist.barrier()
-                t0 = time.perf_counter()
-                res = c.step(xs, ys)
-                dt = time.perf_counter() - t0
-                tt = torch.tensor([dt], dtype=torch.float64)
-                dist.all_reduce(tt, op=dist.ReduceOp.MAX)  # the step ends when its slowest rank does
-                if it == 0:
-                    grads[name] = {n: (q.grad.detach().clone() if q.grad is not None else torch.zeros_like(q))
-                                   for n, q in c.named_parameters()}
-                for q in c.parameters():
-                    q.grad = None
-                peaks[name] = max(peaks[name], float(res.peak_memory))
-                if res.loss is not None:
-                    losses[name].append(float(res.loss))
-                if it >= cfg.warmup:
-                    times[name].append(float(tt.item()))
-                    compute[name].append(_compute_time(res))
-        grad_diff = {n: _grad_rel_diff(grads[n], grads["torch"]) for n in names if n != "torch"}
-        grad_norm = sum(float(g.norm()) ** 2 for g in grads["torch"].values())
-        got = [None] * p
-        dist.all_gather_object(got, {"peaks": peaks, "losses": losses, "grad_diff": grad_diff,
-                                     "grad_norm": grad_norm,
-                                     "compute": {n: statistics.median(v) for n, v in compute.items()}})
-        if rank == 0:
-            lossrank = next(g for g in got if g["losses"]["torch"])
-            for name in names[0:1] + names[2:]:
-                row = {
-                    "p": p, "key": key, "torch_class": pr.torch_class, "contender": name,
-                    "ours_label": (f"{pr.ours}" + (" g=p" if pr.ours_g_is_p else "")) if name == "ours"
-                    else "torch's order on our runtime",
-                    "same_order": same, "m": m, "layer_groups": S,
-                    "times_s": {"ours": times[name], "torch": times["torch"]},
-                    "summary": summarize({"ours": times[name], "torch": times["torch"]}),
-                    "compute_s": {"ours": [g["compute"][name] for g in got],
-                                  "torch": [g["compute"]["torch"] for g in got]},
-                    "peak_ours": [g["peaks"][name] for g in got],
-                    "peak_torch": [g["peaks"]["torch"] for g in got],
-                    "loss_diff": max(abs(a - b) for a, b in zip(lossrank["losses"][name],
-                                                                  lossrank["losses"]["torch"])),
-                    "losses": {"ours": lossrank["losses"][name], "torch": lossrank["losses"]["torch"]},
-                    "grad_rel_diff": max(g["grad_diff"][name] for g in got),
-                    "grad_norm": sum(g["grad_norm"] for g in got) ** 0.5,
-                }
-                rows.append(row)
-                if progress:
-                    sm = row["summary"]
-                    print(f"p={p} {key:<18} {name:<16} ours {1000 * sm['ours_s']:7.1f} ms  torch "
-                          f"{1000 * sm['torch_s']:7.1f} ms  ratio {sm['ratio_median']:.3f} "
-                          f"({sm['ratio_min']:.3f}-{sm['ratio_max']:.3f})  peak MiB ours "
-                          f"{max(row['peak_ours']) / 2**20:.2f} torch {max(row['peak_torch']) / 2**20:.2f}  "
-                          f"[{time.perf_counter() - t_sched:.0f} s]", flush=True)
-        del contenders, tpipe
-    if rank == 0:
+        rows.extend(_bench_schedule(ctx, cfg, PAIRS[key], corpus, progress))
+    if ctx.rank == 0:
         Path(out_path).write_text(json.dumps({"rows": rows, "meta": {"device": str(ctx.device),
                                                                       "threads": torch.get_num_threads()}}))
     dist.barrier()  # no rank tears the process group down while another still uses it
+
+
+@dataclass
+class _Measured:
+    """One rank's measurements of every contender of one schedule."""
+
+    times: dict[str, list[float]]  #: slowest rank's step time of each timed step
+    compute: dict[str, list[float]]  #: this rank's compute time of each timed step
+    peaks: dict[str, float]  #: this rank's peak activation memory
+    losses: dict[str, list[float]]  #: every step's loss (rank holding the loss)
+    grads: dict[str, dict[str, Any]]  #: this rank's gradients after the first step
+
+
+def _bench_schedule(ctx: Any, cfg: BenchConfig, pr: Pair, corpus: Any, progress: bool) -> list[dict[str, Any]]:
+    """Build the contenders of ``pr`` at p = world size, alternate them, and return the
+    report rows (rank 0; an empty list elsewhere). A collective: every rank calls it."""
+    import torch.distributed as dist
+
+    from ..schedules import generate
+
+    p, m = ctx.world_size, cfg.microbatches
+    t_sched = time.perf_counter()
+    ours_sched = generate(pr.ours, p=p, m=m, **pr.ours_kwargs(p))
+    contenders, same = _contenders(ctx, cfg, pr, ours_sched)
+    names = list(contenders)
+    got = _alternate(contenders, cfg, corpus)
+    grad_diff = {n: _grad_rel_diff(got.grads[n], got.grads["torch"]) for n in names if n != "torch"}
+    grad_norm = sum(float(g.norm()) ** 2 for g in got.grads["torch"].values())
+    ranks: list[Any] = [None] * p
+    dist.all_gather_object(ranks, {"peaks": got.peaks, "losses": got.losses, "grad_diff": grad_diff,
+                                   "grad_norm": grad_norm,
+                                   "compute": {n: statistics.median(v) for n, v in got.compute.items()}})
+    if ctx.rank != 0:
+        return []
+    rows = []
+    for name in names[0:1] + names[2:]:
+        row = _row(pr, name, p, m, ours_sched.num_stages, same, got.times, ranks)
+        rows.append(row)
+        if progress:
+            _print_row(row, p, pr.key, name, time.perf_counter() - t_sched)
+    return rows
+
+
+def _contenders(ctx: Any, cfg: BenchConfig, pr: Pair, ours_sched: Any) -> tuple[dict[str, Any], bool]:
+    """``{"ours": runner, "torch": torch's schedule}`` over separate module copies with
+    the same initial weights, plus ``"ours@torch-order"`` (torch's order on our runtime)
+    where the orders differ; and whether they are the same."""
+    from ..interop.torch_csv import to_actions
+    from ..models.transformer import build_stage, lm_loss
+    from .executor import PipelineRunner
+    from .torch_baseline import TORCH_CLASSES, imported_order, stages_of, torch_pipeline
+
+    p, num_stages = ctx.world_size, ours_sched.num_stages
+    placement, v = TORCH_CLASSES[pr.torch_class]
+    # Separate module copies per runtime; same seed, so the same initial weights.
+    torch_modules = {s: build_stage(cfg.model, s, p * v) for s in stages_of(placement, p, v, ctx.rank)}
+    torch_sched = torch_pipeline(pr.torch_class, torch_modules, cfg.microbatches, lm_loss, device=ctx.device)
+    contenders: dict[str, Any] = {
+        "ours": PipelineRunner(lambda s: build_stage(cfg.model, s, num_stages), lm_loss, ours_sched,
+                               device=ctx.device, timeout_s=cfg.timeout_s),
+        "torch": torch_sched,
+    }
+    same = True
+    if cfg.same_order and v > 1:  # single-stage classes run a hand-written loop, not their listed order
+        torch_order = imported_order(torch_sched, f"{pr.torch_class} order")
+        same = to_actions(torch_order) == to_actions(ours_sched)
+        if not same:
+            contenders["ours@torch-order"] = PipelineRunner(lambda s: build_stage(cfg.model, s, num_stages), lm_loss,
+                                                            torch_order, device=ctx.device, timeout_s=cfg.timeout_s)
+    return contenders, same
+
+
+def _alternate(contenders: dict[str, Any], cfg: BenchConfig, corpus: Any) -> _Measured:
+    """``warmup`` untimed then ``pairs`` timed steps of every contender on the same
+    microbatches, who goes first alternating."""
+    import torch
+    import torch.distributed as dist
+
+    names = list(contenders)
+    got = _Measured({n: [] for n in names}, {n: [] for n in names}, {n: 0.0 for n in names},
+                    {n: [] for n in names}, {})
+    for it in range(cfg.warmup + cfg.pairs):
+        xs, ys = corpus.microbatches(it, cfg.microbatches, cfg.microbatch_size)
+        # Alternate who goes first (A B, B A, ...): slow drifts of the machine cancel.
+        order = names if (it - cfg.warmup) % 2 == 0 else names[::-1]
+        for name in order:
+            contender = contenders[name]
+            dist.barrier()
+            t0 = time.perf_counter()
+            res = contender.step(xs, ys)
+            elapsed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the step ends when its slowest rank does
+            if it == 0:
+                got.grads[name] = {n: (q.grad.detach().clone() if q.grad is not None else torch.zeros_like(q))
+                                   for n, q in contender.named_parameters()}
+            for q in contender.parameters():
+                q.grad = None
+            got.peaks[name] = max(got.peaks[name], float(res.peak_memory))
+            if res.loss is not None:
+                got.losses[name].append(float(res.loss))
+            if it >= cfg.warmup:
+                got.times[name].append(float(elapsed.item()))
+                got.compute[name].append(_compute_time(res))
+    return got
+
+
+def _row(pr: Pair, name: str, p: int, m: int, num_stages: int, same: bool, times: dict[str, list[float]],
+         ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """The report row of contender ``name`` against torch's schedule, from every rank's
+    gathered measurements ``ranks``."""
+    loss_rank = next(g for g in ranks if g["losses"]["torch"])
+    return {
+        "p": p, "key": pr.key, "torch_class": pr.torch_class, "contender": name,
+        "ours_label": (f"{pr.ours}" + (" g=p" if pr.ours_g_is_p else "")) if name == "ours"
+        else "torch's order on our runtime",
+        "same_order": same, "m": m, "layer_groups": num_stages,
+        "times_s": {"ours": times[name], "torch": times["torch"]},
+        "summary": summarize({"ours": times[name], "torch": times["torch"]}),
+        "compute_s": {"ours": [g["compute"][name] for g in ranks],
+                      "torch": [g["compute"]["torch"] for g in ranks]},
+        "peak_ours": [g["peaks"][name] for g in ranks],
+        "peak_torch": [g["peaks"]["torch"] for g in ranks],
+        "loss_diff": max(abs(a - b) for a, b in zip(loss_rank["losses"][name], loss_rank["losses"]["torch"])),
+        "losses": {"ours": loss_rank["losses"][name], "torch": loss_rank["losses"]["torch"]},
+        "grad_rel_diff": max(g["grad_diff"][name] for g in ranks),
+        "grad_norm": sum(g["grad_norm"] for g in ranks) ** 0.5,
+    }
+
+
+def _print_row(row: dict[str, Any], p: int, key: str, name: str, elapsed_s: float) -> None:
+    sm = row["summary"]
+    print(f"p={p} {key:<18} {name:<16} ours {1000 * sm['ours_s']:7.1f} ms  torch "
+          f"{1000 * sm['torch_s']:7.1f} ms  ratio {sm['ratio_median']:.3f} "
+          f"({sm['ratio_min']:.3f}-{sm['ratio_max']:.3f})  peak MiB ours "
+          f"{max(row['peak_ours']) / 2**20:.2f} torch {max(row['peak_torch']) / 2**20:.2f}  "
+          f"[{elapsed_s:.0f} s]", flush=True)
 
 
 def _compute_time(res: Any) -> float:

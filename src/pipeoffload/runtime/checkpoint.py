@@ -183,38 +183,39 @@ def prune(root: str | Path, keep: int, newest: int) -> None:
 
 
 # --------------------------------------------------------------------------- reading
-def read_manifest(d: Path) -> dict:
-    """The manifest of step directory ``d``; CheckpointError if missing or malformed."""
-    f = d / MANIFEST
-    if not f.is_file():
-        raise CheckpointError(f"{d.name}: incomplete (no {MANIFEST}; the run stopped while writing it)")
-    try:
-        man = json.loads(f.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise CheckpointError(f"{d.name}: {MANIFEST} is unreadable ({e})") from None
-    if not isinstance(man, dict) or man.get("format") != FORMAT or not isinstance(man.get("files"), dict):
-        raise CheckpointError(f"{d.name}: {MANIFEST} is not a format-{FORMAT} manifest")
-    m = _STEP_DIR.match(d.name)
-    if m and man.get("step") != int(m.group(1)):
-        raise CheckpointError(f"{d.name}: {MANIFEST} says step {man.get('step')!r}")
-    return man
-
-
-def verify_rank_file(d: Path, man: dict, rank: int) -> Path:
-    """Check this rank's file against the manifest (size, sha256); return its path."""
-    ent = man["files"].get(str(rank))
-    if not isinstance(ent, dict):
-        raise CheckpointError(f"{d.name}: {MANIFEST} lists no file for rank {rank}")
-    path = d / str(ent.get("file", ""))
+def read_manifest(directory: Path) -> dict:
+    """The manifest of step directory ``directory``; CheckpointError if missing or malformed."""
+    path = directory / MANIFEST
     if not path.is_file():
-        raise CheckpointError(f"{d.name}: {path.name} is missing")
+        raise CheckpointError(f"{directory.name}: incomplete (no {MANIFEST}; the run stopped while writing it)")
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise CheckpointError(f"{directory.name}: {MANIFEST} is unreadable ({e})") from None
+    if (not isinstance(manifest, dict) or manifest.get("format") != FORMAT
+            or not isinstance(manifest.get("files"), dict)):
+        raise CheckpointError(f"{directory.name}: {MANIFEST} is not a format-{FORMAT} manifest")
+    named = _STEP_DIR.match(directory.name)
+    if named and manifest.get("step") != int(named.group(1)):
+        raise CheckpointError(f"{directory.name}: {MANIFEST} says step {manifest.get('step')!r}")
+    return manifest
+
+
+def verify_rank_file(directory: Path, manifest: dict, rank: int) -> Path:
+    """Check this rank's file against the manifest (size, sha256); return its path."""
+    ent = manifest["files"].get(str(rank))
+    if not isinstance(ent, dict):
+        raise CheckpointError(f"{directory.name}: {MANIFEST} lists no file for rank {rank}")
+    path = directory / str(ent.get("file", ""))
+    if not path.is_file():
+        raise CheckpointError(f"{directory.name}: {path.name} is missing")
     size = path.stat().st_size
     if size != ent.get("bytes"):
-        raise CheckpointError(f"{d.name}: {path.name} has {size} bytes, the manifest says {ent.get('bytes')} "
+        raise CheckpointError(f"{directory.name}: {path.name} has {size} bytes, the manifest says {ent.get('bytes')} "
                               "(truncated or replaced)")
     digest = sha256_file(path)
     if digest != ent.get("sha256"):
-        raise CheckpointError(f"{d.name}: {path.name} fails its sha256 check (corrupt)")
+        raise CheckpointError(f"{directory.name}: {path.name} fails its sha256 check (corrupt)")
     return path
 
 
@@ -234,54 +235,79 @@ def load_latest(
     placement); a mismatch raises CheckpointError on every rank. A corrupt, truncated
     or incomplete checkpoint is skipped with ``warn(reason)`` (rank 0) and the previous
     one tried; if none is usable, CheckpointError lists why each was rejected."""
-    import torch
-    import torch.distributed as dist
-
-    cands = list_checkpoints(root)
-    if world_size > 1:  # every rank walks rank 0's list, so the collectives below pair up
-        box = [[(s, str(d)) for s, d in cands]]
-        dist.broadcast_object_list(box, src=0, group=group)
-        cands = [(s, Path(d)) for s, d in box[0]]
-    if not cands:
-        return None
     rejected: list[str] = []
-    for step, d in cands:
-        status, why, state, man = "ok", "", None, {}
-        try:
-            man = read_manifest(d)
-            if man.get("world_size") != world_size:
-                raise _Mismatch(f"{d.name} was written by {man.get('world_size')} ranks; this run has {world_size}")
-            fp = (man.get("meta") or {}).get("fingerprint")
-            if expect is not None and fp != expect:
-                raise _Mismatch(f"{d.name} was written for a different model or placement "
-                                f"({_diff(fp, expect)}); use another --checkpoint-dir or the original settings")
-            path = verify_rank_file(d, man, rank)
-            try:
-                state = torch.load(path, map_location="cpu", weights_only=True)
-            except Exception as e:  # noqa: BLE001 - any load failure means "corrupt"
-                raise CheckpointError(f"{d.name}: {path.name} cannot be loaded ({type(e).__name__}: "
-                                      f"{str(e).splitlines()[0][:200] if str(e) else ''})") from None
-            if not isinstance(state, dict) or state.get("step") != step:
-                raise CheckpointError(f"{d.name}: {path.name} does not hold step {step}")
-        except _Mismatch as e:
-            status, why = "mismatch", str(e)
-        except CheckpointError as e:
-            status, why = "bad", str(e)
-        results = [(status, why)]
-        if world_size > 1:
-            results = [None] * world_size  # type: ignore[list-item]
-            dist.all_gather_object(results, (status, why), group=group)
-        mism = [w for s, w in results if s == "mismatch"]
-        if mism:
-            raise CheckpointError(mism[0])
-        bad = sorted({w for s, w in results if s == "bad"})
+    for step, d in _candidates_of_rank0(root, world_size, group):
+        status, why, state, man = _try_checkpoint(d, step, rank, world_size, expect)
+        verdicts = _all_verdicts(status, why, world_size, group)
+        mismatches = [w for s, w in verdicts if s == "mismatch"]
+        if mismatches:
+            raise CheckpointError(mismatches[0])
+        bad = sorted({w for s, w in verdicts if s == "bad"})
         if not bad:
             return Checkpoint(step, d, man, state, rejected)
         reason = "; ".join(bad)
         rejected.append(reason)
         if warn is not None and rank == 0:
             warn(f"checkpoint {d} is unusable: {reason}; trying the previous one")
+    if not rejected:
+        return None
     raise CheckpointError(f"no usable checkpoint in {root}: " + " | ".join(rejected))
+
+
+def _candidates_of_rank0(root: str | Path, world_size: int, group: Any) -> list[tuple[int, Path]]:
+    """Rank 0's list of checkpoints, newest first, on every rank, so the collectives of
+    :func:`load_latest` pair up."""
+    cands = list_checkpoints(root)
+    if world_size > 1:
+        import torch.distributed as dist
+
+        box = [[(s, str(d)) for s, d in cands]]
+        dist.broadcast_object_list(box, src=0, group=group)
+        cands = [(s, Path(d)) for s, d in box[0]]
+    return cands
+
+
+def _try_checkpoint(d: Path, step: int, rank: int, world_size: int,
+                    expect: dict | None) -> tuple[str, str, Any, dict]:
+    """This rank's verdict on checkpoint ``d``: ``(status, why, state, manifest)`` with
+    status "ok", "mismatch" (another run's checkpoint: an error) or "bad" (corrupt,
+    truncated or incomplete: skipped)."""
+    import torch
+
+    man: dict = {}
+    try:
+        man = read_manifest(d)
+        if man.get("world_size") != world_size:
+            raise _Mismatch(f"{d.name} was written by {man.get('world_size')} ranks; this run has {world_size}")
+        fp = (man.get("meta") or {}).get("fingerprint")
+        if expect is not None and fp != expect:
+            raise _Mismatch(f"{d.name} was written for a different model or placement "
+                            f"({_diff(fp, expect)}); use another --checkpoint-dir or the original settings")
+        path = verify_rank_file(d, man, rank)
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001 - any load failure means "corrupt"
+            raise CheckpointError(f"{d.name}: {path.name} cannot be loaded ({type(e).__name__}: "
+                                  f"{str(e).splitlines()[0][:200] if str(e) else ''})") from None
+        if not isinstance(state, dict) or state.get("step") != step:
+            raise CheckpointError(f"{d.name}: {path.name} does not hold step {step}")
+    except _Mismatch as e:
+        return "mismatch", str(e), None, man
+    except CheckpointError as e:
+        return "bad", str(e), None, man
+    return "ok", "", state, man
+
+
+def _all_verdicts(status: str, why: str, world_size: int, group: Any) -> list[tuple[str, str]]:
+    """Every rank's ``(status, why)`` for the same checkpoint (an all-gather), so all
+    ranks accept or skip it together."""
+    if world_size <= 1:
+        return [(status, why)]
+    import torch.distributed as dist
+
+    verdicts: list[Any] = [None] * world_size
+    dist.all_gather_object(verdicts, (status, why), group=group)
+    return verdicts
 
 
 class _Mismatch(Exception):
@@ -315,10 +341,11 @@ def fingerprint(cfg: Any, sched: Any) -> dict:
     return json.loads(json.dumps(fp, default=str))
 
 
-def precheck(root: str | Path, world_size: int, expect: dict, param: str = "--checkpoint-dir") -> None:
+def precheck(root: str | Path, world_size: int, expect: dict, param: str = "root") -> None:
     """Pure, before any process starts: the newest checkpoint with a readable manifest
     must have been written by ``world_size`` ranks for the ``expect`` fingerprint
-    (ParameterError otherwise). File checksums are left to :func:`load_latest`."""
+    (ParameterError for ``param``, by default this function's ``root``; a command line
+    passes its flag). File checksums are left to :func:`load_latest`."""
     for _, d in list_checkpoints(root):
         try:
             man = read_manifest(d)
@@ -326,11 +353,11 @@ def precheck(root: str | Path, world_size: int, expect: dict, param: str = "--ch
             continue
         if man.get("world_size") != world_size:
             raise ParameterError(param, f"{d} was written by {man.get('world_size')} ranks; this run has "
-                                 f"{world_size} (use the original --stages or another --checkpoint-dir)")
+                                 f"{world_size} (use the original number of ranks or another `{param}`)")
         fp = (man.get("meta") or {}).get("fingerprint")
         if fp != expect:
             raise ParameterError(param, f"{d} was written for a different model or placement ({_diff(fp, expect)}); "
-                                 "use the original settings or another --checkpoint-dir")
+                                 f"use the original settings or another `{param}`")
         return
 
 

@@ -118,34 +118,19 @@ class PipelineRunner:
         self.schedule = schedule
         self.program = lower(schedule, comm=True).schedule  # validated, sends/receives added
         self.group = group
-        if not dist.is_initialized() and schedule.num_ranks > 1:
-            raise ParameterError("stages", f"schedule {schedule.name} has {schedule.num_ranks} ranks and needs an "
-                                 "initialised process group (use pipeoffload.runtime.launch or torchrun)")
-        self.rank = (dist.get_rank(group) if dist.is_initialized() else 0) if rank is None else rank
-        world = dist.get_world_size(group) if dist.is_initialized() else 1
-        if world != schedule.num_ranks:
-            raise ParameterError("stages", f"schedule {schedule.name} needs {schedule.num_ranks} ranks, "
-                                 f"but the process group has {world}")
+        self.rank = _pipeline_rank(schedule, group, rank)
         pl = schedule.placement
         self.placement = pl
         self.num_stages = pl.num_stages
         self.my_stages = pl.stages_of(self.rank)
         self.modules = _pick_modules(stage_modules, self.my_stages, self.num_stages)
-        if device is None:
-            device = next((p.device for mod in self.modules.values() for p in mod.parameters()), torch.device("cpu"))
-        self.device = torch.device(device)
-        for mod in self.modules.values():
-            mod.to(self.device)
-            convert_linears(mod)
+        self.device = self._place_modules(device)
         self.loss_fn = loss_fn
         self.timeout_s = float(timeout_s)
         self.store = activation_store or KeepActivations()
-        if isinstance(meter, MemoryMeter):
-            self.meter = meter
-        else:
-            self.meter = make_meter(self.device, meter)
+        self.meter = meter if isinstance(meter, MemoryMeter) else make_meter(self.device, meter)
         if hasattr(self.meter, "exclude"):
-            self.meter.exclude(t for mod in self.modules.values() for t in list(mod.parameters()) + list(mod.buffers()))
+            self.meter.exclude(self._resident_tensors())
         self.wg = WeightGradStore(hold=self.meter.hold)
         self.p2p = P2P(self.rank, self.timeout_s, self.device, group)
         self.sync_timing = self.device.type == "cuda" if sync_timing is None else sync_timing
@@ -153,6 +138,35 @@ class PipelineRunner:
         self.ops: list[Op] = self.program.ranks[self.rank]
         #: Called with each op right before it runs (fault injection, tracing); None = off.
         self.before_op: Callable[[Op], None] | None = None
+        self._index_program()
+        # The activation store learns the device, the meter, what never moves and
+        # which (stage, microbatch) pairs this rank's program offloads.
+        self.store.bind(device=self.device, meter=self.meter, exclude=self._resident_tensors(),
+                        offloaded=[(op.stage, op.microbatch) for op in self.ops if op.kind is OpKind.OFFLOAD_START])
+        self._in_meta: dict[int, tuple[tuple[int, ...], torch.dtype]] = {}
+        self._out_meta: dict[int, tuple[tuple[int, ...], torch.dtype]] = {}
+        self._ready = False
+        self._dispatch, self._store_calls = self._op_handlers()
+
+    def _place_modules(self, device: torch.device | str | None) -> torch.device:
+        """Move this rank's stages to ``device`` (default: where their first parameter
+        lives, else the CPU) and route their linear layers through the weight-gradient
+        store; returns the device."""
+        if device is None:
+            device = next((p.device for mod in self.modules.values() for p in mod.parameters()), torch.device("cpu"))
+        device = torch.device(device)
+        for mod in self.modules.values():
+            mod.to(device)
+            convert_linears(mod)
+        return device
+
+    def _resident_tensors(self) -> list[torch.Tensor]:
+        """Parameters and buffers of this rank's stages: never offloaded, not activations."""
+        return [t for mod in self.modules.values() for t in list(mod.parameters()) + list(mod.buffers())]
+
+    def _index_program(self) -> None:
+        """Where this rank's receives are, which forwards have a split backward, and the
+        order in which each peer sends to this rank."""
         self._recv_ops = [i for i, op in enumerate(self.ops) if op.kind in (OpKind.RECV_F, OpKind.RECV_B)]
         # Only forwards whose backward is split (B, later W) route linears through the
         # weight-gradient store; under a fused BW they run as plain nn.Linear (native
@@ -160,15 +174,10 @@ class PipelineRunner:
         self._split = {(op.stage, op.microbatch) for op in self.ops if op.kind is OpKind.B}
         self._recv_rank_of_pos = {pos: k for k, pos in enumerate(self._recv_ops)}
         self._incoming = incoming_order(self.program, self.rank)
-        # The activation store learns the device, the meter, what never moves and
-        # which (stage, microbatch) pairs this rank's program offloads.
-        self.store.bind(device=self.device, meter=self.meter,
-                        exclude=[t for mod in self.modules.values() for t in list(mod.parameters()) + list(mod.buffers())],
-                        offloaded=[(op.stage, op.microbatch) for op in self.ops if op.kind is OpKind.OFFLOAD_START])
-        self._in_meta: dict[int, tuple[tuple[int, ...], torch.dtype]] = {}
-        self._out_meta: dict[int, tuple[tuple[int, ...], torch.dtype]] = {}
-        self._ready = False
-        self._dispatch = {
+
+    def _op_handlers(self) -> tuple[dict[OpKind, Callable[[Op], None]], dict[OpKind, Callable[[int, int], None]]]:
+        """The method that runs each op kind, and the store call of each transfer kind."""
+        dispatch = {
             OpKind.F: self._op_forward, OpKind.B: self._op_backward, OpKind.W: self._op_weight,
             OpKind.BW: self._op_backward_weight,
             OpKind.SEND_F: self._op_send, OpKind.SEND_B: self._op_send,
@@ -176,10 +185,11 @@ class PipelineRunner:
             OpKind.OFFLOAD_START: self._op_transfer, OpKind.OFFLOAD_END: self._op_transfer,
             OpKind.RELOAD_START: self._op_transfer, OpKind.RELOAD_END: self._op_transfer,
         }
-        self._store_calls = {
+        store_calls = {
             OpKind.OFFLOAD_START: self.store.offload_start, OpKind.OFFLOAD_END: self.store.offload_end,
             OpKind.RELOAD_START: self.store.reload_start, OpKind.RELOAD_END: self.store.reload_end,
         }
+        return dispatch, store_calls
 
     # ------------------------------------------------------------------ setup
     @property
@@ -241,7 +251,7 @@ class PipelineRunner:
         if not self._ready:
             self.setup(inputs[0] if self.has_first_stage else None)
         self._inputs = [x.to(self.device) for x in inputs] if self.has_first_stage else None
-        self._targets = [_to(t, self.device) for t in targets] if self.has_last_stage else None
+        self._targets = [_to_device(t, self.device) for t in targets] if self.has_last_stage else None
         self._act_in: dict[tuple[int, int], torch.Tensor] = {}
         self._grad_in: dict[tuple[int, int], torch.Tensor] = {}
         self._to_send: dict[tuple[str, int, int], torch.Tensor] = {}
@@ -420,17 +430,18 @@ class PipelineRunner:
             order = self._incoming[op.peer]
             while True:
                 i = self._posted[op.peer]
-                mk = order[i]
-                self._post(op.peer, mk)
+                key = order[i]
+                self._post_recv(op.peer, key)
                 self._posted[op.peer] = i + 1
-                if mk == want:
+                if key == want:
                     break
 
-    def _post(self, peer: int, mk: tuple[str, int, int]) -> None:
-        d, s, _ = mk
-        shape, dtype = self._in_meta[s + 1] if d == "F" else self._out_meta[s - 1]
-        tag = message_tag(mk, self.num_stages, self.schedule.num_microbatches)
-        self.p2p.post_recv(mk, shape, dtype, peer, tag)
+    def _post_recv(self, peer: int, key: tuple[str, int, int]) -> None:
+        """Post the receive of message ``key`` (direction, sending layer group, microbatch)."""
+        direction, s, _ = key
+        shape, dtype = self._in_meta[s + 1] if direction == "F" else self._out_meta[s - 1]
+        tag = message_tag(key, self.num_stages, self.schedule.num_microbatches)
+        self.p2p.post_recv(key, shape, dtype, peer, tag)
 
     # ------------------------------------------------------------------ timing
     def _now(self) -> float:
@@ -455,8 +466,22 @@ class PipelineRunner:
         self._events.append(TimedOp(op, t0, t1, "compute", lvl1 - lvl0))
 
 
-def _to(t: Any, device: torch.device) -> Any:
-    return t.to(device) if isinstance(t, torch.Tensor) else t
+def _to_device(value: Any, device: torch.device) -> Any:
+    """A tensor moved to ``device``; anything else (e.g. a target the loss reads) as is."""
+    return value.to(device) if isinstance(value, torch.Tensor) else value
+
+
+def _pipeline_rank(schedule: Schedule, group: Any, rank: int | None) -> int:
+    """This process's rank in the pipeline (``rank`` when given); ParameterError when
+    the process group does not have the schedule's number of ranks."""
+    if not dist.is_initialized() and schedule.num_ranks > 1:
+        raise ParameterError("stages", f"schedule {schedule.name} has {schedule.num_ranks} ranks and needs an "
+                             "initialised process group (use pipeoffload.runtime.launch or torchrun)")
+    world = dist.get_world_size(group) if dist.is_initialized() else 1
+    if world != schedule.num_ranks:
+        raise ParameterError("stages", f"schedule {schedule.name} needs {schedule.num_ranks} ranks, "
+                             f"but the process group has {world}")
+    return (dist.get_rank(group) if dist.is_initialized() else 0) if rank is None else rank
 
 
 def _pick_modules(stage_modules: StageModules, mine: tuple[int, ...], num_stages: int) -> dict[int, nn.Module]:

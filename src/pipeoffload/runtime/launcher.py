@@ -41,6 +41,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from multiprocessing import connection as mp_connection
+from multiprocessing import util as mp_util
 
 from ..errors import ParameterError
 
@@ -94,17 +95,19 @@ def external_world() -> tuple[int, int, int] | None:
     return rank, world, vals.get("LOCAL_RANK", rank)
 
 
-def check_external_world(world_size: int) -> None:
+def check_external_world(world_size: int, param: str = "world_size") -> None:
     """Fail fast, before any rendezvous, when an external launch does not fit the
-    schedule: ``WORLD_SIZE`` must equal ``world_size`` and the rendezvous address be set."""
+    schedule: ``WORLD_SIZE`` must equal ``world_size`` (else ParameterError for
+    ``param``, by default this argument; a command line passes its own name for the
+    number of ranks) and the rendezvous address be set (else for the variable)."""
     ext = external_world()
     if ext is None:
         return
     _, world, _ = ext
     if world != world_size:
-        raise ParameterError("--stages", f"the launcher started {world} processes (WORLD_SIZE={world}) but the "
+        raise ParameterError(param, f"the launcher started {world} processes (WORLD_SIZE={world}) but the "
                              f"schedule needs {world_size}; use torchrun --nproc-per-node {world_size} or "
-                             f"--stages {world}")
+                             f"`{param}`={world}")
     for var in ("MASTER_ADDR", "MASTER_PORT"):
         if not os.environ.get(var):
             raise ParameterError(var, "not set; env:// rendezvous needs MASTER_ADDR and MASTER_PORT "
@@ -145,33 +148,47 @@ def launch(
     the rank that started it. Spawned ranks also die with this process (Linux
     ``PR_SET_PDEATHSIG``), so none is left behind. Under an external launcher the
     rank's error is re-raised as :class:`LaunchError` (its launcher stops the others)."""
-    ext = external_world()
-    if ext is not None:
-        check_external_world(world_size)
-        rank, world, local_rank = ext
-        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-        be = resolve_backend(backend, local_world)
-        try:
-            _run_rank(local_rank, fn, world, args, be, "env://", init_timeout_s, threads, True)
-        except (KeyboardInterrupt, SystemExit, ParameterError):
-            raise
-        except BaseException as e:
-            text = f"{type(e).__name__}: {str(e).strip()}"
-            msg = text if getattr(e, "all_ranks", False) else f"rank {rank} failed: {text}"
-            if getattr(e, "lost_peer", None) is not None:  # torchrun's report names it too
-                msg = f"rank {e.lost_peer} was lost ({str(e).strip()})"
-            raise LaunchError(rank, msg, traceback.format_exc()) from None
-        return
-    be = resolve_backend(backend, world_size)
+    if external_world() is not None:
+        _join_external_launch(fn, world_size, args, backend, init_timeout_s, threads)
+    else:
+        _spawn_local_ranks(fn, world_size, args, backend, init_timeout_s, threads, grace_s)
+
+
+def _join_external_launch(fn: Callable[..., Any], world_size: int, args: tuple, backend: str,
+                          init_timeout_s: float, threads: int | None) -> None:
+    """Run this process as the one rank ``torchrun`` made it; a failure becomes a
+    :class:`LaunchError` naming this rank (or the lost peer it found)."""
+    check_external_world(world_size)
+    rank, world, local_rank = external_world()  # type: ignore[misc]
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    resolved = resolve_backend(backend, local_world)
+    try:
+        _run_rank(local_rank, fn, world, args, resolved, "env://", init_timeout_s, threads, True)
+    except (KeyboardInterrupt, SystemExit, ParameterError):
+        raise
+    except BaseException as e:
+        text = f"{type(e).__name__}: {str(e).strip()}"
+        msg = text if getattr(e, "all_ranks", False) else f"rank {rank} failed: {text}"
+        if getattr(e, "lost_peer", None) is not None:  # torchrun's report names it too
+            msg = f"rank {e.lost_peer} was lost ({str(e).strip()})"
+        raise LaunchError(rank, msg, traceback.format_exc()) from None
+
+
+def _spawn_local_ranks(fn: Callable[..., Any], world_size: int, args: tuple, backend: str,
+                       init_timeout_s: float, threads: int | None, grace_s: float) -> None:
+    """Spawn ``world_size`` local ranks rendezvousing on a free localhost port and
+    supervise them until all exit (:func:`_supervise`)."""
+    resolved = resolve_backend(backend, world_size)
     init = f"tcp://127.0.0.1:{free_port()}"
     with tempfile.TemporaryDirectory(prefix="pipeoffload-launch-") as err_dir:
-        pctx = mp.start_processes(
-            _run_rank, args=(fn, world_size, args, be, init, init_timeout_s, threads, False, err_dir, os.getpid()),
+        spawned = mp.start_processes(
+            _run_rank,
+            args=(fn, world_size, args, resolved, init, init_timeout_s, threads, False, err_dir, os.getpid()),
             nprocs=world_size, join=False, start_method="spawn")
         try:
-            _supervise(list(pctx.processes), Path(err_dir), grace_s)
+            _supervise(list(spawned.processes), Path(err_dir), grace_s)
         finally:
-            for f in getattr(pctx, "error_files", []):  # torch's own crash files (we report ours)
+            for f in getattr(spawned, "error_files", []):  # torch's own crash files (we report ours)
                 if f:
                     Path(f).unlink(missing_ok=True)
 
@@ -301,17 +318,11 @@ def _die_with_parent(parent_pid: int | None) -> None:
 def _run_rank(local_rank: int, fn: Callable[..., Any], world_size: int, args: tuple, backend: str,
               init_method: str, init_timeout_s: float, threads: int | None, torchrun: bool,
               err_dir: str | None = None, parent_pid: int | None = None) -> None:
+    """One rank's life: device, process group, ``fn``, a common exit. A spawned rank
+    records its error for the parent (``err_dir``) and leaves by :func:`_exit_spawned_rank`."""
     _die_with_parent(parent_pid)
     rank = int(os.environ["RANK"]) if torchrun else local_rank
-    if backend == "nccl":
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-        # Share the cores: without this every rank starts one thread per core.
-        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size)) if torchrun else world_size
-        n = threads or max(1, (os.cpu_count() or 1) // local_world)
-        torch.set_num_threads(n)
+    device = _rank_device(local_rank, backend, world_size, threads, torchrun)
     kw: dict[str, Any] = {}
     if backend == "nccl":
         kw["device_id"] = device
@@ -330,9 +341,7 @@ def _run_rank(local_rank: int, fn: Callable[..., Any], world_size: int, args: tu
             pass
     except BaseException as e:
         if err_dir is not None:  # for the parent's root-cause report
-            rec = {"rank": rank, "time": time.time(), "error": f"{type(e).__name__}: {str(e).strip()[:500]}",
-                   "all_ranks": bool(getattr(e, "all_ranks", False)), "traceback": traceback.format_exc()}
-            Path(err_dir, f"rank{rank}.json").write_text(json.dumps(rec))
+            _write_rank_error(err_dir, rank, e)
         raise
     finally:
         try:
@@ -341,11 +350,48 @@ def _run_rank(local_rank: int, fn: Callable[..., Any], world_size: int, args: tu
         except Exception:
             pass
     if not torchrun:
-        # A spawned rank that finished cleanly skips interpreter finalization: gloo's
-        # worker threads can still hold work objects whose destruction then needs the
-        # GIL and aborts the process ("terminate called without an active exception",
-        # SIGABRT, ~1 run in 10 here; see pytorch/pytorch#179291). Results are already
-        # written; flush and leave.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+        _exit_spawned_rank()
+
+
+def _rank_device(local_rank: int, backend: str, world_size: int, threads: int | None,
+                 torchrun: bool) -> torch.device:
+    """This rank's device: its GPU under NCCL; else the CPU, with the cores shared
+    among the local ranks (``threads`` each, default cores / local ranks)."""
+    if backend == "nccl":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        return device
+    # Share the cores: without this every rank starts one thread per core.
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size)) if torchrun else world_size
+    torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) // local_world))
+    return torch.device("cpu")
+
+
+def _write_rank_error(err_dir: str, rank: int, error: BaseException) -> None:
+    """``err_dir/rank<r>.json``: the error, when, and whether every rank reaches it
+    (read by :func:`_root_cause`). Call inside the ``except`` block (traceback)."""
+    rec = {"rank": rank, "time": time.time(), "error": f"{type(error).__name__}: {str(error).strip()[:500]}",
+           "all_ranks": bool(getattr(error, "all_ranks", False)), "traceback": traceback.format_exc()}
+    Path(err_dir, f"rank{rank}.json").write_text(json.dumps(rec))
+
+
+def _exit_spawned_rank() -> None:
+    """Leave a spawned rank that finished cleanly, skipping interpreter finalization.
+
+    Gloo's worker threads can still hold work objects whose destruction then needs the
+    GIL and aborts the process ("terminate called without an active exception",
+    SIGABRT, ~1 run in 10 here; see pytorch/pytorch#179291), so the rank ends with
+    ``os._exit``. Results are already written. First it does what multiprocessing does
+    when a process ends normally (``Process._bootstrap`` calls
+    ``multiprocessing.util._exit_function``): run its exit finalizers, which unlink
+    and unregister the named semaphores this process created — tqdm's write lock
+    (a ``multiprocessing.RLock``, made with the first progress bar), or any
+    ``Lock``/``Queue`` of ``fn``. Skipped, they stay registered with the parent's
+    resource tracker, which reports them at shutdown as "leaked semaphore objects"."""
+    try:
+        mp_util._exit_function()
+    except Exception:  # best effort: never turn a finished rank into a failed one
+        pass
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -6,8 +6,9 @@ with the simulator fed the *measured* per-op costs.
   (seconds, bytes; ``meta["time_unit"] = "s"``).
 - :func:`group_medians` → per layer group ``(F, B, W)`` median durations and memory
   deltas, fed to ``Costs(group_costs=…)`` / ``MemoryDeltas(group_deltas=…)``.
-- :func:`predict` runs :func:`pipeoffload.passes.timing.simulate` with them;
-  :func:`predict_offload` then applies the offload pass with the run's settings.
+- :func:`predict` lowers the schedule with them (:func:`pipeoffload.passes.lower`:
+  validate, then time); :func:`predict_offload` lowers it with the offload pass and
+  the run's settings, or places the transfers of the program that ran.
 - :func:`compare` gives the per-rank report rows.
 """
 
@@ -22,8 +23,8 @@ import torch.distributed as dist
 from ..costs import Costs, MemoryDeltas
 from ..ir import OpKind, Schedule
 from ..passes.comm import message_key
-from ..passes.offload import OffloadResult, plan_offload
-from ..passes.timing import simulate
+from ..passes.lower import Lowered, lower
+from ..passes.offload import OffloadOptions, OffloadResult
 from ..timeline import ALLOC, TimedOp, Timeline
 from .executor import OpSample, StepResult
 
@@ -104,12 +105,25 @@ def predict(schedule: Schedule, costs: Sequence[tuple[float, float, float]],
 
     ``peaks`` (:func:`group_peaks`): measured in-op peaks; then ``meta["peak_memory_in_op"]``
     holds each rank's peak including them (:func:`in_op_peaks`), which :func:`compare` uses."""
-    tl = simulate(schedule.compute_only(), Costs(comm=comm, group_costs=tuple(costs)),
-                  MemoryDeltas(group_deltas=tuple(deltas)), memory_unit="bytes")
-    tl.name = f"{schedule.name} (predicted)"
-    tl.meta["time_unit"] = "s"
+    tl = _labelled(_lower_measured(schedule, costs, deltas, comm).timeline, schedule)
     if peaks is not None:
         tl.meta["peak_memory_in_op"] = in_op_peaks(tl, peaks, deltas)
+    return tl
+
+
+def _lower_measured(schedule: Schedule, costs: Sequence[tuple[float, float, float]],
+                    deltas: Sequence[tuple[float, float, float]], comm: float,
+                    offload: OffloadOptions | None = None) -> Lowered:
+    """``schedule`` through the pass pipeline with the measured per-group costs (s),
+    memory deltas (bytes) and comm latency (s), and the offload pass when ``offload``."""
+    return lower(schedule, Costs(comm=comm, group_costs=tuple(costs)), MemoryDeltas(group_deltas=tuple(deltas)),
+                 memory_unit="bytes", offload=offload)
+
+
+def _labelled(tl: Timeline, schedule: Schedule) -> Timeline:
+    """``tl`` named as ``schedule``'s prediction, its time unit seconds."""
+    tl.name = f"{schedule.name} (predicted)"
+    tl.meta["time_unit"] = "s"
     return tl
 
 
@@ -158,9 +172,10 @@ def predict_offload(schedule: Schedule, costs: Sequence[tuple[float, float, floa
     """The simulator's timeline with measured per-group costs and memory deltas, plus
     the offload transfers. Returns ``(timeline, pass result or None)``.
 
-    Without ``program``: the offload pass
-    (:func:`~pipeoffload.passes.offload.plan_offload`) on that timeline with the run's
-    settings — ``offload_chunks`` (the C the run used) and ``options`` (``offload_time``,
+    Without ``program``: the schedule lowered with the offload pass
+    (:func:`~pipeoffload.passes.lower` with
+    :class:`~pipeoffload.passes.offload.OffloadOptions`) and the run's settings —
+    ``offload_chunks`` (the C the run used) and ``options`` (``offload_time``,
     ``link_group``, ...; ``on_infeasible`` defaults to "skip").
 
     With ``program`` (the schedule that ran, transfer ops included): its transfer ops as
@@ -176,29 +191,18 @@ def predict_offload(schedule: Schedule, costs: Sequence[tuple[float, float, floa
     with ``moved`` each transfer moves the measured amount, so what the store leaves
     resident (tiny tensors, storages referenced elsewhere) is predicted resident.
     ``peaks``: as for :func:`predict` (in-op peaks of the compute ops)."""
-    base = predict(schedule, costs, deltas, comm)
-    res = None
     if program is None:
         if offload_chunks is None:
             raise TypeError("predict_offload needs offload_chunks= or program=")
-        options.setdefault("on_infeasible", "skip")
-        res = plan_offload(schedule.compute_only(), base, offload_chunks=offload_chunks, comm=comm, **options)
-        events = list(res.timeline.events)
-        meta = dict(res.timeline.meta)
+        base, events, meta, res = _replanned_transfers(schedule, costs, deltas, comm, offload_chunks, options)
         label = f"C={res.chunks}"
     else:
+        base = predict(schedule, costs, deltas, comm)
         events = base.events + _transfers_in_program_order(program, base, deltas)
-        meta = dict(base.meta)
+        meta, res = dict(base.meta), None
         label = f"C={program.params.get('offload_chunks', '?')}"
     if moved:
-        amount = {e.op.stage: -e.mem for e in events if e.op.kind is OpKind.OFFLOAD_END}
-        out = []
-        for e in events:
-            if e.op.kind in (OpKind.OFFLOAD_END, OpKind.RELOAD_START) and e.op.stage in moved:
-                sign = -1.0 if e.op.kind is OpKind.OFFLOAD_END else 1.0
-                e = TimedOp(e.op, e.start, e.end, e.stream, sign * min(float(moved[e.op.stage]), amount[e.op.stage]))
-            out.append(e)
-        events = out
+        events = _with_measured_amounts(events, moved)
     tl = Timeline(num_ranks=base.num_ranks, events=events, name=f"{schedule.name} + offload {label} (predicted)",
                   num_microbatches=base.num_microbatches, chunks=base.chunks, memory_unit=base.memory_unit, meta=meta)
     tl.meta["time_unit"] = "s"
@@ -206,6 +210,38 @@ def predict_offload(schedule: Schedule, costs: Sequence[tuple[float, float, floa
     if peaks is not None:
         tl.meta["peak_memory_in_op"] = in_op_peaks(tl, peaks, deltas)
     return tl, res
+
+
+def _replanned_transfers(schedule: Schedule, costs: Sequence[tuple[float, float, float]],
+                         deltas: Sequence[tuple[float, float, float]], comm: float, offload_chunks: int,
+                         options: dict[str, Any]) -> tuple[Timeline, list[TimedOp], dict, OffloadResult]:
+    """The offload pass re-planned on the measured timeline: ``(base timeline, events
+    with transfers, their meta, pass result)``."""
+    options = {"on_infeasible": "skip", **options}
+    if options.get("transfer_times") is not None:
+        options["transfer_times"] = tuple(options["transfer_times"])
+    lowered = _lower_measured(schedule, costs, deltas, comm,
+                              OffloadOptions(offload_chunks=offload_chunks, **options))
+    res = lowered.offload
+    assert res is not None  # lower() ran the offload pass
+    base = _labelled(lowered.base_timeline, schedule)
+    # The pass copied the base's name and meta before they were labelled: label its timeline alike.
+    res.timeline.name = base.name
+    res.timeline.meta = {**base.meta, **res.timeline.meta}
+    return base, list(res.timeline.events), dict(res.timeline.meta), res
+
+
+def _with_measured_amounts(events: list[TimedOp], moved: dict[int, float]) -> list[TimedOp]:
+    """Each OFFLOAD_END / RELOAD_START of a layer group in ``moved`` frees / allocates the
+    measured bytes of one transfer (at most the planned amount) instead of the F's delta."""
+    amount = {e.op.stage: -e.mem for e in events if e.op.kind is OpKind.OFFLOAD_END}
+    out = []
+    for e in events:
+        if e.op.kind in (OpKind.OFFLOAD_END, OpKind.RELOAD_START) and e.op.stage in moved:
+            sign = -1.0 if e.op.kind is OpKind.OFFLOAD_END else 1.0
+            e = TimedOp(e.op, e.start, e.end, e.stream, sign * min(float(moved[e.op.stage]), amount[e.op.stage]))
+        out.append(e)
+    return out
 
 
 def _transfers_in_program_order(program: Schedule, base: Timeline,

@@ -2,7 +2,7 @@
 
 The offload pass (:mod:`pipeoffload.passes.offload`) puts OFFLOAD_START/END and
 RELOAD_START/END ops into each rank's program; the executor calls the store for them
-(see :mod:`pipeoffload.runtime.activations`). What the store does (ALGORITHMS.md §5):
+(see :mod:`pipeoffload.runtime.activations`). What the store does (docs/algorithms.md#54-how-the-runtime-moves-activations):
 
 Capture (during an offloaded F, through the saved-tensor pack hook)
     Parameters, module buffers, tensors on another device and *tiny* storages

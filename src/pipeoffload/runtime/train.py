@@ -3,7 +3,9 @@ byte-level corpus, run by :class:`~pipeoffload.runtime.executor.PipelineRunner` 
 every rank, with a progress bar, and a measured-vs-predicted report at the end.
 
 :func:`run_training` (parent process) checks the configuration, then launches
-:func:`train_worker` on every rank. Rank 0 writes, in the output folder:
+:func:`train_worker` on every rank, which runs a :class:`Trainer`: :meth:`~Trainer.build`
+(schedule, offload plan, runner, optimizer, data, resume), :meth:`~Trainer.step` per
+optimizer step, :meth:`~Trainer.report` at the end. Rank 0 writes, in the output folder:
 
 - ``summary.json``: configuration, losses per step, per-rank step time, measured and
   predicted bubble, measured and predicted peak activation memory, per-group costs;
@@ -25,11 +27,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..passes.comm import comm_volume, insert_comm
+from ..passes.comm import comm_volume
 from ..schedules import ScheduleSpec, build
 from ..timeline import Timeline
 from .config import TrainConfig
-from .executor import PipelineRunner
+from .executor import PipelineRunner, StepResult
 from .checkpoint import capture_rng, load_latest, restore_rng, save_checkpoint
 from .checkpoint import fingerprint as checkpoint_fingerprint
 from .faults import FaultInjector
@@ -52,7 +54,12 @@ def run_training(cfg: TrainConfig) -> None:
            init_timeout_s=cfg.runtime.init_timeout_s, threads=cfg.runtime.threads)
 
 
-def _lr_at(cfg: TrainConfig, step: int) -> float:
+def train_worker(ctx: DistContext, cfg: TrainConfig) -> None:
+    """One rank of the job (what :func:`run_training` launches): a :class:`Trainer` run."""
+    Trainer(ctx, cfg).run()
+
+
+def _learning_rate(cfg: TrainConfig, step: int) -> float:
     t = cfg.training
     if step < t.warmup_steps:
         return t.lr * (step + 1) / t.warmup_steps
@@ -62,170 +69,281 @@ def _lr_at(cfg: TrainConfig, step: int) -> float:
     return t.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
-def train_worker(ctx: DistContext, cfg: TrainConfig) -> None:
-    from ..models.data import ByteCorpus, load_corpus
-    from ..models.transformer import build_stage, lm_loss
+class Trainer:
+    """The training job on one rank: :meth:`build`, then :meth:`step` for each
+    optimizer step, then :meth:`report` (a collective; rank 0 writes and prints).
 
-    sc, tr, rt = cfg.schedule, cfg.training, cfg.runtime
-    wall0 = time.perf_counter()
-    out = _output_dir(rt.output) if ctx.rank == 0 else None  # named by the start time
-    sched = build(ScheduleSpec(sc.name, sc.stages, sc.microbatches, v=sc.v, g=sc.g, mem_limit=sc.mem_limit))
-    S = sched.num_stages
-    plan = cfg.plan_offload(sched)  # PipeOffload: the offload pass's transfer ops in every rank's program
-    run_sched = plan.schedule if plan is not None else sched
-    store = OffloadStore(recompute=cfg.offload.recompute) if plan is not None else None
-    faults = FaultInjector(resolve_fault(rt.fault_injection), ctx.rank, sched.placement.rank_of(S - 1) == ctx.rank)
-    runner = PipelineRunner(lambda s: build_stage(cfg.model, s, S), faults.wrap_loss(lm_loss), run_sched,
-                            rank=ctx.rank, device=ctx.device, timeout_s=rt.timeout_s, meter=rt.memory_meter,
-                            recv_lookahead=rt.recv_lookahead, activation_store=store)
-    if faults.active:
-        runner.before_op = faults.before_op
-    params = runner.parameters()
-    phases = {"build_s": time.perf_counter() - wall0}
-    t_loop = time.perf_counter()
-    opt = torch.optim.AdamW(params, lr=tr.lr, betas=(0.9, 0.95), weight_decay=tr.weight_decay)
-    corpus = ByteCorpus(load_corpus(tr.corpus), cfg.model.seq_len, tr.seed)
-    ck = cfg.checkpoint
-    fingerprint = checkpoint_fingerprint(cfg, sched)
-    start, losses, skipped, resumed = 0, [], [], None
-    if ck.resume:
-        start, losses, skipped, resumed = _resume(cfg, ctx, runner, opt, fingerprint)
-        if start >= tr.steps:
-            if ctx.rank == 0:
-                print(f"pipeoffload train: checkpoint {resumed} already has {start} of --steps {tr.steps}; "
+    Every rank runs the same sequence of collectives (the step's finiteness
+    all-reduce, checkpoint barriers, the final gather), so all ranks must call the
+    same methods with the same steps. Steps are 0-based in code and numbered from 1
+    in messages, faults and checkpoints.
+    """
+
+    def __init__(self, ctx: DistContext, cfg: TrainConfig) -> None:
+        self.ctx, self.cfg = ctx, cfg
+        self.wall0 = time.perf_counter()
+        self.out = _output_dir(cfg.runtime.output) if ctx.rank == 0 else None  # named by the start time
+        self.phases: dict[str, float] = {}
+        # Filled by build():
+        self.start = 0  #: the first step to run (after a resume: the steps already done)
+        self.losses: list[float] = []
+        self.skipped: list[int] = []  #: 1-based steps dropped by --on-nonfinite skip
+        self.resumed: Path | None = None
+        # Filled by step():
+        self.samples: list = []  #: per-op samples of the last steps (the prediction's input)
+        self.step_times: list[float] = []
+        self.step_walls: list[float] = []
+        self.last: StepResult | None = None
+        self.bar: Any = None
+        self.t_loop = self.wall0  #: start of the training phase (set by build())
+
+    # ------------------------------------------------------------------ the job
+    def run(self) -> None:
+        """build → every remaining step (progress bar on rank 0) → report."""
+        self.build()
+        steps = self.cfg.training.steps
+        if self.start >= steps:
+            if self.ctx.rank == 0:
+                print(f"pipeoffload train: checkpoint {self.resumed} already has {self.start} of --steps {steps}; "
                       "nothing to do", file=sys.stderr)
             return
+        self.bar = self._progress_bar()
+        for step in range(self.start, steps):
+            res = self.step(step)
+            if self.bar is not None:
+                self.bar.set_postfix(loss=f"{self.losses[-1]:.3f}", step_ms=f"{1000 * res.step_time:.0f}")
+                self.bar.update(1)
+        if self.bar is not None:
+            self.bar.close()
+        self.phases["train_s"] = time.perf_counter() - self.t_loop
+        self.report()
 
-    bar = None
-    if ctx.rank == 0 and rt.progress:
+    # ------------------------------------------------------------------ build
+    def build(self) -> None:
+        """The schedule, its offload plan, this rank's runner (``phases["build_s"]``),
+        then the optimizer, the data and — with ``checkpoint.resume`` — the state of
+        the newest usable checkpoint (the training phase's clock starts before these)."""
+        self._build_runner()
+        self.phases["build_s"] = time.perf_counter() - self.wall0
+        self.t_loop = time.perf_counter()
+        self._build_optimizer_and_data()
+        self.fingerprint = checkpoint_fingerprint(self.cfg, self.sched)
+        if self.cfg.checkpoint.resume:
+            self.start, self.losses, self.skipped, self.resumed = self._resume()
+
+    def _build_runner(self) -> None:
+        from ..models.transformer import build_stage, lm_loss
+
+        cfg, ctx, sc, rt = self.cfg, self.ctx, self.cfg.schedule, self.cfg.runtime
+        self.sched = build(ScheduleSpec(sc.name, sc.stages, sc.microbatches, v=sc.v, g=sc.g, mem_limit=sc.mem_limit))
+        num_stages = self.sched.num_stages
+        # PipeOffload: the offload pass's transfer ops in every rank's program (None: offload off).
+        self.plan = cfg.plan_offload(self.sched)
+        self.run_sched = self.plan.schedule if self.plan is not None else self.sched
+        store = OffloadStore(recompute=cfg.offload.recompute) if self.plan is not None else None
+        holds_loss = self.sched.placement.rank_of(num_stages - 1) == ctx.rank
+        self.faults = FaultInjector(resolve_fault(rt.fault_injection), ctx.rank, holds_loss)
+        self.runner = PipelineRunner(lambda s: build_stage(cfg.model, s, num_stages), self.faults.wrap_loss(lm_loss),
+                                     self.run_sched, rank=ctx.rank, device=ctx.device, timeout_s=rt.timeout_s,
+                                     meter=rt.memory_meter, recv_lookahead=rt.recv_lookahead,
+                                     activation_store=store)
+        if self.faults.active:
+            self.runner.before_op = self.faults.before_op
+        self.params = self.runner.parameters()
+
+    def _build_optimizer_and_data(self) -> None:
+        from ..models.data import ByteCorpus, load_corpus
+
+        tr = self.cfg.training
+        self.opt = torch.optim.AdamW(self.params, lr=tr.lr, betas=(0.9, 0.95), weight_decay=tr.weight_decay)
+        self.corpus = ByteCorpus(load_corpus(tr.corpus), self.cfg.model.seq_len, tr.seed)
+
+    def _progress_bar(self) -> Any:
+        """tqdm on rank 0 (stderr), None elsewhere or with ``runtime.progress`` off."""
+        if self.ctx.rank != 0 or not self.cfg.runtime.progress:
+            return None
         from tqdm import tqdm
 
-        bar = tqdm(total=tr.steps, initial=start, unit="step", file=sys.stderr, dynamic_ncols=True,
-                   desc=f"train {sched.name} p={sched.num_ranks} m={sched.num_microbatches}")
-    samples = []
-    step_times: list[float] = []
-    last = None
-    step_walls: list[float] = []
-    for step in range(start, tr.steps):
-        n = step + 1  # steps are numbered from 1 in messages, faults and checkpoints
+        s = self.sched
+        return tqdm(total=self.cfg.training.steps, initial=self.start, unit="step", file=sys.stderr,
+                    dynamic_ncols=True, desc=f"train {s.name} p={s.num_ranks} m={s.num_microbatches}")
+
+    # ------------------------------------------------------------------ step
+    def step(self, step: int) -> StepResult:
+        """Optimizer step ``step`` (0-based): the pipeline's forward and backward, the
+        agreed finiteness check (stop, or skip the update), the optimizer, a checkpoint
+        when due, and the bookkeeping the report needs. Returns the runner's result."""
+        tr, n = self.cfg.training, step + 1
         t_step = time.perf_counter()
-        faults.begin_step(n)
-        xs, ys = corpus.microbatches(step, sched.num_microbatches, tr.microbatch_size)
-        for grp in opt.param_groups:
-            grp["lr"] = _lr_at(cfg, step)
-        res = runner.step(xs, ys)
-        faults.after_backward(params)
-        loss, bad = _agree_finite(res, params, ctx)  # every rank, before the optimizer step
-        losses.append(loss)
-        if bad:
-            why = _nonfinite_message(n, loss, bad)
-            if tr.on_nonfinite == "stop":
-                if ck.dir:
-                    why += f"; last checkpoint in {ck.dir} (continue with --resume)"
-                raise NonFiniteError(why + "; stopped (--on-nonfinite stop; 'skip' drops such steps)")
-            skipped.append(n)
-            if ctx.rank == 0:
-                _warn(why + "; step skipped (--on-nonfinite skip)", bar)
-        else:
-            opt.step()
-        opt.zero_grad(set_to_none=True)
+        self.faults.begin_step(n)
+        xs, ys = self.corpus.microbatches(step, self.sched.num_microbatches, tr.microbatch_size)
+        for grp in self.opt.param_groups:
+            grp["lr"] = _learning_rate(self.cfg, step)
+        res = self.runner.step(xs, ys)
+        self.faults.after_backward(self.params)
+        self._update_if_finite(n, res)
+        ck = self.cfg.checkpoint
         if ck.dir and (n == tr.steps or (ck.every and n % ck.every == 0)):
-            _save(cfg, ctx, runner, opt, n, losses, skipped, fingerprint)
-        step_times.append(res.step_time)
-        step_walls.append(time.perf_counter() - t_step)
+            self._save_checkpoint(n)
+        self.step_times.append(res.step_time)
+        self.step_walls.append(time.perf_counter() - t_step)
         # Per-op medians from the last few steps (the first step of a run includes setup
         # and warm-up): the predicted timeline then reflects the conditions of the step drawn.
-        if step >= max(start + 1, tr.steps - MEDIAN_STEPS) or step == tr.steps - 1:
-            samples.extend(res.samples)
-        last = res
-        if bar is not None:
-            bar.set_postfix(loss=f"{losses[-1]:.3f}", step_ms=f"{1000 * res.step_time:.0f}")
-            bar.update(1)
-    if bar is not None:
-        bar.close()
+        if step >= max(self.start + 1, tr.steps - MEDIAN_STEPS) or step == tr.steps - 1:
+            self.samples.extend(res.samples)
+        self.last = res
+        return res
 
-    phases["train_s"] = time.perf_counter() - t_loop
-    t_rep = time.perf_counter()
-    gathered = gather_results({"result": last, "samples": samples, "step_times": step_times,
-                               "params": sum(p.numel() for p in params)})
-    if ctx.rank != 0:
-        return
-    results = [g["result"] for g in gathered]
-    all_samples = [s for g in gathered for s in g["samples"]]
-    measured = measured_timeline(results, run_sched)
-    costs, deltas = group_medians(all_samples, S)
-    comm = estimate_comm(measured)
-    peaks = group_peaks(all_samples, S)  # in-op peaks (e.g. inside a B), measured like the deltas
-    predicted = predict(sched, costs, deltas, comm, peaks)
-    offload = None
-    if plan is not None:
-        predicted, offload = _predict_offload(cfg, plan, sched, costs, deltas, comm, results, predicted, peaks)
-    cmp = compare(measured, predicted)
-    mean_steps = [sum(g["step_times"][1:]) / max(1, len(g["step_times"]) - 1) if len(g["step_times"]) > 1
-                  else g["step_times"][0] for g in gathered]
-    files = _write_outputs(out, measured, predicted)
-    phases["report_s"] = time.perf_counter() - t_rep
-    summary = {
-        "config": cfg.to_dict(),
-        "schedule": {"name": sched.name, "p": sched.num_ranks, "m": sched.num_microbatches, "v": sched.chunks,
-                     "params": sched.params, "layer_groups": S,
-                     "messages": comm_volume(insert_comm(sched))},
-        "device": str(ctx.device), "backend": ctx.backend, "world_size": ctx.world_size,
-        "cpu_count": os.cpu_count(),
-        "model_parameters": sum(g["params"] for g in gathered),
-        "losses": losses,
-        "mean_step_time_s": mean_steps,
-        "wall_time_s": time.perf_counter() - wall0,
-        "phases_s": phases,
-        "step_wall_s_rank0": step_walls,
-        "comm_latency_s": comm,
-        "group_costs_s": costs,
-        "group_memory_deltas_bytes": deltas,
-        "group_in_op_peaks_bytes": peaks,
-        "memory_meter": results[0].meta.get("meter"),
-        "skipped_steps": skipped,
-        "resumed_from": str(resumed) if resumed else None,
-        "checkpoint_dir": ck.dir,
-        "offload": offload,
-        **cmp,
-        "files": files,
-    }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
-    print(report(summary, out))
+    def _update_if_finite(self, n: int, res: StepResult) -> None:
+        """The optimizer update of step ``n`` when every rank's loss and gradients are
+        finite; otherwise stop (NonFiniteError on every rank) or skip the update."""
+        loss, bad = _agree_finite(res, self.params, self.ctx)  # every rank, before the optimizer step
+        self.losses.append(loss)
+        if bad:
+            why = _nonfinite_message(n, loss, bad)
+            if self.cfg.training.on_nonfinite == "stop":
+                if self.cfg.checkpoint.dir:
+                    why += f"; last checkpoint in {self.cfg.checkpoint.dir} (continue with --resume)"
+                raise NonFiniteError(why + "; stopped (--on-nonfinite stop; 'skip' drops such steps)")
+            self.skipped.append(n)
+            if self.ctx.rank == 0:
+                _warn(why + "; step skipped (--on-nonfinite skip)", self.bar)
+        else:
+            self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
 
+    # ------------------------------------------------------------------ report
+    def report(self) -> None:
+        """Gather every rank's last step and samples on rank 0 (a collective), which
+        then predicts, compares, writes the output folder and prints the report."""
+        t_report = time.perf_counter()
+        gathered = gather_results({"result": self.last, "samples": self.samples, "step_times": self.step_times,
+                                   "params": sum(p.numel() for p in self.params)})
+        if self.ctx.rank != 0:
+            return
+        results = [g["result"] for g in gathered]
+        measured, predicted, fed, offload = self._measured_and_predicted(results, gathered)
+        files = _write_outputs(self.out, measured, predicted)
+        self.phases["report_s"] = time.perf_counter() - t_report
+        summary = {**self._summary(gathered, results, fed, offload), **compare(measured, predicted), "files": files}
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+        print(format_report(summary, self.out))
 
-def _predict_offload(cfg: TrainConfig, plan: Any, sched: Any, costs: Any, deltas: Any, comm: float,
-                     results: list, plain: Timeline, peaks: Any) -> tuple[Timeline, dict[str, Any]]:
-    """The run's transfers on the simulator fed the measured per-op costs and bytes
-    (each transfer's measured size), and the report's offload block."""
-    from ..models.config import layer_ranges
+    def _measured_and_predicted(self, results: list[StepResult],
+                                gathered: list[dict]) -> tuple[Timeline, Timeline, dict[str, Any], dict | None]:
+        """The measured last step, the simulator's prediction fed the measured per-op
+        medians (with the run's offload transfers), what it was fed, and the offload block."""
+        num_stages = self.sched.num_stages
+        all_samples = [s for g in gathered for s in g["samples"]]
+        measured = measured_timeline(results, self.run_sched)
+        costs, deltas = group_medians(all_samples, num_stages)
+        comm = estimate_comm(measured)
+        peaks = group_peaks(all_samples, num_stages)  # in-op peaks (e.g. inside a B), measured like the deltas
+        predicted = predict(self.sched, costs, deltas, comm, peaks)
+        offload = None
+        if self.plan is not None:
+            predicted, offload = self._offload_prediction(costs, deltas, comm, results, predicted, peaks)
+        fed = {"comm_latency_s": comm, "group_costs_s": costs, "group_memory_deltas_bytes": deltas,
+               "group_in_op_peaks_bytes": peaks}
+        return measured, predicted, fed, offload
 
-    o = cfg.offload
-    stats = [r.meta.get("offload") or {} for r in results]
-    moved = {int(st): b for s in stats for st, b in s.get("moved_by_stage", {}).items()}
-    # The transfers as this run issued them (the plan made before the start), on the
-    # simulator's timeline with the measured costs and bytes.
-    predicted, _ = predict_offload(sched, costs, deltas, comm, moved=moved, program=plan.schedule, peaks=peaks)
-    layers = [len(r) for r in layer_ranges(cfg.model.layers, sched.num_stages)]
-    rec = {int(st): b for s in stats for st, b in s.get("recomputed_by_stage", {}).items()}
-    per_layer = {st: b / layers[st] for st, b in moved.items()}
-    block = {
-        "chunks": plan.chunks, "auto": o.chunks == "auto", "offload_time": o.time, "recompute": o.recompute,
-        "transfers_per_step": [s.get("groups", 0) for s in stats],
-        "skipped": plan.skipped,
-        "moved_bytes": [s.get("moved_bytes", 0) for s in stats],
-        "kept_bytes": [s.get("kept_bytes", 0) for s in stats],
-        "recomputed_bytes": [s.get("recomputed_bytes", 0) for s in stats],
-        "host_peak_bytes": [s.get("host_peak_bytes", 0) for s in stats],
-        "host_reserved_bytes": [s.get("host_reserved_bytes", 0) for s in stats],
-        "copy_s": [s.get("d2h_host_s", 0.0) + s.get("h2d_host_s", 0.0) for s in stats],
-        "moved_per_layer_per_microbatch": per_layer,
-        "without_recompute_per_layer_per_microbatch": {st: (b + rec.get(st, 0.0)) / layers[st]
-                                                       for st, b in moved.items()},
-        "peak_predicted_no_offload": plain.meta.get("peak_memory_in_op") or plain.peak_memory(),
-        "peak_predicted_host": [max(x for _, x in _host_curve(predicted, r)) for r in range(predicted.num_ranks)],
-    }
-    return predicted, block
+    def _summary(self, gathered: list[dict], results: list[StepResult], fed: dict[str, Any],
+                 offload: dict | None) -> dict[str, Any]:
+        """``summary.json`` up to the comparison rows and the files (same keys, same order)."""
+        sched, ctx = self.sched, self.ctx
+        mean_steps = [sum(g["step_times"][1:]) / max(1, len(g["step_times"]) - 1) if len(g["step_times"]) > 1
+                      else g["step_times"][0] for g in gathered]
+        return {
+            "config": self.cfg.to_dict(),
+            "schedule": {"name": sched.name, "p": sched.num_ranks, "m": sched.num_microbatches, "v": sched.chunks,
+                         "params": sched.params, "layer_groups": sched.num_stages,
+                         # the lowered program's sends (offload ops add none)
+                         "messages": comm_volume(self.runner.program)},
+            "device": str(ctx.device), "backend": ctx.backend, "world_size": ctx.world_size,
+            "cpu_count": os.cpu_count(),
+            "model_parameters": sum(g["params"] for g in gathered),
+            "losses": self.losses,
+            "mean_step_time_s": mean_steps,
+            "wall_time_s": time.perf_counter() - self.wall0,
+            "phases_s": self.phases,
+            "step_wall_s_rank0": self.step_walls,
+            **fed,
+            "memory_meter": results[0].meta.get("meter"),
+            "skipped_steps": self.skipped,
+            "resumed_from": str(self.resumed) if self.resumed else None,
+            "checkpoint_dir": self.cfg.checkpoint.dir,
+            "offload": offload,
+        }
+
+    def _offload_prediction(self, costs: Any, deltas: Any, comm: float, results: list[StepResult],
+                            plain: Timeline, peaks: Any) -> tuple[Timeline, dict[str, Any]]:
+        """The run's transfers on the simulator fed the measured per-op costs and bytes
+        (each transfer's measured size), and the report's offload block."""
+        from ..models.config import layer_ranges
+
+        o, plan, sched = self.cfg.offload, self.plan, self.sched
+        stats = [r.meta.get("offload") or {} for r in results]
+        moved = {int(st): b for s in stats for st, b in s.get("moved_by_stage", {}).items()}
+        # The transfers as this run issued them (the plan made before the start), on the
+        # simulator's timeline with the measured costs and bytes.
+        predicted, _ = predict_offload(sched, costs, deltas, comm, moved=moved, program=plan.schedule, peaks=peaks)
+        layers = [len(r) for r in layer_ranges(self.cfg.model.layers, sched.num_stages)]
+        rec = {int(st): b for s in stats for st, b in s.get("recomputed_by_stage", {}).items()}
+        per_layer = {st: b / layers[st] for st, b in moved.items()}
+        block = {
+            "chunks": plan.chunks, "auto": o.chunks == "auto", "offload_time": o.time, "recompute": o.recompute,
+            "transfers_per_step": [s.get("groups", 0) for s in stats],
+            "skipped": plan.skipped,
+            "moved_bytes": [s.get("moved_bytes", 0) for s in stats],
+            "kept_bytes": [s.get("kept_bytes", 0) for s in stats],
+            "recomputed_bytes": [s.get("recomputed_bytes", 0) for s in stats],
+            "host_peak_bytes": [s.get("host_peak_bytes", 0) for s in stats],
+            "host_reserved_bytes": [s.get("host_reserved_bytes", 0) for s in stats],
+            "copy_s": [s.get("d2h_host_s", 0.0) + s.get("h2d_host_s", 0.0) for s in stats],
+            "moved_per_layer_per_microbatch": per_layer,
+            "without_recompute_per_layer_per_microbatch": {st: (b + rec.get(st, 0.0)) / layers[st]
+                                                           for st, b in moved.items()},
+            "peak_predicted_no_offload": plain.meta.get("peak_memory_in_op") or plain.peak_memory(),
+            "peak_predicted_host": [max(level for _, level in _host_curve(predicted, r))
+                                    for r in range(predicted.num_ranks)],
+        }
+        return predicted, block
+
+    # ------------------------------------------------------------------ checkpoints
+    def _save_checkpoint(self, n: int) -> None:
+        """This rank's part of the checkpoint after step ``n`` (1-based)."""
+        cfg, ctx, tr = self.cfg, self.ctx, self.cfg.training
+        payload = {
+            "step": n, "rank": ctx.rank,
+            "stages": {s: self.runner.modules[s].state_dict() for s in self.runner.my_stages},
+            "optimizer": self.opt.state_dict(),
+            "rng": capture_rng(ctx.device),
+            "data": {"next_step": n + 1, "seed": tr.seed, "microbatch_size": tr.microbatch_size},
+            "losses": list(self.losses), "skipped": list(self.skipped),
+        }
+        meta = {"fingerprint": self.fingerprint, "config": cfg.to_dict(), "losses": list(self.losses),
+                "skipped": list(self.skipped)}
+        save_checkpoint(cfg.checkpoint.dir, n, payload, rank=ctx.rank, world_size=ctx.world_size, meta=meta,
+                        keep=cfg.checkpoint.keep)
+
+    def _resume(self) -> tuple[int, list[float], list[int], Path | None]:
+        """Load the newest usable checkpoint (falling back past corrupt ones); returns the
+        steps done, their losses, the skipped steps and the checkpoint used."""
+        cfg, ctx = self.cfg, self.ctx
+        ck = load_latest(cfg.checkpoint.dir, rank=ctx.rank, world_size=ctx.world_size, expect=self.fingerprint,
+                         warn=_warn)
+        if ck is None:
+            if ctx.rank == 0:
+                _warn(f"--resume: no checkpoint in {cfg.checkpoint.dir}; starting from step 1")
+            return 0, [], [], None
+        state = ck.state
+        for s in self.runner.my_stages:
+            self.runner.modules[s].load_state_dict(state["stages"][s])
+        self.opt.load_state_dict(state["optimizer"])
+        restore_rng(state["rng"], ctx.device)
+        if ctx.rank == 0:
+            print(f"pipeoffload train: resuming from {ck.path} (step {ck.step})", file=sys.stderr, flush=True)
+        return ck.step, list(state["losses"]), list(state["skipped"]), ck.path
 
 
 def _host_curve(tl: Timeline, rank: int) -> list[tuple[float, float]]:
@@ -270,41 +388,6 @@ def _warn(msg: str, bar: Any = None) -> None:
         print(text, file=sys.stderr, flush=True)
 
 
-def _save(cfg: TrainConfig, ctx: DistContext, runner: PipelineRunner, opt: Any, n: int, losses: list[float],
-          skipped: list[int], fingerprint: dict) -> None:
-    tr = cfg.training
-    payload = {
-        "step": n, "rank": ctx.rank,
-        "stages": {s: runner.modules[s].state_dict() for s in runner.my_stages},
-        "optimizer": opt.state_dict(),
-        "rng": capture_rng(ctx.device),
-        "data": {"next_step": n + 1, "seed": tr.seed, "microbatch_size": tr.microbatch_size},
-        "losses": list(losses), "skipped": list(skipped),
-    }
-    meta = {"fingerprint": fingerprint, "config": cfg.to_dict(), "losses": list(losses), "skipped": list(skipped)}
-    save_checkpoint(cfg.checkpoint.dir, n, payload, rank=ctx.rank, world_size=ctx.world_size, meta=meta,
-                    keep=cfg.checkpoint.keep)
-
-
-def _resume(cfg: TrainConfig, ctx: DistContext, runner: PipelineRunner, opt: Any,
-            fingerprint: dict) -> tuple[int, list[float], list[int], Path | None]:
-    """Load the newest usable checkpoint (falling back past corrupt ones); returns the
-    steps done, their losses, the skipped steps and the checkpoint used."""
-    ck = load_latest(cfg.checkpoint.dir, rank=ctx.rank, world_size=ctx.world_size, expect=fingerprint, warn=_warn)
-    if ck is None:
-        if ctx.rank == 0:
-            _warn(f"--resume: no checkpoint in {cfg.checkpoint.dir}; starting from step 1")
-        return 0, [], [], None
-    st = ck.state
-    for s in runner.my_stages:
-        runner.modules[s].load_state_dict(st["stages"][s])
-    opt.load_state_dict(st["optimizer"])
-    restore_rng(st["rng"], ctx.device)
-    if ctx.rank == 0:
-        print(f"pipeoffload train: resuming from {ck.path} (step {ck.step})", file=sys.stderr, flush=True)
-    return ck.step, list(st["losses"]), list(st["skipped"]), ck.path
-
-
 def _output_dir(path: str | None) -> Path:
     p = Path(path) if path else Path("runs") / time.strftime("%Y%m%d-%H%M%S")
     p.mkdir(parents=True, exist_ok=True)
@@ -343,28 +426,33 @@ def _mib(x: float) -> str:
     return f"{x / 2**20:.2f}"
 
 
+def _kib_by_group(bytes_by_group: dict) -> str:
+    """``"0: 5640, 1: 5640"``: KiB per layer group, by group (keys may be JSON strings)."""
+    return ", ".join(f"{int(st)}: {b / 1024:.0f}"
+                     for st, b in sorted(bytes_by_group.items(), key=lambda item: int(item[0])))
+
+
 def _offload_lines(off: dict[str, Any]) -> list[str]:
     per = off["moved_per_layer_per_microbatch"]
     without = off["without_recompute_per_layer_per_microbatch"]
-    kib = lambda d: ", ".join(f"{int(st)}: {b / 1024:.0f}" for st, b in sorted(d.items(), key=lambda x: int(x[0])))  # noqa: E731
     how = "auto" if off["auto"] else "--offload-chunks"
     line = (f"offload: C={off['chunks']} ({how}; planned offload_time {off['offload_time']:g}), "
             f"{sum(off['transfers_per_step'])} transfers/step, recompute {'on' if off['recompute'] else 'off'}; "
-            f"KiB moved per layer and microbatch by layer group {{{kib(per)}}}")
+            f"KiB moved per layer and microbatch by layer group {{{_kib_by_group(per)}}}")
     if off["recompute"]:
-        line += f" ({{{kib(without)}}} without recompute)"
+        line += f" ({{{_kib_by_group(without)}}} without recompute)"
     return [line]
 
 
-def report(summary: dict[str, Any], out: Path) -> str:
+def format_report(summary: dict[str, Any], out: Path) -> str:
     """The end-of-run text: loss, step time, the per-rank table, files."""
-    L = summary["losses"]
+    losses = summary["losses"]
     s = summary["schedule"]
     lines = [
         "",
         f"pipeoffload train: {s['name']} p={s['p']} m={s['m']} v={s['v']} ({s['layer_groups']} layer groups), "
         f"{summary['model_parameters'] / 1e6:.2f}M parameters, {summary['backend']} on {summary['device']}",
-        f"loss {L[0]:.3f} -> {L[-1]:.3f} over {len(L)} steps; wall {summary['wall_time_s']:.1f} s",
+        f"loss {losses[0]:.3f} -> {losses[-1]:.3f} over {len(losses)} steps; wall {summary['wall_time_s']:.1f} s",
         f"bubble measured {summary['bubble_measured']:.3f}, predicted {summary['bubble_predicted']:.3f} "
         f"(simulator fed the measured per-op medians; comm latency {1000 * summary['comm_latency_s']:.2f} ms); "
         f"last step makespan {1000 * summary['makespan_measured_s']:.0f} ms measured, "

@@ -1,4 +1,4 @@
-"""ZB-V greedy (ALGORITHMS.md §3): V placement, v = 2, 1F1B's memory. Pure Python.
+"""ZB-V greedy (docs/algorithms.md#27-zb-v): V placement, v = 2, 1F1B's memory. Pure Python.
 
 Rank ``i`` holds layer groups ``i`` (chunk 0, the way down) and ``2p−1−i``
 (chunk 1, the way back up); the loss is on rank 0 and the turn at rank ``p−1`` is
@@ -26,7 +26,7 @@ from collections import deque
 
 from ..costs import Costs, MemoryDeltas
 from ..ir import Placement
-from .zb_auto import KB, KF, KW, Infeasible, Tracker
+from .zb_auto import B_CODE, F_CODE, W_CODE, Infeasible, Tracker
 
 #: Re-runs with the previous run's idle times as allowances (the reference's
 #: "approved bubble" loop), at most this many per variant.
@@ -43,146 +43,202 @@ def v_variant(
     fill_b: bool,
     approved: list[float] | None = None,
 ) -> Tracker:
-    """One greedy run. Raises :class:`Infeasible` if it cannot keep its rules."""
-    tr = Tracker(Placement.vshape(p), m, costs, memory, limit)
-    S = 2 * p
-    s0 = list(range(p))  # chunk-0 layer group of each rank
-    s1 = [S - 1 - i for i in range(p)]  # chunk-1 layer group
-    nF = ([0] * p, [0] * p)  # forwards done per chunk
-    nB = ([0] * p, [0] * p)  # backwards done per chunk
-    pending: list[deque[tuple[int, int]]] = [deque() for _ in range(p)]
-    clock, idle, dur = tr.clock, tr.idle, tr.dur
-    app_max = max(approved) if approved else 0.0
+    """One greedy run: warm-up, steady state, remaining W's (module docstring).
+    ``fill_f``/``fill_b``: fill partial gaps with a W before forwards / chunk-1
+    backwards; ``approved``: per-rank idle allowances from a previous run. Raises
+    :class:`Infeasible` if it cannot keep its rules."""
+    run = _GreedyRun(p, m, costs, memory, limit, approved)
+    run.warm_up()
+    run.steady_state(fill_f, fill_b)
+    run.drain_weights()
+    return run.tracker
 
-    def allowance(i: int) -> float:
+
+class _GreedyRun:
+    """The state of one greedy run: the tracker, each rank's forwards and backwards
+    done per chunk, and its backwards whose W is still pending (oldest first)."""
+
+    def __init__(self, p: int, m: int, costs: Costs, memory: MemoryDeltas, limit: float,
+                 approved: list[float] | None) -> None:
+        self.tracker = Tracker(Placement.vshape(p), m, costs, memory, limit)
+        self.p, self.m, self.limit = p, m, limit
+        self.down = list(range(p))  # chunk-0 layer group of each rank
+        self.up = [2 * p - 1 - i for i in range(p)]  # chunk-1 layer group
+        self.forwards = ([0] * p, [0] * p)  # forwards done per chunk and rank
+        self.backwards = ([0] * p, [0] * p)  # backwards done per chunk and rank
+        self.pending: list[deque[tuple[int, int]]] = [deque() for _ in range(p)]
+        self.approved = approved
+        self.approved_max = max(approved) if approved else 0.0
+
+    # ------------------------------------------------------------------ primitives
+    def stage(self, rank: int, chunk: int) -> int:
+        return self.up[rank] if chunk else self.down[rank]
+
+    def allowance(self, rank: int) -> float:
+        """Idle time this rank may still take: up to the idlest rank's (or the
+        previous run's approved) idle time."""
+        idle = self.tracker.idle
         worst = max(idle)
-        if approved:
-            worst = max(worst, app_max - approved[i])
-        return worst - idle[i]
+        if self.approved:
+            worst = max(worst, self.approved_max - self.approved[rank])
+        return worst - idle[rank]
 
-    def stage(i: int, c: int) -> int:
-        return s1[i] if c else s0[i]
+    def put_weight(self, rank: int) -> None:
+        stage, mb = self.pending[rank].popleft()
+        self.tracker.put(W_CODE, stage, mb)
 
-    def put_w(i: int) -> None:
-        s, j = pending[i].popleft()
-        tr.put(KW, s, j)
+    def make_room(self, rank: int, code: int, chunk: int) -> None:
+        """Pending W's until op ``code`` of ``chunk`` fits the memory limit."""
+        stage = self.stage(rank, chunk)
+        while not self.tracker.fits(stage, code):
+            if not self.pending[rank]:
+                raise Infeasible(f"rank {rank} cannot fit the memory limit")
+            self.put_weight(rank)
 
-    def make_room(i: int, k: int, c: int) -> None:
-        s = stage(i, c)
-        while not tr.fits(s, k):
-            if not pending[i]:
-                raise Infeasible(f"rank {i} cannot fit the memory limit")
-            put_w(i)
+    def put_forward(self, rank: int, chunk: int) -> None:
+        self.make_room(rank, F_CODE, chunk)
+        self.tracker.put(F_CODE, self.stage(rank, chunk), self.forwards[chunk][rank])
+        self.forwards[chunk][rank] += 1
 
-    def put_f(i: int, c: int) -> None:
-        make_room(i, KF, c)
-        tr.put(KF, stage(i, c), nF[c][i])
-        nF[c][i] += 1
+    def put_backward(self, rank: int, chunk: int) -> None:
+        self.make_room(rank, B_CODE, chunk)
+        stage, mb = self.stage(rank, chunk), self.backwards[chunk][rank]
+        self.tracker.put(B_CODE, stage, mb)
+        self.backwards[chunk][rank] += 1
+        self.pending[rank].append((stage, mb))
 
-    def put_b(i: int, c: int) -> None:
-        make_room(i, KB, c)
-        s, j = stage(i, c), nB[c][i]
-        tr.put(KB, s, j)
-        nB[c][i] += 1
-        pending[i].append((s, j))
-
-    def fill(i: int, arrive: float, partial: bool) -> None:
+    def fill(self, rank: int, arrive: float, partial: bool) -> None:
         # Whole W's that fit before the input arrives; a partial one when the gap
         # exceeds this rank's idle allowance (always before a chunk-0 B, and
         # before others when the variant asks).
-        while pending[i] and arrive >= clock[i] + dur[pending[i][0][0]][KW]:
-            put_w(i)
-        if pending[i] and arrive - clock[i] > allowance(i) and partial:
-            put_w(i)
+        pending, clock, dur = self.pending[rank], self.tracker.clock, self.tracker.dur
+        while pending and arrive >= clock[rank] + dur[pending[0][0]][W_CODE]:
+            self.put_weight(rank)
+        if pending and arrive - clock[rank] > self.allowance(rank) and partial:
+            self.put_weight(rank)
 
-    def can_f(i: int, c: int) -> bool:
-        j = nF[c][i]
-        return j < m and tr.ready(KF, stage(i, c), j) and tr.fits(stage(i, c), KF)
+    def can_forward(self, rank: int, chunk: int) -> bool:
+        mb, stage = self.forwards[chunk][rank], self.stage(rank, chunk)
+        return mb < self.m and self.tracker.ready(F_CODE, stage, mb) and self.tracker.fits(stage, F_CODE)
 
-    # 1. Warm-up: chunk-0 forwards until the first chunk-1 forward can arrive, then
-    # chunk-1 forwards so that each rank has at least as many in flight as the next.
-    # Forwards whose input or memory is missing are left to the steady state.
-    for i in range(p):
-        put_f(i, 0)
-    for i in range(p - 1, -1, -1):
-        if i < p - 1:
-            arrive = tr.end_of(KF, s1[i + 1], 0) + tr.comm
-            reserve = tr.mem[s0[i]][KF] * (2 + 2 * i)
-            while nF[0][i] < m and tr.level[i] + reserve <= limit + tr.tol and clock[i] + dur[s0[i]][KF] <= arrive:
-                before = nF[0][i]
-                for j in range(i + 1):
-                    if can_f(j, 0):
-                        put_f(j, 0)
-                if nF[0][i] == before:
-                    break
-        if can_f(i, 1):
-            put_f(i, 1)
-    chunk, idle_passes = 0, 0
-    for i in range(1, p):
-        while nF[0][i] + nF[1][i] < nF[0][i - 1] + nF[1][i - 1] or nF[1][i] <= nF[1][i - 1] < m:
-            progressed = False
-            for j in range(p - 1, i - 1, -1):
-                if can_f(j, chunk):
-                    put_f(j, chunk)
-                    progressed = True
-            chunk = 1 - chunk
-            idle_passes = 0 if progressed else idle_passes + 1
-            if idle_passes >= 2:
+    def backward_ready(self, rank: int, chunk: int) -> bool:
+        mb = self.backwards[chunk][rank]
+        return mb < self.m and self.tracker.ready(B_CODE, self.stage(rank, chunk), mb)
+
+    # ------------------------------------------------------------------ 1. warm-up
+    def warm_up(self) -> None:
+        """Chunk-0 forwards until the first chunk-1 forward can arrive, then chunk-1
+        forwards so that each rank has at least as many in flight as the next.
+        Forwards whose input or memory is missing are left to the steady state."""
+        for rank in range(self.p):
+            self.put_forward(rank, 0)
+        for rank in range(self.p - 1, -1, -1):
+            if rank < self.p - 1:
+                self._forwards_until_turn(rank)
+            if self.can_forward(rank, 1):
+                self.put_forward(rank, 1)
+        self._balance_in_flight()
+
+    def _forwards_until_turn(self, rank: int) -> None:
+        """Chunk-0 forwards on ranks 0..``rank`` while ``rank`` has memory to spare and
+        time before the first chunk-1 forward reaches it from ``rank + 1``."""
+        tr, down, done = self.tracker, self.down, self.forwards[0]
+        arrive = tr.end_of(F_CODE, self.up[rank + 1], 0) + tr.comm
+        reserve = tr.mem[down[rank]][F_CODE] * (2 + 2 * rank)
+        while (done[rank] < self.m and tr.level[rank] + reserve <= self.limit + tr.tol
+               and tr.clock[rank] + tr.dur[down[rank]][F_CODE] <= arrive):
+            before = done[rank]
+            for other in range(rank + 1):
+                if self.can_forward(other, 0):
+                    self.put_forward(other, 0)
+            if done[rank] == before:
                 break
 
-    def b_ready(i: int, c: int) -> bool:
-        j = nB[c][i]
-        return j < m and tr.ready(KB, stage(i, c), j)
+    def _balance_in_flight(self) -> None:
+        """Forwards, alternating chunks, until every rank has at least as many in
+        flight as the one before it (and more chunk-1 ones while it can)."""
+        f0, f1 = self.forwards
+        chunk, idle_passes = 0, 0
+        for rank in range(1, self.p):
+            while f0[rank] + f1[rank] < f0[rank - 1] + f1[rank - 1] or f1[rank] <= f1[rank - 1] < self.m:
+                progressed = False
+                for other in range(self.p - 1, rank - 1, -1):
+                    if self.can_forward(other, chunk):
+                        self.put_forward(other, chunk)
+                        progressed = True
+                chunk = 1 - chunk
+                idle_passes = 0 if progressed else idle_passes + 1
+                if idle_passes >= 2:
+                    break
 
-    # 2. Steady state: per round one backward, then one forward, on every rank.
-    # (The reference runs exactly 2m lockstep rounds; here a rank whose preferred
-    # backward cannot run yet takes the other chunk's, or sits the round out, so
-    # unequal costs and memory deltas cannot break the rhythm.)
-    rounds = 0
-    while any(nB[0][i] + nB[1][i] < 2 * m for i in range(p)):
-        rounds += 1
-        if rounds > 4 * (m + p):
-            raise Infeasible("steady state does not converge")
-        progressed = False
+    # ------------------------------------------------------------------ 2. steady state
+    def steady_state(self, fill_f: bool, fill_b: bool) -> None:
+        """Per round one backward, then one forward, on every rank.
+
+        (The reference runs exactly 2m lockstep rounds; here a rank whose preferred
+        backward cannot run yet takes the other chunk's, or sits the round out, so
+        unequal costs and memory deltas cannot break the rhythm.)"""
+        b0, b1 = self.backwards
+        rounds = 0
+        while any(b0[i] + b1[i] < 2 * self.m for i in range(self.p)):
+            rounds += 1
+            if rounds > 4 * (self.m + self.p):
+                raise Infeasible("steady state does not converge")
+            progressed = self._backward_round(fill_b)
+            progressed = self._forward_round(fill_f) or progressed
+            if not progressed:
+                raise Infeasible("no op can run")
+
+    def _backward_round(self, fill_b: bool) -> bool:
+        """One backward per rank that can run one; whether any ran."""
+        b0, b1 = self.backwards
         first, second = [], []  # ranks preferring the chunk-1 B / the chunk-0 B
-        for i in range(p):
-            if nB[0][i] >= nB[1][i]:
+        for i in range(self.p):
+            if b0[i] >= b1[i]:
                 first.append(i)
-            elif i == p - 1 or nB[1][i] >= m or tr.done(KB, s0[i] + 1, nB[0][i]):
+            elif i == self.p - 1 or b1[i] >= self.m or self.tracker.done(B_CODE, self.down[i] + 1, b0[i]):
                 second.append(i)
             else:
                 first.append(i)
-        for i, c in [(i, 0) for i in reversed(second)] + [(i, 1) for i in first]:
-            if not b_ready(i, c):
-                c = 1 - c
-                if not b_ready(i, c):
+        progressed = False
+        for rank, chunk in [(i, 0) for i in reversed(second)] + [(i, 1) for i in first]:
+            if not self.backward_ready(rank, chunk):
+                chunk = 1 - chunk
+                if not self.backward_ready(rank, chunk):
                     continue
-            make_room(i, KB, c)
-            fill(i, tr.arrival(KB, stage(i, c), nB[c][i]), partial=(c == 0 or fill_b))
-            put_b(i, c)
+            self.make_room(rank, B_CODE, chunk)
+            arrive = self.tracker.arrival(B_CODE, self.stage(rank, chunk), self.backwards[chunk][rank])
+            self.fill(rank, arrive, partial=(chunk == 0 or fill_b))
+            self.put_backward(rank, chunk)
             progressed = True
-        for i in range(p):
+        return progressed
+
+    def _forward_round(self, fill_f: bool) -> bool:
+        """One forward per rank that can run one; whether any ran."""
+        tr, (f0, f1) = self.tracker, self.forwards
+        progressed = False
+        for rank in range(self.p):
             # Chunk 1 when its input exists, else chunk 0 when its input exists.
-            if nF[1][i] < nF[0][i] and tr.ready(KF, s1[i], nF[1][i]):
-                c = 1
-            elif nF[0][i] < m and tr.ready(KF, s0[i], nF[0][i]):
-                c = 0
+            if f1[rank] < f0[rank] and tr.ready(F_CODE, self.up[rank], f1[rank]):
+                chunk = 1
+            elif f0[rank] < self.m and tr.ready(F_CODE, self.down[rank], f0[rank]):
+                chunk = 0
             else:
                 continue
-            if not pending[i] and not tr.fits(stage(i, c), KF):
+            if not self.pending[rank] and not tr.fits(self.stage(rank, chunk), F_CODE):
                 continue  # memory full until a backward runs
-            make_room(i, KF, c)
-            fill(i, tr.arrival(KF, stage(i, c), nF[c][i]), partial=fill_f)
-            put_f(i, c)
+            self.make_room(rank, F_CODE, chunk)
+            self.fill(rank, tr.arrival(F_CODE, self.stage(rank, chunk), self.forwards[chunk][rank]), partial=fill_f)
+            self.put_forward(rank, chunk)
             progressed = True
-        if not progressed:
-            raise Infeasible("no op can run")
+        return progressed
 
-    # 3. The remaining W's.
-    for i in range(p):
-        while pending[i]:
-            put_w(i)
-    return tr
+    # ------------------------------------------------------------------ 3. the rest
+    def drain_weights(self) -> None:
+        """The remaining W's, in order."""
+        for rank in range(self.p):
+            while self.pending[rank]:
+                self.put_weight(rank)
 
 
 def v_candidates(p: int, m: int, costs: Costs, memory: MemoryDeltas, limit: float) -> list[Tracker]:

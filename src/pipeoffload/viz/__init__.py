@@ -111,12 +111,11 @@ def time_label(tl: Timeline) -> str:
     return f"time ({unit})" if unit else "time (cost units)"
 
 
-def format_memory(x: float, unit: str) -> str:
+def format_memory(amount: float, unit: str) -> str:
     """A short memory figure: bytes as KiB/MiB/GiB, other units as a plain number."""
     if unit == "bytes":
-        ax = abs(x)
         for scale, name in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
-            if ax >= scale:
-                return f"{x / scale:.3g} {name}"
-        return f"{x:.0f} B"
-    return f"{x:.4g}"
+            if abs(amount) >= scale:
+                return f"{amount / scale:.3g} {name}"
+        return f"{amount:.0f} B"
+    return f"{amount:.4g}"

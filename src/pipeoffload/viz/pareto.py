@@ -33,41 +33,54 @@ def _overlaps(a: tuple[float, float, float, float], b: tuple[float, float, float
     return not (a[2] <= b[0] or b[2] <= a[0] or a[3] <= b[1] or b[3] <= a[1])
 
 
-def draw_pareto(cmp: Comparison, path: str | Path, memory_unit: str = "units", title: str | None = None) -> Path:
-    """Draw ``cmp`` to a PNG at ``path`` (parent folders created); returns the path.
+def draw_pareto(comparison: Comparison, path: str | Path, memory_unit: str = "units",
+                title: str | None = None) -> Path:
+    """Draw ``comparison`` to a PNG at ``path`` (parent folders created); returns the path.
 
     Guarantees: every row with numbers is a point with its label; every frontier row
     is drawn in the frontier colour; every row with an error is named in the footnote.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    from matplotlib.lines import Line2D
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    groups = _groups(cmp.rows)
-    failed = [r for r in cmp.rows if not r.ok]
-
-    note_lines = [f"not shown — {r.label}: {_short(r.error or '')}" for r in failed]
+    groups = _groups(comparison.rows)
+    note_lines = [f"not shown — {r.label}: {_short(r.error or '')}" for r in comparison.rows if not r.ok]
     fig_w, axes_h = 10.0, 6.2
     foot_h = 0.22 * len(note_lines) + (0.3 if note_lines else 0.0)
     top_h, below_h = 0.9, 1.05  # title and subtitle; x label and legend
     fig_h = axes_h + top_h + below_h + foot_h
     fig = Figure(figsize=(fig_w, fig_h), dpi=_DPI)
     FigureCanvasAgg(fig)
-    bottom = (below_h + foot_h) / fig_h
-    ax = fig.add_axes((0.09, bottom, 0.86, axes_h / fig_h))
+    ax = fig.add_axes((0.09, (below_h + foot_h) / fig_h, 0.86, axes_h / fig_h))
 
+    _set_limits(ax, groups)
+    _draw_points(ax, groups)
+    _draw_labels(fig, ax, groups)
+    _style_axes(ax, memory_unit)
+    _draw_legend(fig, (below_h + foot_h - 0.5) / fig_h)
+    _draw_texts(fig, comparison, title, note_lines, fig_h, foot_h)
+    fig.savefig(path, dpi=_DPI)
+    return path
+
+
+def _set_limits(ax, groups: list[tuple[float, float, list[Row]]]) -> None:
+    """Room around the points, more on the right for labels (bubble in %)."""
+    if not groups:
+        return
     xs = [x for x, _, _ in groups]
     ys = [100 * y for _, y, _ in groups]
-    if groups:
-        x_lo, x_hi = min(xs), max(xs)
-        y_hi = max(ys)
-        pad_x = max(0.06 * (x_hi - x_lo), 0.5)
-        ax.set_xlim(max(0.0, x_lo - pad_x) if x_lo > 0 else -pad_x, x_hi + 3 * pad_x)
-        ax.set_ylim(-max(0.06 * y_hi, 0.5), max(y_hi * 1.12, 1.0))
+    x_lo, x_hi = min(xs), max(xs)
+    y_hi = max(ys)
+    pad_x = max(0.06 * (x_hi - x_lo), 0.5)
+    ax.set_xlim(max(0.0, x_lo - pad_x) if x_lo > 0 else -pad_x, x_hi + 3 * pad_x)
+    ax.set_ylim(-max(0.06 * y_hi, 0.5), max(y_hi * 1.12, 1.0))
 
-    # Frontier staircase: every frontier point, by increasing memory.
+
+def _draw_points(ax, groups: list[tuple[float, float, list[Row]]]) -> None:
+    """The frontier staircase (every frontier point, by increasing memory) and one
+    marker per point, frontier points larger and in colour."""
     front = sorted(((x, 100 * y) for x, y, rs in groups if any(r.on_frontier for r in rs)))
     if front:
         sx = [x for x, _ in front] + [ax.get_xlim()[1]]
@@ -78,21 +91,25 @@ def draw_pareto(cmp: Comparison, path: str | Path, memory_unit: str = "units", t
         ax.scatter([x], [100 * y], s=70 if on else 36, color=_FRONT if on else _OTHER,
                    edgecolor="white", linewidth=0.8, zorder=4 if on else 3)
 
-    # Labels: try a few offsets per point, keep the first whose box hits no other label.
+
+#: Label positions tried around a point, in points from it (first fit wins).
+_LABEL_OFFSETS = [(8, 4), (8, -14), (-8, 4), (-8, -14), (8, 16), (8, -26), (-8, 16), (-8, -26), (8, 28), (-8, 28)]
+
+
+def _draw_labels(fig, ax, groups: list[tuple[float, float, list[Row]]]) -> None:
+    """Label each point: try a few offsets, keep the first whose box stays inside the
+    axes and hits the fewest other labels and points (in display pixels)."""
     fig.canvas.draw()
     frame = ax.get_window_extent()
     inside = (frame.x0, frame.y0, frame.x1, frame.y1)
-    placed: list[tuple[float, float, float, float]] = []
     pts = [ax.transData.transform((x, 100 * y)) for x, y, _ in groups]
-    for (px, py) in pts:  # the points themselves are obstacles too
-        placed.append((px - 5, py - 5, px + 5, py + 5))
+    placed = [(px - 5, py - 5, px + 5, py + 5) for px, py in pts]  # the points themselves are obstacles too
     char_w, line_h = 0.6 * 8 * _DPI / 72, 10 * _DPI / 72
-    offsets = [(8, 4), (8, -14), (-8, 4), (-8, -14), (8, 16), (8, -26), (-8, 16), (-8, -26), (8, 28), (-8, 28)]
     for (x, y, rs), (px, py) in zip(groups, pts):
         text = ", ".join(r.label for r in rs)
         w = char_w * len(text)
         scored = []
-        for n, (dx, dy) in enumerate(offsets):
+        for n, (dx, dy) in enumerate(_LABEL_OFFSETS):
             x0 = px + dx if dx > 0 else px + dx - w
             box = (x0, py + dy - 2, x0 + w, py + dy + line_h)
             outside = box[0] < inside[0] or box[2] > inside[2] or box[1] < inside[1] or box[3] > inside[3]
@@ -105,6 +122,8 @@ def draw_pareto(cmp: Comparison, path: str | Path, memory_unit: str = "units", t
                     ha="left" if dx > 0 else "right", va="bottom",
                     color=_FRONT if on else "#333333", fontweight="bold" if on else "normal", zorder=5)
 
+
+def _style_axes(ax, memory_unit: str) -> None:
     unit = "units (one microbatch's activations on one stage)" if memory_unit == "units" else memory_unit
     ax.set_xlabel(f"peak activation memory, max over ranks ({unit})", fontsize=9)
     ax.set_ylabel("bubble rate (%)", fontsize=9)
@@ -112,28 +131,35 @@ def draw_pareto(cmp: Comparison, path: str | Path, memory_unit: str = "units", t
     ax.set_axisbelow(True)
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
+
+
+def _draw_legend(fig, top: float) -> None:
+    """Frontier and dominated markers, centred below the x label (``top``: figure fraction)."""
+    from matplotlib.lines import Line2D
+
     fig.legend(
         handles=[
             Line2D([], [], marker="o", color=_FRONT, markersize=8, linewidth=1.4, alpha=0.8,
                    label="Pareto frontier (no schedule has both less memory and less bubble)"),
             Line2D([], [], marker="o", color=_OTHER, linestyle="none", markersize=6, label="dominated"),
         ],
-        loc="upper center", bbox_to_anchor=(0.52, (below_h + foot_h - 0.5) / fig_h), ncol=2, fontsize=8,
-        frameon=False,
+        loc="upper center", bbox_to_anchor=(0.52, top), ncol=2, fontsize=8, frameon=False,
     )
 
-    c = cmp.costs
-    head = title or f"Schedules at p={cmp.p}, m={cmp.m}: peak memory vs bubble rate"
+
+def _draw_texts(fig, comparison: Comparison, title: str | None, note_lines: list[str], fig_h: float,
+                foot_h: float) -> None:
+    """Title, subtitle (costs, how many schedules shown) and the footnote of refusals."""
+    c = comparison.costs
+    head = title or f"Schedules at p={comparison.p}, m={comparison.m}: peak memory vs bubble rate"
     sub = f"costs per stage F={c.F:g} B={c.B:g} W={c.W:g} comm={c.comm:g}"
     if c.stage_costs or c.group_costs:
         sub += " (per-stage overrides)"
-    sub += f"; {sum(r.ok for r in cmp.rows)} of {len(cmp.rows)} schedules shown"
+    sub += f"; {sum(r.ok for r in comparison.rows)} of {len(comparison.rows)} schedules shown"
     fig.text(0.09, 1 - 0.25 / fig_h, head, fontsize=12, fontweight="bold", va="top")
     fig.text(0.09, 1 - 0.55 / fig_h, sub, fontsize=9, va="top")
     for i, line in enumerate(note_lines):
         fig.text(0.09, (foot_h - 0.15 - 0.22 * i) / fig_h, line, fontsize=7.5, va="top", color="#555555")
-    fig.savefig(path, dpi=_DPI)
-    return path
 
 
 def _short(msg: str, n: int = 110) -> str:

@@ -63,63 +63,86 @@ def render_grid(tl: Timeline, width: int = 120) -> str:
     label and one column of time; the summary gives bubble rate and peak memory.
     """
     bxs = [b for b in boxes(tl) if b.lane in ("compute", "d2h", "h2d")]
-    rows: list[tuple[str, str, list[Box]]] = []  # (label, lane, boxes)
-    for r in range(tl.num_ranks):
-        mine = [b for b in bxs if b.rank == r]
-        rows.append((f"r{r}", "compute", [b for b in mine if b.lane == "compute"]))
-        for lane in ("d2h", "h2d"):
-            lb = [b for b in mine if b.lane == lane]
-            if lb:
-                rows.append((f"r{r} {lane}", lane, lb))
+    rows = _grid_rows(tl.num_ranks, bxs)
     label_w = max(len(name) for name, _, _ in rows) + 1
     avail = max(1, width - label_w - 1)
     t0 = min((b.start for b in bxs), default=0.0)
-    t1 = max((b.end for b in bxs), default=0.0)
-    span = t1 - t0
-
+    span = max((b.end for b in bxs), default=0.0) - t0
     tunit = tl.meta.get("time_unit") or "time units"
     mb_digits = len(str(max(0, tl.num_microbatches - 1)))
-    lines: list[str] = []
-    mod10 = False
-    body: list[str] | None = None
+
+    exact = _exact_body(rows, bxs, t0, span, avail, mb_digits)
+    if exact is None:
+        cols = avail
+        body = [_quantised_row(row, t0, span / cols if span > 0 else 1.0, cols) for _, _, row in rows]
+        mode = f"quantised, 1 column = {span / avail:.3g} {tunit}" if span > 0 else "empty"
+        mod10 = False
+    else:
+        body, quantum, mod10 = exact
+        mode = f"exact, 1 cell = {quantum:.3g} {tunit}"
+
+    lines = [_legend_line(tl, bxs, mod10, mode)]
+    lines += [f"{name:<{label_w}}|{text}" for (name, _, _), text in zip(rows, body)]
+    return "\n".join(lines + _summary_lines(tl, width))
+
+
+def _grid_rows(num_ranks: int, bxs: list[Box]) -> list[tuple[str, str, list[Box]]]:
+    """``(label, lane, boxes)`` per row: each rank's compute row, then its transfer
+    rows that have boxes."""
+    rows: list[tuple[str, str, list[Box]]] = []
+    for r in range(num_ranks):
+        mine = [b for b in bxs if b.rank == r]
+        rows.append((f"r{r}", "compute", [b for b in mine if b.lane == "compute"]))
+        for lane in ("d2h", "h2d"):
+            lane_boxes = [b for b in mine if b.lane == lane]
+            if lane_boxes:
+                rows.append((f"r{r} {lane}", lane, lane_boxes))
+    return rows
+
+
+def _exact_body(rows: list[tuple[str, str, list[Box]]], bxs: list[Box], t0: float, span: float, avail: int,
+                mb_digits: int) -> tuple[list[str], float, bool] | None:
+    """The rows in exact mode ``(rows, quantum, digit is microbatch mod 10)``, with the
+    widest cell that fits ``avail`` columns; None when the times share no small
+    quantum or no cell width fits."""
     # The quantum comes from compute ops only: transfers (arbitrary durations) are
     # drawn on the same columns, quantised, so they do not spoil an exact compute grid.
     comp = [b for b in bxs if b.lane == "compute"]
     q = _quantum([b.start - t0 for b in comp] + [b.end - t0 for b in comp] + [span]) if comp and span > 0 else None
-    if q is not None:
-        cells = int(round(span / float(q)))
-        for w in (1 + mb_digits, 2, 1):
-            if cells * w <= avail:
-                mod10 = w == 2 and mb_digits > 1
-                body = [
-                    _exact_row(row, t0, float(q), cells, w, mod10) if lane == "compute"
-                    else _quantised_row(row, t0, float(q) / w, cells * w)
-                    for _, lane, row in rows
-                ]
-                break
-    if body is None:
-        cols = avail
-        body = [_quantised_row(row, t0, span / cols if span > 0 else 1.0, cols) for _, _, row in rows]
-        mode = f"quantised, 1 column = {span / avail:.3g} {tunit}" if span > 0 else "empty"
-    else:
-        mode = f"exact, 1 cell = {float(q):.3g} {tunit}"
+    if q is None:
+        return None
+    cells = int(round(span / float(q)))
+    for w in (1 + mb_digits, 2, 1):
+        if cells * w <= avail:
+            mod10 = w == 2 and mb_digits > 1
+            body = [
+                _exact_row(row, t0, float(q), cells, w, mod10) if lane == "compute"
+                else _quantised_row(row, t0, float(q) / w, cells * w)
+                for _, lane, row in rows
+            ]
+            return body, float(q), mod10
+    return None
 
+
+def _legend_line(tl: Timeline, bxs: list[Box], mod10: bool, mode: str) -> str:
     kinds = sorted({b.kind for b in bxs}, key=lambda k: list(LETTERS).index(k) if k in LETTERS else 99)
     legend = "".join(f"{LETTERS.get(k, 'C')}={k}, " for k in kinds)
     extra = "; lower case = chunk >= 1" if tl.chunks > 1 else ""
     extra += "; digit = microbatch mod 10" if mod10 else ""
-    lines.append(f"legend: {legend}.=idle{extra} ({mode})")
-    for (name, _, _), text in zip(rows, body):
-        lines.append(f"{name:<{label_w}}|{text}")
+    return f"legend: {legend}.=idle{extra} ({mode})"
+
+
+def _summary_lines(tl: Timeline, width: int) -> list[str]:
+    """Schedule, makespan, bubble and highest peak; then every rank's peak, wrapped."""
     peaks = tl.peak_memory()
-    lines.append(
+    lines = [
         f"{tl.name}: p={tl.num_ranks} m={tl.num_microbatches} v={tl.chunks}  makespan {tl.makespan:.6g}  "
         f"bubble {100 * tl.bubble_rate:.2f}%  peak memory ({tl.memory_unit}) max "
         f"{format_memory(max(peaks, default=0.0), tl.memory_unit)}"
-    )
-    pk = ", ".join(format_memory(x, tl.memory_unit) for x in peaks)
-    lines.extend(textwrap.wrap(f"peak per rank: {pk}", width=max(20, width), subsequent_indent="  "))
-    return "\n".join(lines)
+    ]
+    per_rank = ", ".join(format_memory(x, tl.memory_unit) for x in peaks)
+    lines.extend(textwrap.wrap(f"peak per rank: {per_rank}", width=max(20, width), subsequent_indent="  "))
+    return lines
 
 
 def _exact_row(row: list[Box], t0: float, q: float, cells: int, w: int, mod10: bool) -> str:
