@@ -1,4 +1,4 @@
-"""Reproduce REFERENCE.md's tables with the simulator and print them as Markdown.
+"""Reproduce the published tables (docs/algorithms.md#8-published-figures-the-tests-check) with the simulator and print them as Markdown.
 
 Run: .venv/bin/python benchmarks/reproduce_reference.py
 Bubble rates use the ZB paper's metric (largest per-rank span; see pipeoffload.timeline).
@@ -46,7 +46,7 @@ def published_row() -> None:
 
 def gis_rows() -> None:
     print("\n### Group-interleaved, p = 8, m = 32, unit costs (bubble / peak chunk units)\n")
-    print("| v, g | ours | REFERENCE |")
+    print("| v, g | ours | published |")
     print("|---|---|---|")
     for v, g, ref in ((2, 8, ".068"), (2, 4, ".086"), (4, 8, ".035"), (4, 4, ".063")):
         tl = simulate(generate("group-interleaved", p=8, m=32, v=v, g=g))
@@ -55,7 +55,7 @@ def gis_rows() -> None:
 
 def selective_offload() -> None:
     print("\n### Selective offload, group-interleaved p = 8, m = 32, instantaneous transfers (peak chunk units)\n")
-    print("| v, g | C = 0, 1, 2, … | REFERENCE |")
+    print("| v, g | C = 0, 1, 2, … | published |")
     print("|---|---|---|")
     for v, g, ref in ((2, 4, "12 → 5 → 1"), (4, 4, "20 → 13 → 9 → 5 → 1"), (4, 8, "32 → 24 → 16 → 8")):
         sched = generate("group-interleaved", p=8, m=32, v=v, g=g)

@@ -7,8 +7,8 @@ Metrics. ``busy`` is the busiest rank's total compute time. The **bubble rate** 
 the ZB paper's: ``1 − busy / iteration_time`` where ``iteration_time`` is the largest
 per-rank *span* (a rank's first compute op's start to its last one's end; "cost is
 the largest execution time of all stages"). That is the iteration time when the
-optimizer step is not synchronised across stages (ALGORITHMS.md §6), and it is the
-metric behind REFERENCE.md's published tables (ZB-2p and ZB-V reach 0 only under
+optimizer step is not synchronised across stages (docs/algorithms.md#32-iteration-time-and-the-optimizer-step), and it is the
+metric behind the published tables (docs/algorithms.md#8-published-figures-the-tests-check) (ZB-2p and ZB-V reach 0 only under
 it: the last stage cannot start before (p−1)·T_F). ``makespan`` runs from the first
 compute op's start to the last one's end over all ranks; ``bubble_rate_makespan``
 = 1 − busy / makespan is reported too. The two agree for 1F1B, ZB-H1/H2, interleaved
