@@ -32,25 +32,24 @@ class ScheduleInfo:
         return getattr(mod, self.function)
 
 
-_I = ScheduleInfo
 #: Every schedule, in the order `pipeoffload schedules` lists them.
 SCHEDULES: dict[str, ScheduleInfo] = {
     i.name: i
     for i in [
-        _I("gpipe", "classic", "gpipe", "GPipe: all forwards, then all backwards; peak m units", "loop", 1, False),
-        _I("1f1b", "classic", "one_f_one_b", "1F1B: warm-up, then one forward one backward; peak p units", "loop", 1, False),
-        _I("interleaved-1f1b", "classic", "interleaved_1f1b",
+        ScheduleInfo("gpipe", "classic", "gpipe", "GPipe: all forwards, then all backwards; peak m units", "loop", 1, False),
+        ScheduleInfo("1f1b", "classic", "one_f_one_b", "1F1B: warm-up, then one forward one backward; peak p units", "loop", 1, False),
+        ScheduleInfo("interleaved-1f1b", "classic", "interleaved_1f1b",
            "Megatron interleaved 1F1B, v chunks (loop placement); bubble /v, any m >= p", "loop", 2, False),
-        _I("group-interleaved", "classic", "group_interleaved",
+        ScheduleInfo("group-interleaved", "classic", "group_interleaved",
            "Group-interleaved 1F1B (PipeOffload's base), group g in [ceil(p/2), p]; peak g*v+p-g chunks", "loop", 2, True),
-        _I("zb-h1", "zero_bubble", "zb_h1", "Zero bubble H1: B/W split, 1F1B's memory, bubble (p-1)(F+B-W)", "loop", 1, True),
-        _I("zb-h2", "zero_bubble", "zb_h2", "Zero bubble H2: peak 2p-1, bubble (p-1)(F+B-2W) floored at 0", "loop", 1, True),
-        _I("zb-auto", "zero_bubble", "zb_auto",
+        ScheduleInfo("zb-h1", "zero_bubble", "zb_h1", "Zero bubble H1: B/W split, 1F1B's memory, bubble (p-1)(F+B-W)", "loop", 1, True),
+        ScheduleInfo("zb-h2", "zero_bubble", "zb_h2", "Zero bubble H2: peak 2p-1, bubble (p-1)(F+B-2W) floored at 0", "loop", 1, True),
+        ScheduleInfo("zb-auto", "zero_bubble", "zb_auto",
            "Automatic zero bubble under a memory limit (--mem-limit; p = ZB-1p, 2p = ZB-2p)", "loop", 1, True),
-        _I("zb-v", "zero_bubble", "zb_v", "ZB-V: V placement, 1F1B's memory, bubble ~0 when F=B=W", "v", 2, True),
-        _I("v-min", "vshape", "v_min", "V-Min: ~1/3 of 1F1B's memory, bubble ~2/3 of 1F1B's", "v", 2, True),
-        _I("v-half", "vshape", "v_half", "V-Half: ~1/2 of 1F1B's memory, bubble ~1/2 of 1F1B's", "v", 2, True),
-        _I("v-zb", "vshape", "v_zb", "V-ZB: 1F1B's memory, bubble ~0 (building-block method)", "v", 2, True),
+        ScheduleInfo("zb-v", "zero_bubble", "zb_v", "ZB-V: V placement, 1F1B's memory, bubble ~0 when F=B=W", "v", 2, True),
+        ScheduleInfo("v-min", "vshape", "v_min", "V-Min: ~1/3 of 1F1B's memory, bubble ~2/3 of 1F1B's", "v", 2, True),
+        ScheduleInfo("v-half", "vshape", "v_half", "V-Half: ~1/2 of 1F1B's memory, bubble ~1/2 of 1F1B's", "v", 2, True),
+        ScheduleInfo("v-zb", "vshape", "v_zb", "V-ZB: 1F1B's memory, bubble ~0 (building-block method)", "v", 2, True),
     ]
 }
 
