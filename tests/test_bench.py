@@ -12,18 +12,20 @@ import pytest
 from pipeoffload.runtime.bench import PAIRS, BenchConfig, markdown, summarize
 from pipeoffload.errors import ParameterError
 from pipeoffload.models.config import ModelConfig
-from pipeoffload.schedules import SCHEDULES, generate
+from pipeoffload.schedules import generate
+
+from helpers import ALL_SCHEDULES, import_torch
 
 TINY = ModelConfig(layers=4, hidden=32, heads=4, kv_heads=2, seq_len=16)
 
 
 def test_pairs_name_real_schedules_with_the_same_placement():
-    schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+    schedules = import_torch("torch.distributed.pipelining.schedules")
     from pipeoffload.runtime.torch_baseline import TORCH_CLASSES
 
     for pr in PAIRS.values():
         assert hasattr(schedules, pr.torch_class), pr.torch_class
-        assert pr.ours in SCHEDULES, pr.ours
+        assert pr.ours in ALL_SCHEDULES, pr.ours
         placement, v = TORCH_CLASSES[pr.torch_class]
         for p in (2, 4):
             ours = generate(pr.ours, p=p, m=8, **pr.ours_kwargs(p))
@@ -76,7 +78,7 @@ def test_smoke_side_by_side_run(tmp_path):
     """One tiny pair at p = 2 on interleaved 1F1B (multi-stage: exercises the order
     import too): files written, identical loss and gradients, both meters measured and
     ours no higher than torch's on every rank (torch also keeps each stage's output)."""
-    pytest.importorskip("torch.distributed.pipelining")
+    import_torch("torch.distributed.pipelining")
     from pipeoffload.runtime.bench import run_bench
 
     cfg = BenchConfig(stages=[2], schedules=["interleaved-1f1b"], pairs=1, microbatches=4, microbatch_size=2,

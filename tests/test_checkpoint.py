@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from helpers import import_torch
+
+torch = import_torch()
 
 from pipeoffload.errors import ParameterError  # noqa: E402
 from pipeoffload.runtime.checkpoint import (  # noqa: E402

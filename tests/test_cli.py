@@ -10,6 +10,8 @@ import pytest
 
 from pipeoffload.cli import main
 
+from helpers import ALL_SCHEDULES, assert_imports_no_torch, import_torch
+
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "pipeoffload", *args], capture_output=True, text=True)
@@ -23,13 +25,11 @@ def test_help_lists_verbs():
 
 
 def test_schedules_lists_registry(capsys):
-    from pipeoffload.schedules import SCHEDULES
-
     assert main(["schedules"]) == 0
     out = capsys.readouterr().out
-    assert all(name in out for name in SCHEDULES)
+    assert all(name in out for name in ALL_SCHEDULES)
     assert main(["schedules", "--json"]) == 0
-    assert {d["name"] for d in json.loads(capsys.readouterr().out)} == set(SCHEDULES)
+    assert {d["name"] for d in json.loads(capsys.readouterr().out)} == set(ALL_SCHEDULES)
 
 
 def test_simulate_json(capsys):
@@ -190,10 +190,9 @@ def test_comma_separated_integers():
 
 # --- the front door: import pipeoffload ------------------------------------------------------------
 
+#: Run after `import pipeoffload` in a fresh interpreter; neither may import torch.
 FRONT_DOOR = """
-import sys
 import pipeoffload as po
-assert "torch" not in sys.modules, "import pipeoffload imported torch"
 sched = po.generate("group-interleaved", p=8, m=32, v=2, g=4)
 tl = po.simulate(sched, po.Costs(F=1, B=1, W=1, comm=0), po.MemoryDeltas())
 off = po.plan_offload(sched, offload_chunks=1, offload_time=0.25)
@@ -201,14 +200,12 @@ low = po.lower(sched, offload=po.OffloadOptions(offload_chunks=1), comm=True)
 assert isinstance(sched, po.Schedule) and isinstance(tl, po.Timeline) and low.offload.chunks == 1
 assert issubclass(po.ParameterError, po.PipeoffloadError) and issubclass(po.ScheduleError, po.PipeoffloadError)
 assert round(tl.bubble_rate, 4) == 0.0857 and off.peak[0] < off.peak_no_offload[0]
-assert "torch" not in sys.modules, "the pure API imported torch"
 print(sorted(po.__all__))
 """
 
 
 def test_import_pipeoffload_gives_the_api_without_torch():
-    r = subprocess.run([sys.executable, "-c", FRONT_DOOR], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
+    r = assert_imports_no_torch("pipeoffload", then=FRONT_DOOR)
     for name in ("generate", "simulate", "lower", "plan_offload", "OffloadOptions", "Costs", "MemoryDeltas",
                  "Schedule", "Timeline", "PipeoffloadError", "ParameterError", "ScheduleError",
                  "PipelineRunner", "launch", "OffloadStore"):
@@ -216,7 +213,7 @@ def test_import_pipeoffload_gives_the_api_without_torch():
 
 
 def test_the_runtime_names_resolve_lazily():
-    pytest.importorskip("torch")
+    import_torch()
     import pipeoffload as po
     from pipeoffload.runtime.executor import PipelineRunner
     from pipeoffload.runtime.launcher import launch

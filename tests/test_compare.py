@@ -10,7 +10,9 @@ from pipeoffload import schedules as registry
 from pipeoffload.cli import main
 from pipeoffload.studies.compare import Candidate, candidates, compare, p2p_messages, pareto_frontier
 from pipeoffload.costs import Costs, MemoryDeltas
-from pipeoffload.schedules import SCHEDULES, ScheduleInfo, generate
+from pipeoffload.schedules import ScheduleInfo, generate
+
+from helpers import ALL_SCHEDULES
 
 
 # --- Pareto frontier ---------------------------------------------------------------------
@@ -64,7 +66,7 @@ def test_p2p_counts(p, m):
 
 def test_candidates_cover_the_registry():
     cands = candidates(4)
-    assert {c.name for c in cands} == set(SCHEDULES)
+    assert {c.name for c in cands} == set(ALL_SCHEDULES)
     gis = [c.params["g"] for c in cands if c.name == "group-interleaved"]
     assert gis == [2, 4]
     assert [c.params for c in cands if c.name == "interleaved-1f1b"] == [{"v": 2}]
@@ -108,7 +110,7 @@ def test_refusals_become_error_rows():
 
 
 def test_unavailable_generator_is_an_error_row(monkeypatch):
-    ghost = ScheduleInfo("ghost", "no_such_module", "nothing", "not written yet", "loop", 1, True)
+    ghost = ScheduleInfo("ghost", "no_such_module", "nothing", "module that does not exist", "loop", 1, True)
     half = ScheduleInfo("half-done", "vshape", "no_such_function", "module without it", "v", 2, True)
     monkeypatch.setitem(registry.SCHEDULES, "ghost", ghost)
     monkeypatch.setitem(registry.SCHEDULES, "half-done", half)

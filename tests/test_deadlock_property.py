@@ -30,6 +30,8 @@ from pipeoffload.passes.offload import plan_offload
 from pipeoffload.passes.timing import simulate
 from pipeoffload.schedules import SCHEDULES, generate
 
+from helpers import import_torch
+
 K = OpKind
 #: Schedules that take any v (the others have a fixed chunk count).
 ANY_V = {"gpipe", "interleaved-1f1b", "group-interleaved"}
@@ -147,14 +149,13 @@ def setups(draw, name: str):
     return p, m, v, g, mem_limit, costs, offload
 
 
-@pytest.mark.parametrize("name", list(SCHEDULES))
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.filter_too_much,
                                                                  HealthCheck.too_slow])
 @given(data=st.data())
-def test_every_registry_schedule_with_offload_has_a_deadlock_free_program(name, data):
-    p, m, v, g, mem_limit, costs, offload = data.draw(setups(name))
+def test_every_registry_schedule_with_offload_has_a_deadlock_free_program(schedule_name, data):
+    p, m, v, g, mem_limit, costs, offload = data.draw(setups(schedule_name))
     try:
-        sched = generate(name, p=p, m=m, v=v, g=g, mem_limit=mem_limit, costs=costs, memory=MemoryDeltas())
+        sched = generate(schedule_name, p=p, m=m, v=v, g=g, mem_limit=mem_limit, costs=costs, memory=MemoryDeltas())
     except ParameterError:
         assume(False)  # outside this schedule's range (e.g. m too small for interleaving)
     tl = simulate(sched, costs, MemoryDeltas())
@@ -226,7 +227,7 @@ def _deadlocking_schedule() -> Schedule:
 
 
 def test_the_runner_refuses_a_deadlocking_program_before_any_communication():
-    torch = pytest.importorskip("torch")
+    torch = import_torch()
     import torch.distributed as dist
 
     from pipeoffload.runtime.executor import PipelineRunner
@@ -246,7 +247,7 @@ def _deadlock_world(ctx):
 
 @pytest.mark.multiproc
 def test_the_runner_refuses_a_deadlocking_program_in_a_real_world():
-    pytest.importorskip("torch")
+    import_torch()
     from pipeoffload.runtime.launcher import LaunchError, launch
 
     t = time.perf_counter()

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from helpers import import_torch
+
+torch = import_torch()
 
 from pipeoffload.errors import ParameterError  # noqa: E402
 from pipeoffload.runtime.offload_store import OffloadStore  # noqa: E402
@@ -68,7 +70,8 @@ def test_trace_picture_is_drawn(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA the check runs for real (make gpu-check)")
+@pytest.mark.skipif(torch.cuda.is_available(),
+                    reason="CUDA is available: gpu_check.py runs its CUDA checks instead of refusing (make gpu-check)")
 def test_gpu_check_without_a_gpu_says_so_in_one_line(tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--out", str(tmp_path / "o")],
                        capture_output=True, text=True, timeout=120)

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,28 +19,15 @@ from pipeoffload.interop.torch_csv import (
     to_actions,
     write_csv,
 )
-from pipeoffload.ir import Op, OpKind, Placement, Schedule, build_schedule
-from pipeoffload.schedules import SCHEDULES, generate
+from pipeoffload.ir import Op, OpKind, Placement, build_schedule
+from pipeoffload.schedules import generate
 
-torch_schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+from helpers import assert_imports_no_torch, import_torch
+
+torch_schedules = import_torch("torch.distributed.pipelining.schedules")
 _Action = torch_schedules._Action
 
 GRID = [(p, m) for p in (2, 4) for m in (p, 2 * p + 1)]
-
-
-def registry_schedule(name: str, p: int, m: int) -> Schedule:
-    """Generate ``name``; skip while its generator module is not written yet (missing or a
-    stub), or when the generator rejects (p, m) (its own tests cover that)."""
-    try:
-        return generate(name, p=p, m=m)
-    except ModuleNotFoundError as e:
-        if e.name and e.name.startswith("pipeoffload.schedules."):
-            pytest.skip(f"{name}: generator module {e.name} not available yet")
-        raise
-    except NotImplementedError:
-        pytest.skip(f"{name}: generator is still a stub")
-    except ParameterError as e:
-        pytest.skip(f"{name} rejects p={p}, m={m}: {e}")
 
 
 # ----------------------------------------------------------------------------- action strings
@@ -91,9 +76,8 @@ def test_offload_ops_have_no_torch_action() -> None:
 
 
 @pytest.mark.parametrize("p, m", GRID)
-@pytest.mark.parametrize("name", list(SCHEDULES))
-def test_registry_round_trip(name: str, p: int, m: int, tmp_path: Path) -> None:
-    sched = registry_schedule(name, p, m)
+def test_registry_round_trip(schedule_name: str, p: int, m: int, tmp_path: Path) -> None:
+    sched = generate(schedule_name, p=p, m=m)
     path = write_csv(sched, tmp_path / "s.csv")
     back = read_csv(path)
     assert back.placement == sched.placement  # same mapping *and* loop/v label
@@ -103,11 +87,10 @@ def test_registry_round_trip(name: str, p: int, m: int, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("p, m", GRID)
-@pytest.mark.parametrize("name", list(SCHEDULES))
-def test_torch_accepts_exported_schedule(name: str, p: int, m: int, tmp_path: Path) -> None:
+def test_torch_accepts_exported_schedule(schedule_name: str, p: int, m: int, tmp_path: Path) -> None:
     from pipeoffload.interop.torch_actions import to_torch_actions
 
-    sched = registry_schedule(name, p, m)
+    sched = generate(schedule_name, p=p, m=m)
     S = sched.num_stages
     actions = to_torch_actions(sched)
     mapping = torch_schedules._validate_schedule(actions, p, S, m)
@@ -359,11 +342,7 @@ def test_from_actions_names_its_source() -> None:
 
 
 def test_pure_modules_do_not_import_torch() -> None:
-    code = (
-        "import sys, pipeoffload.interop, pipeoffload.interop.torch_csv, pipeoffload.interop.torch_actions\n"
-        "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))\n"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True)
+    assert_imports_no_torch("pipeoffload.interop", "pipeoffload.interop.torch_csv", "pipeoffload.interop.torch_actions")
 
 
 def test_simulate_writes_csv_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from helpers import import_torch
+
+torch = import_torch()
 
 from pipeoffload.errors import ParameterError  # noqa: E402
 from pipeoffload.models import ModelConfig, layer_ranges  # noqa: E402

@@ -311,7 +311,7 @@ def test_scale_cli_json_and_png(capsys, tmp_path):
     assert PO_RUNTIME["flash_attention"] is True
 
 
-def test_the_issue_command_is_fast():
+def test_planning_98_5b_on_64_gpus_is_fast():
     # `pipeoffload plan --model 98.5B --hardware a100-80g --gpus 64` must finish in under 60 s on 2 cores
     # (about 2-3 s here: most splits fail on their states alone, the rest are pruned by a time bound).
     import time

@@ -21,7 +21,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch")
+from helpers import import_torch
+
+import_torch()
 
 pytestmark = pytest.mark.multiproc
 
@@ -94,7 +96,8 @@ def test_a_rank_killed_mid_step_stops_every_rank_naming_it(tmp_path):
     assert _none_left(marker) == []
 
 
-@pytest.mark.skipif(shutil.which("torchrun", path=str(BIN)) is None, reason="torchrun not installed")
+@pytest.mark.skipif(shutil.which("torchrun", path=str(BIN)) is None,
+                    reason=f"no torchrun script in {BIN} (pip installs it with torch)")
 def test_a_rank_killed_under_torchrun_stops_the_group_naming_it(tmp_path):
     # torchrun polls its workers every 0.1 s by default and SIGTERMs the survivors at once:
     # on a loaded 2-core machine that sometimes beat our survivor's own report (a CI flake).

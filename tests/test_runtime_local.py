@@ -1,6 +1,6 @@
 """The executor in one process (p = 1, no process group): local hand-off between
 layer groups on the same rank, user-supplied modules, and the activation-store hook
-point that the offload issue plugs into."""
+point that offload (OffloadStore) plugs into."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ import functools
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from helpers import import_torch
+
+torch = import_torch()
 
 from pipeoffload.ir import Op, OpKind  # noqa: E402
 from pipeoffload.models import ModelConfig  # noqa: E402

@@ -20,19 +20,21 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from helpers import ALL_SCHEDULES, import_torch, train_steps
+
+torch = import_torch()
 
 from pipeoffload.ir import Op, OpKind  # noqa: E402
 from pipeoffload.models import ModelConfig  # noqa: E402
 from pipeoffload.models.data import ByteCorpus, load_corpus  # noqa: E402
 from pipeoffload.models.transformer import build_stage, lm_loss  # noqa: E402
-from pipeoffload.runtime.config import TrainConfig  # noqa: E402
 from pipeoffload.passes.offload import plan_offload  # noqa: E402
+from pipeoffload.runtime.config import TrainConfig  # noqa: E402
 from pipeoffload.runtime.executor import PipelineRunner  # noqa: E402
 from pipeoffload.runtime.launcher import launch  # noqa: E402
 from pipeoffload.runtime.measure import gather_results, group_medians, group_peaks, predict_offload  # noqa: E402
 from pipeoffload.runtime.offload_store import OffloadError, OffloadStore  # noqa: E402
-from pipeoffload.schedules import SCHEDULES, generate  # noqa: E402
+from pipeoffload.schedules import generate  # noqa: E402
 
 CFG = ModelConfig(layers=4, hidden=32, heads=4, kv_heads=2, seq_len=32, seed=11)
 M, MB, STEPS, LR = 4, 2, 2, 0.5
@@ -46,20 +48,13 @@ def _data(step, m=M):
 
 
 def _train(sched, store):
-    """STEPS SGD steps; returns this rank's losses, first-step grads, last result, runner."""
-    S = sched.num_stages
-    runner = PipelineRunner(lambda s: build_stage(CFG, s, S), lm_loss, sched, timeout_s=60, activation_store=store)
-    opt = torch.optim.SGD(runner.parameters(), lr=LR)
-    losses, grads, res = [], None, None
-    for step in range(STEPS):
-        xs, ys = _data(step)
-        res = runner.step(xs, ys)
-        if step == 0:
-            grads = {n: p.grad.clone() for n, p in runner.named_parameters()}
-        losses.append(res.losses)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    return losses, grads, res, runner
+    """STEPS SGD steps on this rank (helpers.train_steps with this module's model and data)."""
+    return train_steps(sched, CFG, _data, steps=STEPS, lr=LR, store=store)
+
+
+def _outcome(t):
+    """(per-microbatch losses of every step, first-step gradients) of a helpers.Trained run."""
+    return [r.losses for r in t.results], t.first_grads
 
 
 def _bitwise(a, b):
@@ -70,16 +65,16 @@ def _bitwise(a, b):
 
 def _run_world(ctx, path):
     out = {}
-    for name in SCHEDULES:
+    for name in ALL_SCHEDULES:
         sched = generate(name, p=ctx.world_size, m=M)
         plain = _train(sched, None)
         C = sched.chunks
         plan = plan_offload(sched, offload_chunks=C, on_infeasible="skip")
         store = OffloadStore()
         off = _train(plan.schedule, store)
-        res, runner = off[2], off[3]
-        got = gather_results({"bitwise": _bitwise(plain, off), "peak": res.peak_memory,
-                              "peak_plain": plain[2].peak_memory, "samples": res.samples,
+        res, runner = off.last, off.runner
+        got = gather_results({"bitwise": _bitwise(_outcome(plain), _outcome(off)), "peak": res.peak_memory,
+                              "peak_plain": plain.last.peak_memory, "samples": res.samples,
                               "stats": res.meta["offload"], "live": runner.meter.live_bytes(),
                               "kept": res.meta["offload"]["kept_bytes"],
                               "in_use": store.pool.in_use})
@@ -104,8 +99,7 @@ def _run_world(ctx, path):
         peaks = []
         for C in range(sched.chunks + 1):
             plan = plan_offload(sched, offload_chunks=C, on_infeasible="skip")
-            r = _train(plan.schedule, OffloadStore())[2]
-            peaks.append(r.peak_memory)
+            peaks.append(_train(plan.schedule, OffloadStore()).last.peak_memory)
         got = gather_results(peaks)
         if ctx.rank == 0:
             sweep[name] = got
@@ -115,11 +109,12 @@ def _run_world(ctx, path):
     plain = _train(sched, None)
     rc = _train(plan.schedule, OffloadStore(recompute=True))
     nrc = _train(plan.schedule, OffloadStore())
-    got = gather_results({"bitwise": _bitwise(plain, rc), "moved": rc[2].meta["offload"]["moved_bytes"],
-                          "moved_plain": nrc[2].meta["offload"]["moved_bytes"],
-                          "recomputed": rc[2].meta["offload"]["recomputed_bytes"],
-                          "samples": rc[2].samples, "peak": rc[2].peak_memory,
-                          "by_stage": rc[2].meta["offload"]["moved_by_stage"]})
+    got = gather_results({"bitwise": _bitwise(_outcome(plain), _outcome(rc)),
+                          "moved": rc.last.meta["offload"]["moved_bytes"],
+                          "moved_plain": nrc.last.meta["offload"]["moved_bytes"],
+                          "recomputed": rc.last.meta["offload"]["recomputed_bytes"],
+                          "samples": rc.last.samples, "peak": rc.last.peak_memory,
+                          "by_stage": rc.last.meta["offload"]["moved_by_stage"]})
     if ctx.rank == 0:
         samples = [x for g in got for x in g["samples"]]
         costs, deltas = group_medians(samples, sched.num_stages)
@@ -149,7 +144,7 @@ def world(tmp_path_factory):
 @pytest.mark.multiproc
 def test_offload_gives_bitwise_identical_losses_and_gradients_for_every_schedule(world):
     res = world["schedules"]
-    assert set(res) == set(SCHEDULES)
+    assert set(res) == set(ALL_SCHEDULES)
     for name, r in res.items():
         assert r["bitwise"] == [True, True], f"{name}: offload changed losses or gradients"
         assert sum(r["moved"]) > 0, f"{name}: nothing was offloaded"

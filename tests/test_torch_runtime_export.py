@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("torch.distributed.pipelining")
+from helpers import import_torch
 
-from pipeoffload.errors import PipeoffloadError  # noqa: E402
+torch = import_torch()
+import_torch("torch.distributed.pipelining")
+
 from pipeoffload.interop.torch_csv import to_actions  # noqa: E402
 from pipeoffload.models import ModelConfig  # noqa: E402
 from pipeoffload.models.data import ByteCorpus, load_corpus  # noqa: E402
@@ -36,7 +37,8 @@ pytestmark = [
     # ("Pair is not connected" on its first send), CUDA visible or hidden, on the GPU
     # machine (docs/gpu.md); our own runtime passes there. Checked on the pinned 2.13.
     pytest.mark.skipif(tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) < (2, 13),
-                       reason="torch < 2.13: torch's pipelining runtime fails over gloo (docs/gpu.md)"),
+                       reason=f"torch {torch.__version__} < 2.13: torch's _PipelineScheduleRuntime fails over "
+                              "gloo at stage initialisation ('Pair is not connected', torch 2.11; docs/gpu.md)"),
 ]
 
 CFG = ModelConfig(layers=8, hidden=32, heads=4, kv_heads=2, seq_len=16, seed=5)
@@ -56,10 +58,7 @@ def _world(ctx, tmp):
     for name, kw in NAMES:
         p = ctx.world_size
         kw = {k: (p if v == "p" else v) for k, v in kw.items()}
-        try:
-            sched = generate(name, p=p, m=M, **kw)
-        except PipeoffloadError:
-            continue
+        sched = generate(name, p=p, m=M, **kw)
         S = sched.num_stages
         runner = PipelineRunner(lambda s: build_stage(CFG, s, S), lm_loss, sched, timeout_s=60)
         ours = runner.step(xs, ys)
@@ -98,7 +97,7 @@ def world(request, tmp_path_factory):
 def test_every_exported_schedule_runs_on_torch_runtime_with_our_gradients(world):
     p, res = world
     expected = {"zb-h1", "zb-h2", "zb-auto", "v-min", "v-half", "v-zb", "group-interleaved", "group-interleaved g=" + str(p)}
-    assert expected <= set(res), f"schedules missing at p={p}: {expected - set(res)}"
+    assert set(res) == expected, f"schedules missing at p={p}: {expected - set(res)}"
     for label, r in res.items():
         assert r["same_names"], label
         assert r["min_norm"] > 0, f"{label}: a parameter got no gradient on torch's runtime"

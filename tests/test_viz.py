@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import struct
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -21,6 +19,8 @@ from pipeoffload.timeline import TimedOp, Timeline
 from pipeoffload.viz import boxes
 from pipeoffload.viz.text import LETTERS, render_grid
 from pipeoffload.viz.trace import to_trace, write_trace
+
+from helpers import assert_imports_no_torch
 
 
 def _tl(name: str, p: int = 4, m: int = 8, costs: Costs | None = None, **kw) -> Timeline:
@@ -271,10 +271,5 @@ def test_text_grid_transfer_rows() -> None:
 
 
 def test_trace_and_text_import_neither_torch_nor_matplotlib() -> None:
-    code = (
-        "import sys, pipeoffload.viz.trace, pipeoffload.viz.text, pipeoffload.viz.png\n"
-        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'matplotlib'))\n"
-        "print(','.join(bad))\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == ""
+    assert_imports_no_torch("pipeoffload.viz.trace", "pipeoffload.viz.text", "pipeoffload.viz.png",
+                            forbidden=("torch", "matplotlib"))

@@ -1,0 +1,121 @@
+"""Pieces the test modules share: the registry's schedule names (conftest.py
+parametrizes ``schedule_name`` with them), the torch-free import check, skipping where
+torch is not installed, and a training loop on the runtime.
+
+A regular module, not conftest.py: the runtime tests' rank functions run in processes
+spawned by ``launch`` that import the test module, and through it this one, by name
+(the spawned interpreter gets the parent's ``sys.path``, where pytest put ``tests/``).
+Importing this module never imports torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import pytest
+
+from pipeoffload.schedules import SCHEDULES
+
+#: Every schedule in the registry, in its order. Tests that cover "every schedule"
+#: iterate this (or take the ``schedule_name`` argument conftest.py parametrizes with it):
+#: a generator that starts raising fails them, it is never filtered out.
+ALL_SCHEDULES: tuple[str, ...] = tuple(SCHEDULES)
+
+
+def import_torch(modname: str = "torch"):
+    """Import and return ``modname`` (torch or one of its modules), or skip the calling test
+    (or module, at module level) when torch is not installed: it is the optional ``runtime``
+    extra (``pip install -e '.[dev]'`` runs the pure tests; ``make test`` installs torch).
+    Anything else, a torch without ``modname`` (older than the ``runtime`` extra's
+    ``torch>=2.5``) or a broken install, is an error, not a skip."""
+    assert modname == "torch" or modname.startswith("torch."), modname
+    try:
+        return importlib.import_module(modname)
+    except ModuleNotFoundError as e:
+        if e.name != "torch":
+            raise
+        pytest.skip("torch is not installed (the optional `runtime` extra: pip install -e '.[runtime]')",
+                    allow_module_level=True)
+
+
+# ----------------------------------------------------------------------------- import weight
+
+_IMPORT_CHECK = """
+import importlib, sys
+forbidden = {forbidden!r}
+
+def loaded():
+    return sorted({{m.split('.')[0] for m in sys.modules}} & set(forbidden))
+
+for name in {modules!r}:
+    importlib.import_module(name)
+    assert not loaded(), f"import {{name}} imported {{loaded()}}"
+exec(compile({then!r}, "<then>", "exec"), {{}})
+assert not loaded(), f"running the code after the imports imported {{loaded()}}"
+"""
+
+
+def assert_imports_no_torch(*modules: str, then: str = "",
+                            forbidden: Sequence[str] = ("torch",)) -> subprocess.CompletedProcess:
+    """In a fresh interpreter, import ``modules`` one by one, then run the code ``then``;
+    fail if any of them loaded a package named in ``forbidden`` (torch by default), naming
+    the module or code that did. Returns the finished process (its stdout is ``then``'s
+    output)."""
+    assert modules, "name at least one module"
+    code = _IMPORT_CHECK.format(forbidden=tuple(forbidden), modules=modules, then=then)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
+# ----------------------------------------------------------------------------- training on the runtime
+
+
+@dataclass
+class Trained:
+    """What :func:`train_steps` saw on this rank."""
+
+    runner: Any  #: the PipelineRunner, after the last step
+    results: list  #: StepResult of every step, in order
+    first_grads: dict  #: parameter name -> gradient of the first step (before its update)
+
+    @property
+    def first(self):
+        return self.results[0]
+
+    @property
+    def last(self):
+        return self.results[-1]
+
+    def params(self) -> dict:
+        """Parameter name -> a copy of its value now (after the last update)."""
+        return {n: p.detach().clone() for n, p in self.runner.named_parameters()}
+
+
+def train_steps(sched, cfg, data: Callable[[int], tuple[list, list]], *, steps: int, lr: float,
+                store=None, timeout_s: float = 60.0) -> Trained:
+    """``steps`` SGD steps (learning rate ``lr``) of the transformer ``cfg`` split into
+    ``sched``'s layer groups, on this rank, with microbatches ``data(step)`` and the
+    activation store ``store`` (None: the runner's default)."""
+    import torch
+
+    from pipeoffload.models.transformer import build_stage, lm_loss
+    from pipeoffload.runtime.executor import PipelineRunner
+
+    S = sched.num_stages
+    runner = PipelineRunner(lambda s: build_stage(cfg, s, S), lm_loss, sched, timeout_s=timeout_s,
+                            activation_store=store)
+    opt = torch.optim.SGD(runner.parameters(), lr=lr)
+    results, grads = [], {}
+    for step in range(steps):
+        xs, ys = data(step)
+        results.append(runner.step(xs, ys))
+        if step == 0:
+            grads = {n: p.grad.clone() for n, p in runner.named_parameters()}
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return Trained(runner, results, grads)
