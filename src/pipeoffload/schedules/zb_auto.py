@@ -151,7 +151,8 @@ def auto_variant(
 
     Raises :class:`Infeasible` when this variant cannot respect ``limit``.
     """
-    greedy = _AutoGreedy(p, m, costs, memory, limit, allow_bubble_before_first_b, prioritize_b, greedy_fill)
+    variant = (allow_bubble_before_first_b, prioritize_b, greedy_fill)
+    greedy = _AutoGreedy(p, m, costs, memory, limit, variant)
     return greedy.run()
 
 
@@ -164,17 +165,10 @@ class _AutoGreedy:
         "dur_f", "dur_b", "dur_w", "mem_f", "mem_w", "placed", "n_f", "n_b", "n_w", "clock", "idle",
     )
 
-    def __init__(
-        self,
-        p: int,
-        m: int,
-        costs: Costs,
-        memory: MemoryDeltas,
-        limit: float,
-        allow_bubble_before_first_b: bool,
-        prioritize_b: bool,
-        greedy_fill: bool,
-    ) -> None:
+    def __init__(self, p: int, m: int, costs: Costs, memory: MemoryDeltas, limit: float,
+                 variant: tuple[bool, bool, bool]) -> None:
+        """``variant``: one of :data:`VARIANTS`, see :func:`auto_variant`."""
+        allow_bubble_before_first_b, prioritize_b, greedy_fill = variant
         self.p, self.m, self.limit = p, m, limit
         self.tracker = tr = Tracker(Placement.loop(p, 1), m, costs, memory, limit)
         self.allow_bubble_before_first_b = allow_bubble_before_first_b
