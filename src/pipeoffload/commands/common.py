@@ -123,6 +123,14 @@ def write_output(flag: str, path: str, write: Callable[[str], Any]) -> None:
                              f"cannot write {path}: {e.message}") from None
 
 
+def add_html_arg(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--html FILE``: the interactive explorer of ``what`` (:mod:`pipeoffload.viz.html`),
+    one self-contained file that needs no network."""
+    parser.add_argument("--html", metavar="FILE",
+                        help=f"write {what} as one self-contained interactive HTML page (hover, zoom, hide ranks; "
+                             "works offline)")
+
+
 def output_dir(flag: str, path: str) -> None:
     """Create the output folder ``path`` (given with ``flag``) now, before processes start,
     or fail naming the flag and the path."""

@@ -1,4 +1,5 @@
-"""`pipeoffload compare`: every schedule side by side, with a Pareto plot of memory vs bubble."""
+"""`pipeoffload compare`: every schedule side by side, with a Pareto plot of memory vs bubble
+(PNG) or an interactive page of the plot and every schedule's timeline (HTML)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import argparse
 from ..studies.compare import Comparison, compare
 from .common import (
     add_costs_args,
+    add_html_arg,
     check_output,
     cli_text,
     costs_from_args,
@@ -32,12 +34,14 @@ def register(sub) -> argparse.ArgumentParser:
     add_costs_args(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--png", metavar="FILE", help="write a PNG plot of peak memory vs bubble rate")
+    add_html_arg(parser, "the comparison (Pareto plot, table, every schedule's timeline)")
     parser.set_defaults(func=run)
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
     check_output("--png", args.png)
+    check_output("--html", args.html)
     unit = memory_unit(args)
     cmp = compare(args.p, args.m, costs_from_args(args), memory_from_args(args))
     for row in cmp.rows:  # a refused schedule's reason, with parameters named by their flags
@@ -47,12 +51,17 @@ def run(args: argparse.Namespace) -> int:
         from ..viz.pareto import draw_pareto
 
         write_output("--png", args.png, lambda path: draw_pareto(cmp, path, memory_unit=unit))
+    if args.html:
+        from ..viz.html import write_compare_html
+
+        write_output("--html", args.html, lambda path: write_compare_html(cmp, path, memory_unit=unit))
     if args.json:
         print_json({**cmp.to_json(), "memory_unit": unit})
     else:
         print(report_text(cmp, unit))
-        if args.png:
-            print(f"wrote {args.png}")
+        for path in (args.png, args.html):
+            if path:
+                print(f"wrote {path}")
     return 0
 
 

@@ -13,6 +13,7 @@ from ..schedules import ScheduleSpec, build
 from ..timeline import Timeline
 from .common import (
     add_costs_args,
+    add_html_arg,
     add_offload_args,
     add_schedule_args,
     check_output,
@@ -27,7 +28,7 @@ from .common import (
 )
 
 #: The files simulate can write: flag, argparse dest.
-OUTPUT_FLAGS = (("--png", "png"), ("--trace", "trace"), ("--csv", "csv"))
+OUTPUT_FLAGS = (("--png", "png"), ("--trace", "trace"), ("--csv", "csv"), ("--html", "html"))
 
 
 def register(sub) -> argparse.ArgumentParser:
@@ -53,6 +54,7 @@ def register(sub) -> argparse.ArgumentParser:
     parser.add_argument("--png", metavar="FILE", help="write a PNG timeline with memory curves")
     parser.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace JSON")
     parser.add_argument("--csv", metavar="FILE", help="write the schedule as torch.distributed.pipelining CSV")
+    add_html_arg(parser, "the timeline")
     parser.add_argument("--text", action="store_true", help="print a compact text grid of the timeline")
     parser.set_defaults(func=run)
     return parser
@@ -202,6 +204,10 @@ def outputs(args: argparse.Namespace, sched: Schedule, tl: Timeline) -> None:
         from ..interop.torch_csv import write_csv
 
         write_output("--csv", args.csv, lambda path: write_csv(sched, path, param="--csv"))
+    if args.html:
+        from ..viz.html import write_timeline_html
+
+        write_output("--html", args.html, lambda path: write_timeline_html(tl, path))
 
 
 def report_text(name: str, tl: Timeline) -> str:

@@ -19,10 +19,29 @@ from dataclasses import dataclass
 from ..ir import OpKind
 from ..timeline import TimedOp, Timeline
 
-__all__ = ["Box", "LANE_ORDER", "boxes", "lanes_of", "time_scale_us", "time_label", "format_memory"]
+__all__ = ["Box", "LANE_ORDER", "KIND_COLORS", "COMM_COLOR", "KIND_NAMES", "CHUNK_MIX", "boxes", "lanes_of",
+           "time_scale_us", "time_label", "format_memory", "default_title"]
 
 #: Lane order within one rank, top to bottom.
 LANE_ORDER = ("compute", "d2h", "h2d", "comm")
+
+#: Base colour per box kind (chunk 0), shared by every picture (PNG, HTML). Later
+#: chunks of compute kinds are mixed towards white by ``CHUNK_MIX * chunk / (chunks - 1)``.
+KIND_COLORS = {
+    "F": "#3f6fb5",
+    "B": "#e8832a",
+    "W": "#4f9d48",
+    "BW": "#c9474b",
+    "OFFLOAD": "#8a62b8",
+    "RELOAD": "#2a9d9a",
+}
+#: Colour of sends and receives (the "comm" lane).
+COMM_COLOR = "#9a9a9a"
+#: Legend names of the box kinds.
+KIND_NAMES = {"F": "F forward", "B": "B input grad", "W": "W weight grad", "BW": "BW full backward",
+              "OFFLOAD": "offload (d2h)", "RELOAD": "reload (h2d)"}
+#: How far the last chunk's colour is mixed towards white.
+CHUNK_MIX = 0.55
 
 _OFFLOAD = frozenset({OpKind.OFFLOAD_START, OpKind.OFFLOAD_END})
 _RELOAD = frozenset({OpKind.RELOAD_START, OpKind.RELOAD_END})
@@ -46,6 +65,8 @@ class Box:
     chunk: int
     microbatch: int
     mem: float = 0.0
+    #: The other rank of a send or receive (None for every other box).
+    peer: int | None = None
 
     @property
     def duration(self) -> float:
@@ -81,7 +102,7 @@ def boxes(tl: Timeline) -> list[Box]:
             fam = "OFFLOAD" if o.kind in _OFFLOAD else "RELOAD"
             merged.setdefault((o.rank, lane, fam, o.stage, o.microbatch), []).append(e)
             continue
-        out.append(Box(o.rank, lane, o.kind.value, e.start, e.end, o.stage, o.chunk, o.microbatch, e.mem))
+        out.append(Box(o.rank, lane, o.kind.value, e.start, e.end, o.stage, o.chunk, o.microbatch, e.mem, o.peer))
     for (rank, lane, fam, stage, mb), evs in merged.items():
         out.append(
             Box(rank, lane, fam, min(e.start for e in evs), max(e.end for e in evs),
@@ -119,3 +140,12 @@ def format_memory(amount: float, unit: str) -> str:
                 return f"{amount / scale:.3g} {name}"
         return f"{amount:.0f} B"
     return f"{amount:.4g}"
+
+
+def default_title(tl: Timeline) -> str:
+    """The pictures' title line: schedule name, p, m, v (and g when the schedule has one)."""
+    parts = [tl.name or "timeline", f"p={tl.num_ranks}", f"m={tl.num_microbatches}", f"v={tl.chunks}"]
+    g = (tl.meta.get("params") or {}).get("g")
+    if g is not None:
+        parts.append(f"g={g}")
+    return "   ".join(parts)

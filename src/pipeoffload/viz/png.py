@@ -19,22 +19,11 @@ from pathlib import Path
 from statistics import median
 
 from ..timeline import Timeline
-from . import Box, boxes, format_memory, lanes_of, time_label
+from . import CHUNK_MIX, KIND_COLORS, Box, boxes, default_title, format_memory, lanes_of, time_label
+from . import COMM_COLOR as _COMM_COLOR
+from . import KIND_NAMES as _KIND_NAMES
 
 __all__ = ["draw_timeline", "KIND_COLORS"]
-
-#: Base colour per box kind (chunk 0). Later chunks are mixed towards white.
-KIND_COLORS = {
-    "F": "#3f6fb5",
-    "B": "#e8832a",
-    "W": "#4f9d48",
-    "BW": "#c9474b",
-    "OFFLOAD": "#8a62b8",
-    "RELOAD": "#2a9d9a",
-}
-_COMM_COLOR = "#9a9a9a"
-_KIND_NAMES = {"F": "F forward", "B": "B input grad", "W": "W weight grad", "BW": "BW full backward",
-               "OFFLOAD": "offload (d2h)", "RELOAD": "reload (h2d)"}
 _MEM_COLOR = "#333f4f"
 _DPI = 100
 # Layout in inches.
@@ -56,7 +45,7 @@ def _shade(kind: str, chunk: int, chunks: int) -> tuple[float, float, float]:
     base = _rgb_of_hex(KIND_COLORS.get(kind, _COMM_COLOR))
     if chunks <= 1 or chunk <= 0 or kind not in ("F", "B", "W", "BW"):
         return base
-    mix = 0.55 * min(chunk, chunks - 1) / (chunks - 1)
+    mix = CHUNK_MIX * min(chunk, chunks - 1) / (chunks - 1)
     return tuple(x + (1 - x) * mix for x in base)  # type: ignore[return-value]
 
 
@@ -224,7 +213,7 @@ def _draw_memory_strip(mx, rank: int, mem: _MemoryView, lay: _Layout, last: bool
 def _draw_title(fig, tl: Timeline, title: str | None, mem: _MemoryView, lay: _Layout) -> None:
     """The title line and the metrics line (per-rank peaks when they fit)."""
     unit = mem.unit
-    head = title or _default_title(tl, tl.meta.get("params") or {})
+    head = title or default_title(tl)
     metrics = (f"bubble rate {100 * tl.bubble_rate:.1f}%    makespan {tl.makespan:.6g}    "
                f"peak memory ({unit}) max {format_memory(max(mem.peaks, default=0.0), unit)}")
     if any(mem.base_curves):
@@ -257,14 +246,6 @@ def _draw_legend(fig, tl: Timeline, bxs: list[Box], mem: _MemoryView, lay: _Layo
     ncol = max(1, min(len(handles), int(lay.fig_w // 2.0)))
     fig.legend(handles=handles, loc="lower center", ncol=ncol, fontsize=7.5, frameon=False,
                bbox_to_anchor=(0.5, 0.02 / lay.fig_h), handlelength=1.6, columnspacing=1.4)
-
-
-def _default_title(tl: Timeline, params: dict) -> str:
-    parts = [tl.name or "timeline", f"p={tl.num_ranks}", f"m={tl.num_microbatches}", f"v={tl.chunks}"]
-    g = params.get("g")
-    if g is not None:
-        parts.append(f"g={g}")
-    return "   ".join(parts)
 
 
 def _draw_lanes(ax, mine: list[Box], lane_y: dict, chunks: int, t0: float,
