@@ -21,6 +21,16 @@ demo: $(STAMP)
 	$(BIN)/pipeoffload
 
 test: $(STAMP)
+	@# The browser tests need Chromium from the system's packages: install it when missing (root or passwordless sudo).
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || { s=; [ "$$(id -u)" = 0 ] || s="sudo -n"; \
+	  if command -v apt-get >/dev/null && { [ -z "$$s" ] || sudo -n true 2>/dev/null; }; then \
+	    echo "make test: installing Chromium for the browser tests (apt-get install chromium)"; \
+	    { $$s env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null 2>&1 || \
+	      { $$s apt-get update -qq >/dev/null 2>&1 && \
+	        $$s env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null 2>&1; }; } || \
+	    echo "make test: could not install Chromium; the browser tests (tests/test_html.py) will be skipped"; \
+	  else echo "make test: Chromium is missing and cannot be installed here (needs apt-get as root or passwordless sudo);" \
+	    "the browser tests (tests/test_html.py) will be skipped. Install it with: sudo apt-get install chromium"; fi; }
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)

@@ -161,6 +161,7 @@ def test_op_errors_match_measured_with_predicted() -> None:
     d = _page_data(measured_html(meas, pred))
     dm, dp = d["timelines"]
     assert d["summary"]["matched"] == len(errs) and d["summary"]["error_median"] == pytest.approx(0.5)
+    assert d["summary"]["unmatched"] == "measured only: 48 comm"  # a send after each forward of ranks 0-2
     assert dm["time"]["unit"] == "ms" and dm["memory_unit"] == "bytes" and dm["measured"]
     assert [x for x in dm["ops"]["error"] if x is not None] == [pytest.approx(0.5)] * len(errs)
     assert all(dp["ops"]["pair"][j] == i for i, j in enumerate(dm["ops"]["pair"]) if j >= 0)
@@ -562,6 +563,19 @@ def test_browser_offload_lanes(browser, tmp_path: Path) -> None:
     assert "kind OFFLOAD" in _hover(browser, 0, k)
 
 
+def test_browser_empty_timeline_and_every_rank_hidden(browser, tmp_path: Path) -> None:
+    _open_clean(browser, write_timeline_html(Timeline(2, [], "empty"), tmp_path / "empty.html"))
+    assert browser.eval("poExplorer.panels()")[0]["drawn"] == 0
+    _open_clean(browser, write_timeline_html(_tl("1f1b", p=2, m=2), tmp_path / "small.html"))
+    browser.click(*browser.center("button[data-action=ranks-none]"))
+    browser.frame()
+    assert browser.eval("poExplorer.hidden()") == [0, 1] and browser.eval("poExplorer.panels()")[0]["drawn"] == 0
+    browser.click(*browser.center("button[data-action=ranks-all]"))
+    browser.frame()
+    assert browser.eval("poExplorer.panels()")[0]["drawn"] == 8
+    assert browser.errors() == []
+
+
 def test_browser_compare_page_selector_and_pareto_links(browser, tmp_path: Path) -> None:
     cmp = compare(4, 8)
     tls = comparison_timelines(cmp)
@@ -612,7 +626,7 @@ def test_browser_measured_page_shows_both_timelines_and_the_error(browser, tmp_p
 
 def test_browser_draws_p16_m64_v2_smoothly(browser, tmp_path: Path, record_property) -> None:
     """interleaved 1F1B at p=16, m=64, v=2: 4096 ops; a full redraw (flushed to pixels) well under a frame budget
-    of 50 ms on a loaded 2-core CI machine (about 10 ms measured)."""
+    of 60 ms even on a loaded 2-core CI machine (5-20 ms measured there)."""
     tl = _tl("interleaved-1f1b", p=16, m=64, v=2)
     path = write_timeline_html(tl, tmp_path / "big.html")
     _open_clean(browser, path)
@@ -625,31 +639,29 @@ def test_browser_draws_p16_m64_v2_smoothly(browser, tmp_path: Path, record_prope
     record_property("load_ms", stats["loadMs"])
     print(f"\np=16 m=64 v=2: {path.stat().st_size} bytes, load {stats['loadMs']:.0f} ms, first draw "
           f"{stats['firstDrawMs']:.0f} ms, redraw median {med:.1f} ms, max {max(times):.1f} ms")
-    assert med < 50, times
+    assert med < 60, times
     assert browser.errors() == []
 
 
 @pytest.mark.parametrize("kind", ["timeline", "compare", "measured"])
-def test_browser_screenshot_of_each_page_kind(browser, tmp_path: Path, kind: str) -> None:
-    """A screenshot of each page kind is a real picture of the page. With
-    ``PIPEOFFLOAD_DOCS_SCREENSHOTS=1`` the timeline and compare pages are docs/'s (the
+def test_browser_screenshot_of_each_page_kind(browser, tmp_path: Path, kind: str, capsys) -> None:
+    """A screenshot of each page kind, written by the command line, is a real picture of the page.
+    With ``PIPEOFFLOAD_DOCS_SCREENSHOTS=1`` the timeline and compare pictures are docs/'s (the
     measured one in docs/ comes from a real `pipeoffload train` run, docs/explorer.md)."""
     docs = os.environ.get("PIPEOFFLOAD_DOCS_SCREENSHOTS") == "1" and kind != "measured"
     path = tmp_path / f"{kind}.html"
     if kind == "timeline":
-        import pipeoffload as po
-
-        off = po.plan_offload(generate("group-interleaved", p=8, m=16), offload_chunks=1, offload_time=0.25)
-        write_timeline_html(off.timeline, path)
+        assert main(["simulate", "group-interleaved", "-p", "8", "-m", "16", "--offload-chunks", "1",
+                     "--offload-time", "0.25", "--html", str(path)]) == 0
     elif kind == "compare":
-        cmp = compare(8, 32) if docs else compare(4, 8)
-        path.write_text(compare_html(cmp))
+        assert main(["compare", *(["-p", "8", "-m", "32"] if docs else ["-p", "4", "-m", "8"]), "--html", str(path)]) == 0
     else:
         write_measured_html(*_measured_pair(), path)
+    capsys.readouterr()
     _open_clean(browser, path)
     if kind != "compare":  # hover an op so the picture shows a tooltip
-        i = browser.eval("poExplorer.findOp(0, {kind: 'B', rank: 1, mb: 4})")
-        _hover(browser, 0, i)
+        i = browser.eval("poExplorer.findOp(0, {kind: 'B', rank: 1, mb: 4, chunk: 1})")
+        assert "microbatch 4" in _hover(browser, 0, i)
     out = (DOCS if docs else tmp_path) / f"explorer-{kind}.png"
     w, h = browser.screenshot(out)
     assert w == 1400 and h > 400

@@ -223,8 +223,9 @@
           if (s > v1) break;
           var e = o.end[i];
           if (e < v0) continue;
-          var x0 = L + (s - v0) * k, w = (e - s) * k;
-          if (w < 1) w = 1; else if (w > 3) w -= 1;
+          // Whole pixels: crisp edges, and a 1 px gap between neighbours wider than 3 px.
+          var x0 = Math.round(L + (s - v0) * k), w = Math.round(L + (e - v0) * k) - x0;
+          if (w > 3) w -= 1; else if (w < 1) w = 1;
           var col = opColour(d.kinds[o.kind[i]], o.chunk[i], d.v);
           pathOf(paths, col.css).rect(x0, lane.y, w, lane.h);
           drawn++;
@@ -366,11 +367,12 @@
     var o = this.ds.ops, row = this.rowOfRank[o.rank[i]];
     if (!row) return null;
     var lane = row.lanes[o.lane[i]];
-    var x0 = this.tx(o.start[i]), x1 = this.tx(o.end[i]);
+    var x0 = Math.round(this.tx(o.start[i])), x1 = Math.round(this.tx(o.end[i])); // as drawn
+    x1 = x1 - x0 > 3 ? x1 - 1 : Math.max(x1, x0 + 1);
     if (x1 < this.plotL || x0 > this.plotR) return null;
     x0 = Math.max(x0, this.plotL);
-    x1 = Math.min(Math.max(x1, x0 + 1), this.plotR);
-    return { x: x0, y: lane.y, w: x1 - x0, h: lane.h };
+    x1 = Math.min(x1, this.plotR);
+    return { x: x0, y: lane.y, w: Math.max(x1 - x0, 1), h: lane.h };
   };
 
   /* What is under (x, y): an op, a memory strip, the ruler, or nothing. */
@@ -687,24 +689,26 @@
   }
   function hideRank(r, hidden) { setHidden(function (q) { return q === r ? !!hidden : !!X.hidden[q]; }); }
 
+  /* One entry per colour drawn: each kind, per chunk where a timeline has 2 to 4 chunks (as the PNG). */
   function legend(datasets) {
-    var box = h("div", { class: "po-legend" }), seen = {};
+    var box = h("div", { class: "po-legend" }), seen = {}, chunkedKinds = {};
     datasets.forEach(function (d) {
       var o = d.ops;
       for (var i = 0; i < o.kind.length; i++) {
-        var kind = d.kinds[o.kind[i]], chunked = COMPUTE_KINDS[kind] && d.v > 1 && d.v <= 4;
-        var key = kind + "|" + (chunked ? o.chunk[i] : 0) + "|" + d.v;
-        if (seen[key]) continue;
-        seen[key] = { kind: kind, chunk: chunked ? o.chunk[i] : 0, v: d.v, chunked: chunked };
+        var kind = PAL.kinds[d.kinds[o.kind[i]]] ? d.kinds[o.kind[i]] : "comm";
+        var chunked = !!COMPUTE_KINDS[kind] && d.v > 1 && d.v <= 4, chunk = chunked ? o.chunk[i] : 0;
+        var css = kind === "comm" ? PAL.comm : opColour(kind, chunk, d.v).css;
+        if (chunked) chunkedKinds[kind] = true;
+        if (!seen[css]) seen[css] = { kind: kind, chunk: chunk, css: css };
       }
     });
-    var order = Object.keys(PAL.kinds).concat(Object.keys(COMM_NAMES));
+    var order = Object.keys(PAL.kinds).concat(["comm"]);
     Object.keys(seen).map(function (k) { return seen[k]; }).sort(function (a, b) {
       return order.indexOf(a.kind) - order.indexOf(b.kind) || a.chunk - b.chunk;
     }).forEach(function (s) {
-      var name = COMPUTE_KINDS[s.kind] || PAL.kinds[s.kind] ? PAL.names[s.kind] || s.kind : s.kind + " " + kindName(s.kind);
-      box.appendChild(h("span", null, [h("span", { class: "po-swatch", style: "background:" + opColour(s.kind, s.chunk, s.v).css }),
-        name + (s.chunked ? ", chunk " + s.chunk : "")]));
+      var name = s.kind === "comm" ? "send / recv (comm)" : PAL.names[s.kind] || s.kind;
+      box.appendChild(h("span", null, [h("span", { class: "po-swatch", style: "background:" + s.css }),
+        name + (chunkedKinds[s.kind] ? ", chunk " + s.chunk : "")]));
     });
     var unit = datasets.length ? datasets[0].memory_unit : "units";
     box.appendChild(h("span", null, [h("span", { class: "po-line" }), "activation memory (" + unit + ")"]));
@@ -758,8 +762,9 @@
     var dm = DATA.timelines[0], dp = DATA.timelines[1], s = DATA.summary;
     X.numRanks = Math.max(dm.p, dp.p);
     header(DATA.title, "The last step as it ran (measured) above the simulator fed the measured per-op costs " +
-      "(predicted), both from their first compute op. " + s.matched + " of " + s.measured_ops +
-      " measured ops matched; median |duration error| of compute ops " + pct(s.error_median) + ".")
+      "(predicted), both from their first compute op. " + s.matched + " ops matched (" + s.measured_ops + " measured, " +
+      s.predicted_ops + " predicted" + (s.unmatched ? "; " + s.unmatched : "") +
+      "); median |duration error| of compute ops " + pct(s.error_median) + ".")
       .forEach(function (e) { if (e) app.appendChild(e); });
     var tbl = h("table", { class: "po-table po-summary" });
     tbl.appendChild(h("tr", null, ["rank", "step time", "bubble measured", "bubble predicted", "peak measured",

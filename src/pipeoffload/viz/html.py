@@ -221,10 +221,18 @@ def _measured_payload(measured: Timeline, predicted: Timeline) -> dict:
         "timelines": [dm, dp],
         "summary": {
             "matched": len(errs), "measured_ops": n_m, "predicted_ops": n_p,
+            "unmatched": "; ".join(f"{side} only: {_lane_counts(d['ops']['lane'], pairs)}" for side, d, pairs
+                                   in (("measured", dm, pair_m), ("predicted", dp, pair_p)) if -1 in pairs),
             "error_median": _num(statistics.median(everything)) if everything else None,
             "step_time": [_num(s * 1000.0) for s in steps] if steps else None,
         },
     }
+
+
+def _lane_counts(lanes: list[int], pairs: list[int]) -> str:
+    """"224 comm, 2 d2h": the ops without a counterpart, by lane."""
+    counts = [sum(1 for ln, j in zip(lanes, pairs) if j < 0 and ln == i) for i in range(len(LANE_ORDER))]
+    return ", ".join(f"{n} {name}" for name, n in zip(LANE_ORDER, counts) if n)
 
 
 # --- comparison ----------------------------------------------------------------------------
