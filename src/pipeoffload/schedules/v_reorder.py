@@ -1,0 +1,212 @@
+"""The slot reorder of the CM reference runtime for V building blocks (docs/algorithms.md#28-the-building-block-method).
+
+A second way from a V building block to per-rank orders, next to
+:func:`.building_block.schedule_from_block`. It works on unit slots too, in three
+passes over the repeated block, and never raises the highest per-rank peak:
+
+1. every B's W goes to the first free slot after it; ops are then visited in slot
+   order and each op of the warm-up (before rank 0's first chunk-0 backward) and of
+   the cool-down (after the first last forward) moves to the earliest free slot after
+   its inputs where the rank's memory stays under the highest peak; the grid is then
+   squeezed (each op as early as its order and inputs allow, unit durations);
+2. the W's are dropped and the cool-down alone is reordered the same way, W's being
+   counted in the first free slots after their B's; squeezed again;
+3. W's are put back, each chunk's in the first free slot after its B (chunk 1's
+   first), and the slot order is the rank's op order.
+
+The result differs from the other pipeline after the warm-up: on the steady state it
+keeps the block's own rhythm, which wins for some unequal costs (V-Half at even p,
+B ≠ F), while the other one wins elsewhere. The V generators build both and keep the
+one with the shorter longest span for the costs at hand. Pure Python.
+"""
+
+from __future__ import annotations
+
+from ..ir import OpKind, Placement
+from .building_block import BuildingBlock
+
+#: Slot-list types per rank: chunk-0 forward, chunk-1 forward, chunk-1 backward,
+#: chunk-0 backward, then W's (one list, or chunk 1's and chunk 0's).
+_F0, _F1, _B1, _B0 = 0, 1, 2, 3
+#: Memory change of each type in chunk units (W: −1).
+_MEM = (1, 1, 0, 0, -1, -1)
+
+Times = list[list[int]]  #: per type, the slot of each microbatch (increasing)
+
+
+def reorder_orders(block: BuildingBlock, m: int) -> list[list[tuple[OpKind, int, int]]]:
+    """Per-rank ``(kind, layer group, microbatch)`` orders of ``block`` repeated ``m``
+    times, by the three passes of the module docstring.
+
+    Guarantees: every op of every (layer group, microbatch) once; each order respects
+    the dependencies (it is a squeezed slot grid's order); the highest per-rank peak in
+    chunk units (F +1, W −1) is at most the repeated block's."""
+    pl = block.placement
+    p = pl.num_ranks
+    T = block.period
+    grid: list[Times] = []
+    for i in range(p):
+        c0, c1 = i, 2 * p - 1 - i
+        row = [block.slots[(OpKind.F, c0)], block.slots[(OpKind.F, c1)],
+               block.slots[(OpKind.B, c1)], block.slots[(OpKind.B, c0)]]
+        grid.append([[x + T * j for j in range(m)] for x in row])
+    grid = _squeeze(_reorder([_with_weights(r) for r in grid], m, with_w=True))
+    grid = _reorder([r[:4] for r in grid], m, with_w=False)
+    grid = _squeeze([_with_weights(r) for r in grid])
+    grid = [_with_weights(r[:4], split=True) for r in grid]
+    return [_lower(pl, i, rows) for i, rows in enumerate(grid)]
+
+
+def _with_weights(rows: Times, split: bool = False) -> Times:
+    """``rows`` (F, f, B, b) plus W's, each in the first free slot after its backward;
+    one W list, or (``split``) chunk 1's then chunk 0's (chunk 1's first when both wait)."""
+    taken = sorted((t, k) for k in range(4) for t in rows[k])
+    busy = {t for t, _ in taken}
+    waiting = [0, 0]
+    out: Times = [list(r) for r in rows] + ([[], []] if split else [[]])
+    t, i = 0, 0
+    while i < len(taken) or any(waiting):
+        if i < len(taken) and taken[i][0] == t:
+            k = taken[i][1]
+            if k in (_B1, _B0):
+                waiting[(k - _B1) if split else 0] += 1
+            i += 1
+        elif t not in busy:
+            for w in range(2):
+                if waiting[w]:
+                    out[4 + w].append(t)
+                    waiting[w] -= 1
+                    break
+        t += 1
+    return out
+
+
+def _peak(rows: Times) -> int:
+    """Most chunk activations alive on a rank; without W lists, each W is counted in
+    the first free slot after its backward."""
+    events = sorted((t, k) for k in range(len(rows)) for t in rows[k])
+    implicit = len(rows) == 4
+    level = peak = pending = 0
+    t, i = 0, 0
+    while i < len(events):
+        if events[i][0] == t:
+            k = events[i][1]
+            level += _MEM[k]
+            pending += k in (_B1, _B0)
+            i += 1
+        elif implicit and pending:
+            level -= 1
+            pending -= 1
+        peak = max(peak, level)
+        t += 1
+    return peak
+
+
+def _inputs(grid: list[Times], r: int, k: int, j: int) -> int:
+    """Latest slot among the inputs of op (type ``k``, microbatch ``j``) on rank ``r``:
+    the neighbour's op of the same type, the rank's previous type (the local chain),
+    the same type's previous microbatch; a W, its backward (in backward order)."""
+    p = len(grid)
+    rows = grid[r]
+    dep = -1
+    if k in (_F0, _B1) and r > 0:
+        dep = grid[r - 1][k][j]
+    if k in (_F1, _B0) and r + 1 < p:
+        dep = max(dep, grid[r + 1][k][j])
+    if 0 < k < 4:
+        dep = max(dep, rows[k - 1][j])
+    if k == 4:
+        dep = max(dep, sorted(rows[_B1] + rows[_B0])[j])
+    if j > 0:
+        dep = max(dep, rows[k][j - 1])
+    return dep
+
+
+def _reorder(grid: list[Times], m: int, with_w: bool) -> list[Times]:
+    """Visit ops in slot order; move warm-up (only ``with_w``) and cool-down ops to the
+    earliest free slot after their inputs that keeps every rank within the highest
+    peak. In place; returns ``grid``."""
+    cap = max(_peak(r) for r in grid)
+    ntypes = len(grid[0])
+    order = sorted((t, r, k, j) for r in range(len(grid)) for k in range(ntypes) for j, t in enumerate(grid[r][k]))
+    occupied: list[set[int]] = [set() for _ in grid]
+    phase = 0
+    for t, r, k, j in order:
+        if phase == 0 and k == _B0 and r == 0:
+            phase = 1
+        if phase == 1 or (phase == 0 and not with_w):
+            if phase == 1 and k == _F0 and j == m - 1:
+                phase = 2
+            occupied[r].add(t)
+            continue
+        rows = grid[r]
+        free = [q for q in range(_inputs(grid, r, k, j) + 1, t) if q not in occupied[r]]
+        rows[k][j] = _first_fit(rows, k, j, t, free, cap) if ntypes > 4 else _first_fit_implicit(rows, k, j, t, free, cap)
+        occupied[r].add(rows[k][j])
+    return grid
+
+
+def _first_fit(rows: Times, k: int, j: int, t: int, free: list[int], cap: int) -> int:
+    """The first of ``free`` (slots before ``t``, increasing) for op (``k``, ``j``), now at
+    ``t``, that keeps the rank within ``cap`` (W's listed): a forward raises the level
+    by one from its new slot up to ``t``, a backward changes nothing, a W lowers it;
+    ``t`` when none does."""
+    if not free:
+        return t
+    if _MEM[k] <= 0:
+        return free[0]
+    lo = free[0]
+    deltas = sorted((u, _MEM[kk]) for kk in range(len(rows)) for u in rows[kk] if _MEM[kk] and u < t)
+    level = sum(d for u, d in deltas if u < lo)
+    highest = []  # level after each slot lo..t-1
+    i = next((n for n, (u, _) in enumerate(deltas) if u >= lo), len(deltas))
+    for u in range(lo, t):
+        while i < len(deltas) and deltas[i][0] == u:
+            level += deltas[i][1]
+            i += 1
+        highest.append(level)
+    for n in range(len(highest) - 2, -1, -1):  # highest level from slot lo+n up to t
+        highest[n] = max(highest[n], highest[n + 1])
+    return next((q for q in free if highest[q - lo] + 1 <= cap), t)
+
+
+def _first_fit_implicit(rows: Times, k: int, j: int, t: int, free: list[int], cap: int) -> int:
+    """As :func:`_first_fit` with W's counted implicitly (moving a backward moves them):
+    each candidate slot is checked on the whole rank."""
+    for q in free:
+        rows[k][j] = q
+        if _peak(rows) <= cap:
+            return q
+    return t
+
+
+def _squeeze(grid: list[Times]) -> list[Times]:
+    """Each op as early as its rank's order and its inputs allow, unit durations."""
+    p = len(grid)
+    ntypes = len(grid[0])
+    order = sorted((t, r, k, j) for r in range(p) for k in range(ntypes) for j, t in enumerate(grid[r][k]))
+    end: dict[tuple[int, int, int], int] = {}
+    last = [0] * p
+    out = [[[0] * len(grid[r][k]) for k in range(ntypes)] for r in range(p)]
+    for _, r, k, j in order:
+        t = last[r]
+        if k in (_F0, _B1) and r > 0:
+            t = max(t, end[(r - 1, k, j)])
+        if k in (_F1, _B0) and r + 1 < p:
+            t = max(t, end[(r + 1, k, j)])
+        if 0 < k < 4:
+            t = max(t, end[(r, k - 1, j)])
+        if j > 0:
+            t = max(t, end[(r, k, j - 1)])
+        out[r][k][j] = t
+        end[(r, k, j)] = last[r] = t + 1
+    return out
+
+
+def _lower(pl: Placement, i: int, rows: Times) -> list[tuple[OpKind, int, int]]:
+    """Rank ``i``'s ops in slot order (rows: F, f, B, b, W of chunk 1, W of chunk 0)."""
+    p = pl.num_ranks
+    c0, c1 = i, 2 * p - 1 - i
+    what = [(OpKind.F, c0), (OpKind.F, c1), (OpKind.B, c1), (OpKind.B, c0), (OpKind.W, c1), (OpKind.W, c0)]
+    cells = sorted((t, k, j) for k, ts in enumerate(rows) for j, t in enumerate(ts))
+    return [(what[k][0], what[k][1], j) for _, k, j in cells]
