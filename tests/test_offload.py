@@ -341,3 +341,128 @@ def test_cli_offload_text_and_errors(capsys):
         assert main(["simulate", "1f1b", *argv]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and flag in err[0], (argv, err)
+
+
+# --- the second window: B→W (stash=True) ----------------------------------------------------
+SOS, SOE, SRS, SRE = (OpKind.STASH_OFFLOAD_START, OpKind.STASH_OFFLOAD_END, OpKind.STASH_RELOAD_START,
+                      OpKind.STASH_RELOAD_END)
+
+
+def test_without_stash_no_stash_ops(schedule_name):
+    s, tl = _timed(schedule_name, p=4, m=8)
+    res = plan_offload(s, tl, auto=True, offload_time=0.1)
+    assert not any(o.kind.window == "stash" for o in res.schedule.ops())
+    assert all(t.window == "activation" for t in res.transfers)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    name=st.sampled_from(["zb-h1", "zb-h2", "zb-auto", "zb-v", "v-min", "v-half", "group-interleaved"]),
+    p=st.integers(2, 5),
+    extra_m=st.integers(0, 4),
+    costs=st.sampled_from([Costs(), Costs(F=1, B=2, W=1, comm=0.1)]),
+    memory=st.sampled_from([MemoryDeltas(), MemoryDeltas(F=34.0, B=-7.0, W=-27.0)]),
+    ot=st.sampled_from([0.0, 0.1, 0.25]),
+    mode=st.sampled_from(["skip", "delay"]),
+)
+def test_stash_window_invariants(name, p, extra_m, costs, memory, ot, mode):
+    sched = generate(name, p=p, m=p + extra_m)
+    tl = simulate(sched, costs, memory)
+    res = plan_offload(sched, tl, offload_chunks=sched.chunks, offload_time=ot, comm=costs.comm,
+                       on_infeasible=mode, stash=True)
+    compute = {e.op.key: e for e in res.timeline.events if e.op.kind.is_compute}
+    stash = [t for t in res.transfers if t.window == "stash"]
+    for t in stash:
+        b, w = compute[(OpKind.B, t.stage, t.microbatch)], compute[(OpKind.W, t.stage, t.microbatch)]
+        assert b.end - EPS <= t.offload_start <= t.offload_end <= t.reload_start <= t.reload_end <= w.start + EPS
+        assert t.amount == pytest.approx(-w.mem)  # what W frees: what only W needs
+    for r in range(sched.num_ranks):
+        curve = res.timeline.memory_curve(r)
+        assert min(x for _, x in curve) >= -EPS and abs(curve[-1][1]) < EPS
+        lst = res.schedule.ranks[r]
+        pos = {o.key: i for i, o in enumerate(lst)}
+        for t in stash:
+            if t.rank == r:
+                k = lambda kind: pos[(kind, t.stage, t.microbatch)]  # noqa: E731
+                assert pos[(OpKind.B, t.stage, t.microbatch)] + 1 <= k(SOS) < k(SOE) < k(SRS) < k(SRE)
+                wpos = pos[(OpKind.W, t.stage, t.microbatch)]
+                assert k(SRE) < wpos and not any(o.kind.is_compute for o in lst[k(SRE) + 1:wpos])  # right before W
+    per_link: dict = {}  # both windows share each direction of a link, one copy at a time
+    for e in res.timeline.events:
+        if e.op.kind in (OS, SOS, RS, SRS) and e.end > e.start:
+            d = "d2h" if e.op.kind in (OS, SOS) else "h2d"
+            per_link.setdefault((d, e.rank // 2), []).append((e.start, e.end))
+    for ivs in per_link.values():
+        ivs.sort()
+        assert all(a[1] <= b[0] + EPS for a, b in zip(ivs, ivs[1:]))
+    if res.delayed == 0 and mode == "skip":
+        assert all(a <= b + EPS for a, b in zip(res.peak, res.peak_no_offload))
+    validate(res.schedule)
+
+
+@pytest.mark.parametrize("name, without, with_stash", [("zb-h1", 8, 1), ("zb-v", 8, 0.5), ("v-half", 2, 0.5)])
+def test_stash_lets_zero_bubble_schedules_gain_from_offload(name, without, with_stash):
+    """p = 8, m = 32, free transfers: with the F→B window alone a zero-bubble schedule keeps
+    its activations from B to the deferred W; the B→W window moves those too."""
+    s, tl = _timed(name, p=8, m=32)
+    a = plan_offload(s, tl, offload_chunks=s.chunks)
+    b = plan_offload(s, tl, offload_chunks=s.chunks, stash=True)
+    assert max(a.peak) == without and max(b.peak) == with_stash
+    assert b.makespan == tl.makespan
+
+
+def test_stash_delay_mode_lets_w_wait():
+    s, tl = _timed("zb-h1", p=4, m=8)
+    res = plan_offload(s, tl, offload_chunks=1, offload_time=0.5, on_infeasible="delay", stash=True)
+    assert any(t.window == "stash" for t in res.transfers)
+    compute = {e.op.key: e for e in res.timeline.events if e.op.kind.is_compute}
+    for t in res.transfers:
+        consumer = compute[(OpKind.W if t.window == "stash" else OpKind.B, t.stage, t.microbatch)]
+        assert t.reload_end <= consumer.start + EPS
+
+
+def test_runtime_rejects_stash_programs():
+    from helpers import import_torch
+
+    import_torch()
+    from pipeoffload.runtime.executor import PipelineRunner
+
+    s, tl = _timed("zb-h1", p=2, m=4)
+    res = plan_offload(s, tl, offload_chunks=1, stash=True)
+    with pytest.raises(ParameterError) as ei:
+        PipelineRunner({}, lambda out, tgt: out, res.schedule, rank=0)
+    assert ei.value.param == "stash" and "not supported by the runtime yet" in str(ei.value)
+
+
+def test_cli_offload_stash(capsys):
+    rc = main(["simulate", "zb-h1", "-p", "4", "-m", "8", "--offload-chunks", "1", "--offload-stash", "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["offload"]["stash"] is True and max(out["peak_memory"]) < max(out["peak_memory_no_offload"])
+    assert main(["simulate", "zb-h1", "--offload-stash"]) == 2
+    assert "--offload-stash" in capsys.readouterr().err
+
+
+# --- defaults: postponed warm-up where it helps, offloads packed ------------------------------
+@pytest.mark.parametrize("name, p, m, ot", [("group-interleaved", 8, 32, 0.25), ("group-interleaved", 12, 48, 0.25),
+                                            ("1f1b", 6, 12, 0.2), ("zb-v", 4, 8, 0.1)])
+def test_default_plans_with_and_without_postponing_and_keeps_the_better(name, p, m, ot):
+    s, tl = _timed(name, p=p, m=m)
+    key = lambda r: (round(r.makespan, 9), max(r.peak), sum(r.peak))  # noqa: E731
+    default = plan_offload(s, tl, offload_chunks=1, offload_time=ot, on_infeasible="skip")
+    both = [plan_offload(s, tl, offload_chunks=1, offload_time=ot, on_infeasible="skip", postpone_warmup=x)
+            for x in (False, True)]
+    assert key(default) == min(key(r) for r in both)
+    assert default.settings["postponed"] in (False, True)
+
+
+def test_warmup_offloads_are_packed_at_the_solo_rate():
+    """The reference code's warm-up adjustment: back-to-back offloads at the solo rate while no
+    reload runs; for group-interleaved p = 12, m = 48, g = 6, C = 1, k/2 = 0.25 its peak is 9
+    chunk units (ours was 10 without postponing, 8 with, before packing)."""
+    s, tl = _timed("group-interleaved", p=12, m=48, g=6)
+    res = plan_offload(s, tl, offload_chunks=1, offload_time=0.25)
+    assert max(res.peak) * 2 <= 8
+    solo = 0.7 * 0.25 * 1.5
+    first = sorted((e for e in res.timeline.events if e.op.kind is OS and e.rank in (0, 1)), key=lambda e: e.start)[:4]
+    assert all(e.end - e.start == pytest.approx(solo) for e in first)

@@ -27,6 +27,12 @@ class OpKind(str, Enum):
     OFFLOAD_END = "OFFLOAD_END"  #: copy done; device memory released
     RELOAD_START = "RELOAD_START"  #: device buffer allocated, host→device copy begins
     RELOAD_END = "RELOAD_END"  #: copy done; activations ready for B
+    # Added by the offload pass's second window, between B and W (``stash=True``): what
+    # only W needs (the linear layers' stashed inputs and output gradients).
+    STASH_OFFLOAD_START = "STASH_OFFLOAD_START"  #: after B: device→host copy of the W stash begins
+    STASH_OFFLOAD_END = "STASH_OFFLOAD_END"  #: copy done; the stash's device memory released
+    STASH_RELOAD_START = "STASH_RELOAD_START"  #: device buffer allocated, host→device copy begins
+    STASH_RELOAD_END = "STASH_RELOAD_END"  #: copy done; the stash ready for W
     # Added by the communication pass.
     SEND_F = "SEND_F"  #: send a forward activation to the next layer group's rank
     RECV_F = "RECV_F"  #: receive a forward activation from the previous layer group's rank
@@ -50,14 +56,27 @@ class OpKind(str, Enum):
     def is_comm(self) -> bool:
         return self in _COMM
 
+    @property
+    def window(self) -> str | None:
+        """Which offload window a transfer op belongs to: ``"activation"`` (F→B: what B
+        needs, OFFLOAD_*/RELOAD_*), ``"stash"`` (B→W: what only W needs, STASH_*); None
+        for any other op."""
+        return _WINDOW.get(self)
+
     def __str__(self) -> str:
         return self.value
 
 
 _COMPUTE = frozenset({OpKind.F, OpKind.B, OpKind.W, OpKind.BW})
-_TRANSFER = frozenset(
-    {OpKind.OFFLOAD_START, OpKind.OFFLOAD_END, OpKind.RELOAD_START, OpKind.RELOAD_END}
-)
+_ACTIVATION_TRANSFER = (OpKind.OFFLOAD_START, OpKind.OFFLOAD_END, OpKind.RELOAD_START, OpKind.RELOAD_END)
+_STASH_TRANSFER = (OpKind.STASH_OFFLOAD_START, OpKind.STASH_OFFLOAD_END, OpKind.STASH_RELOAD_START,
+                   OpKind.STASH_RELOAD_END)
+_TRANSFER = frozenset(_ACTIVATION_TRANSFER + _STASH_TRANSFER)
+_WINDOW = {**{k: "activation" for k in _ACTIVATION_TRANSFER}, **{k: "stash" for k in _STASH_TRANSFER}}
+#: The four transfer kinds of each offload window, in the order they happen.
+WINDOW_KINDS: dict[str, tuple[OpKind, OpKind, OpKind, OpKind]] = {
+    "activation": _ACTIVATION_TRANSFER, "stash": _STASH_TRANSFER,
+}
 _COMM = frozenset({OpKind.SEND_F, OpKind.RECV_F, OpKind.SEND_B, OpKind.RECV_B})
 
 

@@ -26,7 +26,9 @@ CLI_FLAGS: dict[str, str] = {
     # the offload pass (pipeoffload.passes.offload)
     "offload_chunks": "--offload-chunks", "offload_time": "--offload-time", "link_group": "--link-group",
     "solo_factor": "--solo-factor", "tolerance": "--offload-tolerance", "on_infeasible": "--offload-infeasible",
-    "postpone_warmup": "--postpone-warmup", "transfer_times": "--transfer-times",
+    "postpone_warmup": "--postpone-warmup", "transfer_times": "--transfer-times", "stash": "--offload-stash",
+    # the exact scheduler and the best-schedule search (pipeoffload.solver, pipeoffload.studies.best)
+    "time_limit": "--time-limit", "placement": "--placement",
     # the cost model and the planner (pipeoffload.costmodel, pipeoffload.planner)
     "model": "--model", "hardware": "--hardware", "trim_edges": "--trim-edges", "gpus": "--gpus",
     "memory_budget": "--memory-budget", "global_batch": "--global-batch", "seq": "--seq",
@@ -209,8 +211,14 @@ def add_offload_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--offload-infeasible", choices=["error", "skip", "delay"], default=None,
                        help="when a reload cannot finish before its backward: error (default with -C), "
                             "skip that offload (default with auto), or delay the backward")
-    group.add_argument("--postpone-warmup", action="store_true",
-                       help="start warm-up forwards as late as their consumers allow (shorter lifespans)")
+    group.add_argument("--postpone-warmup", dest="postpone_warmup", action="store_true", default=None,
+                       help="start warm-up forwards as late as their consumers allow (shorter lifespans); "
+                            "default: plan with and without and keep the better plan")
+    group.add_argument("--no-postpone-warmup", dest="postpone_warmup", action="store_false",
+                       help="never postpone warm-up forwards")
+    group.add_argument("--offload-stash", action="store_true",
+                       help="also offload, between each B and its W, what only W needs (the second offload "
+                            "window; simulation and planning only: the runtime does not execute it yet)")
 
 
 def offload_requested(args: argparse.Namespace) -> bool:
@@ -230,7 +238,8 @@ def offload_options(args: argparse.Namespace) -> dict:
     if not offload_requested(args):
         for flag, attr, default in (("--offload-time", "offload_time", 0.0),
                                     ("--offload-infeasible", "offload_infeasible", None),
-                                    ("--postpone-warmup", "postpone_warmup", False)):
+                                    ("--postpone-warmup", "postpone_warmup", None),
+                                    ("--offload-stash", "offload_stash", False)):
             if getattr(args, attr, default) != default:
                 raise ParameterError(flag, "needs --offload-chunks C or --offload auto")
     return {
@@ -242,6 +251,7 @@ def offload_options(args: argparse.Namespace) -> dict:
         "tolerance": args.offload_tolerance,
         "on_infeasible": args.offload_infeasible,
         "postpone_warmup": args.postpone_warmup,
+        "stash": getattr(args, "offload_stash", False),
     }
 
 

@@ -75,13 +75,13 @@ from typing import Sequence
 
 from ..costs import Costs, MemoryDeltas
 from ..errors import ParameterError
-from ..ir import Op, OpKind, Schedule
+from ..ir import WINDOW_KINDS, Op, OpKind, Schedule
 from ..timeline import ALLOC, FREE, TimedOp, Timeline, _clean, memory_sweep
 from .timing import completion_key, dependents, run_list_schedule, simulate
 
 __all__ = [
     "LinkModel", "Transfer", "OffloadOptions", "OffloadResult", "plan_offload", "largest_feasible_chunks",
-    "host_memory_curve",
+    "host_memory_curve", "offload_from_slots",
 ]
 
 _EPS = 1e-9
@@ -91,8 +91,7 @@ _INFEASIBLE_MODES = ("error", "skip", "delay")
 SKIP_SHORT = "short_lifespan"  #: F end → B start no longer than the round trip: saves nothing
 SKIP_EMPTY = "no_memory"  #: the chunk's F keeps nothing
 SKIP_LINK = "link_busy"  #: on_infeasible="skip": the reload could not finish before its B
-#: The four ops of one transfer, in the order they happen.
-_TRANSFER_KINDS = (OpKind.OFFLOAD_START, OpKind.OFFLOAD_END, OpKind.RELOAD_START, OpKind.RELOAD_END)
+
 
 
 @dataclass(frozen=True)
@@ -132,8 +131,10 @@ class Transfer:
     offload_end: float
     reload_start: float
     reload_end: float
-    backward_start: float  #: start of the B (or BW) that needs the activation
+    backward_start: float  #: start of the B (or BW) that needs the activation; of the W, for a stash
     link: int
+    #: "activation" (F→B window) or "stash" (B→W window: what only W needs).
+    window: str = "activation"
 
 
 @dataclass(frozen=True)
@@ -149,7 +150,8 @@ class OffloadOptions:
     solo_factor: float = 0.7
     tolerance: float = 0.01
     on_infeasible: str | None = None
-    postpone_warmup: bool = False
+    postpone_warmup: bool | None = None
+    stash: bool = False
 
     def kwargs(self) -> dict:
         """As keyword arguments of :func:`plan_offload`."""
@@ -214,8 +216,9 @@ def plan_offload(
     solo_factor: float = 0.7,
     tolerance: float = 0.01,
     on_infeasible: str | None = None,
-    postpone_warmup: bool = False,
+    postpone_warmup: bool | None = None,
     comm: float | None = None,
+    stash: bool = False,
 ) -> OffloadResult:
     """Plan selective activation offload on a timed schedule.
 
@@ -234,6 +237,11 @@ def plan_offload(
     direction is idle. ``on_infeasible``: "error" (default with explicit C), "skip"
     (default with ``auto``) or "delay". ``comm``: the cross-rank latency the timeline
     was simulated with, needed to re-time ("delay", ``postpone_warmup``).
+    ``postpone_warmup``: True postpones warm-up forwards, False does not, None (default)
+    plans both ways and keeps the better plan (postponing only when re-timing with
+    ``comm`` reproduces the timeline). ``stash``: also offload, between each B and its
+    W, what only W still needs (the second window, STASH_* ops; split-backward
+    schedules only); off by default, and the program is then exactly as without it.
 
     Guarantees: the inputs are not modified; compute ops keep their times unless a
     B is delayed ("delay") or warm-up forwards are postponed (later F starts only);
@@ -246,6 +254,7 @@ def plan_offload(
     """
     schedule, timeline, comm = _timed_inputs(schedule, timeline, costs, memory, memory_unit, comm)
     ctx = _Context.make(schedule, timeline, offload_time, transfer_times, link_group, solo_factor, comm)
+    ctx.stash = bool(stash)
     mode = _infeasible_mode(tolerance, on_infeasible, auto)
     if auto:
         res = _plan_auto(ctx, offload_chunks, mode, postpone_warmup, tolerance)
@@ -260,6 +269,7 @@ def plan_offload(
         "tolerance": tolerance,
         "on_infeasible": mode,
         "postpone_warmup": postpone_warmup,
+        "stash": bool(stash),
     }
     res.settings = {**settings, **res.settings}
     return res
@@ -268,32 +278,64 @@ def plan_offload(
 def largest_feasible_chunks(schedule: Schedule, timeline: Timeline, **kwargs) -> int:
     """The largest C that :func:`plan_offload` accepts in "error" mode with these settings."""
     kwargs = {k: v for k, v in kwargs.items() if k not in ("offload_chunks", "auto", "on_infeasible", "tolerance")}
-    postpone = kwargs.pop("postpone_warmup", False)
+    postpone = kwargs.pop("postpone_warmup", None)
+    stash = bool(kwargs.pop("stash", False))
     ctx = _Context.make(
         schedule, timeline, kwargs.pop("offload_time", 0.0), kwargs.pop("transfer_times", None),
         kwargs.pop("link_group", 2), kwargs.pop("solo_factor", 0.7), kwargs.pop("comm", 0.0),
     )
+    ctx.stash = stash
     if kwargs:
         raise TypeError(f"unexpected arguments: {', '.join(kwargs)}")
     feasible = (c for c in range(schedule.chunks, -1, -1) if _plan_for_chunks(ctx, c, "error", postpone) is not None)
     return next(feasible)
 
 
+def offload_from_slots(schedule: Schedule, timeline: Timeline, slots: Sequence[tuple], *, offload_chunks: int,
+                       link_group: int = 2, comm: float = 0.0) -> OffloadResult:
+    """The offload result for copies planned elsewhere (the exact scheduler,
+    :mod:`pipeoffload.solver`): ``slots`` holds ``(stage, microbatch, offload start,
+    offload end, reload start, reload end)`` of F→B-window copies at ``timeline``'s
+    times, which must be the compute-only ``schedule``'s. No solo speed-up is applied.
+
+    Guarantees: the program holds exactly the given copies, inserted as
+    :func:`plan_offload` inserts its own; peaks and host memory as in :class:`OffloadResult`."""
+    ctx = _Context.make(schedule, timeline, 0.0, None, link_group, 1.0, comm)
+    ends = {(e.op.kind, e.op.stage, e.op.microbatch): e for e in ctx.base_events}
+    cands: list[_Candidate] = []
+    placed: dict[int, _Slots] = {}
+    for s, j, a, b, c, d in slots:
+        fe = ends[(OpKind.F, s, j)]
+        be = ends.get((OpKind.B, s, j)) or ends[(OpKind.BW, s, j)]
+        cand = _Candidate(fe.rank, s, fe.op.chunk, j, fe.mem, fe.end, be.start, b - a, ctx.link.link_of(fe.rank))
+        cands.append(cand)
+        placed[id(cand)] = (a, b, c, d)
+    res = _build_result(ctx, offload_chunks, ctx.base_events, cands, placed, Counter())
+    res.settings = {"auto": False, "offload_time": None, "transfer_times": None, "link_group": link_group,
+                    "solo_factor": 1.0, "planned_by": "solver"}
+    return res
+
+
 def host_memory_curve(timeline: Timeline, rank: int) -> list[tuple[float, float]]:
     """Step curve of activation memory held on the host for ``rank``: from each
-    OFFLOAD_START's start (pinned buffer in use) to its RELOAD_END's end."""
-    # Amounts live on OFFLOAD_END (negative) events; pair by (stage, microbatch).
-    amount = {(e.op.stage, e.op.microbatch): -e.mem for e in timeline.events
-              if e.rank == rank and e.op.kind is OpKind.OFFLOAD_END}
+    OFFLOAD_START's start (pinned buffer in use) to its RELOAD_END's end (and the same
+    for the STASH_* ops of the B→W window)."""
+    # Amounts live on OFFLOAD_END (negative) events; pair by (window, stage, microbatch).
+    amount = {(e.op.kind.window, e.op.stage, e.op.microbatch): -e.mem for e in timeline.events
+              if e.rank == rank and e.op.kind in (OpKind.OFFLOAD_END, OpKind.STASH_OFFLOAD_END)}
     pts = []
     for e in timeline.events:
         if e.rank != rank:
             continue
         key = (e.op.stage, e.op.microbatch)
-        if e.op.kind is OpKind.OFFLOAD_START:
-            pts.append((e.start, ALLOC, amount.get(key, 0.0)))
-        elif e.op.kind is OpKind.RELOAD_END:
-            pts.append((e.end, FREE, -amount.get(key, 0.0)))
+        kind = e.op.kind
+        if kind.window is None:
+            continue
+        a = amount.get((kind.window,) + key, 0.0)
+        if kind in (OpKind.OFFLOAD_START, OpKind.STASH_OFFLOAD_START):
+            pts.append((e.start, ALLOC, a))
+        elif kind in (OpKind.RELOAD_END, OpKind.STASH_RELOAD_END):
+            pts.append((e.end, FREE, -a))
     return [(timeline.start, 0.0)] + [(t, level) for t, _, level in memory_sweep(pts)]
 
 
@@ -386,6 +428,7 @@ class _Candidate:
     backward_start: float
     transfer_time: float  #: one-way transfer time at the shared rate
     link: int
+    window: str = "activation"  #: "activation": F end → B start; "stash": B end → W start
 
 
 #: A candidate's planned copies: (offload start, offload end, reload start, reload end).
@@ -407,6 +450,7 @@ class _Context:
     base_events: list[TimedOp]
     last_failure: str = ""
     retimable: bool = False
+    stash: bool = False  #: also plan the B→W window
 
     def check_retimable(self) -> None:
         """Re-timing (delay, postpone) needs the timeline's own rules: re-timing with no
@@ -471,20 +515,35 @@ def _transfer_times(schedule: Schedule, events: list[TimedOp], offload_time: flo
 # --------------------------------------------------------------------------------------
 
 
-def _plan_for_chunks(ctx: _Context, C: int, mode: str, postpone: bool) -> OffloadResult | None:
-    """Plan with C chunks using each placement heuristic and keep the best plan:
-    in "error" mode only complete plans count; then the shortest makespan, the
-    lowest highest peak, the lowest summed peaks. None when no complete plan exists
-    in "error" mode (reason in ctx.last_failure)."""
+def _postpone_choices(ctx: _Context, postpone: bool | None) -> tuple[bool, ...]:
+    """The warm-up settings to plan with: the one asked for, or (None) both, postponing
+    only when re-timing reproduces the timeline."""
+    if postpone is not None:
+        return (postpone,)
+    try:
+        ctx.check_retimable()
+    except ParameterError:
+        return (False,)
+    return (False, True)
+
+
+def _plan_for_chunks(ctx: _Context, C: int, mode: str, postpone: bool | None) -> OffloadResult | None:
+    """Plan with C chunks using each placement heuristic (and, with ``postpone`` None,
+    with and without postponed warm-up forwards) and keep the best plan: in "error"
+    mode only complete plans count; then the shortest makespan, the lowest highest
+    peak, the lowest summed peaks (ties keep the earlier plan: not postponed, "value").
+    None when no complete plan exists in "error" mode (reason in ctx.last_failure)."""
     best: OffloadResult | None = None
-    for name, place in _STRATEGIES.items():
-        res = _plan_with_placement(ctx, C, mode, postpone, place)
-        if res is None:
-            continue
-        res.settings["placement"] = name
-        key = (_clean(res.makespan), max(res.peak, default=0.0), sum(res.peak))
-        if best is None or key < (_clean(best.makespan), max(best.peak, default=0.0), sum(best.peak)):
-            best = res
+    for later in _postpone_choices(ctx, postpone):
+        for name, place in _STRATEGIES.items():
+            res = _plan_with_placement(ctx, C, mode, later, place)
+            if res is None:
+                continue
+            res.settings["placement"] = name
+            res.settings["postponed"] = later
+            key = (_clean(res.makespan), max(res.peak, default=0.0), sum(res.peak))
+            if best is None or key < (_clean(best.makespan), max(best.peak, default=0.0), sum(best.peak)):
+                best = res
     return best
 
 
@@ -513,13 +572,16 @@ def _plan_with_placement(ctx: _Context, C: int, mode: str, postpone: bool, place
             return _build_result(ctx, C, events, cands, placed, skipped)
         if mode == "error":
             first = min(failed, key=lambda c: c.backward_start)
+            consumer = "weight gradient (W)" if first.window == "stash" else "backward"
             ctx.last_failure = (
-                f"{len(failed)} reload(s) cannot finish before their backward on the host link "
-                f"(first: rank {first.rank}, chunk {first.chunk}, microbatch {first.microbatch})"
+                f"{len(failed)} reload(s) cannot finish before their consumer on the host link "
+                f"(first: rank {first.rank}, chunk {first.chunk}, microbatch {first.microbatch}, "
+                f"before its {consumer})"
             )
             return None
-        for c in failed:  # "delay": each late reload's B waits for it
-            key = (_backward_kind(ctx, c.stage, c.microbatch), c.stage, c.microbatch)
+        for c in failed:  # "delay": each late reload's consumer (B, or W for a stash) waits for it
+            kind = OpKind.W if c.window == "stash" else _backward_kind(ctx, c.stage, c.microbatch)
+            key = (kind, c.stage, c.microbatch)
             release[key] = max(release.get(key, -math.inf), placed[id(c)][3])
     raise ParameterError(
         "offload_chunks",
@@ -530,31 +592,47 @@ def _plan_with_placement(ctx: _Context, C: int, mode: str, postpone: bool, place
 
 def _candidates(ctx: _Context, events: list[TimedOp], C: int) -> tuple[list[_Candidate], Counter]:
     """The (layer group, microbatch) pairs of chunks c < C worth offloading, in the
-    order of their forwards in ``events``; the others counted by skip reason."""
-    forward: dict = {}
+    order of their forwards in ``events`` (then, with ``ctx.stash``, the B→W window's
+    in the order of their B's); the others counted by skip reason."""
+    by_kind: dict[OpKind, dict] = {OpKind.F: {}, OpKind.B: {}, OpKind.W: {}}
     backward_start: dict = {}
     for e in events:
         k = e.op.kind
-        if k is OpKind.F:
-            forward[(e.op.stage, e.op.microbatch)] = e
-        elif k.is_backward:
+        if k in by_kind:
+            by_kind[k][(e.op.stage, e.op.microbatch)] = e
+        if k.is_backward:
             backward_start[(e.op.stage, e.op.microbatch)] = e.start
     skipped: Counter = Counter()
     out = []
-    for (s, j), fe in forward.items():
-        if fe.op.chunk >= C:
-            continue
-        d = ctx.transfer_time_of_stage[s]
-        amount = fe.mem
-        if amount <= _EPS:
-            skipped[SKIP_EMPTY] += 1
-            continue
-        b_start = backward_start[(s, j)]
-        if b_start - fe.end <= 2 * d + _EPS:
-            skipped[SKIP_SHORT] += 1
-            continue
-        out.append(_Candidate(fe.rank, s, fe.op.chunk, j, amount, fe.end, b_start, d, ctx.link.link_of(fe.rank)))
+    for (s, j), fe in by_kind[OpKind.F].items():
+        if fe.op.chunk < C:
+            _add_candidate(ctx, out, skipped, fe, fe.mem, backward_start[(s, j)], "activation")
+    if ctx.stash:
+        for (s, j), be in by_kind[OpKind.B].items():
+            we = by_kind[OpKind.W][(s, j)]
+            if be.op.chunk < C:
+                _add_candidate(ctx, out, skipped, be, -we.mem, we.start, "stash")
     return out, skipped
+
+
+def _add_candidate(ctx: _Context, out: list[_Candidate], skipped: Counter, producer: TimedOp, amount: float,
+                   consumer_start: float, window: str) -> None:
+    """Append the candidate that moves ``amount`` from ``producer``'s end to
+    ``consumer_start`` (or count why not). A stash's transfer time scales with its
+    amount against what the layer group's F keeps (the link moves bytes)."""
+    s, j = producer.op.stage, producer.op.microbatch
+    d = ctx.transfer_time_of_stage[s]
+    if window == "stash":
+        kept = ctx.op_mem[(OpKind.F, s, j)]
+        d = d * amount / kept if kept > _EPS else d
+    if amount <= _EPS:
+        skipped[SKIP_EMPTY] += 1
+        return
+    if consumer_start - producer.end <= 2 * d + _EPS:
+        skipped[SKIP_SHORT] += 1
+        return
+    out.append(_Candidate(producer.rank, s, producer.op.chunk, j, amount, producer.end, consumer_start, d,
+                          ctx.link.link_of(producer.rank), window))
 
 
 def _backward_kind(ctx: _Context, stage: int, mb: int) -> OpKind:
@@ -793,9 +871,9 @@ def _build_result(ctx: _Context, C: int, events: list[TimedOp], cands: list[_Can
                   placed: dict[int, _Slots], skipped: Counter) -> OffloadResult:
     """The offloaded schedule and timeline for the placed candidates."""
     sched, tl = ctx.schedule, ctx.timeline
-    transfers = [Transfer(c.rank, c.stage, c.chunk, c.microbatch, c.amount, *placed[id(c)], c.backward_start, c.link)
-                 for c in cands]
-    _apply_solo_speedup(transfers, ctx.link.solo_factor)
+    transfers = [Transfer(c.rank, c.stage, c.chunk, c.microbatch, c.amount, *placed[id(c)], c.backward_start, c.link,
+                          c.window) for c in cands]
+    _apply_solo_speedup(transfers, [c.forward_end for c in cands], ctx.link.solo_factor)
     t_events = _transfer_events(transfers)
     compute = sorted(events, key=lambda e: (e.rank, e.start))
     new_tl = Timeline(
@@ -831,11 +909,12 @@ def _build_result(ctx: _Context, C: int, events: list[TimedOp], cands: list[_Can
 
 
 def _transfer_events(transfers: list[Transfer]) -> list[TimedOp]:
-    """The four timed ops of each transfer, on the "d2h" and "h2d" streams."""
+    """The four timed ops of each transfer (of its window's kinds), on the "d2h" and
+    "h2d" streams."""
     out: list[TimedOp] = []
     for t in transfers:
         off_start, off_end, rel_start, rel_end = (
-            Op(k, t.stage, t.microbatch, t.rank, t.chunk) for k in _TRANSFER_KINDS
+            Op(k, t.stage, t.microbatch, t.rank, t.chunk) for k in WINDOW_KINDS[t.window]
         )
         out += [
             TimedOp(off_start, t.offload_start, t.offload_end, "d2h", 0.0),
@@ -846,9 +925,13 @@ def _transfer_events(transfers: list[Transfer]) -> list[TimedOp]:
     return out
 
 
-def _apply_solo_speedup(transfers: list[Transfer], solo: float) -> None:
-    """Shorten, inside its planned slot, each transfer whose link's other direction is
-    idle for the whole slot (offload: ends earlier; reload: starts later)."""
+def _apply_solo_speedup(transfers: list[Transfer], ready: list[float], solo: float) -> None:
+    """Shorten, inside its planned slot, each reload whose link's other direction is
+    idle for the whole slot (it starts later); then pack each link's offloads back to
+    back from their producers' ends (``ready``), each at the solo rate where no reload
+    runs meanwhile (:func:`_pack_offloads`). Offloads only end earlier and reloads only
+    start later than planned, so every ordering and deadline of the plan still holds
+    and no memory level rises."""
     if solo >= 1.0:
         return
     d2h: dict[int, list[tuple[float, float]]] = {}
@@ -861,80 +944,118 @@ def _apply_solo_speedup(transfers: list[Transfer], solo: float) -> None:
     for dct in (d2h, h2d):
         for lst in dct.values():
             lst.sort()
-
-    def idle(busy: list[tuple[float, float]] | None, s: float, e: float) -> bool:
-        if not busy:
-            return True
-        i = bisect_left(busy, (s, -math.inf))
-        # An interval overlaps (s, e) if it starts before e and ends after s.
-        for k in (i - 1, i):
-            if 0 <= k < len(busy) and busy[k][0] < e - _EPS and busy[k][1] > s + _EPS:
-                return False
-        # Intervals of one direction never overlap each other, so checking the
-        # neighbours of s plus all starting inside (s, e) suffices.
-        j = i
-        while j < len(busy) and busy[j][0] < e - _EPS:
-            if busy[j][1] > s + _EPS:
-                return False
-            j += 1
-        return True
-
+    # What each offload would become in its planned slot (solo when the other direction
+    # is idle there): the packed position must end no later.
+    planned = [t.offload_start + solo * (t.offload_end - t.offload_start)
+               if _idle(h2d.get(t.link), t.offload_start, t.offload_end) else t.offload_end for t in transfers]
+    solo_reloads: dict[int, list[tuple[float, float]]] = {}
     for t in transfers:
-        if t.offload_end > t.offload_start and idle(h2d.get(t.link), t.offload_start, t.offload_end):
-            t.offload_end = t.offload_start + solo * (t.offload_end - t.offload_start)
-    for t in transfers:
-        if t.reload_end > t.reload_start and idle(d2h.get(t.link), t.reload_start, t.reload_end):
+        if t.reload_end > t.reload_start and _idle(d2h.get(t.link), t.reload_start, t.reload_end):
             t.reload_start = t.reload_end - solo * (t.reload_end - t.reload_start)
+            solo_reloads.setdefault(t.link, []).append((t.reload_start, t.reload_end))
+    reloads = {link: sorted((t.reload_start, t.reload_end) for t in transfers
+                            if t.link == link and t.reload_end > t.reload_start) for link in h2d}
+    for lst in solo_reloads.values():
+        lst.sort()
+    _pack_offloads(transfers, ready, planned, reloads, solo_reloads, solo)
 
 
-_KIND_ORDER = {k: i for i, k in enumerate(_TRANSFER_KINDS)}
+def _pack_offloads(transfers: list[Transfer], ready: list[float], planned: list[float],
+                   reloads: dict[int, list[tuple[float, float]]],
+                   solo_reloads: dict[int, list[tuple[float, float]]], solo: float) -> None:
+    """Per link, in planned order, start each offload as soon as its producer has ended
+    and the previous offload is done: at the solo rate when no reload overlaps it, at
+    the shared rate when it overlaps no solo-rate reload; else (or when that would end
+    later than ``planned``) in its planned slot, ending at ``planned``. The reference
+    code's warm-up adjustment, applied to every offload."""
+    order = sorted(range(len(transfers)), key=lambda i: (transfers[i].link, transfers[i].offload_start))
+    prev_end: dict[int, float] = {}
+    for i in order:
+        t = transfers[i]
+        d = t.offload_end - t.offload_start
+        if d <= _EPS:
+            continue
+        start = max(ready[i], prev_end.get(t.link, -math.inf))
+        end = planned[i]
+        if start + solo * d <= end + _EPS and _idle(reloads.get(t.link), start, start + solo * d):
+            t.offload_start, end = start, start + solo * d
+        elif start + d <= end + _EPS and _idle(solo_reloads.get(t.link), start, start + d):
+            t.offload_start, end = start, start + d
+        t.offload_end = end
+        prev_end[t.link] = end
+
+
+def _idle(busy: list[tuple[float, float]] | None, s: float, e: float) -> bool:
+    """Whether no interval of ``busy`` (sorted, disjoint) overlaps ``(s, e)``."""
+    if not busy:
+        return True
+    i = bisect_left(busy, (s, -math.inf))
+    # An interval overlaps (s, e) if it starts before e and ends after s; they are
+    # disjoint, so the one before s and those starting inside (s, e) are all to check.
+    if i > 0 and busy[i - 1][1] > s + _EPS:
+        return False
+    return not (i < len(busy) and busy[i][0] < e - _EPS and busy[i][1] > s + _EPS)
+
+
+_KIND_ORDER = {k: i for kinds in WINDOW_KINDS.values() for i, k in enumerate(kinds)}
 
 
 def _insert_ops(sched: Schedule, compute: list[TimedOp], t_events: list[TimedOp]) -> list[list[Op]]:
     """Per-rank op lists in the order a runtime issues them.
 
-    OFFLOAD_START right after its F; OFFLOAD_END (release the device memory once the
-    copy's event completes) before the first compute op starting at or after the
-    copy's planned end, or earlier when needed to keep it ahead of its RELOAD_START;
-    RELOAD_START before the compute op running when the copy is planned to begin (so
-    it is issued no later than planned); RELOAD_END (wait for the copy) right before
-    its B. Hence, per (chunk, microbatch), list order is F < OFFLOAD_START <
-    OFFLOAD_END < RELOAD_START < RELOAD_END < B.
+    OFFLOAD_START right after its producer (F; B for a STASH_ op); OFFLOAD_END (release
+    the device memory once the copy's event completes) before the first compute op
+    starting at or after the copy's planned end, or earlier when needed to keep it
+    ahead of its RELOAD_START; RELOAD_START before the compute op running when the copy
+    is planned to begin (so it is issued no later than planned); RELOAD_END (wait for
+    the copy) right before its consumer (B or BW; W for a STASH_ op). Hence, per
+    (chunk, microbatch), list order is F < OFFLOAD_START < OFFLOAD_END < RELOAD_START <
+    RELOAD_END < B, and B < STASH_OFFLOAD_START < … < STASH_RELOAD_END < W.
     """
     out: list[list[Op]] = []
     for r in range(sched.num_ranks):
-        comp = [e for e in compute if e.rank == r]
-        comp.sort(key=lambda e: e.start)
-        starts = [e.start for e in comp]
-        ends = [e.end for e in comp]
-        pos_of = {e.op.key: i for i, e in enumerate(comp)}
+        comp = sorted((e for e in compute if e.rank == r), key=lambda e: e.start)
+        mine = [te for te in t_events if te.rank == r]
+        pos = _transfer_positions(comp, mine)
         keyed: list[tuple] = [((i, 1, 0.0, 0, 0, 0), e.op) for i, e in enumerate(comp)]
-        pos: dict[tuple[OpKind, int, int], int] = {}
-        for te in t_events:
-            if te.rank != r:
-                continue
-            o = te.op
-            if o.kind is OpKind.OFFLOAD_START:
-                pos[o.key] = pos_of[(OpKind.F, o.stage, o.microbatch)] + 1
-            elif o.kind is OpKind.OFFLOAD_END:
-                pos[o.key] = bisect_left(starts, te.end - _EPS)
-            elif o.kind is OpKind.RELOAD_START:
-                pos[o.key] = bisect_right(ends, te.start + _EPS)
-            else:
-                b = pos_of.get((OpKind.B, o.stage, o.microbatch))
-                pos[o.key] = b if b is not None else pos_of[(OpKind.BW, o.stage, o.microbatch)]
-        times = {te.op.key: te.start for te in t_events if te.rank == r}
-        for key, at in list(pos.items()):
-            if key[0] is OpKind.OFFLOAD_END:
-                # Keep list order OFFLOAD_END < RELOAD_START even when both copies'
-                # boundaries fall inside one compute op (release is event-driven).
-                rs = (OpKind.RELOAD_START, key[1], key[2])
-                pos[key] = min(at, pos[rs])
+        times = {te.op.key: te.start for te in mine}
         for key, at in pos.items():
             o = Op(key[0], key[1], key[2], r, sched.placement.chunk_of(key[1]))
-            # An OFFLOAD_START is issued first thing after its F.
-            t = -math.inf if key[0] is OpKind.OFFLOAD_START else times[key]
+            # An OFFLOAD_START is issued first thing after its producer.
+            t = -math.inf if key[0] in (OpKind.OFFLOAD_START, OpKind.STASH_OFFLOAD_START) else times[key]
             keyed.append(((at, 0, t, _KIND_ORDER[key[0]], key[1], key[2]), o))
         keyed.sort(key=lambda x: x[0])
         out.append([o for _, o in keyed])
     return out
+
+
+def _transfer_positions(comp: list[TimedOp], t_events: list[TimedOp]) -> dict:
+    """For each transfer op of one rank (by key), the index of the compute op (in
+    ``comp``, the rank's compute events by start) it is issued before (see
+    :func:`_insert_ops`)."""
+    starts = [e.start for e in comp]
+    ends = [e.end for e in comp]
+    pos_of = {e.op.key: i for i, e in enumerate(comp)}
+    pos: dict[tuple[OpKind, int, int], int] = {}
+    for te in t_events:
+        o = te.op
+        off_start, off_end, rel_start, _ = WINDOW_KINDS[o.kind.window]
+        if o.kind is off_start:
+            producer = OpKind.F if o.kind is OpKind.OFFLOAD_START else OpKind.B
+            pos[o.key] = pos_of[(producer, o.stage, o.microbatch)] + 1
+        elif o.kind is off_end:
+            pos[o.key] = bisect_left(starts, te.end - _EPS)
+        elif o.kind is rel_start:
+            pos[o.key] = bisect_right(ends, te.start + _EPS)
+        elif o.kind is OpKind.STASH_RELOAD_END:
+            pos[o.key] = pos_of[(OpKind.W, o.stage, o.microbatch)]
+        else:
+            b = pos_of.get((OpKind.B, o.stage, o.microbatch))
+            pos[o.key] = b if b is not None else pos_of[(OpKind.BW, o.stage, o.microbatch)]
+    for key, at in list(pos.items()):
+        kinds = WINDOW_KINDS[key[0].window]
+        if key[0] is kinds[1]:
+            # Keep list order OFFLOAD_END < RELOAD_START even when both copies'
+            # boundaries fall inside one compute op (release is event-driven).
+            pos[key] = min(at, pos[(kinds[2], key[1], key[2])])
+    return pos

@@ -117,6 +117,10 @@ class PipelineRunner:
     ) -> None:
         self.schedule = schedule
         self.program = lower(schedule, comm=True).schedule  # validated, sends/receives added
+        if any(op.kind.window == "stash" for op in self.program.ops()):  # planned with stash=True
+            raise ParameterError("stash", "the B→W offload window (STASH_* transfer ops: the weight-gradient "
+                                 "stash moved to host between B and W) is not supported by the runtime yet; "
+                                 "plan offload without `stash`")
         self.group = group
         self.rank = _pipeline_rank(schedule, group, rank)
         pl = schedule.placement
