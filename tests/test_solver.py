@@ -1,0 +1,111 @@
+"""The exact scheduler (pipeoffload.solver, `pipeoffload simulate optimal`): small instances only
+(each proved optimal in a few seconds); the optimality-gap table is benchmarks/optimality_gap.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from helpers import assert_imports_no_torch
+from pipeoffload.cli import main
+from pipeoffload.costs import Costs, MemoryDeltas
+from pipeoffload.errors import ParameterError
+from pipeoffload.passes.timing import simulate
+from pipeoffload.passes.validate import validate
+from pipeoffload.schedules import generate
+
+pytest.importorskip("ortools", reason="the optional `solver` extra (OR-Tools) is not installed")
+
+from pipeoffload.solver import SolverOffload, solve  # noqa: E402
+
+FAST = dict(time_limit=30.0)
+
+
+def _heuristic(name: str, p: int, m: int, costs: Costs, **kw):
+    s = generate(name, p=p, m=m, costs=costs, **kw)
+    return simulate(s, costs)
+
+
+@pytest.mark.parametrize("costs", [Costs(), Costs(F=1, B=2, W=1, comm=0.1), Costs(F=1, B=1, W=0.5)])
+def test_loop_optimum_is_no_worse_than_zb_auto(costs):
+    res = solve(3, 4, costs=costs, **FAST)
+    assert res.optimal and res.gap == 0
+    validate(res.schedule)
+    assert max(res.timeline.peak_memory()) <= 3 + 1e-9
+    assert res.timeline.bubble_rate <= _heuristic("zb-auto", 3, 4, costs).bubble_rate + 1e-9
+    assert res.timeline.bubble_rate <= _heuristic("zb-h1", 3, 4, costs).bubble_rate + 1e-9
+    # The timing pass only starts ops earlier than the solver planned: never a longer span.
+    assert max(res.timeline.spans()) <= res.span + 1e-9
+
+
+def test_v_placement_with_a_tight_limit():
+    costs = Costs(F=2, B=2, W=2)
+    res = solve(3, 3, placement="v", mem_limit=2, costs=costs, **FAST)
+    assert res.optimal
+    assert res.schedule.placement.kind == "v"
+    assert max(res.timeline.peak_memory()) <= 2 + 1e-9
+    assert res.timeline.bubble_rate <= _heuristic("v-min", 3, 3, costs).bubble_rate + 1e-9
+
+
+def test_memory_limit_is_respected_with_byte_deltas():
+    mem = MemoryDeltas(F=201216, B=-127488, W=-73728)
+    limit = 2 * 201216
+    res = solve(3, 4, memory=mem, mem_limit=limit, **FAST)
+    tl = simulate(res.schedule, Costs(), mem)
+    assert max(tl.peak_memory()) <= limit
+    assert res.optimal
+
+
+def test_offload_decisions_lower_the_reachable_bubble():
+    """With free transfers, offloading chunk 0 lets the solver keep the bubble of a larger
+    memory limit under a small one."""
+    costs = Costs(F=2, B=2, W=2)
+    tight = solve(3, 3, placement="v", mem_limit=1, costs=costs, **FAST)
+    off = solve(3, 3, placement="v", mem_limit=1, costs=costs, offload=SolverOffload(1, 0.0), **FAST)
+    assert off.offload is not None and off.offload.transfers
+    assert max(off.offload.peak) <= 1 + 1e-9
+    assert off.span <= tight.span + 1e-9
+    validate(off.schedule.compute_only())
+
+
+def test_bad_input_names_the_parameter():
+    with pytest.raises(ParameterError) as e:
+        solve(3, 3, placement="ring")
+    assert e.value.param == "placement"
+    with pytest.raises(ParameterError) as e:
+        solve(3, 3, mem_limit=0.5)
+    assert e.value.param == "mem_limit"
+    with pytest.raises(ParameterError) as e:
+        solve(3, 3, time_limit=0)
+    assert e.value.param == "time_limit"
+    with pytest.raises(ParameterError) as e:
+        solve(3, 3, placement="v", v=3)
+    assert e.value.param == "v"
+
+
+def test_cli_simulate_optimal_json(capsys):
+    rc = main(["simulate", "optimal", "-p", "3", "-m", "4", "--costs", "F=1,B=2,W=1,comm=0.1", "--time-limit", "30",
+               "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["schedule"] == "optimal"
+    assert out["solver"]["optimal"] is True and out["solver"]["gap"] == 0
+    assert out["bubble_rate"] <= out["solver"]["bubble_rate"] + 1e-9
+
+
+def test_cli_simulate_optimal_text_and_errors(capsys):
+    assert main(["simulate", "optimal", "-p", "3", "-m", "3", "--placement", "v", "--mem-limit", "2",
+                 "--time-limit", "30"]) == 0
+    assert "optimal (proven)" in capsys.readouterr().out
+    assert main(["simulate", "zb-h1", "--placement", "v"]) == 2
+    assert "--placement" in capsys.readouterr().err
+    assert main(["simulate", "optimal", "-p", "3", "-m", "3", "--offload", "auto"]) == 2
+    assert "--offload" in capsys.readouterr().err
+
+
+def test_solver_imports_no_torch():
+    assert_imports_no_torch("pipeoffload.solver", then="""
+from pipeoffload.solver import solve
+solve(2, 2, time_limit=10)
+""")
