@@ -16,7 +16,7 @@ from .commands.common import cli_message
 from .errors import PipeoffloadError
 
 #: Verbs in the order --help lists them.
-VERBS = ["train", "schedules", "simulate", "compare", "models", "plan", "scale", "bench"]
+VERBS = ["train", "schedules", "simulate", "compare", "best", "models", "plan", "scale", "bench"]
 #: What ``pipeoffload`` with no verb runs: the main job.
 DEFAULT_VERB = "train"
 

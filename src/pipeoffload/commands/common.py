@@ -28,7 +28,7 @@ CLI_FLAGS: dict[str, str] = {
     "solo_factor": "--solo-factor", "tolerance": "--offload-tolerance", "on_infeasible": "--offload-infeasible",
     "postpone_warmup": "--postpone-warmup", "transfer_times": "--transfer-times", "stash": "--offload-stash",
     # the exact scheduler and the best-schedule search (pipeoffload.solver, pipeoffload.studies.best)
-    "time_limit": "--time-limit", "placement": "--placement",
+    "time_limit": "--time-limit", "placement": "--placement", "max_v": "--max-v",
     # the cost model and the planner (pipeoffload.costmodel, pipeoffload.planner)
     "model": "--model", "hardware": "--hardware", "trim_edges": "--trim-edges", "gpus": "--gpus",
     "memory_budget": "--memory-budget", "global_batch": "--global-batch", "seq": "--seq",

@@ -1,0 +1,183 @@
+"""The best schedule for a memory budget: every family, v, g and offload setting, lowest bubble first.
+
+:func:`search` generates every registered schedule with every ``v`` (up to ``max_v``) and
+group size ``g`` it accepts (zb-auto and zb-v at the budget and at their usual limits),
+times it, and keeps it when its highest per-rank peak fits ``mem_limit``. One that does
+not fit is offloaded (the offload pass, :mod:`pipeoffload.passes.offload`): chunks
+``0..C−1`` for C = 1, 2, … and then with the B→W window too, the first setting that fits
+is kept. Offload is planned in "skip" mode, so it never lengthens the iteration and a
+candidate's bubble rate is its schedule's. Candidates are ranked by bubble rate, then
+peak, then the simpler setting (no offload, fewer chunks, no stash).
+
+The planner is meant to use the same search: its unit of work is :func:`evaluate` (one
+:class:`Setting`), its enumeration :func:`settings`. Pure Python (no torch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from ..costs import Costs, MemoryDeltas
+from ..errors import PipeoffloadError, require
+from ..ir import OpKind, Placement
+from ..passes.offload import plan_offload
+from ..passes.timing import simulate
+from ..schedules import SCHEDULES, generate
+
+__all__ = ["Setting", "Entry", "BestResult", "settings", "evaluate", "search"]
+
+_EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One schedule to try: registry name and generator keyword arguments."""
+
+    schedule: str
+    v: int | None = None
+    g: int | None = None
+    mem_limit: float | None = None
+
+    @property
+    def label(self) -> str:
+        parts = [self.schedule] + [f"{k}={val:g}" for k, val in (("v", self.v), ("g", self.g)) if val is not None]
+        if self.mem_limit is not None:
+            parts.append(f"limit={self.mem_limit:g}")
+        return " ".join(parts)
+
+    def kwargs(self) -> dict:
+        return {k: val for k, val in (("v", self.v), ("g", self.g), ("mem_limit", self.mem_limit)) if val is not None}
+
+
+@dataclass
+class Entry:
+    """One evaluated setting. ``offload`` describes the offload that made it fit (None: none
+    needed or none fits); ``fits`` says whether ``peak`` is within the budget."""
+
+    setting: Setting
+    bubble_rate: float | None = None
+    makespan: float | None = None
+    peak: float | None = None
+    peak_no_offload: float | None = None
+    fits: bool = False
+    offload: dict | None = None
+    error: str | None = None
+
+    @property
+    def label(self) -> str:
+        off = ""
+        if self.offload:
+            off = f" + offload C={self.offload['chunks']}" + (" +stash" if self.offload["stash"] else "")
+        return self.setting.label + off
+
+    def key(self) -> tuple:
+        """Ranking: fitting first, then bubble rate, peak, no offload, fewer chunks, no stash."""
+        off = self.offload or {"chunks": 0, "stash": False}
+        return (not self.fits, self.error is not None, round(self.bubble_rate or 0.0, 9), self.peak or 0.0,
+                off["chunks"], off["stash"], self.label)
+
+    def to_json(self) -> dict:
+        return {"label": self.label, "setting": asdict(self.setting), "fits": self.fits,
+                "bubble_rate": self.bubble_rate, "makespan": self.makespan, "peak_memory": self.peak,
+                "peak_memory_no_offload": self.peak_no_offload, "offload": self.offload, "error": self.error}
+
+
+@dataclass
+class BestResult:
+    """Every evaluated setting, best first; ``best`` is the first that fits (or None)."""
+
+    p: int
+    m: int
+    mem_limit: float
+    entries: list[Entry] = field(default_factory=list)
+
+    @property
+    def best(self) -> Entry | None:
+        return self.entries[0] if self.entries and self.entries[0].fits else None
+
+    def to_json(self, top: int | None = None) -> dict:
+        shown = self.entries if top is None else self.entries[:top]
+        return {"p": self.p, "m": self.m, "mem_limit": self.mem_limit,
+                "best": self.best.to_json() if self.best else None,
+                "fitting": sum(e.fits for e in self.entries), "evaluated": len(self.entries),
+                "entries": [e.to_json() for e in shown]}
+
+
+def settings(p: int, m: int, mem_limit: float, memory: MemoryDeltas, max_v: int = 4) -> list[Setting]:
+    """Every (schedule, v, g, limit) the search tries at ``p``, ``m``, in registry order."""
+    one_f = max(memory.delta_table(Placement.loop(p))[s][OpKind.F] for s in range(p))
+    out: list[Setting] = []
+    for name, info in SCHEDULES.items():
+        if name in ("interleaved-1f1b", "group-interleaved"):
+            for v in range(2, max_v + 1):
+                if name == "interleaved-1f1b":
+                    out.append(Setting(name, v=v))
+                else:
+                    out += [Setting(name, v=v, g=g) for g in range((p + 1) // 2, p + 1)]
+        elif name in ("zb-auto", "zb-v"):
+            limits = {mem_limit, p * one_f} | ({2 * p * one_f} if name == "zb-auto" else set())
+            out += [Setting(name, mem_limit=x) for x in sorted(limits) if x >= one_f - _EPS]
+        else:
+            out.append(Setting(name))
+    return out
+
+
+def evaluate(setting: Setting, p: int, m: int, costs: Costs, memory: MemoryDeltas, mem_limit: float, *,
+             offload_time: float = 0.0, link_group: int = 2, offload: bool = True) -> Entry:
+    """Generate, time and (when it does not fit and ``offload``) offload one setting.
+
+    Guarantees: ``fits`` is True exactly when ``peak`` ≤ ``mem_limit``; with offload the
+    plan never lengthens the makespan ("skip" mode) and is the first of C = 1…v without,
+    then with, the B→W window that fits (the lowest-peak one when none fits)."""
+    entry = Entry(setting)
+    try:
+        sched = generate(setting.schedule, p=p, m=m, costs=costs, memory=memory, **setting.kwargs())
+    except PipeoffloadError as e:
+        entry.error = str(e)
+        return entry
+    tl = simulate(sched, costs, memory)
+    entry.bubble_rate, entry.makespan = tl.bubble_rate, tl.makespan
+    entry.peak = entry.peak_no_offload = max(tl.peak_memory())
+    entry.fits = entry.peak <= mem_limit * (1 + _EPS) + _EPS
+    if entry.fits or not offload:
+        return entry
+    split = any(o.kind is OpKind.W for o in sched.ops())
+    tries = [(c, False) for c in range(1, sched.chunks + 1)] + ([(c, True) for c in range(1, sched.chunks + 1)]
+                                                                 if split else [])
+    for c, stash in tries:
+        res = plan_offload(sched, tl, offload_chunks=c, offload_time=offload_time, link_group=link_group,
+                           on_infeasible="skip", comm=costs.comm, stash=stash)
+        peak = max(res.peak)
+        if entry.offload is None or peak < entry.peak:
+            entry.peak = peak
+            entry.offload = {"chunks": c, "stash": stash, "transfers": len(res.transfers),
+                             "offload_time": offload_time}
+        if peak <= mem_limit * (1 + _EPS) + _EPS:
+            entry.fits = True
+            break
+    if not entry.fits:
+        entry.peak, entry.offload = entry.peak_no_offload, None
+    return entry
+
+
+def search(p: int, m: int, *, costs: Costs | None = None, memory: MemoryDeltas | None = None,
+           mem_limit: float | None = None, offload_time: float = 0.0, link_group: int = 2,
+           offload: bool = True, max_v: int = 4) -> BestResult:
+    """Every setting (:func:`settings`) evaluated (:func:`evaluate`) and ranked: the
+    lowest bubble rate among those that fit ``mem_limit`` first (default: 1F1B's peak,
+    ``p`` whole-stage forwards).
+
+    Guarantees: ``best`` fits the budget and no evaluated setting that fits has a lower
+    bubble rate; entries that refuse the parameters carry the reason. Raises
+    ParameterError naming ``p``, ``m``, ``mem_limit`` or ``max_v`` for bad input."""
+    costs, memory = costs or Costs(), memory or MemoryDeltas()
+    for name, val in (("p", p), ("m", m), ("max_v", max_v)):
+        require(isinstance(val, int) and not isinstance(val, bool) and val >= 1, name,
+                f"must be an integer >= 1, got {val!r}")
+    one_f = max(memory.delta_table(Placement.loop(p))[s][OpKind.F] for s in range(p))
+    limit = p * one_f if mem_limit is None else float(mem_limit)
+    require(limit > 0, "mem_limit", f"must be positive, got {mem_limit!r}")
+    entries = [evaluate(s, p, m, costs, memory, limit, offload_time=offload_time, link_group=link_group,
+                        offload=offload) for s in settings(p, m, limit, memory, max_v)]
+    entries.sort(key=Entry.key)
+    return BestResult(p, m, limit, entries)
