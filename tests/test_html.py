@@ -141,6 +141,53 @@ def test_offload_lanes_and_curve_without_offload_in_the_data() -> None:
     assert d["peaks"] == off.peak
 
 
+def _stash_timeline() -> Timeline:
+    """ZB-H1 with both offload windows: chunk 0's activations (F→B) and the B→W stash."""
+    import pipeoffload as po
+
+    return po.plan_offload(generate("zb-h1", p=4, m=8), offload_chunks=1, offload_time=0.1, stash=True).timeline
+
+
+def test_each_offload_window_merges_into_boxes_of_its_own_kind() -> None:
+    """START/END pairs of both windows become one box each, on the lane of their direction, with
+    their own colour, grid letter and name (the stash window's ops were drawn as sends before)."""
+    from pipeoffload.viz import KIND_NAMES
+    from pipeoffload.viz.text import render_grid
+
+    tl = _stash_timeline()
+    bxs = boxes(tl)
+    for fam, lane in (("OFFLOAD", "d2h"), ("RELOAD", "h2d"), ("STASH_OFFLOAD", "d2h"), ("STASH_RELOAD", "h2d")):
+        pairs = sum(1 for e in tl.events if e.op.kind.value == f"{fam}_START")
+        mine = [b for b in bxs if b.kind == fam]
+        assert len(mine) == pairs > 0 and {b.lane for b in mine} == {lane}, fam
+        assert fam in KIND_COLORS and fam in KIND_NAMES
+    assert not any(b.lane == "comm" for b in bxs)
+    assert len(set(KIND_COLORS.values())) == len(KIND_COLORS)
+    legend = render_grid(tl).splitlines()
+    assert any("o=STASH_OFFLOAD, r=STASH_RELOAD" in line for line in legend) and "C=" not in "".join(legend)
+    d = _page_data(timeline_html(tl))["timelines"][0]
+    assert {"STASH_OFFLOAD", "STASH_RELOAD"} <= set(d["kinds"]) and d["lanes"] == ["compute", "d2h", "h2d"]
+
+
+def test_png_draws_the_stash_window_and_makes_room_for_its_legend(tmp_path: Path) -> None:
+    """(Shared with the PNG: the box kinds and colours.) Nine legend entries take a third row,
+    which the figure grows for instead of drawing it over the time axis' label."""
+    import matplotlib.image as mpimg
+    import numpy as np
+    import pipeoffload as po
+    from pipeoffload.viz.png import draw_timeline
+
+    sched = generate("zb-h1", p=4, m=8)
+    plain = po.plan_offload(sched, offload_chunks=1, offload_time=0.1).timeline
+    a = mpimg.imread(draw_timeline(plain, tmp_path / "a.png"))[..., :3]
+    b = mpimg.imread(draw_timeline(_stash_timeline(), tmp_path / "b.png"))[..., :3]
+    for fam in ("STASH_OFFLOAD", "STASH_RELOAD"):
+        want = np.array([int(KIND_COLORS[fam][i:i + 2], 16) / 255 for i in (1, 3, 5)])
+        assert (np.abs(b - want).max(axis=-1) < 2 / 255).sum() > 50, fam
+        assert (np.abs(a - want).max(axis=-1) < 2 / 255).sum() == 0, fam
+    assert a.shape[1] == b.shape[1] and b.shape[0] == a.shape[0] + 16  # one legend row more, 0.16 in
+
+
 def test_script_in_a_name_cannot_end_the_data() -> None:
     tl = _tl("1f1b", p=2, m=2)
     tl.name = "</script><script>alert(1)</script><!--"
@@ -561,6 +608,17 @@ def test_browser_offload_lanes(browser, tmp_path: Path) -> None:
     k = browser.eval("poExplorer.findOp(0, {kind: 'OFFLOAD', rank: 0})")
     assert _colour_of(browser, 0, k) == KIND_COLORS["OFFLOAD"]
     assert "kind OFFLOAD" in _hover(browser, 0, k)
+    # Both windows: the stash transfers in their own colours (zoomed in: they are 0.1 units long).
+    tl = _stash_timeline()
+    _open_clean(browser, write_timeline_html(tl, tmp_path / "stash.html"))
+    assert browser.eval("poExplorer.panels()")[0]["drawn"] == len(boxes(tl))
+    for fam in ("STASH_OFFLOAD", "STASH_RELOAD"):
+        k = browser.eval(f"poExplorer.findOp(0, {{kind: '{fam}', rank: 1}})")
+        op = browser.eval(f"poExplorer.op(0, {k})")
+        browser.eval(f"poExplorer.setView({op['start']} - 0.5, {op['end']} + 0.5)")
+        browser.frame()
+        assert _colour_of(browser, 0, k) == KIND_COLORS[fam]
+        assert f"kind {fam}" in _hover(browser, 0, k)
 
 
 def test_browser_empty_timeline_and_every_rank_hidden(browser, tmp_path: Path) -> None:

@@ -5,11 +5,12 @@ Every view works for simulated and measured timelines alike. This package and it
 matplotlib only inside :func:`~pipeoffload.viz.png.draw_timeline`.
 
 Shared here: how events become *boxes* on lanes. A compute op is one box on its
-rank's "compute" lane. A transfer (offload / reload) may arrive as one event with a
-duration or as a START/END pair of instants (or both); either way all events of one
-(rank, direction, layer group, microbatch) merge into one box from the earliest
-start to the latest end, on the "d2h" (offload) or "h2d" (reload) lane. Sends and
-receives go on the "comm" lane, one box per event.
+rank's "compute" lane. A transfer (offload / reload, of either offload window: F→B
+activations, or the B→W stash) may arrive as one event with a duration or as a
+START/END pair of instants (or both); either way all events of one (rank, window,
+direction, layer group, microbatch) merge into one box from the earliest start to the
+latest end, on the "d2h" (offload) or "h2d" (reload) lane. Sends and receives go on
+the "comm" lane, one box per event.
 """
 
 from __future__ import annotations
@@ -34,17 +35,26 @@ KIND_COLORS = {
     "BW": "#c9474b",
     "OFFLOAD": "#8a62b8",
     "RELOAD": "#2a9d9a",
+    "STASH_OFFLOAD": "#c0569f",
+    "STASH_RELOAD": "#8c7a1e",
 }
 #: Colour of sends and receives (the "comm" lane).
 COMM_COLOR = "#9a9a9a"
 #: Legend names of the box kinds.
 KIND_NAMES = {"F": "F forward", "B": "B input grad", "W": "W weight grad", "BW": "BW full backward",
-              "OFFLOAD": "offload (d2h)", "RELOAD": "reload (h2d)"}
+              "OFFLOAD": "offload (d2h)", "RELOAD": "reload (h2d)",
+              "STASH_OFFLOAD": "stash offload (d2h, B→W)", "STASH_RELOAD": "stash reload (h2d, B→W)"}
 #: How far the last chunk's colour is mixed towards white.
 CHUNK_MIX = 0.55
 
-_OFFLOAD = frozenset({OpKind.OFFLOAD_START, OpKind.OFFLOAD_END})
-_RELOAD = frozenset({OpKind.RELOAD_START, OpKind.RELOAD_END})
+#: The box kind of each transfer op kind: its window (F→B activations or the B→W stash)
+#: and direction.
+_FAMILY = {
+    OpKind.OFFLOAD_START: "OFFLOAD", OpKind.OFFLOAD_END: "OFFLOAD",
+    OpKind.RELOAD_START: "RELOAD", OpKind.RELOAD_END: "RELOAD",
+    OpKind.STASH_OFFLOAD_START: "STASH_OFFLOAD", OpKind.STASH_OFFLOAD_END: "STASH_OFFLOAD",
+    OpKind.STASH_RELOAD_START: "STASH_RELOAD", OpKind.STASH_RELOAD_END: "STASH_RELOAD",
+}
 
 
 @dataclass(frozen=True)
@@ -52,7 +62,8 @@ class Box:
     """One drawable interval on one lane of one rank.
 
     ``kind`` is the op kind's value for compute and comm ops ("F", "B", "W", "BW",
-    "SEND_F", ...) and "OFFLOAD" / "RELOAD" for merged transfers. ``mem`` is the
+    "SEND_F", ...) and "OFFLOAD" / "RELOAD" ("STASH_OFFLOAD" / "STASH_RELOAD" in the
+    B→W window) for merged transfers. ``mem`` is the
     summed memory delta of the events merged into the box.
     """
 
@@ -80,10 +91,9 @@ def _lane(e: TimedOp) -> str:
         return "compute"
     if e.stream in ("d2h", "h2d", "comm"):
         return e.stream
-    if k in _OFFLOAD:
-        return "d2h"
-    if k in _RELOAD:
-        return "h2d"
+    fam = _FAMILY.get(k)
+    if fam is not None:
+        return "d2h" if fam.endswith("OFFLOAD") else "h2d"
     return "comm"
 
 
@@ -91,15 +101,15 @@ def boxes(tl: Timeline) -> list[Box]:
     """All boxes of ``tl``, sorted by (rank, lane order, start).
 
     Guarantees: exactly one box per compute event (same start/end); one box per
-    (rank, offload-or-reload, stage, microbatch); one box per comm event.
+    (rank, transfer kind, stage, microbatch); one box per comm event.
     """
     out: list[Box] = []
     merged: dict[tuple, list[TimedOp]] = {}
     for e in tl.events:
         lane = _lane(e)
         o = e.op
-        if o.kind in _OFFLOAD or o.kind in _RELOAD:
-            fam = "OFFLOAD" if o.kind in _OFFLOAD else "RELOAD"
+        fam = _FAMILY.get(o.kind)
+        if fam is not None:
             merged.setdefault((o.rank, lane, fam, o.stage, o.microbatch), []).append(e)
             continue
         out.append(Box(o.rank, lane, o.kind.value, e.start, e.end, o.stage, o.chunk, o.microbatch, e.mem, o.peer))

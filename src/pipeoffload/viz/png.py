@@ -14,7 +14,7 @@ global backend switch), so importing this module is cheap.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from statistics import median
 
@@ -32,6 +32,7 @@ _XFER_H = 0.20  # each transfer lane
 _MEM_H = 0.50  # memory strip
 _GAP_H = 0.16  # between rank blocks
 _LEFT, _RIGHT, _TOP, _BOTTOM = 0.85, 1.05, 0.85, 0.80
+_LEGEND_ROW_H = 0.16  # each legend row beyond two
 _MIN_W, _MAX_W, _MAX_H = 9.0, 40.0, 32.0
 
 
@@ -71,12 +72,16 @@ def draw_timeline(tl: Timeline, path: str | Path, title: str | None = None) -> P
     xfer_lanes = [ln for ln in lanes_of(bxs) if ln != "compute"]
     lay = _layout(tl.num_ranks, bxs, xfer_lanes)
     mem = _memory_view(tl)
+    legend = _legend_entries(tl, bxs, mem)
+    ncol = max(1, min(len(legend), int(lay.fig_w // 2.0)))
+    extra = _LEGEND_ROW_H * max(0, -(-len(legend) // ncol) - 2)  # legend rows beyond the two _BOTTOM holds
+    lay = replace(lay, fig_h=lay.fig_h + extra)
 
     fig = Figure(figsize=(lay.fig_w, lay.fig_h), dpi=_DPI)
     FigureCanvasAgg(fig)
     gs = fig.add_gridspec(
-        len(lay.ratios), 1, height_ratios=lay.ratios, hspace=0,
-        left=_LEFT / lay.fig_w, right=1 - _RIGHT / lay.fig_w, top=1 - _TOP / lay.fig_h, bottom=_BOTTOM / lay.fig_h,
+        len(lay.ratios), 1, height_ratios=lay.ratios, hspace=0, left=_LEFT / lay.fig_w,
+        right=1 - _RIGHT / lay.fig_w, top=1 - _TOP / lay.fig_h, bottom=(_BOTTOM + extra) / lay.fig_h,
     )
     lane_y, y_max = _lane_rows(xfer_lanes)
     first_ax = None
@@ -94,7 +99,7 @@ def draw_timeline(tl: Timeline, path: str | Path, title: str | None = None) -> P
     first_ax.set_xlim(0, lay.span)
     mem_axes[-1].set_xlabel(time_label(tl) + (", 0 = first op" if abs(lay.t0) > 1e-9 else ""), fontsize=8)
     _draw_title(fig, tl, title, mem, lay)
-    _draw_legend(fig, tl, bxs, mem, lay)
+    _draw_legend(fig, legend, ncol, lay)
     fig.savefig(path, format="png", dpi=_DPI, facecolor="white")
     return path
 
@@ -225,25 +230,32 @@ def _draw_title(fig, tl: Timeline, title: str | None, mem: _MemoryView, lay: _La
     fig.text(_LEFT / lay.fig_w, 1 - 0.50 / lay.fig_h, metrics, fontsize=9, va="top", ha="left")
 
 
-def _draw_legend(fig, tl: Timeline, bxs: list[Box], mem: _MemoryView, lay: _Layout) -> None:
-    """One entry per box kind present (per chunk when 2–4 chunks), comm, the memory curves."""
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
-
-    handles = []
-    kinds_present = [k for k in KIND_COLORS if any(b.kind == k for b in bxs)]
-    for k in kinds_present:
+def _legend_entries(tl: Timeline, bxs: list[Box], mem: _MemoryView) -> list[tuple[str, tuple | str, str]]:
+    """``(label, colour, style)`` per legend entry: each box kind present (per chunk when
+    2–4 chunks; style "box"), comm, and the memory curves (styles "line", "dashed")."""
+    out: list[tuple[str, tuple | str, str]] = []
+    for k in (k for k in KIND_COLORS if any(b.kind == k for b in bxs)):
         chunks_here = sorted({b.chunk for b in bxs if b.kind == k}) if k in ("F", "B", "W", "BW") else [0]
         show = chunks_here if 1 < len(chunks_here) <= 4 else [0]
         for c in show:
-            lbl = _KIND_NAMES[k] + (f", chunk {c}" if len(show) > 1 else "")
-            handles.append(Patch(facecolor=_shade(k, c, tl.chunks), edgecolor="none", label=lbl))
+            out.append((_KIND_NAMES[k] + (f", chunk {c}" if len(show) > 1 else ""), _shade(k, c, tl.chunks), "box"))
     if any(b.lane == "comm" for b in bxs):
-        handles.append(Patch(facecolor=_COMM_COLOR, edgecolor="none", label="send / recv"))
-    handles.append(Line2D([], [], color=_MEM_COLOR, linewidth=1.2, label=f"activation memory ({mem.unit})"))
+        out.append(("send / recv", _COMM_COLOR, "box"))
+    out.append((f"activation memory ({mem.unit})", _MEM_COLOR, "line"))
     if any(mem.base_curves):
-        handles.append(Line2D([], [], color="#b03030", linewidth=1.0, linestyle="--", label="memory without offload"))
-    ncol = max(1, min(len(handles), int(lay.fig_w // 2.0)))
+        out.append(("memory without offload", "#b03030", "dashed"))
+    return out
+
+
+def _draw_legend(fig, entries: list[tuple[str, tuple | str, str]], ncol: int, lay: _Layout) -> None:
+    """The legend of :func:`_legend_entries`, ``ncol`` columns, centred at the bottom."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    handles = [Patch(facecolor=colour, edgecolor="none", label=label) if style == "box" else
+               Line2D([], [], color=colour, linewidth=1.2 if style == "line" else 1.0,
+                      linestyle="-" if style == "line" else "--", label=label)
+               for label, colour, style in entries]
     fig.legend(handles=handles, loc="lower center", ncol=ncol, fontsize=7.5, frameon=False,
                bbox_to_anchor=(0.5, 0.02 / lay.fig_h), handlelength=1.6, columnspacing=1.4)
 

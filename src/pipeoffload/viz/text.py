@@ -26,7 +26,8 @@ from . import Box, boxes, format_memory
 __all__ = ["render_grid", "LETTERS"]
 
 #: Grid letter of each box kind (chunk 0; later chunks are lower case).
-LETTERS = {"F": "F", "B": "B", "W": "W", "BW": "X", "OFFLOAD": "O", "RELOAD": "R"}
+LETTERS = {"F": "F", "B": "B", "W": "W", "BW": "X", "OFFLOAD": "O", "RELOAD": "R", "STASH_OFFLOAD": "o",
+           "STASH_RELOAD": "r"}
 _IDLE = "."
 
 
