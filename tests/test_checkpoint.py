@@ -1,7 +1,7 @@
-"""Checkpoints: atomic per-rank files with a manifest written last; verified on load,
-falling back past a corrupt, truncated or incomplete one; and ``pipeoffload train
---resume`` continuing with exactly the losses of an uninterrupted run (fp32, CPU),
-also after a rank was SIGKILLed mid-step."""
+"""Checkpoints: ``torch.distributed.checkpoint`` files with a manifest written last;
+verified on load, falling back past a corrupt, truncated, incomplete or unreadable one;
+and ``pipeoffload train --resume`` continuing with exactly the losses of an
+uninterrupted run (fp32, CPU), also after a rank was SIGKILLed mid-step."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from pipeoffload.runtime.checkpoint import (  # noqa: E402
     list_checkpoints,
     load_latest,
     precheck,
+    read_all,
     restore_rng,
     save_checkpoint,
     sha256_file,
@@ -35,14 +36,17 @@ from pipeoffload.runtime.checkpoint import (  # noqa: E402
 FP = {"model": {"layers": 4}, "layer_groups": 1}
 
 
-def _payload(step: int) -> dict:
+def _state(step: int) -> dict:
     g = torch.Generator().manual_seed(step)
-    return {"step": step, "stages": {0: {"w": torch.randn(64, 64, generator=g)}}, "losses": [1.0] * step,
-            "rng": capture_rng()}
+    return {"model.w": torch.randn(64, 64, generator=g), "train.losses": [1.0] * step, "note": f"step {step}"}
+
+
+def _template() -> dict:
+    return {"model.w": torch.zeros(64, 64), "train.losses": None, "note": None}
 
 
 def _save(root, step, keep=10):
-    return save_checkpoint(root, step, _payload(step), meta={"fingerprint": FP}, keep=keep)
+    return save_checkpoint(root, step, _state(step), meta={"fingerprint": FP}, keep=keep)
 
 
 # ----------------------------------------------------------------- single rank, no processes
@@ -50,13 +54,17 @@ def test_layout_manifest_and_checksums(tmp_path):
     d = _save(tmp_path, 3)
     assert d == step_dir(tmp_path, 3) and d.name == "step-00000003"
     man = json.loads((d / MANIFEST).read_text())
-    assert man["step"] == 3 and man["world_size"] == 1 and man["meta"]["fingerprint"] == FP
-    f = d / man["files"]["0"]["file"]
-    assert man["files"]["0"]["sha256"] == sha256_file(f) and man["files"]["0"]["bytes"] == f.stat().st_size
-    assert sorted(p.name for p in d.iterdir()) == [MANIFEST, "rank-00000.pt"]  # no temporary files left
-    ck = load_latest(tmp_path, expect=FP)
-    assert ck.step == 3 and ck.rejected == []
-    torch.testing.assert_close(ck.state["stages"][0]["w"], _payload(3)["stages"][0]["w"], rtol=0, atol=0)
+    assert man["format"] == 2 and man["step"] == 3 and man["world_size"] == 1 and man["meta"]["fingerprint"] == FP
+    assert set(man["files"]) == {".metadata", "__0_0.distcp"}
+    for name, ent in man["files"].items():
+        assert ent["sha256"] == sha256_file(d / name) and ent["bytes"] == (d / name).stat().st_size
+    assert sorted(p.name for p in d.iterdir()) == [".metadata", "__0_0.distcp", MANIFEST]  # no temporary files
+    state = _template()
+    ck = load_latest(tmp_path, state, expect=FP)
+    assert ck.step == 3 and ck.rejected == [] and ck.state is state
+    torch.testing.assert_close(state["model.w"], _state(3)["model.w"], rtol=0, atol=0)
+    assert state["train.losses"] == [1.0] * 3 and state["note"] == "step 3"
+    assert read_all(d)["note"] == "step 3"  # every key, without a template
 
 
 def test_atomic_write_never_leaves_a_partial_file(tmp_path):
@@ -73,19 +81,19 @@ def test_atomic_write_never_leaves_a_partial_file(tmp_path):
 
 
 def _corrupt_flip(d):
-    f = d / "rank-00000.pt"
+    f = d / "__0_0.distcp"
     b = bytearray(f.read_bytes())
     b[len(b) // 2] ^= 0xFF
     f.write_bytes(bytes(b))
 
 
 def _corrupt_truncate(d):
-    f = d / "rank-00000.pt"
+    f = d / "__0_0.distcp"
     f.write_bytes(f.read_bytes()[: f.stat().st_size // 3])
 
 
 def _corrupt_manifest(d):
-    (d / MANIFEST).write_text('{"format": 1, "step": ')
+    (d / MANIFEST).write_text('{"format": 2, "step": ')
 
 
 def _incomplete(d):
@@ -93,7 +101,7 @@ def _incomplete(d):
 
 
 def _missing_file(d):
-    (d / "rank-00000.pt").unlink()
+    (d / "__0_0.distcp").unlink()
 
 
 @pytest.mark.parametrize("damage,why", [
@@ -108,8 +116,9 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, da
         _save(tmp_path, s)
     damage(step_dir(tmp_path, 3))
     warnings: list[str] = []
-    ck = load_latest(tmp_path, expect=FP, warn=warnings.append)
-    assert ck.step == 2
+    state = _template()
+    ck = load_latest(tmp_path, state, expect=FP, warn=warnings.append)
+    assert ck.step == 2 and state["note"] == "step 2"
     assert len(warnings) == 1 and "step-00000003" in warnings[0] and why in warnings[0], warnings
     assert ck.rejected and why in ck.rejected[0]
 
@@ -117,24 +126,36 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, da
 def test_a_file_that_matches_its_checksum_but_does_not_load_is_rejected(tmp_path):
     _save(tmp_path, 1)
     d = _save(tmp_path, 2)
-    f = d / "rank-00000.pt"
-    f.write_bytes(b"not a torch file")
+    f = d / "__0_0.distcp"
+    f.write_bytes(b"not a checkpoint file")
     man = json.loads((d / MANIFEST).read_text())
-    man["files"]["0"].update(sha256=sha256_file(f), bytes=f.stat().st_size)
+    man["files"][f.name].update(sha256=sha256_file(f), bytes=f.stat().st_size)
     (d / MANIFEST).write_text(json.dumps(man))
     warnings: list[str] = []
-    assert load_latest(tmp_path, expect=FP, warn=warnings.append).step == 1
-    assert "cannot be loaded" in warnings[0]
+    state = _template()
+    assert load_latest(tmp_path, state, expect=FP, warn=warnings.append).step == 1
+    assert "cannot be read" in warnings[0] and state["note"] == "step 1"
+
+
+def test_an_old_format_checkpoint_is_named_as_such(tmp_path):
+    d = tmp_path / "step-00000001"
+    d.mkdir()
+    (d / MANIFEST).write_text(json.dumps({"format": 1, "step": 1, "world_size": 1, "files": {},
+                                          "meta": {"fingerprint": FP}}))
+    with pytest.raises(ParameterError, match="older pipeoffload .format 1"):
+        precheck(tmp_path, 1, FP)
+    with pytest.raises(CheckpointError, match="format 1"):
+        load_latest(tmp_path, _template(), expect=FP)
 
 
 def test_no_usable_checkpoint_is_a_clear_error_and_none_is_none(tmp_path):
-    assert load_latest(tmp_path / "empty") is None
+    assert load_latest(tmp_path / "empty", _template()) is None
     for s in (1, 2):
         _save(tmp_path, s)
     _corrupt_flip(step_dir(tmp_path, 1))
     _corrupt_truncate(step_dir(tmp_path, 2))
     with pytest.raises(CheckpointError, match="no usable checkpoint") as e:
-        load_latest(tmp_path, expect=FP)
+        load_latest(tmp_path, _template(), expect=FP)
     assert "step-00000001" in str(e.value) and "step-00000002" in str(e.value)
 
 
@@ -142,7 +163,7 @@ def test_a_checkpoint_of_another_model_is_an_error_not_a_fallback(tmp_path):
     _save(tmp_path, 1)
     other = {"model": {"layers": 6}, "layer_groups": 1}
     with pytest.raises(CheckpointError, match="model.layers 4 there, 6 here"):
-        load_latest(tmp_path, expect=other)
+        load_latest(tmp_path, _template(), expect=other)
     with pytest.raises(ParameterError, match="^root: .*different model"):  # the library's name; the CLI maps it
         precheck(tmp_path, 1, other)
     with pytest.raises(ParameterError, match="written by 1 ranks; this run has 2"):
@@ -168,7 +189,7 @@ def test_rng_state_round_trip():
 
 # ----------------------------------------------------------------- real training runs
 TINY = ["--schedule", "zb-v", "-p", "2", "-m", "4", "--layers", "4", "--hidden", "32", "--seq-len", "16",
-        "--microbatch-size", "2", "--no-progress", "--timeout", "60", "--steps", "4"]
+        "--microbatch-size", "2", "--no-progress", "--timeout", "60", "--steps", "4", "--eval-every", "2"]
 
 
 def _train(args, cwd, env_extra=None):
@@ -205,15 +226,12 @@ def test_kill_then_resume_gives_the_losses_of_an_uninterrupted_run(straight, tmp
     want = _losses(straight / "out")
     assert _losses(tmp_path / "b") == want  # exactly: same bits, fp32 on CPU
     # ... and the same parameters and optimizer state after the last step, bit for bit.
-    for rank in (0, 1):
-        a = torch.load(step_dir(straight / "ck", 4) / f"rank-0000{rank}.pt", weights_only=True)
-        b = torch.load(step_dir(ck, 4) / f"rank-0000{rank}.pt", weights_only=True)
-        for s in a["stages"]:
-            for k, v in a["stages"][s].items():
-                assert torch.equal(v, b["stages"][s][k]), (rank, s, k)
-        for i, st in a["optimizer"]["state"].items():
-            for k, v in st.items():
-                assert torch.equal(v, b["optimizer"]["state"][i][k]), (rank, i, k)
+    a, b = read_all(step_dir(straight / "ck", 4)), read_all(step_dir(ck, 4))
+    assert a.keys() == b.keys() and any(k.startswith("optim.state.") for k in a)
+    for k, v in a.items():
+        if k.startswith(("model.", "optim.state.")):
+            assert torch.equal(v, b[k]), k
+    assert a["train.losses"] == b["train.losses"] and a["train.val_losses"] == b["train.val_losses"]
 
 
 @pytest.mark.multiproc
@@ -222,13 +240,13 @@ def test_resume_skips_a_corrupt_latest_checkpoint(straight, tmp_path):
 
     ck = tmp_path / "ck"
     shutil.copytree(straight / "ck", ck)
-    f = step_dir(ck, 4) / "rank-00001.pt"
+    f = step_dir(ck, 4) / "__1_0.distcp"
     f.write_bytes(f.read_bytes()[:1000])  # truncated, as by a crash during a copy
     r = _train(["--checkpoint-dir", str(ck), "--resume", "-o", str(tmp_path / "out")], tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "step-00000004 is unusable" in r.stderr and "rank-00001.pt" in r.stderr, r.stderr
+    assert "step-00000004 is unusable" in r.stderr and "__1_0.distcp" in r.stderr, r.stderr
     assert "resuming from" in r.stderr and "step-00000003" in r.stderr
     assert _losses(tmp_path / "out") == _losses(straight / "out")
     # step 4 was written again, complete
     man = json.loads((step_dir(ck, 4) / MANIFEST).read_text())
-    assert sha256_file(f) == man["files"]["1"]["sha256"]
+    assert sha256_file(f) == man["files"][f.name]["sha256"]

@@ -20,7 +20,8 @@ _CONFIG_KEYS = {
     "schedule": "schedule.name", "p": "schedule.stages", "m": "schedule.microbatches", "v": "schedule.v",
     "g": "schedule.g", "mem_limit": "schedule.mem_limit",
     "steps": "training.steps", "microbatch_size": "training.microbatch_size", "lr": "training.lr",
-    "corpus": "training.corpus", "seed": "training.seed",
+    "corpus": "training.corpus", "seed": "training.seed", "eval_every": "training.eval_every",
+    "holdout": "training.holdout",
     "layers": "model.layers", "hidden": "model.hidden", "heads": "model.heads", "kv_heads": "model.kv_heads",
     "seq_len": "model.seq_len",
     "output": "runtime.output", "timeout": "runtime.timeout_s", "backend": "runtime.backend",
@@ -82,7 +83,11 @@ def _training_args(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--microbatch-size", type=int, default=None, help="sequences per microbatch (default 4)")
     t.add_argument("--lr", type=float, default=None, help="peak learning rate (default 3e-3)")
     t.add_argument("--corpus", default=None, metavar="FILE", help="train on this text file instead of the bundled one")
-    t.add_argument("--seed", type=int, default=None, help="data order seed")
+    t.add_argument("--seed", type=int, default=None, help="seed of the data order and of dropout's random streams")
+    t.add_argument("--eval-every", type=int, default=None, metavar="N",
+                   help="validation loss on held-out text every N steps and after the last (default 20; 0 = off)")
+    t.add_argument("--holdout", type=float, default=None, metavar="F",
+                   help="fraction of the corpus (its end) held out for validation, never trained on (default 0.05)")
 
 
 def _model_args(parser: argparse.ArgumentParser) -> None:

@@ -34,12 +34,24 @@ def load_corpus(path: str | Path | None = None) -> bytes:
 
 class ByteCorpus:
     """Windows of ``seq_len + 1`` bytes: inputs are the first ``seq_len``, targets the
-    next-byte shift. Deterministic in ``(seed, step, microbatch)``."""
+    next-byte shift. Deterministic in ``(seed, step, microbatch)``.
 
-    def __init__(self, data: bytes, seq_len: int, seed: int = 0) -> None:
+    ``holdout``: the fraction of the corpus, at its end, kept out of this corpus
+    (``part="train"``, the default) or that is this corpus (``part="validation"``);
+    the two parts share no byte. 0 (the default) uses all of it."""
+
+    def __init__(self, data: bytes, seq_len: int, seed: int = 0, *, holdout: float = 0.0,
+                 part: str = "train") -> None:
+        if part not in ("train", "validation"):
+            raise ParameterError("part", f"must be train or validation, got {part!r}")
+        if not 0.0 <= holdout < 1.0:
+            raise ParameterError("training.holdout", f"must be in [0, 1), got {holdout}")
+        cut = len(data) - int(len(data) * holdout)
+        data = data[:cut] if part == "train" else data[cut:]
         if len(data) < seq_len + 2:
-            raise ParameterError("training.corpus",
-                                 f"corpus has {len(data)} bytes; need more than seq_len+1 = {seq_len + 1}")
+            raise ParameterError("training.holdout" if holdout else "training.corpus",
+                                 f"the {part} part of the corpus has {len(data)} bytes; need more than "
+                                 f"seq_len+1 = {seq_len + 1}")
         self.tokens = torch.frombuffer(bytearray(data), dtype=torch.uint8).long()
         self.seq_len = seq_len
         self.seed = seed

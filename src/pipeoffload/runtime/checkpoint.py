@@ -1,23 +1,28 @@
-"""Checkpoints of a pipeline run: one file per rank, a manifest written last.
+"""Checkpoints of a pipeline run: ``torch.distributed.checkpoint`` files, a manifest last.
 
 Layout of a checkpoint directory ``D``::
 
-    D/step-00000010/rank-00000.pt     # rank 0's layer groups, optimizer, RNG, data position
-    D/step-00000010/rank-00000.pt ... # one per rank
-    D/step-00000010/manifest.json     # written last: step, world size, sha256 + size of each file
+    D/step-00000010/__0_0.distcp      # rank 0's tensors and values (DCP's own format)
+    D/step-00000010/__1_0.distcp ...  # one per rank
+    D/step-00000010/.metadata         # DCP's index: which key is where
+    D/step-00000010/manifest.json     # ours, written last: step, world size, sha256 + size of every file
+
+What is saved is the state dict the caller passes (every rank its own part; keys
+naming parameters, not ranks, reshard across pipeline sizes — ``runtime/state.py``);
+nothing is added to it. The step lives in the directory name and the manifest.
 
 Guarantees
 
-- **Atomic files**: each file is written to a temporary name in the same directory,
-  flushed and fsynced, then ``os.replace``\\ d into place, so a reader never sees a
-  half-written file under its final name.
+- **Atomic files**: DCP writes each rank's file and fsyncs it, and writes
+  ``.metadata`` to a temporary name, fsynced, then renamed; the manifest is written to
+  a temporary name, fsynced and ``os.replace``\\ d into place.
 - **Complete or ignored**: rank 0 writes ``manifest.json`` only after every rank has
-  reported its file's sha256 (a gather), so a checkpoint without a manifest is
+  reported its files' sha256 (a gather), so a checkpoint without a manifest is
   incomplete and never loaded.
-- **Verified on load**: :func:`load_latest` tries checkpoints newest first; each rank
-  checks the manifest, its own file's size and sha256, and that ``torch.load`` reads
-  it; the ranks agree (an all-gather) and, if any rank's check failed, all fall back
-  to the previous checkpoint, reporting why the newer one was rejected. A checkpoint
+- **Verified on load**: :func:`load_latest` tries checkpoints newest first; the ranks
+  share the checking of every file listed in the manifest (size and sha256) and agree
+  (an all-gather); then DCP reads it. If any check or the read failed, all fall back to
+  the previous checkpoint, reporting why the newer one was rejected. A checkpoint
   written for another model or placement is an error, not a fall-back.
 - **Retention**: after writing step ``n``, rank 0 keeps the ``keep`` newest complete
   checkpoints up to ``n`` and removes older ones (and incomplete ones older than ``n``).
@@ -29,6 +34,7 @@ any process starts) and the manifest helpers are pure Python.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -36,6 +42,7 @@ import random
 import re
 import shutil
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -43,7 +50,7 @@ from typing import Any, Callable
 from ..errors import ParameterError, PipeoffloadError
 
 MANIFEST = "manifest.json"
-FORMAT = 1
+FORMAT = 2  #: 2: torch.distributed.checkpoint files (1: one torch.save file per rank)
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
@@ -58,16 +65,12 @@ class Checkpoint:
     step: int  #: optimizer steps completed when it was written
     path: Path  #: the step directory
     manifest: dict
-    state: dict  #: this rank's payload
+    state: dict  #: the state dict passed to :func:`load_latest`, filled in
     rejected: list[str]  #: newer checkpoints skipped, with the reason
 
 
 def step_dir(root: str | Path, step: int) -> Path:
     return Path(root) / f"step-{step:08d}"
-
-
-def rank_file(rank: int) -> str:
-    return f"rank-{rank:05d}.pt"
 
 
 def list_checkpoints(root: str | Path) -> list[tuple[int, Path]]:
@@ -124,7 +127,7 @@ def sha256_file(path: Path) -> str:
 def save_checkpoint(
     root: str | Path,
     step: int,
-    payload: dict,
+    state: dict,
     *,
     rank: int = 0,
     world_size: int = 1,
@@ -132,12 +135,12 @@ def save_checkpoint(
     keep: int = 3,
     group: Any = None,
 ) -> Path:
-    """Save this rank's ``payload`` (anything ``torch.load(weights_only=True)`` reads)
-    as part of checkpoint ``step``. Call on every rank (it gathers to rank 0, which
-    writes the manifest with ``meta`` last and prunes to ``keep``). Returns the step
-    directory."""
-    import torch
+    """Save this rank's ``state`` (a flat dict of tensors and picklable values) as
+    part of checkpoint ``step`` with ``torch.distributed.checkpoint``. Call on every
+    rank (it gathers to rank 0, which writes the manifest with ``meta`` last and prunes
+    to ``keep``). Returns the step directory."""
     import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
 
     d = step_dir(root, step)
     d.mkdir(parents=True, exist_ok=True)
@@ -145,27 +148,42 @@ def save_checkpoint(
         # A manifest left from an earlier run at this step would vouch for files
         # about to be replaced: drop it first (its absence marks the step incomplete).
         (d / MANIFEST).unlink(missing_ok=True)
-    path = d / rank_file(rank)
-    atomic_write(path, lambda f: torch.save(payload, f))
-    entry = {"rank": rank, "file": path.name, "sha256": sha256_file(path), "bytes": path.stat().st_size}
-    if world_size > 1:
-        entries: list | None = [None] * world_size if rank == 0 else None
-        dist.gather_object(entry, entries, dst=0, group=group)
-    else:
-        entries = [entry]
+    dist_on = world_size > 1 or dist.is_initialized()
+    with _quiet_dcp():
+        dcp.save(state, checkpoint_id=str(d), process_group=group, no_dist=not dist_on)
+    mine = sorted(d.glob(f"__{rank}_*.distcp")) + ([d / ".metadata"] if rank == 0 else [])
+    entries = [{"file": f.name, "sha256": sha256_file(f), "bytes": f.stat().st_size} for f in mine]
+    gathered = _gather_to_rank0(entries, world_size, group)
     if rank == 0:
-        assert entries is not None
         manifest = {
             "format": FORMAT,
             "step": step,
             "world_size": world_size,
             "created": time.time(),
-            "files": {str(e["rank"]): {k: e[k] for k in ("file", "sha256", "bytes")} for e in entries},
+            "files": {e["file"]: {"sha256": e["sha256"], "bytes": e["bytes"]} for part in gathered for e in part},
             "meta": meta or {},
         }
         atomic_write(d / MANIFEST, lambda f: f.write(json.dumps(manifest, indent=1, default=str).encode()))
         prune(root, keep, step)
     return d
+
+
+def _gather_to_rank0(obj: Any, world_size: int, group: Any) -> list:
+    if world_size <= 1:
+        return [obj]
+    import torch.distributed as dist
+
+    out: list | None = [None] * world_size if dist.get_rank(group) == 0 else None
+    dist.gather_object(obj, out, dst=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
+    return out or []
+
+
+@contextlib.contextmanager
+def _quiet_dcp():
+    """DCP warns that it saves "in a single process" without a process group: intended here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*assuming the intent is to (save|load) in a single process.*")
+        yield
 
 
 def prune(root: str | Path, keep: int, newest: int) -> None:
@@ -192,7 +210,7 @@ def read_manifest(directory: Path) -> dict:
         manifest = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise CheckpointError(f"{directory.name}: {MANIFEST} is unreadable ({e})") from None
-    if (not isinstance(manifest, dict) or manifest.get("format") != FORMAT
+    if (not isinstance(manifest, dict) or manifest.get("format") not in (1, FORMAT)
             or not isinstance(manifest.get("files"), dict)):
         raise CheckpointError(f"{directory.name}: {MANIFEST} is not a format-{FORMAT} manifest")
     named = _STEP_DIR.match(directory.name)
@@ -201,26 +219,30 @@ def read_manifest(directory: Path) -> dict:
     return manifest
 
 
-def verify_rank_file(directory: Path, manifest: dict, rank: int) -> Path:
-    """Check this rank's file against the manifest (size, sha256); return its path."""
-    ent = manifest["files"].get(str(rank))
-    if not isinstance(ent, dict):
-        raise CheckpointError(f"{directory.name}: {MANIFEST} lists no file for rank {rank}")
-    path = directory / str(ent.get("file", ""))
-    if not path.is_file():
-        raise CheckpointError(f"{directory.name}: {path.name} is missing")
-    size = path.stat().st_size
-    if size != ent.get("bytes"):
-        raise CheckpointError(f"{directory.name}: {path.name} has {size} bytes, the manifest says {ent.get('bytes')} "
-                              "(truncated or replaced)")
-    digest = sha256_file(path)
-    if digest != ent.get("sha256"):
-        raise CheckpointError(f"{directory.name}: {path.name} fails its sha256 check (corrupt)")
-    return path
+def verify_files(directory: Path, manifest: dict, rank: int = 0, world_size: int = 1) -> None:
+    """Check this rank's share of the files the manifest lists (every ``world_size``-th,
+    from the ``rank``-th, by name): present, their size and sha256."""
+    if manifest.get("format") != FORMAT:
+        raise CheckpointError(f"{directory.name}: written by an older pipeoffload (format {manifest.get('format')}; "
+                              f"this version reads format {FORMAT})")
+    files = manifest["files"]
+    if ".metadata" not in files:
+        raise CheckpointError(f"{directory.name}: {MANIFEST} lists no .metadata")
+    for name in sorted(files)[rank::max(1, world_size)]:
+        ent, path = files[name], directory / name
+        if not isinstance(ent, dict) or not path.is_file():
+            raise CheckpointError(f"{directory.name}: {name} is missing")
+        size = path.stat().st_size
+        if size != ent.get("bytes"):
+            raise CheckpointError(f"{directory.name}: {name} has {size} bytes, the manifest says {ent.get('bytes')} "
+                                  "(truncated or replaced)")
+        if sha256_file(path) != ent.get("sha256"):
+            raise CheckpointError(f"{directory.name}: {name} fails its sha256 check (corrupt)")
 
 
 def load_latest(
     root: str | Path,
+    state: dict,
     *,
     rank: int = 0,
     world_size: int = 1,
@@ -228,23 +250,30 @@ def load_latest(
     group: Any = None,
     warn: Callable[[str], None] | None = None,
 ) -> Checkpoint | None:
-    """The newest checkpoint under ``root`` that every rank can load, or None when
-    there is none at all. Call on every rank.
+    """Load the newest checkpoint under ``root`` that every rank can load into
+    ``state`` (a state dict whose tensors are filled in place and other values
+    replaced, as ``torch.distributed.checkpoint.load`` does), or return None when there
+    is none at all. Call on every rank.
 
     ``expect``: entries the manifest's ``meta["fingerprint"]`` must equal (model and
     placement); a mismatch raises CheckpointError on every rank. A corrupt, truncated
-    or incomplete checkpoint is skipped with ``warn(reason)`` (rank 0) and the previous
-    one tried; if none is usable, CheckpointError lists why each was rejected."""
+    or incomplete checkpoint, or one DCP cannot read, is skipped with ``warn(reason)``
+    (rank 0) and the previous one tried; if none is usable, CheckpointError lists why
+    each was rejected."""
     rejected: list[str] = []
     for step, d in _candidates_of_rank0(root, world_size, group):
-        status, why, state, man = _try_checkpoint(d, step, rank, world_size, expect)
+        status, why, man = _check_checkpoint(d, rank, world_size, expect)
         verdicts = _all_verdicts(status, why, world_size, group)
         mismatches = [w for s, w in verdicts if s == "mismatch"]
         if mismatches:
             raise CheckpointError(mismatches[0])
         bad = sorted({w for s, w in verdicts if s == "bad"})
         if not bad:
-            return Checkpoint(step, d, man, state, rejected)
+            why = _read(d, state, group, world_size)
+            bad = sorted({w for s, w in _all_verdicts("bad" if why else "ok", why or "", world_size, group)
+                          if s == "bad"})
+            if not bad:
+                return Checkpoint(step, d, man, state, rejected)
         reason = "; ".join(bad)
         rejected.append(reason)
         if warn is not None and rank == 0:
@@ -252,6 +281,39 @@ def load_latest(
     if not rejected:
         return None
     raise CheckpointError(f"no usable checkpoint in {root}: " + " | ".join(rejected))
+
+
+def _read(d: Path, state: dict, group: Any, world_size: int) -> str | None:
+    """DCP-load ``d`` into ``state``; the reason it failed (the same on every rank), or None."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
+
+    dist_on = world_size > 1 or dist.is_initialized()
+    try:
+        with _quiet_dcp():
+            dcp.load(state, checkpoint_id=str(d), process_group=group, no_dist=not dist_on)
+    except (Exception, CheckpointException) as e:  # noqa: BLE001 - any read failure makes it unusable
+        text = str(e).strip().splitlines()
+        return f"{d.name}: cannot be read ({type(e).__name__}: {text[0][:200] if text else ''})"
+    return None
+
+
+def read_all(directory: str | Path) -> dict:
+    """Every key of the checkpoint in ``directory`` (a step directory, or any
+    ``torch.distributed.checkpoint`` directory), read in this process without a process
+    group: for inspection and tests. No checksum verification (see :func:`load_latest`)."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    md = dcp.FileSystemReader(str(directory)).read_metadata()
+    state: dict = {}
+    for key, m in md.state_dict_metadata.items():
+        state[key] = torch.empty(m.size, dtype=m.properties.dtype) if isinstance(m, TensorStorageMetadata) else None
+    with _quiet_dcp():
+        dcp.load(state, checkpoint_id=str(directory), no_dist=True)
+    return state
 
 
 def _candidates_of_rank0(root: str | Path, world_size: int, group: Any) -> list[tuple[int, Path]]:
@@ -267,13 +329,10 @@ def _candidates_of_rank0(root: str | Path, world_size: int, group: Any) -> list[
     return cands
 
 
-def _try_checkpoint(d: Path, step: int, rank: int, world_size: int,
-                    expect: dict | None) -> tuple[str, str, Any, dict]:
-    """This rank's verdict on checkpoint ``d``: ``(status, why, state, manifest)`` with
-    status "ok", "mismatch" (another run's checkpoint: an error) or "bad" (corrupt,
-    truncated or incomplete: skipped)."""
-    import torch
-
+def _check_checkpoint(d: Path, rank: int, world_size: int, expect: dict | None) -> tuple[str, str, dict]:
+    """This rank's verdict on checkpoint ``d`` before reading it: ``(status, why,
+    manifest)`` with status "ok", "mismatch" (another run's checkpoint: an error) or
+    "bad" (corrupt, truncated or incomplete: skipped)."""
     man: dict = {}
     try:
         man = read_manifest(d)
@@ -283,19 +342,12 @@ def _try_checkpoint(d: Path, step: int, rank: int, world_size: int,
         if expect is not None and fp != expect:
             raise _Mismatch(f"{d.name} was written for a different model or placement "
                             f"({_diff(fp, expect)}); use another --checkpoint-dir or the original settings")
-        path = verify_rank_file(d, man, rank)
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as e:  # noqa: BLE001 - any load failure means "corrupt"
-            raise CheckpointError(f"{d.name}: {path.name} cannot be loaded ({type(e).__name__}: "
-                                  f"{str(e).splitlines()[0][:200] if str(e) else ''})") from None
-        if not isinstance(state, dict) or state.get("step") != step:
-            raise CheckpointError(f"{d.name}: {path.name} does not hold step {step}")
+        verify_files(d, man, rank, world_size)
     except _Mismatch as e:
-        return "mismatch", str(e), None, man
+        return "mismatch", str(e), man
     except CheckpointError as e:
-        return "bad", str(e), None, man
-    return "ok", "", state, man
+        return "bad", str(e), man
+    return "ok", "", man
 
 
 def _all_verdicts(status: str, why: str, world_size: int, group: Any) -> list[tuple[str, str]]:
@@ -354,6 +406,9 @@ def precheck(root: str | Path, world_size: int, expect: dict, param: str = "root
         if man.get("world_size") != world_size:
             raise ParameterError(param, f"{d} was written by {man.get('world_size')} ranks; this run has "
                                  f"{world_size} (use the original number of ranks or another `{param}`)")
+        if man.get("format") != FORMAT:
+            raise ParameterError(param, f"{d} was written by an older pipeoffload (format {man.get('format')}; this "
+                                 f"version reads format {FORMAT}); use another `{param}`")
         fp = (man.get("meta") or {}).get("fingerprint")
         if fp != expect:
             raise ParameterError(param, f"{d} was written for a different model or placement ({_diff(fp, expect)}); "

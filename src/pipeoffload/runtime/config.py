@@ -67,8 +67,10 @@ class TrainingConfig:
     lr: float = 3e-3
     warmup_steps: int = 5
     weight_decay: float = 0.0
-    seed: int = 0  #: data order
+    seed: int = 0  #: data order and the keyed random streams (dropout)
     corpus: str | None = None  #: text file; None = the stdlib documentation topics
+    holdout: float = 0.05  #: fraction of the corpus (its end) held out for the validation loss
+    eval_every: int = 20  #: validation loss every N steps (and after the last); 0 = never
     on_nonfinite: str = "stop"  #: non-finite loss or gradients: "stop" the run or "skip" the step
 
 
@@ -154,6 +156,10 @@ class TrainConfig:
         require(t.steps >= 1, "training.steps", f"must be >= 1, got {t.steps}")
         require(t.microbatch_size >= 1, "training.microbatch_size", f"must be >= 1, got {t.microbatch_size}")
         require(t.lr > 0, "training.lr", f"must be > 0, got {t.lr}")
+        require(t.eval_every >= 0, "training.eval_every", f"must be >= 0 (0 = no validation), got {t.eval_every}")
+        require(0.0 <= t.holdout < 1.0, "training.holdout", f"must be in [0, 1), got {t.holdout}")
+        require(t.eval_every == 0 or t.holdout > 0, "training.holdout",
+                "must be > 0 for a validation loss (or set `training.eval_every`=0)")
         require(self.runtime.timeout_s > 0, "runtime.timeout_s", f"must be > 0, got {self.runtime.timeout_s}")
         require(self.runtime.recv_lookahead >= 0, "runtime.recv_lookahead", "must be >= 0")
         sched = build(ScheduleSpec(sc.name, sc.stages, sc.microbatches, v=sc.v, g=sc.g, mem_limit=sc.mem_limit))

@@ -3,48 +3,57 @@
 User API
 --------
 >>> runner = PipelineRunner(stage_modules, loss_fn, schedule)        # on every rank
->>> result = runner.step(inputs, targets)                             # one iteration
+>>> result = runner.step(batch, targets)                              # one iteration
 >>> result.loss          # mean loss over microbatches, on the rank holding the last layer group
+>>> runner.eval_step(batch, targets).loss                             # forward only
+>>> runner.infer(batch)  # the last layer group's outputs (on its rank), forward only
 
 ``stage_modules`` gives the layer groups (``torch.nn.Module``) this rank runs: a
 mapping ``{stage: module}`` holding at least this rank's stages, a sequence of all
-``num_stages`` modules (this rank picks its own), or a callable ``stage -> module``
-(called only for this rank's stages, so no rank builds the whole model). A stage
-module takes one tensor and returns one tensor; the first gets the microbatch input,
-the last's output goes to ``loss_fn(output, target) -> scalar``.
+``num_stages`` modules (this rank picks its own; tensors shared between modules are
+found and tied), or a callable ``stage -> module`` (called only for this rank's stages,
+so no rank builds the whole model). A stage module is called with one argument, the
+value the previous stage returned (the first: a microbatch of the inputs), and returns
+one value: a tensor, or a tuple/list/dict of tensors and plain values
+(``runtime/boundary.py``); the last stage's output goes to ``loss_fn(output, target)
+-> scalar``.
 
-``inputs``/``targets`` are the ``m`` microbatches of one iteration (only the rank of
-the first / last layer group reads them; others may pass ``None``). Gradients are
-accumulated into each parameter's ``.grad`` scaled by ``1/m``: the result equals the
-gradient of the mean loss over the microbatches. Call your optimizer afterwards.
+``inputs``/``targets``: a ``list`` of the ``m`` microbatches, or one whole batch (a
+tensor, tuple or dict) split into ``m`` along dimension 0 (only the rank of the first /
+last layer group reads them; others may pass ``None``). Gradients are accumulated into
+each parameter's ``.grad`` scaled by ``1/m``: the gradient of the mean of the
+microbatches' losses. Parameters shared by several stages get the sum over all their
+uses, on every rank holding a copy (``runtime/params.py``). Call your optimizer
+afterwards, on :meth:`PipelineRunner.parameters` (each shared parameter once).
 
 What one step does
 ------------------
 The schedule goes through :func:`pipeoffload.passes.lower` (``comm=True``: validated,
-then :func:`pipeoffload.passes.comm.insert_comm`),
-which adds sends/receives and proves the order deadlock-free before anything runs.
-Then each rank walks its list:
+then sends/receives added and proved deadlock-free). Each rank walks its list:
 
-- ``RECV_*``: wait (with a timeout) for an ``irecv`` posted ahead of time;
-- ``F``: run the stage under saved-tensor hooks (activation store + memory meter);
-  the last stage also computes the loss; the output goes to the next stage, by
-  ``isend`` or, when the next layer group is on this rank (V turn), by local hand-off;
-- ``B``: backward from the stage output for the input gradient; ``nn.Linear`` weight
-  gradients are deferred to the weight-gradient store; other parameters get theirs now;
-- ``W``: pop the store and accumulate the linear layers' weight gradients;
-- ``BW``: ``B`` then ``W``;
-- ``SEND_*``: ``isend`` (never waited on until the end of the step);
+- ``RECV_*``: wait (with a timeout) for a message whose receives were posted ahead;
+- ``F``: run the stage under saved-tensor hooks (activation store + memory meter), the
+  keyed random streams (``runtime/rng.py``) and, for a split backward, the
+  weight-gradient deferral (``runtime/weight_grad.py``); the last stage also computes
+  the loss; the output goes to the next stage by message or, when the next layer group
+  is on this rank (V turn), by local hand-off;
+- ``B``: backward from the stage output for the inputs' gradients; deferred weight work
+  is stashed; ``W``: run it; ``BW``: both;
+- ``SEND_*``: ``isend`` (waited for at the end of the step);
 - ``OFFLOAD_*``/``RELOAD_*``: calls on the activation store (see ``activations.py``).
 
-Each op is timed (seconds from the step start, after a barrier) and its activation
-memory change measured, giving a per-rank list of :class:`~pipeoffload.timeline.TimedOp`.
+Then shared parameters' gradients are summed among the ranks holding them. Each op is
+timed (seconds from the step start, after a barrier) and its activation memory change
+measured, giving a per-rank list of :class:`~pipeoffload.timeline.TimedOp`.
 """
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import datetime
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -55,13 +64,17 @@ from torch.autograd.graph import get_gradient_edge, saved_tensors_hooks
 
 from ..errors import ParameterError
 from ..ir import Op, OpKind, Schedule
-from ..passes.comm import incoming_order, message_key, message_tag
+from ..passes.comm import incoming_order, insert_comm, message_key
 from ..passes.lower import lower
 from ..timeline import TimedOp
+from . import boundary
 from .activations import ActivationStore, KeepActivations
+from .messages import Mailbox
 from .meter import MemoryMeter, make_meter
 from .p2p import P2P, CommTimeout
-from .weight_grad import WeightGradStore, convert_linears
+from .params import ParamTable, build_table
+from .rng import KeyedRNG, module_names
+from .weight_grad import WeightGradStore
 
 StageModules = Mapping[int, nn.Module] | Sequence[nn.Module] | Callable[[int], nn.Module]
 
@@ -89,6 +102,42 @@ class StepResult:
     meta: dict = field(default_factory=dict)
 
 
+@dataclass
+class _Plan:
+    """One program of this rank, indexed: its ops, where its receives are, the forwards
+    whose backward is split, and per peer the order it sends to this rank."""
+
+    ops: list[Op]
+    recv_pos: list[int]
+    split: set[tuple[int, int]]
+    incoming: dict[int, list]
+
+    @classmethod
+    def of(cls, program: Schedule, rank: int) -> "_Plan":
+        ops = program.ranks[rank]
+        recv = [i for i, op in enumerate(ops) if op.kind in (OpKind.RECV_F, OpKind.RECV_B)]
+        split = {(op.stage, op.microbatch) for op in ops if op.kind is OpKind.B}
+        return cls(ops, recv, split, incoming_order(program, rank))
+
+
+@dataclass
+class _Run:
+    """What one run of a program keeps (a step, an eval step, an inference)."""
+
+    train: bool
+    inputs: list | None
+    targets: list | None
+    act_in: dict = field(default_factory=dict)  #: (stage, mb) -> boundary.Flat received or handed off
+    grad_in: dict = field(default_factory=dict)  #: (stage, mb) -> gradients for the stage's output
+    to_send: dict = field(default_factory=dict)  #: message key -> Flat or gradient list
+    keep: dict = field(default_factory=dict)  #: (stage, mb) -> (input leaves needing grad, holder, roots)
+    losses: dict = field(default_factory=dict)
+    outputs: dict = field(default_factory=dict)
+    events: list = field(default_factory=list)
+    samples: list = field(default_factory=list)
+    bw_time: dict = field(default_factory=dict)  #: stage -> [B seconds, W seconds] of split backwards
+
+
 class PipelineRunner:
     """Runs a schedule on this rank's layer groups (see module docstring).
 
@@ -97,13 +146,23 @@ class PipelineRunner:
     (offload hook point), ``meter`` ("auto", "saved", "cuda", "none" or a
     :class:`MemoryMeter`), ``recv_lookahead`` receives posted ahead of their consumer,
     ``sync_timing`` (synchronize the CUDA compute stream around each op for exact timings;
-    default on CUDA; the offload copy streams keep running).
+    default on CUDA), ``group`` (the pipeline's process group), ``tie`` (groups of
+    parameter names that are one shared parameter), ``param_names`` ("auto", "module",
+    "stage" or a callable; ``runtime/params.py``), ``seed`` and ``keyed_rng`` (random
+    streams keyed by seed, step, microbatch and module; ``runtime/rng.py``),
+    ``autocast`` (a dtype: run every forward under ``torch.autocast`` with it; the
+    autocast active around :meth:`step` is used otherwise; backward runs outside it).
+
+    Construction is a collective over ``group`` when a process group is initialised
+    (parameter names and shared parameters are agreed): every rank builds its runner
+    at the same time. The runner never modifies the user's modules beyond moving them
+    to ``device``.
     """
 
     def __init__(
         self,
         stage_modules: StageModules,
-        loss_fn: Callable[[torch.Tensor, Any], torch.Tensor],
+        loss_fn: Callable[[Any, Any], torch.Tensor],
         schedule: Schedule,
         *,
         rank: int | None = None,
@@ -114,6 +173,11 @@ class PipelineRunner:
         recv_lookahead: int = 2,
         sync_timing: bool | None = None,
         group: Any = None,
+        tie: Sequence[Sequence[str]] | None = None,
+        param_names: Any = "auto",
+        seed: int = 0,
+        keyed_rng: bool = True,
+        autocast: torch.dtype | None = None,
     ) -> None:
         self.schedule = schedule
         self.program = lower(schedule, comm=True).schedule  # validated, sends/receives added
@@ -123,61 +187,63 @@ class PipelineRunner:
                                  "plan offload without `stash`")
         self.group = group
         self.rank = _pipeline_rank(schedule, group, rank)
-        pl = schedule.placement
-        self.placement = pl
-        self.num_stages = pl.num_stages
-        self.my_stages = pl.stages_of(self.rank)
+        self.placement = schedule.placement
+        self.num_stages = self.placement.num_stages
+        self.my_stages = self.placement.stages_of(self.rank)
         self.modules = _pick_modules(stage_modules, self.my_stages, self.num_stages)
         self.device = self._place_modules(device)
         self.loss_fn = loss_fn
         self.timeout_s = float(timeout_s)
+        self.p2p = P2P(self.rank, self.timeout_s, self.device, group)
+        self.table: ParamTable = build_table(self.modules, self.rank, all_modules=_all_modules(stage_modules),
+                                             param_names=param_names, tie=tie, group=group,
+                                             p2p=self.p2p if dist.is_initialized() else None)
+        self._params = {id(p): p for mod in self.modules.values() for p in mod.parameters()}
+        self._setup_runtime(activation_store, meter, recv_lookahead, sync_timing, autocast)
+        self._setup_rng(seed, keyed_rng)
+
+    def _setup_runtime(self, activation_store, meter, recv_lookahead, sync_timing, autocast) -> None:
+        """Meter, activation store, weight-gradient store, mailbox, plans."""
         self.store = activation_store or KeepActivations()
         self.meter = meter if isinstance(meter, MemoryMeter) else make_meter(self.device, meter)
         if hasattr(self.meter, "exclude"):
             self.meter.exclude(self._resident_tensors())
         self.wg = WeightGradStore(hold=self.meter.hold)
-        self.p2p = P2P(self.rank, self.timeout_s, self.device, group)
+        self.mail = Mailbox(self.p2p, self.num_stages, self.schedule.num_microbatches, self.device)
         self.sync_timing = self.device.type == "cuda" if sync_timing is None else sync_timing
         self.recv_lookahead = max(0, int(recv_lookahead))
+        if autocast is not None and not isinstance(autocast, torch.dtype):
+            raise ParameterError("autocast", f"expected a torch dtype such as torch.bfloat16, got {autocast!r}")
+        self.autocast = autocast
         self.ops: list[Op] = self.program.ranks[self.rank]
+        self._plan = _Plan.of(self.program, self.rank)
+        self._eval_plan: _Plan | None = None
         #: Called with each op right before it runs (fault injection, tracing); None = off.
         self.before_op: Callable[[Op], None] | None = None
-        self._index_program()
-        # The activation store learns the device, the meter, what never moves and
-        # which (stage, microbatch) pairs this rank's program offloads.
         self.store.bind(device=self.device, meter=self.meter, exclude=self._resident_tensors(),
                         offloaded=[(op.stage, op.microbatch) for op in self.ops if op.kind is OpKind.OFFLOAD_START])
-        self._in_meta: dict[int, tuple[tuple[int, ...], torch.dtype]] = {}
-        self._out_meta: dict[int, tuple[tuple[int, ...], torch.dtype]] = {}
-        self._ready = False
         self._dispatch, self._store_calls = self._op_handlers()
+        self.steps_done = 0  #: training steps run (keys the random streams; in the state dict)
+        self._warned_empty_w = False
+        self._closed = False
+
+    def _setup_rng(self, seed: int, keyed: bool) -> None:
+        prefix = {s: f"{s}." for s in self.my_stages} if self.table.naming == "stage" else {}
+        self.rng = KeyedRNG(seed, module_names(self.modules, prefix), self.device) if keyed else None
 
     def _place_modules(self, device: torch.device | str | None) -> torch.device:
         """Move this rank's stages to ``device`` (default: where their first parameter
-        lives, else the CPU) and route their linear layers through the weight-gradient
-        store; returns the device."""
+        lives, else the CPU); returns the device."""
         if device is None:
             device = next((p.device for mod in self.modules.values() for p in mod.parameters()), torch.device("cpu"))
         device = torch.device(device)
         for mod in self.modules.values():
             mod.to(device)
-            convert_linears(mod)
         return device
 
     def _resident_tensors(self) -> list[torch.Tensor]:
         """Parameters and buffers of this rank's stages: never offloaded, not activations."""
         return [t for mod in self.modules.values() for t in list(mod.parameters()) + list(mod.buffers())]
-
-    def _index_program(self) -> None:
-        """Where this rank's receives are, which forwards have a split backward, and the
-        order in which each peer sends to this rank."""
-        self._recv_ops = [i for i, op in enumerate(self.ops) if op.kind in (OpKind.RECV_F, OpKind.RECV_B)]
-        # Only forwards whose backward is split (B, later W) route linears through the
-        # weight-gradient store; under a fused BW they run as plain nn.Linear (native
-        # autograd: ~5-8% less compute than the deferred path on CPU).
-        self._split = {(op.stage, op.microbatch) for op in self.ops if op.kind is OpKind.B}
-        self._recv_rank_of_pos = {pos: k for k, pos in enumerate(self._recv_ops)}
-        self._incoming = incoming_order(self.program, self.rank)
 
     def _op_handlers(self) -> tuple[dict[OpKind, Callable[[Op], None]], dict[OpKind, Callable[[int, int], None]]]:
         """The method that runs each op kind, and the store call of each transfer kind."""
@@ -195,7 +261,7 @@ class PipelineRunner:
         }
         return dispatch, store_calls
 
-    # ------------------------------------------------------------------ setup
+    # ------------------------------------------------------------------ parameters
     @property
     def has_first_stage(self) -> bool:
         return 0 in self.my_stages
@@ -205,93 +271,157 @@ class PipelineRunner:
         return self.num_stages - 1 in self.my_stages
 
     def parameters(self) -> list[nn.Parameter]:
-        return [p for s in self.my_stages for p in self.modules[s].parameters()]
+        """This rank's parameters, each once (a shared parameter: its canonical copy)."""
+        return self.table.parameters()
 
     def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
-        return [(n, p) for s in self.my_stages for n, p in self.modules[s].named_parameters()]
+        """``(name, parameter)`` of :meth:`parameters`, by the user's names."""
+        return list(self.table.named)
 
-    def setup(self, sample_input: torch.Tensor | None) -> None:
-        """Learn every boundary's activation shape/dtype: stage by stage, each rank runs
-        a no-grad forward of its stages on zeros of the received shape (the first
-        stage on ``sample_input``) and sends the output's shape on. Runs once."""
-        S, pl = self.num_stages, self.placement
-        for s in self.my_stages:
-            if s == 0:
-                if sample_input is None:
-                    raise ParameterError("inputs", f"rank {self.rank} holds the first layer group and needs the inputs")
-                x = sample_input.to(self.device)
-            else:
-                prev = pl.rank_of(s - 1)
-                if prev == self.rank:
-                    shape, dtype = self._out_meta[s - 1]
-                else:
-                    shape, dtype = self.p2p.recv_meta(prev, s, f"setup of layer group {s}")
-                x = torch.zeros(shape, dtype=dtype, device=self.device)
-            self._in_meta[s] = (tuple(x.shape), x.dtype)
-            if s == S - 1:
-                continue
-            with torch.no_grad():
-                y = self.modules[s](x)
-            if not isinstance(y, torch.Tensor):
-                raise ParameterError("stage_modules", f"layer group {s} returned {type(y).__name__}; "
-                                     "a stage must return one tensor")
-            self._out_meta[s] = (tuple(y.shape), y.dtype)
-            nxt = pl.rank_of(s + 1)
-            if nxt != self.rank:
-                self.p2p.send_meta(y, nxt, s + 1, f"setup of layer group {s + 1}")
-        self.p2p.finish_sends()
-        self._ready = True
+    # ------------------------------------------------------------------ steps
+    def step(self, inputs: Any = None, targets: Any = None) -> StepResult:
+        """One training iteration of the schedule (all ``m`` microbatches) on this rank."""
+        self._check_open("step")
+        if not torch.is_grad_enabled():
+            raise ParameterError("step", "gradients are disabled here (torch.no_grad); use runner.eval_step(...) "
+                                 "for a validation loss or runner.infer(...) for outputs")
+        run = _Run(True, self._microbatches(inputs, "inputs", self.has_first_stage),
+                   self._microbatches(targets, "targets", self.has_last_stage))
+        self.table.sync_copies()
+        res = self._execute(self._plan, run)
+        self.table.reduce_grads(self.p2p if dist.is_initialized() else None, self.rank)
+        self.steps_done += 1
+        self._warn_if_w_empty(run)
+        return res
 
-    # ------------------------------------------------------------------ step
-    def step(self, inputs: Sequence[Any] | None = None, targets: Sequence[Any] | None = None) -> StepResult:
-        """Run one iteration of the schedule (all ``m`` microbatches) on this rank."""
+    def eval_step(self, inputs: Any = None, targets: Any = None) -> StepResult:
+        """The forward of every microbatch and its loss, pipelined in the schedule's
+        forward order; no backward, no saved activations, no gradients. The stage
+        modules are in eval mode (dropout off) during the call and restored after."""
+        self._check_open("eval_step")
+        run = _Run(False, self._microbatches(inputs, "inputs", self.has_first_stage),
+                   self._microbatches(targets, "targets", self.has_last_stage))
+        with self._eval_mode():
+            return self._execute(self._forward_plan(), run)
+
+    def infer(self, inputs: Any = None, *, join: bool | None = None) -> Any:
+        """The last layer group's outputs for ``inputs`` (forward only, eval mode, no
+        loss): on the rank holding it, the ``m`` per-microbatch outputs joined into one
+        batch (``join``; default: when this rank's ``inputs`` is not a list) or as a
+        list; ``None`` on other ranks."""
+        self._check_open("infer")
+        run = _Run(False, self._microbatches(inputs, "inputs", self.has_first_stage), None)
+        with self._eval_mode():
+            self._execute(self._forward_plan(), run)
+        if not self.has_last_stage:
+            return None
+        outs = [run.outputs[j] for j in range(self.schedule.num_microbatches)]
+        if join is None:
+            join = not isinstance(inputs, list)
+        return boundary.join_outputs(outs) if join else outs
+
+    def _microbatches(self, value: Any, param: str, needed: bool) -> list | None:
+        """The ``m`` microbatches of ``value`` (a list of them, or a whole batch to split)."""
+        if not needed:
+            return None
         m = self.schedule.num_microbatches
-        if self.has_first_stage and (inputs is None or len(inputs) != m):
-            raise ParameterError("inputs", f"rank {self.rank} holds the first layer group and needs {m} "
-                                 f"microbatch inputs, got {0 if inputs is None else len(inputs)}")
-        if self.has_last_stage and (targets is None or len(targets) != m):
-            raise ParameterError("targets", f"rank {self.rank} holds the last layer group and needs {m} "
-                                 f"microbatch targets, got {0 if targets is None else len(targets)}")
-        if not self._ready:
-            self.setup(inputs[0] if self.has_first_stage else None)
-        self._inputs = [x.to(self.device) for x in inputs] if self.has_first_stage else None
-        self._targets = [_to_device(t, self.device) for t in targets] if self.has_last_stage else None
-        self._act_in: dict[tuple[int, int], torch.Tensor] = {}
-        self._grad_in: dict[tuple[int, int], torch.Tensor] = {}
-        self._to_send: dict[tuple[str, int, int], torch.Tensor] = {}
-        self._keep: dict[tuple[int, int], tuple] = {}
-        self._losses: dict[int, torch.Tensor] = {}
-        self._posted: dict[int, int] = {peer: 0 for peer in self._incoming}
-        self._events: list[TimedOp] = []
-        self._samples: list[OpSample] = []
+        which = "first" if param == "inputs" else "last"
+        if value is None:
+            raise ParameterError(param, f"rank {self.rank} holds the {which} layer group and needs the {param}")
+        if boundary.is_microbatch_list(value):
+            if len(value) != m:
+                raise ParameterError(param, f"rank {self.rank} holds the {which} layer group and needs {m} "
+                                     f"microbatch {param} (m), got a list of {len(value)}; pass a list of {m} "
+                                     "or one whole batch (a tensor, tuple or dict) to split")
+            return [boundary.to_device(v, self.device) for v in value]
+        return [boundary.to_device(v, self.device) for v in boundary.split_batch(value, m, param)]
 
+    def _forward_plan(self) -> _Plan:
+        """The forward-only program (the schedule's F ops in its order, with messages)."""
+        if self._eval_plan is None:
+            ranks = [[op for op in lst if op.kind is OpKind.F] for lst in self.schedule.ranks]
+            self._eval_plan = _Plan.of(insert_comm(self.schedule.with_ranks(ranks)), self.rank)
+        return self._eval_plan
+
+    @contextlib.contextmanager
+    def _eval_mode(self):
+        modes = {s: [(m, m.training) for m in mod.modules()] for s, mod in self.modules.items()}
+        self.table.sync_copies()
+        try:
+            for mod in self.modules.values():
+                mod.eval()
+            with torch.no_grad():
+                yield
+        finally:
+            for pairs in modes.values():
+                for m, was in pairs:
+                    m.training = was
+
+    def _check_open(self, what: str) -> None:
+        if self._closed:
+            raise ParameterError(what, "this runner was closed; build a new PipelineRunner")
+
+    # ------------------------------------------------------------------ running a program
+    def _execute(self, plan: _Plan, run: _Run) -> StepResult:
+        """Run ``plan`` once: barrier, every op, sends completed; the measured result."""
+        self._run, self._cur_plan = run, plan
+        self._amp = self._autocast_state()
+        self.mail.begin(plan.incoming)
         self._sync()
         self.barrier()
         self.meter.start_step()
         self._t0 = time.perf_counter()
-        hook = self.before_op
-        for pos, op in enumerate(self.ops):
-            self._pos = pos
-            if hook is not None:
-                hook(op)
-            self._dispatch[op.kind](op)
-        self.p2p.finish_sends()
+        hook = self.before_op if run.train else None
+        with self.rng.step() if self.rng is not None else contextlib.nullcontext():
+            for pos, op in enumerate(plan.ops):
+                self._pos = pos
+                if hook is not None:
+                    hook(op)
+                self._dispatch[op.kind](op)
+            self.p2p.finish_sends()
         t_end = self._now()
-        self.store.end_step()
+        if run.train:
+            self.store.end_step()
+        self._check_finished(run)
+        return self._result(run, t_end)
+
+    def _check_finished(self, run: _Run) -> None:
         leftover = self.wg.pending()
-        if leftover or self._keep or self.p2p.pending_recvs():
+        if leftover or run.keep or self.p2p.pending_recvs():
             raise RuntimeError(f"rank {self.rank}: step ended with {leftover} deferred weight gradients and "
-                               f"{len(self._keep)} forwards without backward and {self.p2p.pending_recvs()} receives "
+                               f"{len(run.keep)} forwards without backward and {self.p2p.pending_recvs()} receives "
                                "not consumed (schedule incomplete?)")
-        loss = None
-        losses = None
-        if self.has_last_stage:
-            losses = [float(self._losses[j]) for j in range(m)]
-            loss = sum(losses) / m
-        self._inputs = self._targets = None
-        return StepResult(self.rank, loss, losses, self._events, self._samples, self.meter.peak(), t_end,
-                          {"meter": self.meter.name, "device": str(self.device),
-                           **({"offload": self.store.stats()} if self.store.stats() is not None else {})})
+
+    def _result(self, run: _Run, t_end: float) -> StepResult:
+        m = self.schedule.num_microbatches
+        losses = [float(run.losses[j]) for j in range(m)] if self.has_last_stage and run.targets is not None \
+            else None
+        loss = sum(losses) / m if losses is not None else None
+        meta: dict[str, Any] = {"meter": self.meter.name, "device": str(self.device),
+                                "mode": "train" if run.train else "eval"}
+        if run.train:
+            if self.store.stats() is not None:
+                meta["offload"] = self.store.stats()
+            meta["w_share"] = {s: (w / (b + w) if b + w > 0 else 0.0) for s, (b, w) in run.bw_time.items()}
+        self._run = None
+        return StepResult(self.rank, loss, losses, run.events, run.samples, self.meter.peak(), t_end, meta)
+
+    def _autocast_state(self) -> tuple[bool, torch.dtype | None]:
+        """(autocast for forwards?, dtype): this runner's ``autocast``, else the ambient one."""
+        dev = self.device.type
+        if self.autocast is not None:
+            return True, self.autocast
+        if torch.is_autocast_enabled(dev):
+            return True, torch.get_autocast_dtype(dev)
+        return False, None
+
+    def _forward_amp(self):
+        on, dtype = self._amp
+        return torch.autocast(self.device.type, dtype=dtype) if on else contextlib.nullcontext()
+
+    def _backward_amp(self):
+        on, _ = self._amp
+        return torch.autocast(self.device.type, enabled=False) if on else contextlib.nullcontext()
 
     def barrier(self) -> None:
         """All ranks meet (start of every step: op times are relative to it).
@@ -313,40 +443,72 @@ class PipelineRunner:
     # ------------------------------------------------------------------ ops
     def _op_forward(self, op: Op) -> None:
         lvl0, t0 = self._begin()
-        self._forward(op)
+        if self._run.train:
+            self._forward(op)
+        else:
+            self._forward_only(op)
         self._end(op, t0, lvl0, "F")
+        self._post_ahead()
 
     def _op_backward(self, op: Op) -> None:
         lvl0, t0 = self._begin()
         self._backward(op)
         self._end(op, t0, lvl0, "B")
+        self._run.bw_time.setdefault(op.stage, [0.0, 0.0])[0] += self._run.samples[-1].duration
+        self._post_ahead()
 
     def _op_weight(self, op: Op) -> None:
         lvl0, t0 = self._begin()
-        self.wg.flush(op.stage, op.microbatch)
+        with self._backward_amp():
+            self.wg.flush(op.stage, op.microbatch)
         self._end(op, t0, lvl0, "W")
+        self._run.bw_time.setdefault(op.stage, [0.0, 0.0])[1] += self._run.samples[-1].duration
 
     def _op_backward_weight(self, op: Op) -> None:
         lvl0, t0 = self._begin()
         self._backward(op)
         self._sync()
         lvl1, t1 = self.meter.level(), self._now()
-        self._samples.append(OpSample(op.stage, "B", t1 - t0, lvl1 - lvl0, self.meter.peak_since_mark() - lvl0))
+        self._run.samples.append(OpSample(op.stage, "B", t1 - t0, lvl1 - lvl0, self.meter.peak_since_mark() - lvl0))
         self.meter.mark()
-        self.wg.flush(op.stage, op.microbatch)
+        with self._backward_amp():
+            self.wg.flush(op.stage, op.microbatch)
         self._sync()
         lvl2, t2 = self.meter.level(), self._now()
-        self._samples.append(OpSample(op.stage, "W", t2 - t1, lvl2 - lvl1, self.meter.peak_since_mark() - lvl1))
-        self._events.append(TimedOp(op, t0, t2, "compute", lvl2 - lvl0))
+        self._run.samples.append(OpSample(op.stage, "W", t2 - t1, lvl2 - lvl1, self.meter.peak_since_mark() - lvl1))
+        self._run.events.append(TimedOp(op, t0, t2, "compute", lvl2 - lvl0))
+        self._post_ahead()
+
+    def _stage_input(self, s: int, j: int) -> boundary.Flat:
+        run = self._run
+        if s == 0:
+            return boundary.flatten(run.inputs[j], f"input microbatch {j}")
+        return run.act_in.pop((s, j))
 
     def _forward(self, op: Op) -> None:
+        """A training F: the stage under the hooks; keeps what its B needs."""
         s, j = op.stage, op.microbatch
-        last = s == self.num_stages - 1
-        if s == 0:
-            x = self._inputs[j]
-        else:
-            x = self._act_in.pop((s, j)).requires_grad_()
-        holder = self.meter.hold(x)  # the runtime keeps the stage input until B
+        run, last = self._run, s == self.num_stages - 1
+        flat = self._stage_input(s, j)
+        leaves = flat.tensor_leaves()
+        holder = self.meter.hold(*leaves)  # the runtime keeps the stage input until B
+        owned = tuple(leaves) if s > 0 else ()  # received/handed-off inputs: the runtime's own tensors
+        with self._forward_context(s, j, owned):
+            y = self.modules[s](flat.rebuild())
+            if last:
+                root: Any = self._loss(y, j)
+        if not last:
+            out = boundary.flatten(y, f"the output of layer group {s}")
+            needs = [t for t in out.tensor_leaves() if t.requires_grad]
+            root = [get_gradient_edge(t) for t in needs]  # keep the graph, not the output tensors
+            self._pass_on(s, j, boundary.hand_off(out))
+        del y
+        wants = [t for t in leaves if t.requires_grad] if s > 0 else []
+        run.keep[(s, j)] = (wants, holder, root)
+
+    def _forward_context(self, s: int, j: int, owned: tuple) -> contextlib.ExitStack:
+        """Saved-tensor hooks (store + meter), deferral of a split backward's weight
+        work, the activation store's capture, the keyed random streams, autocast."""
         store, meter = self.store, self.meter
 
         def pack(t: torch.Tensor) -> Any:
@@ -355,97 +517,108 @@ class PipelineRunner:
         def unpack(obj: Any) -> torch.Tensor:
             return store.unpack(s, j, meter.unwrap(obj))
 
-        deferred = self.wg.forward(s, j) if (s, j) in self._split else contextlib.nullcontext()
-        owned = (x,) if s > 0 else ()  # the received/handed-off input: the runtime's own tensor
-        with saved_tensors_hooks(pack, unpack), deferred, self.store.capture(s, j, owned):
-            y = self.modules[s](x)
-            if last:
-                loss = self.loss_fn(y, self._targets[j])
-                if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-                    raise ParameterError("loss_fn", "must return a scalar tensor")
-                self._losses[j] = loss.detach()
-                root: Any = loss / self.schedule.num_microbatches
-        if not last:
-            if not y.requires_grad:
-                raise ParameterError("stage_modules", f"output of layer group {s} does not require grad; "
-                                     "nothing to backpropagate through")
-            root = get_gradient_edge(y)  # keep the graph, not the output tensor
-            nxt = self.placement.rank_of(s + 1)
-            if nxt == self.rank:
-                self._act_in[(s + 1, j)] = y.detach()
-            else:
-                self._to_send[("F", s, j)] = y.detach()
-        del y
-        self._keep[(s, j)] = (x, holder, root)
+        stack = contextlib.ExitStack()
+        stack.enter_context(saved_tensors_hooks(pack, unpack))
+        if (s, j) in self._cur_plan.split:
+            stack.enter_context(self.wg.defer(s, j, self._params))
+        stack.enter_context(store.capture(s, j, owned))
+        if self.rng is not None:
+            stack.enter_context(self.rng.forward(self.steps_done, j))
+        stack.enter_context(self._forward_amp())
+        return stack
+
+    def _loss(self, y: Any, j: int) -> torch.Tensor:
+        """The last stage's loss for microbatch ``j``; returns the backward root (loss / m)."""
+        loss = self.loss_fn(y, self._run.targets[j])
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            raise ParameterError("loss_fn", "must return a scalar tensor")
+        self._run.losses[j] = loss.detach()
+        return loss / self.schedule.num_microbatches
+
+    def _pass_on(self, s: int, j: int, out: boundary.Flat) -> None:
+        """The output of ``(s, j)`` to layer group ``s + 1``: locally or by message."""
+        if self.placement.rank_of(s + 1) == self.rank:
+            self._run.act_in[(s + 1, j)] = out
+        else:
+            self._run.to_send[("F", s, j)] = out
+            if self._run.train:
+                self.mail.expect_grads(("B", s + 1, j), [t for t in out.tensor_leaves() if t.requires_grad])
+
+    def _forward_only(self, op: Op) -> None:
+        """An F of an eval step or an inference: no graph, no hooks; loss or output kept."""
+        s, j = op.stage, op.microbatch
+        flat = self._stage_input(s, j)
+        ctx = self.rng.forward(self.steps_done, j) if self.rng is not None else contextlib.nullcontext()
+        with ctx, self._forward_amp():
+            y = self.modules[s](flat.rebuild())
+            if s == self.num_stages - 1:
+                if self._run.targets is not None:
+                    self._loss(y, j)
+                else:
+                    self._run.outputs[j] = y
+                return
+        self._pass_on(s, j, boundary.flatten(y, f"the output of layer group {s}"))
 
     def _backward(self, op: Op) -> None:
         s, j = op.stage, op.microbatch
-        x, holder, root = self._keep.pop((s, j))
-        grad = None if s == self.num_stages - 1 else self._grad_in.pop((s, j))
-        with self.wg.deferring():
-            torch.autograd.backward(root, grad_tensors=grad)
-        del root, grad
-        if s > 0:
-            gx = x.grad
-            if gx is None:
-                gx = torch.zeros_like(x)
-            prev = self.placement.rank_of(s - 1)
-            if prev == self.rank:
-                self._grad_in[(s - 1, j)] = gx
+        run = self._run
+        wants, holder, root = run.keep.pop((s, j))
+        with self.wg.deferring(), self._backward_amp():
+            if s == self.num_stages - 1:
+                torch.autograd.backward(root)
             else:
-                self._to_send[("B", s, j)] = gx
-            x.grad = None
+                grads = run.grad_in.pop((s, j))
+                if root:
+                    torch.autograd.backward(root, grad_tensors=grads)
+                del grads
+        del root
+        if s > 0:
+            gx = [t.grad if t.grad is not None else torch.zeros_like(t) for t in wants]
+            for t in wants:
+                t.grad = None
+            if self.placement.rank_of(s - 1) == self.rank:
+                run.grad_in[(s - 1, j)] = gx
+            else:
+                run.to_send[("B", s, j)] = gx
         self.store.release(s, j)
-        del x, holder
+        del wants, holder
 
     def _op_transfer(self, op: Op) -> None:
         """An offload-pass op: a call on the activation store, recorded on the d2h/h2d lane."""
         lvl0, t0 = self.meter.level(), self._now()
         self._store_calls[op.kind](op.stage, op.microbatch)
         stream = "d2h" if op.kind in (OpKind.OFFLOAD_START, OpKind.OFFLOAD_END) else "h2d"
-        self._events.append(TimedOp(op, t0, self._now(), stream, self.meter.level() - lvl0))
+        self._run.events.append(TimedOp(op, t0, self._now(), stream, self.meter.level() - lvl0))
 
     def _op_send(self, op: Op) -> None:
         t0 = self._now()
         key = message_key(op)
-        tensor = self._to_send.pop(key)
-        self.p2p.send(op, tensor, message_tag(key, self.num_stages, self.schedule.num_microbatches))
+        value = self._run.to_send.pop(key)
+        if op.kind is OpKind.SEND_F:
+            self.mail.send_value(op, key, value)
+        else:
+            self.mail.send_grads(op, key, value)
         self.p2p.poll_sends()
-        self._events.append(TimedOp(op, t0, self._now(), "comm", 0.0))
+        self._run.events.append(TimedOp(op, t0, self._now(), "comm", 0.0))
 
     def _op_recv(self, op: Op) -> None:
-        self._post_ahead(self._recv_rank_of_pos[self._pos])
+        self._post_ahead()
         t0 = self._now()
-        buf = self.p2p.wait_recv(message_key(op), op)
-        self._events.append(TimedOp(op, t0, self._now(), "comm", 0.0))
+        key = message_key(op)
+        got = self.mail.receive(op, key)
+        self._run.events.append(TimedOp(op, t0, self._now(), "comm", 0.0))
         if op.kind is OpKind.RECV_F:
-            self._act_in[(op.stage, op.microbatch)] = buf
+            self._run.act_in[(op.stage, op.microbatch)] = got
         else:
-            self._grad_in[(op.stage, op.microbatch)] = buf
+            self._run.grad_in[(op.stage, op.microbatch)] = got
 
-    def _post_ahead(self, k: int) -> None:
-        """Post the receives of the k-th to (k+lookahead)-th RECV ops (and, per peer,
-        every message that peer sends before them, keeping the sender's order)."""
-        for kk in range(k, min(k + self.recv_lookahead + 1, len(self._recv_ops))):
-            op = self.ops[self._recv_ops[kk]]
-            want = message_key(op)
-            if self.p2p.is_posted(want):
-                continue
-            order = self._incoming[op.peer]
-            while True:
-                i = self._posted[op.peer]
-                key = order[i]
-                self._post_recv(op.peer, key)
-                self._posted[op.peer] = i + 1
-                if key == want:
-                    break
-
-    def _post_recv(self, peer: int, key: tuple[str, int, int]) -> None:
-        """Post the receive of message ``key`` (direction, sending layer group, microbatch)."""
-        direction, s, _ = key
-        shape, dtype = self._in_meta[s + 1] if direction == "F" else self._out_meta[s - 1]
-        tag = message_tag(key, self.num_stages, self.schedule.num_microbatches)
-        self.p2p.post_recv(key, shape, dtype, peer, tag)
+    def _post_ahead(self) -> None:
+        """Post (without blocking) the receives of the next ``recv_lookahead + 1``
+        receive ops, in each peer's send order."""
+        plan = self._cur_plan
+        k = bisect.bisect_left(plan.recv_pos, self._pos)
+        ahead = plan.recv_pos[k:k + self.recv_lookahead + 1]
+        self.mail.post_ahead([message_key(plan.ops[i]) for i in ahead])
 
     # ------------------------------------------------------------------ timing
     def _now(self) -> float:
@@ -466,13 +639,88 @@ class PipelineRunner:
     def _end(self, op: Op, t0: float, lvl0: float, kind: str) -> None:
         self._sync()
         t1, lvl1 = self._now(), self.meter.level()
-        self._samples.append(OpSample(op.stage, kind, t1 - t0, lvl1 - lvl0, self.meter.peak_since_mark() - lvl0))
-        self._events.append(TimedOp(op, t0, t1, "compute", lvl1 - lvl0))
+        self._run.samples.append(OpSample(op.stage, kind, t1 - t0, lvl1 - lvl0, self.meter.peak_since_mark() - lvl0))
+        self._run.events.append(TimedOp(op, t0, t1, "compute", lvl1 - lvl0))
 
+    # ------------------------------------------------------------------ reports
+    def weight_split(self) -> dict[int, dict[str, Any]]:
+        """Per layer group of this rank whose backward the schedule splits: ``deferred``
+        (names of parameters whose gradient W computes), ``in_b`` (trainable ones whose
+        gradient arrives in B: a path the deferral does not see), ``bypassed`` (calls
+        left to autograd, by reason). The share of backward time W carries is in each
+        step's ``StepResult.meta["w_share"]``."""
+        names = {id(p): n for n, p in self.table.named}
+        out = {}
+        for s in sorted({s for s, _ in self._plan.split}):
+            rep = self.wg.report(s)
+            mine = [p for p in self.modules[s].parameters() if p.requires_grad]
+            out[s] = {"deferred": sorted(names.get(i, "?") for i in rep["deferred"] if i in names),
+                      "in_b": sorted({names.get(id(p), "?") for p in mine if id(p) not in rep["deferred"]}),
+                      "bypassed": rep["bypassed"]}
+        return out
 
-def _to_device(value: Any, device: torch.device) -> Any:
-    """A tensor moved to ``device``; anything else (e.g. a target the loss reads) as is."""
-    return value.to(device) if isinstance(value, torch.Tensor) else value
+    def _warn_if_w_empty(self, run: _Run) -> None:
+        """Once: warn about a split layer group whose W carried nothing."""
+        if self._warned_empty_w or not self._plan.split:
+            return
+        self._warned_empty_w = True
+        for s, rep in self.weight_split().items():
+            if not rep["deferred"] and rep["in_b"]:
+                warnings.warn(f"rank {self.rank}: the schedule splits layer group {s}'s backward into B and W, but "
+                              f"no weight gradient reached W ({len(rep['in_b'])} parameters get theirs in B: "
+                              f"{', '.join(rep['in_b'][:3])}...; calls left to autograd: {rep['bypassed'] or 'none'}); "
+                              "this stage runs as with a fused backward", RuntimeWarning, stacklevel=3)
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self, optimizer: torch.optim.Optimizer | None = None) -> dict[str, Any]:
+        """This rank's part of the pipeline's state, by the user's names (``runtime/state.py``)."""
+        from .state import runner_state_dict
+
+        self.table.sync_copies()
+        return runner_state_dict(self, optimizer)
+
+    def load_state_dict(self, state: Mapping[str, Any], optimizer: torch.optim.Optimizer | None = None) -> None:
+        """Load this rank's part of ``state`` (as :meth:`state_dict` gives it, from any
+        pipeline size or schedule: keys are names)."""
+        from .state import load_runner_state_dict
+
+        load_runner_state_dict(self, state, optimizer)
+        self.table.sync_copies()
+
+    def save(self, path: Any, optimizer: torch.optim.Optimizer | None = None,
+             extra: Mapping[str, Any] | None = None) -> None:
+        """Write :meth:`state_dict` (and ``extra``) to directory ``path`` with
+        ``torch.distributed.checkpoint``; every rank calls it (``runtime/state.py``)."""
+        from .state import save
+
+        save(self, path, optimizer, extra)
+
+    def load(self, path: Any, optimizer: torch.optim.Optimizer | None = None,
+             extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Read a :meth:`save` checkpoint written with any pipeline size or schedule;
+        every rank calls it. Returns the ``extra`` keys asked for, filled in."""
+        from .state import load
+
+        return load(self, path, optimizer, extra)
+
+    def close(self) -> None:
+        """Release what the runner holds (stashes, the activation store's buffers) and
+        leave the modules with the trained values in every copy of a shared parameter.
+        The runner cannot step afterwards; the modules stay the user's, unchanged otherwise."""
+        if self._closed:
+            return
+        self.table.sync_copies()
+        self.wg.clear()
+        close = getattr(self.store, "close", None)
+        if close is not None:
+            close()
+        self._closed = True
+
+    def __enter__(self) -> "PipelineRunner":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
 
 def _pipeline_rank(schedule: Schedule, group: Any, rank: int | None) -> int:
@@ -486,6 +734,15 @@ def _pipeline_rank(schedule: Schedule, group: Any, rank: int | None) -> int:
         raise ParameterError("stages", f"schedule {schedule.name} needs {schedule.num_ranks} ranks, "
                              f"but the process group has {world}")
     return (dist.get_rank(group) if dist.is_initialized() else 0) if rank is None else rank
+
+
+def _all_modules(stage_modules: StageModules) -> dict[int, nn.Module] | None:
+    """Every layer group's module when the user gave them all (list or mapping)."""
+    if isinstance(stage_modules, Mapping):
+        return {int(s): m for s, m in stage_modules.items() if isinstance(m, nn.Module)}
+    if isinstance(stage_modules, Sequence) and not isinstance(stage_modules, (str, bytes)):
+        return {s: m for s, m in enumerate(stage_modules) if isinstance(m, nn.Module)}
+    return None
 
 
 def _pick_modules(stage_modules: StageModules, mine: tuple[int, ...], num_stages: int) -> dict[int, nn.Module]:
@@ -512,15 +769,14 @@ def _pick_modules(stage_modules: StageModules, mine: tuple[int, ...], num_stages
 
 def run_pipeline(
     stage_modules: StageModules,
-    loss_fn: Callable[[torch.Tensor, Any], torch.Tensor],
+    loss_fn: Callable[[Any, Any], torch.Tensor],
     schedule: Schedule,
-    inputs: Sequence[Any] | None,
-    targets: Sequence[Any] | None,
+    inputs: Any,
+    targets: Any,
     **kwargs: Any,
 ) -> StepResult:
     """One iteration of ``schedule`` on this rank: ``PipelineRunner(...).step(inputs, targets)``.
 
     Call on every rank of an initialised process group (see
-    :func:`pipeoffload.runtime.launcher.launch`). For many steps keep a
-    :class:`PipelineRunner` (it exchanges activation shapes once)."""
+    :func:`pipeoffload.runtime.launcher.launch`)."""
     return PipelineRunner(stage_modules, loss_fn, schedule, **kwargs).step(inputs, targets)

@@ -12,6 +12,18 @@ process group, ``ctx`` a :class:`DistContext`:
 Backend "auto": NCCL with one GPU per local rank when CUDA has enough devices, else
 gloo on CPU. The process-group timeout (init and collectives) is ``init_timeout_s``.
 
+Spawned ranks import ``fn`` by reference: before anything starts, a lambda, a nested
+function, or one defined in ``__main__`` of ``python -c``, an interactive session or a
+notebook (which a spawned process cannot import) is a one-line
+:class:`~pipeoffload.errors.ParameterError` saying what to do, as are arguments that
+cannot be pickled; a function a spawned rank still cannot load (defined under
+``if __name__ == "__main__":``) is reported once, by every rank, as a
+:class:`LaunchError` saying so.
+
+Under ``torchrun`` ``launch`` may be called several times: the first call initialises
+the default process group (or uses one the caller initialised) and later calls reuse
+it; it is destroyed when the process exits.
+
 Failures (spawned ranks): the parent watches every rank's process. When one exits
 with an error or dies (SIGKILL, crash), the others — possibly blocked in a receive
 from the dead one — are sent SIGTERM, then SIGKILL after ``grace_s``, and all are
@@ -23,9 +35,11 @@ without reporting an error) or the one whose own error came first, not a peer's
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import json
 import os
+import pickle
 import sys
 import re
 import signal
@@ -141,7 +155,8 @@ def launch(
     grace_s: float = 5.0,
 ) -> None:
     """Run ``fn(ctx, *args)`` on every rank (see module docstring). ``fn`` must be a
-    module-level function (it is pickled by reference for ``spawn``).
+    module-level function of an importable file (it is pickled by reference for
+    ``spawn``); under torchrun any callable works.
 
     Spawned ranks are supervised: as soon as one exits with an error or is killed, the
     others get SIGTERM, then SIGKILL after ``grace_s``, and :class:`LaunchError` names
@@ -151,7 +166,48 @@ def launch(
     if external_world() is not None:
         _join_external_launch(fn, world_size, args, backend, init_timeout_s, threads)
     else:
-        _spawn_local_ranks(fn, world_size, args, backend, init_timeout_s, threads, grace_s)
+        blob = _spawnable(fn, args)
+        _spawn_local_ranks(blob, world_size, backend, init_timeout_s, threads, grace_s)
+
+
+def _spawnable(fn: Callable[..., Any], args: tuple) -> bytes:
+    """``(fn, args)`` pickled for the spawned ranks; ParameterError (naming ``fn`` or
+    ``args``) for what a spawned process cannot import or unpickle."""
+    qual = getattr(fn, "__qualname__", "") or ""
+    name = getattr(fn, "__name__", type(fn).__name__)
+    if "<lambda>" in qual or "<locals>" in qual:
+        raise ParameterError("fn", f"{qual} is a lambda or a function defined inside another function, which "
+                             "spawned ranks cannot import; define it at module level in a .py file")
+    if getattr(fn, "__module__", None) == "__main__" and getattr(sys.modules["__main__"], "__file__", None) is None:
+        raise ParameterError("fn", f"{name} is defined in __main__ of `python -c`, an interactive session or a "
+                             "notebook, which spawned ranks cannot import; put it in a .py file and import it "
+                             "(or run that file), or start the ranks with torchrun")
+    try:
+        pickle.dumps(fn)
+    except Exception as e:  # noqa: BLE001 - any pickling failure
+        raise ParameterError("fn", f"{name} cannot be sent to spawned ranks ({type(e).__name__}: "
+                             f"{str(e).splitlines()[0][:160]}); pass a module-level function") from None
+    try:
+        return pickle.dumps((fn, tuple(args)))
+    except Exception as e:  # noqa: BLE001
+        raise ParameterError("args", f"cannot be sent to spawned ranks ({type(e).__name__}: "
+                             f"{str(e).splitlines()[0][:160]}); pass picklable values (build the rest in fn)") from None
+
+
+class WorkerLoadError(RuntimeError):
+    """A spawned rank could not load the worker function (every rank reports the same)."""
+
+    all_ranks = True
+
+
+def _load_worker(blob: bytes) -> tuple[Callable[..., Any], tuple]:
+    try:
+        fn, args = pickle.loads(blob)
+    except Exception as e:  # noqa: BLE001 - what the spawned interpreter cannot import
+        raise WorkerLoadError(f"the worker could not be loaded in a spawned rank ({type(e).__name__}: "
+                              f"{str(e).splitlines()[0][:200]}); define it at module level of an importable .py "
+                              "file, outside `if __name__ == \"__main__\":`") from None
+    return fn, args
 
 
 def _join_external_launch(fn: Callable[..., Any], world_size: int, args: tuple, backend: str,
@@ -174,7 +230,7 @@ def _join_external_launch(fn: Callable[..., Any], world_size: int, args: tuple, 
         raise LaunchError(rank, msg, traceback.format_exc()) from None
 
 
-def _spawn_local_ranks(fn: Callable[..., Any], world_size: int, args: tuple, backend: str,
+def _spawn_local_ranks(blob: bytes, world_size: int, backend: str,
                        init_timeout_s: float, threads: int | None, grace_s: float) -> None:
     """Spawn ``world_size`` local ranks rendezvousing on a free localhost port and
     supervise them until all exit (:func:`_supervise`)."""
@@ -183,7 +239,7 @@ def _spawn_local_ranks(fn: Callable[..., Any], world_size: int, args: tuple, bac
     with tempfile.TemporaryDirectory(prefix="pipeoffload-launch-") as err_dir:
         spawned = mp.start_processes(
             _run_rank,
-            args=(fn, world_size, args, resolved, init, init_timeout_s, threads, False, err_dir, os.getpid()),
+            args=(blob, world_size, (), resolved, init, init_timeout_s, threads, False, err_dir, os.getpid()),
             nprocs=world_size, join=False, start_method="spawn")
         try:
             _supervise(list(spawned.processes), Path(err_dir), grace_s)
@@ -315,20 +371,20 @@ def _die_with_parent(parent_pid: int | None) -> None:
         os._exit(1)
 
 
-def _run_rank(local_rank: int, fn: Callable[..., Any], world_size: int, args: tuple, backend: str,
+def _run_rank(local_rank: int, fn: Callable[..., Any] | bytes, world_size: int, args: tuple, backend: str,
               init_method: str, init_timeout_s: float, threads: int | None, torchrun: bool,
               err_dir: str | None = None, parent_pid: int | None = None) -> None:
     """One rank's life: device, process group, ``fn``, a common exit. A spawned rank
-    records its error for the parent (``err_dir``) and leaves by :func:`_exit_spawned_rank`."""
+    gets ``fn`` and ``args`` pickled together (``fn`` bytes), records its error for the
+    parent (``err_dir``), destroys its process group and leaves by
+    :func:`_exit_spawned_rank`; a torchrun rank keeps the process group for later calls."""
     _die_with_parent(parent_pid)
     rank = int(os.environ["RANK"]) if torchrun else local_rank
     device = _rank_device(local_rank, backend, world_size, threads, torchrun)
-    kw: dict[str, Any] = {}
-    if backend == "nccl":
-        kw["device_id"] = device
     try:
-        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
-                                timeout=datetime.timedelta(seconds=init_timeout_s), **kw)
+        if isinstance(fn, bytes):
+            fn, args = _load_worker(fn)
+        _ensure_process_group(backend, init_method, rank, world_size, init_timeout_s, device)
         fn(DistContext(rank, world_size, local_rank, backend, device, torchrun), *args)
         # Leave together: tearing gloo down while a peer still drains its last
         # messages aborted a rank ("terminate called without an active exception")
@@ -344,13 +400,38 @@ def _run_rank(local_rank: int, fn: Callable[..., Any], world_size: int, args: tu
             _write_rank_error(err_dir, rank, e)
         raise
     finally:
-        try:
-            if dist.is_initialized():
-                dist.destroy_process_group()
-        except Exception:
-            pass
+        if not torchrun:
+            try:
+                if dist.is_initialized():
+                    dist.destroy_process_group()
+            except Exception:
+                pass
     if not torchrun:
         _exit_spawned_rank()
+
+
+def _ensure_process_group(backend: str, init_method: str, rank: int, world_size: int, init_timeout_s: float,
+                          device: torch.device) -> None:
+    """Initialise the default process group, or reuse the one already there (an earlier
+    ``launch`` under torchrun, or the caller's) when it has ``world_size`` ranks."""
+    if dist.is_initialized():
+        have = dist.get_world_size()
+        if have != world_size:
+            raise ParameterError("world_size", f"the process group already initialised here has {have} ranks, "
+                                 f"this launch needs {world_size}")
+        return
+    kw: dict[str, Any] = {"device_id": device} if backend == "nccl" else {}
+    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=init_timeout_s), **kw)
+    atexit.register(_destroy_at_exit)
+
+
+def _destroy_at_exit() -> None:
+    try:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:
+        pass
 
 
 def _rank_device(local_rank: int, backend: str, world_size: int, threads: int | None,

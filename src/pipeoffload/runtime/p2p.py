@@ -10,8 +10,8 @@
 - Every wait has a timeout; on expiry (or a dead peer) :class:`CommTimeout` /
   :class:`CommError` names this rank, the op and the peer it waited for.
 
-Tensor shapes are exchanged once per runner by :meth:`P2P.exchange_meta` (a small
-fixed-size int64 header).
+Shapes are never learned once and reused: every forward message is preceded by a
+header (``runtime/boundary.py``) from which the receiver allocates its buffers.
 
 Gloo cannot send or receive CUDA memory (its TCP transport reads the pointer on the
 host: "writev ... Bad address", seen on an H100). When the process group is gloo and
@@ -31,11 +31,8 @@ import torch.distributed as dist
 
 from ..ir import Op
 
-_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32,
-           torch.uint8, torch.int8, torch.bool, torch.int16]
-_MAX_DIMS = 8
-#: Tags at or above this base are the setup handshake's.
-META_TAG_BASE = 1 << 28
+#: Tags at or above this base are the shared-parameter exchanges' (``runtime/ties.py``).
+TIE_TAG_BASE = 1 << 30
 
 
 class CommError(RuntimeError):
@@ -58,7 +55,7 @@ class P2P:
         self.device = device
         self.group = group
         self._sends: list[tuple[Any, int, Any, torch.Tensor]] = []  # (op or description, peer, work, buffer)
-        self._recvs: dict[Any, tuple[Any, torch.Tensor]] = {}
+        self._recvs: dict[Any, tuple[Any, torch.Tensor, int]] = {}  # key -> (work, buffer, peer)
         self._stage = device.type != "cpu" and dist.is_initialized() and dist.get_backend(group) == "gloo"
 
     def _wire(self, t: torch.Tensor) -> torch.Tensor:
@@ -99,14 +96,16 @@ class P2P:
         except RuntimeError as e:
             raise CommError(f"rank {self.rank}: could not post the receive of {key} from rank {peer} "
                             f"({str(e).splitlines()[0][:200]})") from None
-        self._recvs[key] = (work, buf)
+        self._recvs[key] = (work, buf, peer)
 
     def is_posted(self, key: Any) -> bool:
         return key in self._recvs
 
-    def wait_recv(self, key: Any, op: Op) -> torch.Tensor:
-        work, buf = self._recvs.pop(key)
-        self._wait(work, op, op.peer, "for its input")
+    def wait_recv(self, key: Any, op: Any) -> torch.Tensor:
+        """Wait (with the timeout) for the receive posted under ``key``; ``op`` names the
+        waiting op (or a description) in errors."""
+        work, buf, peer = self._recvs.pop(key)
+        self._wait(work, op, peer, "for its input")
         return buf.to(self.device) if self._stage else buf
 
     def pending_recvs(self) -> int:
@@ -132,37 +131,20 @@ class P2P:
             raise CommTimeout(f"rank {self.rank}: timed out after {self.timeout_s:g} s at {op} "
                               f"waiting on rank {peer} {what}")
 
-    # --- setup: tensor metadata ------------------------------------------------------
-    def send_meta(self, tensor: torch.Tensor, peer: int, stage: int, what: str) -> None:
-        """Non-blocking send of ``tensor``'s shape and dtype (setup handshake); waited
-        for by :meth:`finish_sends`."""
-        hdr = self._wire(encode_meta(tensor))
-        work = dist.isend(hdr, dst=peer, group=self.group, tag=META_TAG_BASE + stage)
-        self._sends.append((what, peer, work, hdr))
+    def is_done(self, key: Any) -> bool:
+        """Whether the receive posted under ``key`` has completed (never blocks)."""
+        return bool(self._recvs[key][0].is_completed())
 
-    def recv_meta(self, peer: int, stage: int, what: str) -> tuple[tuple[int, ...], torch.dtype]:
-        hdr = torch.zeros(_MAX_DIMS + 2, dtype=torch.int64, device="cpu" if self._stage else self.device)
-        work = dist.irecv(hdr, src=peer, group=self.group, tag=META_TAG_BASE + stage)
-        self._wait(work, what, peer, "for the activation shape")
-        return decode_meta(hdr)
+    def exchange(self, tensor: torch.Tensor, peer: int, tag: int, what: str) -> torch.Tensor:
+        """Send ``tensor`` to ``peer`` and receive its tensor of the same shape and dtype
+        (same ``tag`` both ways), each wait with the timeout; returns the peer's."""
+        out = torch.empty_like(self._wire(tensor))
+        sent = dist.isend(self._wire(tensor.contiguous()), dst=peer, group=self.group, tag=tag)
+        got = dist.irecv(out, src=peer, group=self.group, tag=tag)
+        self._wait(got, what, peer, "for its part")
+        self._wait(sent, what, peer, "to take this rank's part")
+        return out.to(self.device) if self._stage else out
 
 
 def _peer_gone(text: str) -> bool:
     return any(s in text for s in ("Connection closed by peer", "Connection reset by peer", "Broken pipe"))
-
-
-def encode_meta(t: torch.Tensor) -> torch.Tensor:
-    if t.dim() > _MAX_DIMS:
-        raise ValueError(f"activations with more than {_MAX_DIMS} dimensions are not supported")
-    try:
-        code = _DTYPES.index(t.dtype)
-    except ValueError:
-        raise ValueError(f"unsupported activation dtype {t.dtype}") from None
-    vals = [t.dim(), code] + list(t.shape) + [0] * (_MAX_DIMS - t.dim())
-    return torch.tensor(vals, dtype=torch.int64, device=t.device)
-
-
-def decode_meta(hdr: torch.Tensor) -> tuple[tuple[int, ...], torch.dtype]:
-    vals = hdr.tolist()
-    nd, code = int(vals[0]), int(vals[1])
-    return tuple(int(x) for x in vals[2 : 2 + nd]), _DTYPES[code]

@@ -7,8 +7,9 @@ every rank, with a progress bar, and a measured-vs-predicted report at the end.
 (schedule, offload plan, runner, optimizer, data, resume), :meth:`~Trainer.step` per
 optimizer step, :meth:`~Trainer.report` at the end. Rank 0 writes, in the output folder:
 
-- ``summary.json``: configuration, losses per step, per-rank step time, measured and
-  predicted bubble, measured and predicted peak activation memory, per-group costs;
+- ``summary.json``: configuration, losses per step, validation losses, per-rank step
+  time, measured and predicted bubble, measured and predicted peak activation memory,
+  per-group costs;
 - ``timeline.png`` (measured last step, with memory curves), ``trace.json``
   (Chrome/Perfetto), ``predicted.png`` and ``predicted_trace.json`` (the simulator fed
   the measured per-op costs), ``timeline.json`` (every measured op).
@@ -87,6 +88,7 @@ class Trainer:
         # Filled by build():
         self.start = 0  #: the first step to run (after a resume: the steps already done)
         self.losses: list[float] = []
+        self.val_losses: list[tuple[int, float]] = []  #: (1-based step, validation loss)
         self.skipped: list[int] = []  #: 1-based steps dropped by --on-nonfinite skip
         self.resumed: Path | None = None
         # Filled by step():
@@ -111,7 +113,8 @@ class Trainer:
         for step in range(self.start, steps):
             res = self.step(step)
             if self.bar is not None:
-                self.bar.set_postfix(loss=f"{self.losses[-1]:.3f}", step_ms=f"{1000 * res.step_time:.0f}")
+                val = {"val": f"{self.val_losses[-1][1]:.3f}"} if self.val_losses else {}
+                self.bar.set_postfix(loss=f"{self.losses[-1]:.3f}", **val, step_ms=f"{1000 * res.step_time:.0f}")
                 self.bar.update(1)
         if self.bar is not None:
             self.bar.close()
@@ -129,7 +132,7 @@ class Trainer:
         self._build_optimizer_and_data()
         self.fingerprint = checkpoint_fingerprint(self.cfg, self.sched)
         if self.cfg.checkpoint.resume:
-            self.start, self.losses, self.skipped, self.resumed = self._resume()
+            self.start, self.resumed = self._resume()
 
     def _build_runner(self) -> None:
         from ..models.transformer import build_stage, lm_loss
@@ -146,7 +149,7 @@ class Trainer:
         self.runner = PipelineRunner(lambda s: build_stage(cfg.model, s, num_stages), self.faults.wrap_loss(lm_loss),
                                      self.run_sched, rank=ctx.rank, device=ctx.device, timeout_s=rt.timeout_s,
                                      meter=rt.memory_meter, recv_lookahead=rt.recv_lookahead,
-                                     activation_store=store)
+                                     activation_store=store, seed=cfg.training.seed)
         if self.faults.active:
             self.runner.before_op = self.faults.before_op
         self.params = self.runner.parameters()
@@ -156,7 +159,10 @@ class Trainer:
 
         tr = self.cfg.training
         self.opt = torch.optim.AdamW(self.params, lr=tr.lr, betas=(0.9, 0.95), weight_decay=tr.weight_decay)
-        self.corpus = ByteCorpus(load_corpus(tr.corpus), self.cfg.model.seq_len, tr.seed)
+        data = load_corpus(tr.corpus)
+        self.corpus = ByteCorpus(data, self.cfg.model.seq_len, tr.seed, holdout=tr.holdout)
+        self.val_corpus = ByteCorpus(data, self.cfg.model.seq_len, tr.seed, holdout=tr.holdout,
+                                     part="validation") if tr.eval_every else None
 
     def _progress_bar(self) -> Any:
         """tqdm on rank 0 (stderr), None elsewhere or with ``runtime.progress`` off."""
@@ -182,6 +188,8 @@ class Trainer:
         res = self.runner.step(xs, ys)
         self.faults.after_backward(self.params)
         self._update_if_finite(n, res)
+        if tr.eval_every and (n % tr.eval_every == 0 or n == tr.steps):
+            self.validate(n)
         ck = self.cfg.checkpoint
         if ck.dir and (n == tr.steps or (ck.every and n % ck.every == 0)):
             self._save_checkpoint(n)
@@ -211,6 +219,18 @@ class Trainer:
         else:
             self.opt.step()
         self.opt.zero_grad(set_to_none=True)
+
+    def validate(self, n: int) -> float:
+        """The validation loss after step ``n``: a pipelined forward (``eval_step``) of
+        ``m`` fixed microbatches of held-out text; agreed by every rank (an all-reduce)."""
+        tr, m = self.cfg.training, self.sched.num_microbatches
+        xs, ys = self.val_corpus.microbatches(0, m, tr.microbatch_size)
+        res = self.runner.eval_step(xs if self.runner.has_first_stage else None,
+                                    ys if self.runner.has_last_stage else None)
+        buf = torch.tensor([res.loss if res.loss is not None else 0.0], dtype=torch.float64, device=self.ctx.device)
+        dist.all_reduce(buf)
+        self.val_losses.append((n, float(buf.item())))
+        return self.val_losses[-1][1]
 
     # ------------------------------------------------------------------ report
     def report(self) -> None:
@@ -263,6 +283,7 @@ class Trainer:
             "cpu_count": os.cpu_count(),
             "model_parameters": sum(g["params"] for g in gathered),
             "losses": self.losses,
+            "val_losses": [list(v) for v in self.val_losses],
             "mean_step_time_s": mean_steps,
             "wall_time_s": time.perf_counter() - self.wall0,
             "phases_s": self.phases,
@@ -311,39 +332,51 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
     def _save_checkpoint(self, n: int) -> None:
-        """This rank's part of the checkpoint after step ``n`` (1-based)."""
-        cfg, ctx, tr = self.cfg, self.ctx, self.cfg.training
-        payload = {
-            "step": n, "rank": ctx.rank,
-            "stages": {s: self.runner.modules[s].state_dict() for s in self.runner.my_stages},
-            "optimizer": self.opt.state_dict(),
-            "rng": capture_rng(ctx.device),
-            "data": {"next_step": n + 1, "seed": tr.seed, "microbatch_size": tr.microbatch_size},
-            "losses": list(self.losses), "skipped": list(self.skipped),
-        }
+        """This rank's part of the checkpoint after step ``n`` (1-based), with
+        ``torch.distributed.checkpoint``: the runner's state (parameters by name, AdamW
+        state, step counter), the run's history and this rank's RNG states."""
+        cfg, ctx = self.cfg, self.ctx
+        state = {**self.runner.state_dict(self.opt), **self._history_state(), **self._rng_state()}
         meta = {"fingerprint": self.fingerprint, "config": cfg.to_dict(), "losses": list(self.losses),
                 "skipped": list(self.skipped)}
-        save_checkpoint(cfg.checkpoint.dir, n, payload, rank=ctx.rank, world_size=ctx.world_size, meta=meta,
+        save_checkpoint(cfg.checkpoint.dir, n, state, rank=ctx.rank, world_size=ctx.world_size, meta=meta,
                         keep=cfg.checkpoint.keep)
 
-    def _resume(self) -> tuple[int, list[float], list[int], Path | None]:
-        """Load the newest usable checkpoint (falling back past corrupt ones); returns the
-        steps done, their losses, the skipped steps and the checkpoint used."""
+    def _history_state(self) -> dict[str, Any]:
+        """``train.*`` keys: the same on every rank (written once)."""
+        tr = self.cfg.training
+        return {"train.losses": list(self.losses), "train.val_losses": [list(v) for v in self.val_losses],
+                "train.skipped": list(self.skipped),
+                "train.data": {"seed": tr.seed, "microbatch_size": tr.microbatch_size, "holdout": tr.holdout}}
+
+    def _rng_state(self) -> dict[str, Any]:
+        """``rng.rank<r>.*`` keys: this rank's Python and torch generator states."""
+        rng = capture_rng(self.ctx.device)
+        return {f"rng.rank{self.ctx.rank}.{k}": v for k, v in rng.items()}
+
+    def _resume(self) -> tuple[int, Path | None]:
+        """Load the newest usable checkpoint (falling back past corrupt ones) into the
+        runner, the optimizer and the history; returns the steps done and the checkpoint used."""
+        from .state import init_optimizer_state
+
         cfg, ctx = self.cfg, self.ctx
-        ck = load_latest(cfg.checkpoint.dir, rank=ctx.rank, world_size=ctx.world_size, expect=self.fingerprint,
-                         warn=_warn)
+        init_optimizer_state(self.opt)
+        state = {**self.runner.state_dict(self.opt), **self._history_state(), **self._rng_state()}
+        ck = load_latest(cfg.checkpoint.dir, state, rank=ctx.rank, world_size=ctx.world_size, group=None,
+                         expect=self.fingerprint, warn=_warn)
         if ck is None:
             if ctx.rank == 0:
                 _warn(f"--resume: no checkpoint in {cfg.checkpoint.dir}; starting from step 1")
-            return 0, [], [], None
-        state = ck.state
-        for s in self.runner.my_stages:
-            self.runner.modules[s].load_state_dict(state["stages"][s])
-        self.opt.load_state_dict(state["optimizer"])
-        restore_rng(state["rng"], ctx.device)
+            self.opt.state.clear()  # as a fresh optimizer: state made at its first step
+            return 0, None
+        self.runner.load_state_dict(state, self.opt)
+        prefix = f"rng.rank{ctx.rank}."
+        restore_rng({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}, ctx.device)
+        self.losses, self.skipped = list(state["train.losses"]), list(state["train.skipped"])
+        self.val_losses = [(int(a), float(b)) for a, b in state["train.val_losses"]]
         if ctx.rank == 0:
             print(f"pipeoffload train: resuming from {ck.path} (step {ck.step})", file=sys.stderr, flush=True)
-        return ck.step, list(state["losses"]), list(state["skipped"]), ck.path
+        return ck.step, ck.path
 
 
 def _host_curve(tl: Timeline, rank: int) -> list[tuple[float, float]]:
@@ -422,6 +455,17 @@ def _write_outputs(out: Path, measured: Timeline, predicted: Timeline) -> dict[s
     return files
 
 
+def _validation_line(summary: dict[str, Any]) -> list[str]:
+    val = summary.get("val_losses") or []
+    if not val:
+        return []
+    every = summary["config"]["training"]["eval_every"]
+    holdout = summary["config"]["training"]["holdout"]
+    (n0, v0), (n1, v1) = val[0], val[-1]
+    return [f"validation loss {v0:.3f} (step {n0}) -> {v1:.3f} (step {n1}); every {every} steps on the held-out "
+            f"{100 * holdout:g}% of the corpus"]
+
+
 def _mib(x: float) -> str:
     return f"{x / 2**20:.2f}"
 
@@ -453,6 +497,7 @@ def format_report(summary: dict[str, Any], out: Path) -> str:
         f"pipeoffload train: {s['name']} p={s['p']} m={s['m']} v={s['v']} ({s['layer_groups']} layer groups), "
         f"{summary['model_parameters'] / 1e6:.2f}M parameters, {summary['backend']} on {summary['device']}",
         f"loss {losses[0]:.3f} -> {losses[-1]:.3f} over {len(losses)} steps; wall {summary['wall_time_s']:.1f} s",
+        *_validation_line(summary),
         f"bubble measured {summary['bubble_measured']:.3f}, predicted {summary['bubble_predicted']:.3f} "
         f"(simulator fed the measured per-op medians; comm latency {1000 * summary['comm_latency_s']:.2f} ms); "
         f"last step makespan {1000 * summary['makespan_measured_s']:.0f} ms measured, "
