@@ -329,5 +329,7 @@ def _check_equal_copies(table: ParamTable, rank: int, group: Any, p2p: P2P | Non
     if bad:
         names = {g.name: g.names for g in table.groups}
         detail = "; ".join(f"{n} ({' = '.join(names.get(n, (n,)))})" for n in bad)
-        raise ParameterError("tie", f"shared parameters whose copies differ at the start: {detail}; initialise "
+        err = ParameterError("tie", f"shared parameters whose copies differ at the start: {detail}; initialise "
                              "them equal (copy one into the others) before building the runner")
+        err.all_ranks = True  # every rank raises it: the launcher reports it once
+        raise err
