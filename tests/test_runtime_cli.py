@@ -4,6 +4,7 @@ its parameter errors, and a torchrun launch."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -88,6 +89,11 @@ def test_train_end_to_end(tmp_path):
     assert not s["files"]["timeline_png"].startswith("not "), s["files"]  # matplotlib is a dependency: always drawn
     assert (out / "timeline.png").stat().st_size > 1000 and (out / "predicted.png").stat().st_size > 1000
     assert "rank" in r.stdout and "peak act" in r.stdout and "loss" in r.stdout
+    # The explorer page: listed in the report, self-contained (nothing fetched over the network).
+    page = (out / "timeline.html").read_text()
+    assert s["files"]["timeline_html"] == str(out / "timeline.html") and "timeline.html" in r.stdout
+    assert re.search(r"https?://", page) is None, re.search(r".{60}https?://.{60}", page)
+    assert 'data-page="measured"' in page and re.search(r"<(script|link|img)[^>]*\s(src|href)=", page) is None
 
 
 @pytest.mark.multiproc

@@ -10,6 +10,8 @@ optimizer step, :meth:`~Trainer.report` at the end. Rank 0 writes, in the output
 - ``summary.json``: configuration, losses per step, validation losses, per-rank step
   time, measured and predicted bubble, measured and predicted peak activation memory,
   per-group costs;
+- ``timeline.html`` (the explorer: measured last step above the prediction, with
+  each op's error; self-contained, works offline),
 - ``timeline.png`` (measured last step, with memory curves), ``trace.json``
   (Chrome/Perfetto), ``predicted.png`` and ``predicted_trace.json`` (the simulator fed
   the measured per-op costs), ``timeline.json`` (every measured op).
@@ -243,7 +245,9 @@ class Trainer:
             return
         results = [g["result"] for g in gathered]
         measured, predicted, fed, offload = self._measured_and_predicted(results, gathered)
-        files = _write_outputs(self.out, measured, predicted)
+        s = self.sched
+        title = f"pipeoffload train: {s.name} p={s.num_ranks} m={s.num_microbatches} v={s.chunks}, last step"
+        files = _write_outputs(self.out, measured, predicted, title)
         self.phases["report_s"] = time.perf_counter() - t_report
         summary = {**self._summary(gathered, results, fed, offload), **compare(measured, predicted), "files": files}
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
@@ -427,7 +431,9 @@ def _output_dir(path: str | None) -> Path:
     return p
 
 
-def _write_outputs(out: Path, measured: Timeline, predicted: Timeline) -> dict[str, str]:
+def _write_outputs(out: Path, measured: Timeline, predicted: Timeline, title: str | None = None) -> dict[str, str]:
+    """Write the run's pictures and traces to ``out``; returns ``{kind: path}`` (or
+    ``"not written (why)"`` where an optional drawing module is missing)."""
     files: dict[str, str] = {}
     try:
         from ..viz.png import draw_timeline
@@ -438,6 +444,12 @@ def _write_outputs(out: Path, measured: Timeline, predicted: Timeline) -> dict[s
         files["predicted_png"] = str(out / "predicted.png")
     except ImportError as e:  # drawing module not available
         files["timeline_png"] = f"not written ({e})"
+    # The explorer page (issue 16): measured above predicted with the per-op error, one
+    # self-contained file (data and script inline) that opens offline.
+    from ..viz.html import write_measured_html
+
+    write_measured_html(measured, predicted, out / "timeline.html", title=title)
+    files["timeline_html"] = str(out / "timeline.html")
     try:
         from ..viz.trace import write_trace
 
