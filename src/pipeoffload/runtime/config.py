@@ -2,8 +2,11 @@
 
 Pure Python (no torch). Sources, later ones winning: the defaults below, an optional
 TOML file (``pipeoffload train --config``; sections ``[model]``, ``[schedule]``,
-``[offload]``, ``[training]``, ``[runtime]``, ``[checkpoint]`` with the field names
-below), then overrides (the command line's flags).
+``[parallel]``, ``[offload]``, ``[training]``, ``[runtime]``, ``[checkpoint]``, ``[plan]``
+with the field names below), then overrides (the command line's flags).
+:meth:`TrainConfig.dump` writes a file that :meth:`TrainConfig.load` reads back equal;
+:func:`config_from_plan` turns a planner result into such a file's configuration
+(``pipeoffload plan --emit-config``).
 
 Errors are :class:`~pipeoffload.errors.ParameterError` naming the configuration key
 (``training.steps``, ``offload.chunks``, ``model.layers``), or ``config`` for the
@@ -14,6 +17,7 @@ file as a whole; the command line shows the keys its flags set as those flags.
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from dataclasses import asdict, dataclass, field, fields
@@ -39,6 +43,36 @@ class ScheduleConfig:
     v: int | None = None  #: chunks (layer groups) per rank (schedule default when None)
     g: int | None = None  #: group size for group-interleaved
     mem_limit: float | None = None  #: for zb-auto, in units
+
+
+@dataclass
+class ParallelConfig:
+    """The device mesh around the pipeline: ``dp`` data-parallel replicas of each
+    pipeline rank and ``tp`` tensor-parallel ranks inside each stage, so the job runs
+    ``schedule.stages · dp · tp`` processes (mesh dims ``("dp", "pp", "tp")``)."""
+
+    dp: int = 1  #: data-parallel degree (gradient all-reduce, or FSDP2 sharding with ``fsdp``)
+    tp: int = 1  #: tensor-parallel degree inside every stage (DTensor colwise/rowwise); divides heads, kv_heads, ffn
+    fsdp: bool = False  #: shard the stages' parameters over the dp group (FSDP2 ``fully_shard``) instead of replicating
+    sequence_parallel: bool = False  #: TP with sequence parallelism (norms and residuals sharded along the sequence)
+
+
+@dataclass
+class PlanPrediction:
+    """``[plan]``: what ``pipeoffload plan`` predicted for this configuration (written by
+    ``--emit-config``; the train report prints the measured figures beside it). Times in
+    seconds, memory in bytes per device; empty when the configuration was not planned."""
+
+    source: str | None = None  #: how the prediction was made (the plan's model, hardware, GPUs)
+    model: str | None = None  #: the planner's model name
+    hardware: str | None = None  #: the planner's hardware profile
+    configuration: str | None = None  #: the planner's one-line description of the chosen configuration
+    step_time_s: float | None = None  #: predicted iteration time (pipeline + exposed DP reduction)
+    pipeline_s: float | None = None  #: predicted pipeline makespan
+    bubble: float | None = None  #: predicted bubble rate
+    peak_memory_bytes: float | None = None  #: predicted device peak of the binding rank (states + activations)
+    peak_memory_rank: int | None = None  #: the pipeline rank that binds
+    peak_activation_bytes: list[float] | None = None  #: predicted peak activation memory per pipeline rank
 
 
 @dataclass
@@ -97,19 +131,30 @@ class CheckpointConfig:
     resume: bool = False  #: continue from the newest usable checkpoint in ``dir``
 
 
-_SECTIONS = {"model": ModelConfig, "schedule": ScheduleConfig, "offload": OffloadConfig,
-             "training": TrainingConfig, "runtime": RuntimeConfig,
-             "checkpoint": CheckpointConfig}
+_SECTIONS = {"model": ModelConfig, "schedule": ScheduleConfig, "parallel": ParallelConfig,
+             "offload": OffloadConfig, "training": TrainingConfig, "runtime": RuntimeConfig,
+             "checkpoint": CheckpointConfig, "plan": PlanPrediction}
 
 
 @dataclass
 class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     offload: OffloadConfig = field(default_factory=OffloadConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    plan: PlanPrediction = field(default_factory=PlanPrediction)
+
+    @property
+    def world_size(self) -> int:
+        """Processes the job runs: pipeline ranks × dp × tp."""
+        from ..schedules import ScheduleSpec, build
+
+        sc = self.schedule
+        p = build(ScheduleSpec(sc.name, sc.stages, sc.microbatches, v=sc.v, g=sc.g, mem_limit=sc.mem_limit)).num_ranks
+        return p * self.parallel.dp * self.parallel.tp
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str | None = None) -> "TrainConfig":
@@ -148,6 +193,24 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def to_toml(self) -> str:
+        """The configuration as TOML: every section, every key whose value is not None
+        (None is each such key's default, so :meth:`load` reads the text back equal)."""
+        out: list[str] = []
+        for sec, values in self.to_dict().items():
+            out.append(f"[{sec}]")
+            out += [f"{k} = {_toml_value(v, f'{sec}.{k}')}" for k, v in values.items() if v is not None]
+            out.append("")
+        return "\n".join(out)
+
+    def dump(self, path: str | Path, header: str | None = None) -> Path:
+        """Write :meth:`to_toml` to ``path`` (``header`` as leading ``#`` comment lines);
+        ``TrainConfig.load(path) == self`` afterwards. Returns the path."""
+        p = Path(path)
+        lead = "".join(f"# {line}\n" for line in header.splitlines()) + "\n" if header else ""
+        p.write_text(lead + self.to_toml())
+        return p
+
     def check(self):
         """Check everything that can be checked without torch; return the schedule."""
         from ..schedules import ScheduleSpec, build
@@ -162,6 +225,7 @@ class TrainConfig:
                 "must be > 0 for a validation loss (or set `training.eval_every`=0)")
         require(self.runtime.timeout_s > 0, "runtime.timeout_s", f"must be > 0, got {self.runtime.timeout_s}")
         require(self.runtime.recv_lookahead >= 0, "runtime.recv_lookahead", "must be >= 0")
+        self._check_parallel()
         sched = build(ScheduleSpec(sc.name, sc.stages, sc.microbatches, v=sc.v, g=sc.g, mem_limit=sc.mem_limit))
         self.model.check_split(sched.num_stages)
         self._check_reliability(sched)
@@ -189,6 +253,30 @@ class TrainConfig:
         auto = c == "auto"
         return plan_offload(sched, offload_chunks=None if auto else c, auto=auto, offload_time=float(o.time),
                             link_group=o.link_group, on_infeasible=o.on_infeasible)
+
+    def _check_parallel(self) -> None:
+        """dp, tp >= 1; tp splits the model's heads, kv heads and SwiGLU width evenly (each
+        TP rank holds whole heads); fsdp needs a dp group, sequence parallel a tp group."""
+        par, mdl = self.parallel, self.model
+        for key in ("dp", "tp"):
+            val = getattr(par, key)
+            require(isinstance(val, int) and not isinstance(val, bool) and val >= 1, f"parallel.{key}",
+                    f"must be an integer >= 1, got {val!r}")
+        tp = par.tp
+        if tp > 1:
+            for what, n in (("heads", mdl.heads), ("kv_heads", mdl.kv_heads), ("ffn", mdl.ffn_dim)):
+                if n % tp:
+                    valid = [d for d in range(1, n + 1) if n % d == 0 and mdl.heads % d == 0
+                             and mdl.kv_heads % d == 0 and mdl.ffn_dim % d == 0]
+                    raise ParameterError("parallel.tp", f"must divide the model's {what} ({n}) so every TP rank "
+                                         f"holds whole {what}; got {tp} (valid: {', '.join(map(str, valid))})")
+        require(not par.fsdp or par.dp > 1, "parallel.fsdp",
+                f"shards over the data-parallel group and needs `parallel.dp` > 1 (got dp = {par.dp})")
+        require(not par.sequence_parallel or tp > 1, "parallel.sequence_parallel",
+                f"shards TP regions along the sequence and needs `parallel.tp` > 1 (got tp = {tp})")
+        if par.sequence_parallel:
+            require(mdl.seq_len % tp == 0, "parallel.sequence_parallel",
+                    f"needs `model.seq_len` ({mdl.seq_len}) divisible by `parallel.tp` ({tp})")
 
     def _check_reliability(self, sched) -> None:
         """V placements, non-finite policy, checkpoints, fault injection, threads."""
@@ -236,7 +324,8 @@ def _make(cls: type, values: Mapping[str, Any], section: str, source: str | None
         raise ParameterError(section, str(e)) from None
 
 
-_TYPES = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,), "None": (type(None),)}
+_TYPES = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,), "None": (type(None),),
+          "list[float]": (list,)}
 
 
 def _check_type(key: str, val: Any, annotation: Any, source: str | None) -> None:
@@ -244,5 +333,74 @@ def _check_type(key: str, val: Any, annotation: Any, source: str | None) -> None
     names = [t.strip() for t in str(annotation).split("|")]
     allowed = tuple(t for n in names for t in _TYPES.get(n, (object,)))
     ok = isinstance(val, allowed) and not (isinstance(val, bool) and "bool" not in names)
+    if ok and isinstance(val, list):
+        ok = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in val)
     if not ok:
         raise ParameterError(key, f"must be {' or '.join(names)}, got {val!r}", source=source)
+
+
+def _toml_value(val: Any, key: str) -> str:
+    """One TOML value: bool, int, float (inf/nan spelled as TOML does), string (JSON's
+    escapes are TOML's basic-string escapes), or a list of those."""
+    if isinstance(val, bool):
+        return "true" if val else "false"
+    if isinstance(val, int):
+        return str(val)
+    if isinstance(val, float):
+        if math.isnan(val):
+            return "nan"
+        if math.isinf(val):
+            return "inf" if val > 0 else "-inf"
+        return repr(val)
+    if isinstance(val, str):
+        return json.dumps(val)
+    if isinstance(val, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x, key) for x in val) + "]"
+    raise ParameterError(key, f"cannot be written to TOML: {val!r} ({type(val).__name__})")
+
+
+def config_from_plan(result: Any, config: Any = None, *, steps: int | None = None,
+                     source: str | None = None) -> TrainConfig:
+    """The train configuration of one planned configuration (``pipeoffload plan
+    --emit-config``): ``config`` (a :class:`~pipeoffload.planner.config.Config` of
+    ``result``, default ``result.best``) as ``[schedule]`` (name, P, m, v, g), ``[parallel]``
+    (dp, tp), ``[offload]`` (chunks offloaded, recompute), ``[training]`` (microbatch size),
+    ``[model]`` (the planner's model shape), and ``[plan]`` with the planner's prediction.
+
+    Pure Python (reads the result's fields; recomputes the configuration's simulated
+    timeline for the per-rank activation peaks). Guarantees: the schedule, split and
+    microbatching are the planner's; anything the runtime has no setting for (dtype,
+    flash attention, dropout, tied embeddings) keeps the runtime's reference model and is
+    said in ``plan.source``.
+    """
+    from ..costmodel.hardware import GiB
+
+    cfg_ = result.best if config is None else config
+    fam, split, spec = cfg_.family, cfg_.split, result.model
+    mem_limit = None
+    if fam.schedule == "zb-auto":
+        # the planner's limit is L × 1F1B's peak; in the runtime's units (1 per whole-stage F) that is L·p
+        mem_limit = float((fam.limit or 1) * split.pp)
+    out = TrainConfig(
+        model=ModelConfig(layers=spec.layers, hidden=spec.hidden, heads=spec.heads,
+                          kv_heads=spec.kv_groups or spec.heads, ffn=spec.ffn, vocab_size=spec.vocab,
+                          seq_len=spec.seq),
+        schedule=ScheduleConfig(name=fam.schedule, stages=split.pp, microbatches=cfg_.m,
+                                v=fam.v if fam.v > 1 else None, g=cfg_.g, mem_limit=mem_limit),
+        parallel=ParallelConfig(dp=split.dp, tp=split.tp),
+        offload=OffloadConfig(chunks=cfg_.offload_chunks if cfg_.offload_chunks else "none",
+                              recompute=bool(cfg_.recompute)),
+        training=TrainingConfig(microbatch_size=spec.microbatch, **({"steps": steps} if steps else {})),
+    )
+    peaks = [float(x) for x in result.timeline(cfg_).peak_memory()]
+    hw = result.hardware
+    out.plan = PlanPrediction(
+        source=(source or f"pipeoffload plan --model {spec.name} --hardware {hw.name} --gpus {result.gpus}")
+        + f" (budget {result.budget / GiB:.3g} GiB per device; model dtype {spec.dtype}"
+        + ("" if cfg_.simulated_m == cfg_.m else f"; simulated at m={cfg_.simulated_m}") + ")",
+        model=spec.name, hardware=hw.name, configuration=cfg_.describe(),
+        step_time_s=cfg_.iteration_ms / 1e3, pipeline_s=cfg_.makespan_ms / 1e3, bubble=cfg_.bubble_rate,
+        peak_memory_bytes=float(cfg_.memory.device), peak_memory_rank=int(cfg_.memory.rank),
+        peak_activation_bytes=peaks,
+    )
+    return out
