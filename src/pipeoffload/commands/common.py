@@ -47,6 +47,8 @@ CLI_FLAGS: dict[str, str] = {
     "offload.chunks": "--offload", "offload.time": "--offload-time", "checkpoint.dir": "--checkpoint-dir",
     "checkpoint.every": "--checkpoint-every", "checkpoint.keep": "--checkpoint-keep",
     "checkpoint.resume": "--resume",
+    "parallel.dp": "--dp", "parallel.tp": "--tp", "parallel.fsdp": "--fsdp",
+    "parallel.sequence_parallel": "--sequence-parallel", "parallel.world_size": "--stages x --dp x --tp",
 }
 
 

@@ -1,7 +1,7 @@
 """`pipeoffload plan`: search schedules, offload, recompute and PP×TP×DP splits under a memory budget.
 
     pipeoffload plan --model NAME|FILE --hardware NAME|FILE --gpus N [--memory-budget GIB]
-                     [--seq S] [--global-batch B] [--microbatch-size b] [--json] [--png FILE]
+                     [--seq S] [--global-batch B] [--microbatch-size b] [--json] [--png FILE] [--emit-config FILE.toml]
 
 Prints a ranked table of the configurations that fit and, for every schedule family that does not,
 why. Exit status 2 with one error line when nothing fits (the reasons are printed first).
@@ -52,6 +52,9 @@ def register(sub) -> argparse.ArgumentParser:
                         help="intra-node link for TP collectives (default: built-in per hardware, A100 300)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--png", metavar="FILE", help="write the best plan's timeline with memory curves as PNG")
+    parser.add_argument("--emit-config", metavar="FILE.toml",
+                        help="write the best configuration as a `pipeoffload train --config` file, with the "
+                             "planner's prediction in its [plan] section")
     parser.set_defaults(func=run)
     return parser
 
@@ -75,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
     from ..planner import plan
 
     check_output("--png", args.png)
+    check_output("--emit-config", args.emit_config)
     if args.memory_budget is not None and not args.memory_budget > 0:
         raise ParameterError("--memory-budget", f"must be a positive number of GiB, got {args.memory_budget!r}")
     res = plan(
@@ -92,6 +96,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"pipeoffload plan: error: --memory-budget: no configuration fits {res.budget / GiB:.3g} GiB "
               f"per device (reasons {where})", file=sys.stderr)
         return 2
+    if args.emit_config:
+        from .train import emit_config
+
+        emit_config(res, args.emit_config, quiet=args.json)
     if args.png:
         from ..viz.png import draw_timeline
 

@@ -12,13 +12,14 @@ import argparse
 import os
 import sys
 
-from ..runtime.config import TrainConfig
-from .common import offload_warning, output_dir
+from ..runtime.config import TrainConfig, config_from_plan
+from .common import offload_warning, output_dir, write_output
 
 #: Each flag (by its argparse dest) and the configuration key it overrides.
 _CONFIG_KEYS = {
     "schedule": "schedule.name", "p": "schedule.stages", "m": "schedule.microbatches", "v": "schedule.v",
     "g": "schedule.g", "mem_limit": "schedule.mem_limit",
+    "dp": "parallel.dp", "tp": "parallel.tp", "fsdp": "parallel.fsdp", "sequence_parallel": "parallel.sequence_parallel",
     "steps": "training.steps", "microbatch_size": "training.microbatch_size", "lr": "training.lr",
     "corpus": "training.corpus", "seed": "training.seed", "eval_every": "training.eval_every",
     "holdout": "training.holdout",
@@ -38,13 +39,14 @@ def register(sub) -> argparse.ArgumentParser:
     parser = sub.add_parser(
         "train",
         help="train the reference transformer on the bundled corpus with a pipeline schedule (the main job)",
-        description="Spawn P local ranks (gloo on CPU; or run under torchrun, NCCL with CUDA), train the reference "
+        description="Spawn P x D x T local ranks (--stages, --dp, --tp; gloo on CPU; or run under torchrun, NCCL "
+        "with CUDA), train the reference "
         "decoder-only transformer on a byte-level corpus (the stdlib documentation topics, or --corpus FILE) with "
         "the chosen schedule, and report per-rank step time, measured vs predicted bubble and peak activation "
         "memory. Writes summary.json, timeline.png, trace.json to --output (default runs/<timestamp>). "
         "Flags override the --config TOML file, which overrides the defaults.",
     )
-    for add_group in (_schedule_args, _offload_args, _training_args, _model_args, _runtime_args, _reliability_args):
+    for add_group in (_schedule_args, _parallel_args, _offload_args, _training_args, _model_args, _runtime_args, _reliability_args):
         add_group(parser)
     parser.set_defaults(func=run)
     return parser
@@ -58,6 +60,21 @@ def _schedule_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("-v", "--chunks", dest="v", type=int, default=None, help="chunks per rank (schedule default)")
     g.add_argument("-g", "--group", dest="g", type=int, default=None, help="group size for group-interleaved")
     g.add_argument("--mem-limit", type=float, default=None, help="memory limit for zb-auto (units)")
+
+
+def _parallel_args(parser: argparse.ArgumentParser) -> None:
+    par = parser.add_argument_group("data and tensor parallelism (a device mesh of --stages x --dp x --tp ranks)")
+    par.add_argument("--dp", type=int, default=None, metavar="D",
+                     help="data-parallel replicas of every pipeline rank (default 1): gradients all-reduced, "
+                          "bucketed and overlapped with the rest of the pipeline")
+    par.add_argument("--tp", type=int, default=None, metavar="T",
+                     help="tensor-parallel ranks inside every stage (default 1; DTensor colwise/rowwise); must "
+                          "divide the heads, kv heads and SwiGLU width")
+    par.add_argument("--fsdp", action="store_const", const=True, default=None,
+                     help="shard the stages over the --dp group (FSDP2 fully_shard per layer group) instead of "
+                          "replicating them")
+    par.add_argument("--sequence-parallel", action="store_const", const=True, default=None,
+                     help="tensor parallelism with sequence parallelism (needs --tp > 1)")
 
 
 def _offload_args(parser: argparse.ArgumentParser) -> None:
@@ -103,7 +120,8 @@ def _runtime_args(parser: argparse.ArgumentParser) -> None:
     r = parser.add_argument_group("runtime")
     r.add_argument("--output", "-o", default=None, metavar="DIR", help="output folder (default runs/<timestamp>)")
     r.add_argument("--config", default=None, metavar="FILE",
-                   help="TOML file with [model] [schedule] [offload] [training] [runtime] [checkpoint]")
+                   help="TOML file with [model] [schedule] [parallel] [offload] [training] [runtime] [checkpoint] "
+                        "[plan] (e.g. written by `pipeoffload plan --emit-config`)")
     r.add_argument("--timeout", type=float, default=None, help="seconds any blocking wait may take (default 120)")
     r.add_argument("--backend", default=None, choices=["auto", "gloo", "nccl"], help="process-group backend")
     r.add_argument("--threads", type=int, default=None, help="torch threads per CPU rank (default cores/ranks)")
@@ -171,7 +189,9 @@ def run(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return 2
         raise
-    check_external_world(sched.num_ranks)  # under torchrun: WORLD_SIZE fits, before any rendezvous
+    # under torchrun: WORLD_SIZE is pipeline ranks × dp × tp, checked before any rendezvous
+    check_external_world(cfg.world_size, param="world_size" if cfg.world_size == sched.num_ranks
+                         else "parallel.world_size")
     if first_rank:
         _warn_if_nothing_offloaded(cfg, sched)
     try:
@@ -187,3 +207,17 @@ def _warn_if_nothing_offloaded(cfg: TrainConfig, sched) -> None:
     warning = offload_warning(off, tolerance_flag=None) if off is not None else None
     if warning:
         print(f"pipeoffload train: warning: {warning}", file=sys.stderr)
+
+
+def emit_config(result, path: str, *, quiet: bool = False) -> TrainConfig:
+    """``pipeoffload plan --emit-config``: the plan's best configuration in this command's
+    ``--config`` format (:func:`~pipeoffload.runtime.config.config_from_plan`), written to
+    ``path`` (errors name ``--emit-config``); prints where and how to run it unless
+    ``quiet``. Returns the configuration written."""
+    cfg = config_from_plan(result)
+    header = (f"pipeoffload plan's best configuration: {cfg.plan.configuration}\n"
+              f"run it with: pipeoffload train --config {path}")
+    write_output("--emit-config", path, lambda p: cfg.dump(p, header=header))
+    if not quiet:
+        print(f"wrote {path}: `pipeoffload train --config {path}` runs it ({cfg.world_size} processes)")
+    return cfg

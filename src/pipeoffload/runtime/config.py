@@ -277,6 +277,14 @@ class TrainConfig:
         if par.sequence_parallel:
             require(mdl.seq_len % tp == 0, "parallel.sequence_parallel",
                     f"needs `model.seq_len` ({mdl.seq_len}) divisible by `parallel.tp` ({tp})")
+        # What the runtime does not combine yet: refused here, before any process starts.
+        require(not (par.fsdp and tp > 1), "parallel.fsdp",
+                "with tensor parallelism (`parallel.tp` > 1) is not supported by the runtime yet; drop it (dp replicates)")
+        if par.dp * tp > 1:
+            require(self.checkpoint.dir is None, "checkpoint.dir",
+                    "checkpoints of a dp/tp mesh are not supported yet (`parallel.dp` and `parallel.tp` must be 1)")
+            require(self.runtime.fault_injection is None, "runtime.fault_injection",
+                    "fault injection runs on a pure pipeline only (`parallel.dp` and `parallel.tp` must be 1)")
 
     def _check_reliability(self, sched) -> None:
         """V placements, non-finite policy, checkpoints, fault injection, threads."""
@@ -404,3 +412,4 @@ def config_from_plan(result: Any, config: Any = None, *, steps: int | None = Non
         peak_activation_bytes=peaks,
     )
     return out
+

@@ -24,6 +24,7 @@ import math
 import os
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -51,9 +52,9 @@ MEDIAN_STEPS = 10
 
 def run_training(cfg: TrainConfig) -> None:
     """Check ``cfg`` (raising ParameterError on bad input, before any process starts),
-    then run the job on ``cfg.schedule.stages`` ranks."""
-    sched = cfg.check()
-    launch(train_worker, sched.num_ranks, (cfg,), backend=cfg.runtime.backend,
+    then run the job on ``cfg.world_size`` ranks (pipeline ranks × dp × tp)."""
+    cfg.check()
+    launch(train_worker, cfg.world_size, (cfg,), backend=cfg.runtime.backend,
            init_timeout_s=cfg.runtime.init_timeout_s, threads=cfg.runtime.threads)
 
 
@@ -96,6 +97,9 @@ class Trainer:
         # Filled by step():
         self.samples: list = []  #: per-op samples of the last steps (the prediction's input)
         self.step_times: list[float] = []
+        self.dp_comm: list[float] = []  #: s per step in DP gradient reduction (StepResult.dp_comm_s)
+        self.tp_comm: list[float] = []  #: s per step in TP collectives (StepResult.tp_comm_s)
+        self.coords = {"pp": ctx.rank, "dp": 0, "tp": 0}  #: this rank's mesh coordinates (set by build())
         self.step_walls: list[float] = []
         self.last: StepResult | None = None
         self.bar: Any = None
@@ -146,15 +150,37 @@ class Trainer:
         self.plan = cfg.plan_offload(self.sched)
         self.run_sched = self.plan.schedule if self.plan is not None else self.sched
         store = OffloadStore(recompute=cfg.offload.recompute) if self.plan is not None else None
-        holds_loss = self.sched.placement.rank_of(num_stages - 1) == ctx.rank
+        self.mesh, make_stage = self._mesh_and_stage_builder(lambda s: build_stage(cfg.model, s, num_stages))
+        pp_rank = self.coords["pp"]
+        holds_loss = self.sched.placement.rank_of(num_stages - 1) == pp_rank
         self.faults = FaultInjector(resolve_fault(rt.fault_injection), ctx.rank, holds_loss)
-        self.runner = PipelineRunner(lambda s: build_stage(cfg.model, s, num_stages), self.faults.wrap_loss(lm_loss),
-                                     self.run_sched, rank=ctx.rank, device=ctx.device, timeout_s=rt.timeout_s,
-                                     meter=rt.memory_meter, recv_lookahead=rt.recv_lookahead,
-                                     activation_store=store, seed=cfg.training.seed)
+        mesh_kw = ({"mesh": self.mesh, "data_parallel": "fsdp" if cfg.parallel.fsdp else "auto"}
+                   if self.mesh is not None else {"rank": ctx.rank})
+        self.runner = PipelineRunner(make_stage, self.faults.wrap_loss(lm_loss), self.run_sched, device=ctx.device,
+                                     timeout_s=rt.timeout_s, meter=rt.memory_meter, recv_lookahead=rt.recv_lookahead,
+                                     activation_store=store, seed=cfg.training.seed, **mesh_kw)
         if self.faults.active:
             self.runner.before_op = self.faults.before_op
         self.params = self.runner.parameters()
+
+    def _mesh_and_stage_builder(self, make_stage: Any) -> tuple[Any, Any]:
+        """With ``parallel.dp`` or ``parallel.tp`` > 1: the ``("dp", "pp", "tp")`` device
+        mesh (a collective) and a stage builder that applies tensor parallelism on
+        ``mesh["tp"]``; sets ``self.coords``. A pure pipeline keeps the default group (no mesh)."""
+        par, ctx = self.cfg.parallel, self.ctx
+        if par.dp == 1 and par.tp == 1:
+            self.coords = {"pp": ctx.rank, "dp": 0, "tp": 0}
+            return None, make_stage
+        from .mesh import build_mesh, coords
+
+        mesh = build_mesh(self.sched.num_ranks, par.dp, par.tp, device_type=ctx.device.type)
+        self.coords = coords(mesh)
+        if par.tp == 1:
+            return mesh, make_stage
+        from .tensor_parallel import parallelize_stage
+
+        tp_mesh, sp = mesh["tp"], par.sequence_parallel
+        return mesh, lambda s: parallelize_stage(make_stage(s), tp_mesh, sequence_parallel=sp)
 
     def _build_optimizer_and_data(self) -> None:
         from ..models.data import ByteCorpus, load_corpus
@@ -184,7 +210,7 @@ class Trainer:
         tr, n = self.cfg.training, step + 1
         t_step = time.perf_counter()
         self.faults.begin_step(n)
-        xs, ys = self.corpus.microbatches(step, self.sched.num_microbatches, tr.microbatch_size)
+        xs, ys = self._replica_microbatches(self.corpus, step)
         for grp in self.opt.param_groups:
             grp["lr"] = _learning_rate(self.cfg, step)
         res = self.runner.step(xs, ys)
@@ -196,6 +222,8 @@ class Trainer:
         if ck.dir and (n == tr.steps or (ck.every and n % ck.every == 0)):
             self._save_checkpoint(n)
         self.step_times.append(res.step_time)
+        self.dp_comm.append(res.dp_comm_s)
+        self.tp_comm.append(res.tp_comm_s)
         self.step_walls.append(time.perf_counter() - t_step)
         # Per-op medians from the last few steps (the first step of a run includes setup
         # and warm-up): the predicted timeline then reflects the conditions of the step drawn.
@@ -204,10 +232,20 @@ class Trainer:
         self.last = res
         return res
 
+    def _replica_microbatches(self, corpus: Any, step: int) -> tuple[list, list]:
+        """This data-parallel replica's ``m`` microbatches of step ``step``: replica ``d``
+        takes microbatches ``d·m .. d·m+m-1`` of the global batch (TP ranks of a replica
+        read the same ones), so the step trains on ``dp·m`` distinct microbatches."""
+        m, size = self.sched.num_microbatches, self.cfg.training.microbatch_size
+        first = self.coords["dp"] * m
+        pairs = [corpus.batch(step, first + j, size) for j in range(m)]
+        return [x for x, _ in pairs], [y for _, y in pairs]
+
     def _update_if_finite(self, n: int, res: StepResult) -> None:
         """The optimizer update of step ``n`` when every rank's loss and gradients are
         finite; otherwise stop (NonFiniteError on every rank) or skip the update."""
-        loss, bad = _agree_finite(res, self.params, self.ctx)  # every rank, before the optimizer step
+        # every rank, before the optimizer step; the loss is the mean over the dp replicas
+        loss, bad = _agree_finite(res, self.params, self.ctx, self._loss_weight())
         self.losses.append(loss)
         if bad:
             why = _nonfinite_message(n, loss, bad)
@@ -229,10 +267,16 @@ class Trainer:
         xs, ys = self.val_corpus.microbatches(0, m, tr.microbatch_size)
         res = self.runner.eval_step(xs if self.runner.has_first_stage else None,
                                     ys if self.runner.has_last_stage else None)
-        buf = torch.tensor([res.loss if res.loss is not None else 0.0], dtype=torch.float64, device=self.ctx.device)
+        loss = res.loss * self._loss_weight() if res.loss is not None else 0.0
+        buf = torch.tensor([loss], dtype=torch.float64, device=self.ctx.device)
         dist.all_reduce(buf)
         self.val_losses.append((n, float(buf.item())))
         return self.val_losses[-1][1]
+
+    def _loss_weight(self) -> float:
+        """This rank's share in a world sum of losses: 1/dp on the tp-index-0 rank of each
+        replica (TP ranks hold the same loss), 0 elsewhere; so the sum is the replicas' mean."""
+        return 1.0 / self.cfg.parallel.dp if self.coords["tp"] == 0 else 0.0
 
     # ------------------------------------------------------------------ report
     def report(self) -> None:
@@ -240,16 +284,23 @@ class Trainer:
         then predicts, compares, writes the output folder and prints the report."""
         t_report = time.perf_counter()
         gathered = gather_results({"result": self.last, "samples": self.samples, "step_times": self.step_times,
-                                   "params": sum(p.numel() for p in self.params)})
+                                   "params": sum(p.numel() for p in self.params), "coords": dict(self.coords),
+                                   "dp_comm_s": self.dp_comm, "tp_comm_s": self.tp_comm})
         if self.ctx.rank != 0:
             return
-        results = [g["result"] for g in gathered]
+        # The pipeline of replica (dp 0, tp 0) is the timeline drawn and predicted (every
+        # replica runs the same program); the mesh block reports every rank.
+        replica = sorted((g for g in gathered if g["coords"]["dp"] == 0 and g["coords"]["tp"] == 0),
+                         key=lambda g: g["coords"]["pp"])
+        results = [g["result"] for g in replica]
         measured, predicted, fed, offload = self._measured_and_predicted(results, gathered)
         s = self.sched
         title = f"pipeoffload train: {s.name} p={s.num_ranks} m={s.num_microbatches} v={s.chunks}, last step"
         files = _write_outputs(self.out, measured, predicted, title)
         self.phases["report_s"] = time.perf_counter() - t_report
-        summary = {**self._summary(gathered, results, fed, offload), **compare(measured, predicted), "files": files}
+        summary = {**self._summary(replica, results, fed, offload), "mesh": _mesh_block(self.cfg, gathered),
+                   **compare(measured, predicted), "files": files}
+        summary["plan"] = _plan_block(self.cfg, summary)
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
         print(format_report(summary, self.out))
 
@@ -396,17 +447,19 @@ class NonFiniteError(RuntimeError):
     all_ranks = True  # the launcher reports the message, not "rank r failed"
 
 
-def _agree_finite(res: Any, params: list, ctx: DistContext) -> tuple[float, list[int]]:
-    """One all-reduce over the pipeline group: the step's loss (from the rank holding
-    the last layer group) and the ranks whose loss or gradients are not finite."""
+def _agree_finite(res: Any, params: list, ctx: DistContext, weight: float = 1.0) -> tuple[float, list[int]]:
+    """One all-reduce over the world: the step's loss (the ranks holding the last layer
+    group, each with ``weight``) and the ranks whose loss or gradients are not finite."""
+    from .data_parallel import local
+
     bad = res.loss is not None and not math.isfinite(res.loss)
-    grads = [p.grad for p in params if p.grad is not None]
+    grads = [local(p.grad) for p in params if p.grad is not None]  # DTensor (TP, FSDP) shards: this rank's part
     if grads and not bool(torch.stack([torch.isfinite(g).all() for g in grads]).all()):
         bad = True
     buf = torch.zeros(ctx.world_size + 1, dtype=torch.float64, device=ctx.device)
     buf[ctx.rank] = 1.0 if bad else 0.0
     if res.loss is not None:
-        buf[-1] = res.loss
+        buf[-1] = res.loss * weight
     dist.all_reduce(buf)
     vals = buf.tolist()
     return float(vals[-1]), [r for r in range(ctx.world_size) if vals[r] != 0.0]
@@ -467,6 +520,39 @@ def _write_outputs(out: Path, measured: Timeline, predicted: Timeline, title: st
     return files
 
 
+def _mean_after_first(xs: list[float]) -> float:
+    """Mean over steps 2.. (the first includes warm-up), or the only value."""
+    return sum(xs[1:]) / (len(xs) - 1) if len(xs) > 1 else (xs[0] if xs else 0.0)
+
+
+def _mesh_block(cfg: TrainConfig, gathered: list[dict]) -> dict[str, Any]:
+    """``summary["mesh"]``: the parallel sizes and, per global rank, its (pp, dp, tp)
+    coordinates, mean step time, last step's peak activation memory and mean DP/TP
+    communication seconds per step."""
+    par = cfg.parallel
+    ranks = [{"rank": i, **g["coords"], "step_time_s": _mean_after_first(g["step_times"]),
+              "peak_memory": g["result"].peak_memory, "dp_comm_s": _mean_after_first(g["dp_comm_s"]),
+              "tp_comm_s": _mean_after_first(g["tp_comm_s"])} for i, g in enumerate(gathered)]
+    return {"pp": cfg.schedule.stages if not ranks else 1 + max(r["pp"] for r in ranks), "dp": par.dp, "tp": par.tp,
+            "fsdp": par.fsdp, "sequence_parallel": par.sequence_parallel, "world_size": len(gathered),
+            "step_time_s": max(r["step_time_s"] for r in ranks),
+            "peak_memory_max": max(r["peak_memory"] for r in ranks),
+            "dp_comm_s_max": max(r["dp_comm_s"] for r in ranks), "tp_comm_s_max": max(r["tp_comm_s"] for r in ranks),
+            "ranks": ranks}
+
+
+def _plan_block(cfg: TrainConfig, summary: dict[str, Any]) -> dict[str, Any] | None:
+    """``summary["plan"]``: the planner's prediction (``[plan]``, from ``plan --emit-config``)
+    beside the measured figures, or None when the configuration was not planned."""
+    pl = cfg.plan
+    if pl.step_time_s is None:
+        return None
+    mesh = summary["mesh"]
+    return {"prediction": asdict(pl), "measured": {
+        "step_time_s": mesh["step_time_s"], "bubble": summary["bubble_measured"],
+        "peak_activation_bytes": [row["peak_memory_measured"] for row in summary["ranks"]]}}
+
+
 def _validation_line(summary: dict[str, Any]) -> list[str]:
     val = summary.get("val_losses") or []
     if not val:
@@ -500,6 +586,35 @@ def _offload_lines(off: dict[str, Any]) -> list[str]:
     return [line]
 
 
+def _mesh_lines(mesh: dict[str, Any] | None) -> list[str]:
+    """With dp or tp > 1: the sizes, the step's communication time, and one row per rank
+    with its (pp, dp, tp) coordinates."""
+    if not mesh or mesh["dp"] * mesh["tp"] == 1:
+        return []
+    how = "FSDP2 sharded" if mesh["fsdp"] else "replicated"
+    lines = [f"mesh pp={mesh['pp']} dp={mesh['dp']} tp={mesh['tp']} ({mesh['world_size']} ranks; dp {how}"
+             + (", sequence parallel" if mesh["sequence_parallel"] else "") + f"): step {1000 * mesh['step_time_s']:.0f} ms, "
+             f"DP communication {1000 * mesh['dp_comm_s_max']:.1f} ms/step, TP communication "
+             f"{1000 * mesh['tp_comm_s_max']:.1f} ms/step (max over ranks), peak act {_mib(mesh['peak_memory_max'])} MiB",
+             f"{'rank':>4} {'pp':>3} {'dp':>3} {'tp':>3} {'step ms':>8} {'peak act MiB':>12} {'DP ms':>7} {'TP ms':>7}"]
+    for r in mesh["ranks"]:
+        lines.append(f"{r['rank']:>4} {r['pp']:>3} {r['dp']:>3} {r['tp']:>3} {1000 * r['step_time_s']:>8.0f} "
+                     f"{_mib(r['peak_memory']):>12} {1000 * r['dp_comm_s']:>7.1f} {1000 * r['tp_comm_s']:>7.1f}")
+    return lines
+
+
+def _plan_lines(plan: dict[str, Any] | None) -> list[str]:
+    """The planner's prediction for this configuration beside what was measured."""
+    if not plan:
+        return []
+    pr, me = plan["prediction"], plan["measured"]
+    acts = pr.get("peak_activation_bytes") or []
+    act = ", ".join(f"{_mib(p)}/{_mib(m)}" for p, m in zip(acts, me["peak_activation_bytes"]))
+    return [f"planner ({pr.get('configuration')}; {pr.get('hardware')} profile): step {pr['step_time_s']:.3f} s "
+            f"predicted, {me['step_time_s']:.3f} s measured; bubble {pr['bubble']:.3f} predicted, "
+            f"{me['bubble']:.3f} measured; peak act MiB per pipeline rank predicted/measured {act}"]
+
+
 def format_report(summary: dict[str, Any], out: Path) -> str:
     """The end-of-run text: loss, step time, the per-rank table, files."""
     losses = summary["losses"]
@@ -518,6 +633,7 @@ def format_report(summary: dict[str, Any], out: Path) -> str:
     off = summary.get("offload")
     if off:
         lines += _offload_lines(off)
+    lines += _mesh_lines(summary.get("mesh")) + _plan_lines(summary.get("plan"))
     lines += [
         "",
         f"{'rank':>4} {'step ms':>8} {'busy ms':>8} {'bubble':>7} {'pred':>6} "
