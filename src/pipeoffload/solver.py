@@ -367,66 +367,75 @@ class _Problem:
         return out
 
     # --- solving and reading back ------------------------------------------------
-    def solve(self, time_limit: float, workers: int | None, hint: Schedule | None):
-        import os
-
-        if hint is not None:
-            self._add_hint(hint)
+    def solve(self, time_limit: float, workers: int | None, hint: Schedule | None) -> "_Solution":
+        """Run CP-SAT. When it ends without a solution but ``hint`` is one (CP-SAT does
+        not always take a hint within the time), the hint is returned with the
+        solver's bound."""
+        hinted = self._add_hint(hint) if hint is not None else None
         solver = self.cp.CpSolver()
         solver.parameters.max_time_in_seconds = float(time_limit)
-        solver.parameters.num_search_workers = workers or 8
+        solver.parameters.num_search_workers = workers or 8  # the portfolio's bound workers need several
         status = solver.Solve(self.model)
-        if status not in (self.cp.OPTIMAL, self.cp.FEASIBLE):
-            raise ParameterError(
-                "mem_limit",
-                f"no schedule found within {self.limit:g} (the solver {'proved none exists' if status == self.cp.INFEASIBLE else 'found none in the time limit'}); "
-                "raise `mem_limit` or `time_limit`")
-        return solver, status
+        if status in (self.cp.OPTIMAL, self.cp.FEASIBLE):
+            starts = {key: solver.Value(v) for key, v in self.start.items()}
+            chosen = [t for t in self.transfers if solver.Value(t["use"])]
+            slots = [(t["stage"], t["mb"], solver.Value(t["off_start"]), solver.Value(t["off_end"]),
+                      solver.Value(t["rel_start"]), solver.Value(t["rel_start"]) + t["d"]) for t in chosen]
+            return _Solution(starts, solver.ObjectiveValue(), solver.BestObjectiveBound(),
+                             status == self.cp.OPTIMAL, slots)
+        if hinted is not None and not self.transfers and status != self.cp.INFEASIBLE:
+            span = max(max(hinted[(OpKind.W, s, j)] + self.dur[(OpKind.W, s)] for s in self.pl.stages_of(r)
+                           for j in range(self.m)) - self.first[r] for r in range(self.pl.num_ranks))
+            return _Solution(hinted, span, min(span, solver.BestObjectiveBound()), False, [])
+        why = "proved none exists" if status == self.cp.INFEASIBLE else "found none in the time limit"
+        raise ParameterError("mem_limit", f"no schedule found within {self.limit:g} (the solver {why}); "
+                             "raise `mem_limit` or `time_limit`")
 
-    def _add_hint(self, hint: Schedule) -> None:
-        """Start values from ``hint`` timed with the model's integer durations."""
+    def _add_hint(self, hint: Schedule) -> dict | None:
+        """Start values from ``hint`` timed with the model's integer durations; returns
+        them when the hint satisfies the model (on this placement, split backward,
+        within the limit), else None."""
         from .passes.timing import run_list_schedule
 
         if hint.placement.stage_to_rank != self.pl.stage_to_rank or hint.num_microbatches != self.m:
-            return
+            return None
         try:
-            split = hint.compute_only()
-            events = run_list_schedule(split, lambda o: self.dur[(o.kind, o.stage)], self.comm)
+            events = run_list_schedule(hint.compute_only(), lambda o: self.dur[(o.kind, o.stage)], self.comm)
         except Exception:  # noqa: BLE001 - a fused-backward hint (no B/W split) gives no hint
-            return
+            return None
+        starts = {}
         for e in events:
+            starts[(e.op.kind, e.op.stage, e.op.microbatch)] = int(round(e.start))
             self.model.AddHint(self.start[(e.op.kind, e.op.stage, e.op.microbatch)], int(round(e.start)))
+        in_order = all(starts[(k, s, j)] >= starts[(k, s, j - 1)] for (k, s, j) in starts if j > 0)
+        return starts if in_order else None
 
-    def result(self, sol, wall: float) -> SolveResult:
-        solver, status = sol
+    def result(self, sol: "_Solution", wall: float) -> SolveResult:
         pl, m = self.pl, self.m
-        starts = {key: solver.Value(v) for key, v in self.start.items()}
-        order = [sorted(((k, s, j) for (k, s, j) in starts if pl.rank_of(s) == r),
-                        key=lambda x: starts[x]) for r in range(pl.num_ranks)]
-        name = "optimal"
+        order = [sorted(((k, s, j) for (k, s, j) in sol.starts if pl.rank_of(s) == r),
+                        key=lambda x: sol.starts[x]) for r in range(pl.num_ranks)]
         params = {"p": pl.num_ranks, "m": m, "v": pl.max_chunks, "layout": pl.kind, "mem_limit": self.limit}
-        sched = build_schedule(name, m, pl, order, **params)
+        sched = build_schedule("optimal", m, pl, order, **params)
         from .passes.validate import validate
 
         validate(sched)
-        span = solver.ObjectiveValue() / self.tscale
-        bound = solver.BestObjectiveBound() / self.tscale
+        span, bound = sol.objective / self.tscale, sol.bound / self.tscale
+        if sol.optimal:
+            bound = span
         busy = max(self.costs.rank_compute(pl, m))
         off = None
         if self.transfers:
-            off = self._offload_result(solver, sched, starts)
-            tl = off.timeline
-            sched = off.schedule
+            off = self._offload_result(sol, sched)
+            tl, sched = off.timeline, off.schedule
         else:
             tl = simulate(sched, self.costs, self.memory)
-        optimal = status == self.cp.OPTIMAL
         return SolveResult(
-            schedule=sched, timeline=tl, status="optimal" if optimal else "feasible", span=span,
-            span_bound=span if optimal else bound, bubble_bound=max(0.0, 1.0 - busy / (span if optimal else bound))
-            if bound > 0 else 0.0, gap=0.0 if optimal or span <= 0 else max(0.0, (span - bound) / span),
+            schedule=sched, timeline=tl, status="optimal" if sol.optimal else "feasible", span=span,
+            span_bound=bound, bubble_bound=max(0.0, 1.0 - busy / bound) if bound > 0 else 0.0,
+            gap=0.0 if sol.optimal or span <= 0 else max(0.0, (span - bound) / span),
             wall_s=wall, exact_scaling=self.exact, offload=off, params=params)
 
-    def _offload_result(self, solver, sched: Schedule, starts: dict):
+    def _offload_result(self, sol: "_Solution", sched: Schedule):
         """The solver's compute times and chosen copies as an offload result."""
         from .passes.offload import offload_from_slots
 
@@ -434,14 +443,24 @@ class _Problem:
         pl = self.pl
         dtab, mtab = self.costs.duration_table(pl), self.memory.delta_table(pl)
         events = []
-        for (k, s, j), st in starts.items():
+        for (k, s, j), st in sol.starts.items():
             op = Op(k, s, j, pl.rank_of(s), pl.chunk_of(s))
-            t0 = st / sc
-            events.append(TimedOp(op, t0, t0 + dtab[s][k], "compute", mtab[s][k]))
+            events.append(TimedOp(op, st / sc, st / sc + dtab[s][k], "compute", mtab[s][k]))
         tl = Timeline(num_ranks=pl.num_ranks, events=events, name=sched.name, num_microbatches=self.m,
                       chunks=sched.chunks, memory_unit="units", meta={"params": dict(sched.params)})
-        slots = [(t["stage"], t["mb"], solver.Value(t["off_start"]) / sc, solver.Value(t["off_end"]) / sc,
-                  solver.Value(t["rel_start"]) / sc, (solver.Value(t["rel_start"]) + t["d"]) / sc)
-                 for t in self.transfers if solver.Value(t["use"])]
+        slots = [(s, j, a / sc, b / sc, c / sc, d / sc) for s, j, a, b, c, d in sol.slots]
         return offload_from_slots(sched, tl, slots, offload_chunks=self.offload.offload_chunks,
                                   link_group=self.offload.link_group, comm=self.costs.comm)
+
+
+@dataclass
+class _Solution:
+    """A solution in the model's integer units: every op's start, the objective (longest
+    span), the proven bound, whether optimal, and the chosen copies
+    ``(stage, microbatch, offload start, offload end, reload start, reload end)``."""
+
+    starts: dict
+    objective: float
+    bound: float
+    optimal: bool
+    slots: list
