@@ -241,9 +241,9 @@ def test_reorder_lowering_is_valid_and_keeps_the_peak(name, block):
 @given(name=st.sampled_from(V_NAMES), p=st.integers(2, 8), k=st.integers(1, 3),
        costs=st.sampled_from([Costs(F=2, B=4, W=2), Costs(F=2, B=3, W=1.2, comm=0.1), Costs(F=2, B=2, W=1)]))
 def test_v_generators_keep_the_shorter_lowering(name, p, k, costs):
-    """V-Min/V-Half/V-ZB take the building-block pipeline's order or the reference reorder's,
-    whichever has the shorter longest span for the costs (V-Half at even p and B ≠ F: the
-    reorder, up to 0.07 lower bubble)."""
+    """V-Min/V-Half/V-ZB are never longer than the shorter of the building-block pipeline's
+    order and the reference reorder's for the costs (V-Half at even p and B ≠ F: the reorder,
+    up to 0.07 lower bubble); the W refill (schedules/w_refill.py) may make them shorter still."""
     from pipeoffload.ir import build_schedule
     from pipeoffload.schedules.v_reorder import reorder_orders
 
@@ -252,5 +252,5 @@ def test_v_generators_keep_the_shorter_lowering(name, p, k, costs):
     got = max(simulate(generate(name, p=p, m=m, costs=costs), costs).spans())
     first = max(simulate(schedule_from_block(name, block, m), costs).spans())
     other = max(simulate(build_schedule(name, m, Placement.vshape(p), reorder_orders(block, m)), costs).spans())
-    assert got == pytest.approx(min(first, other))
+    assert got <= min(first, other) * (1 + 1e-9)
     assert max(simulate(generate(name, p=p, m=m, costs=costs)).peak_memory()) <= unit_peak_bound(name, p)

@@ -42,11 +42,14 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from ..costs import MemoryDeltas
 from ..ir import OpKind, Placement, Schedule, build_schedule
 from ..passes.timing import simulate
 from .building_block import BuildingBlock, chain_slots, place_weight_grads, schedule_from_block
 from .spec import ScheduleSpec
 from .v_reorder import reorder_orders
+from .w_refill import refill_weights
+from .zb_auto import Infeasible
 
 __all__ = ["v_min", "v_half", "v_zb", "v_min_block", "v_half_block", "v_zb_block", "PERIOD", "unit_peak_bound"]
 
@@ -98,23 +101,37 @@ def _check(spec: ScheduleSpec) -> None:
 
 
 def _from_block(name: str, block: BuildingBlock, spec: ScheduleSpec) -> Schedule:
-    """The better of the block's two lowerings for ``spec.costs``: the building-block
-    pipeline (:func:`.building_block.schedule_from_block`) and the reference runtime's
-    slot reorder (:func:`.v_reorder.reorder_orders`), by longest rank span, then
-    makespan; the reorder only when it is strictly shorter.
+    """The best lowering of ``block`` for ``spec.costs``, by longest rank span, then
+    makespan (ties keep the earlier): the building-block pipeline
+    (:func:`.building_block.schedule_from_block`), the reference runtime's slot reorder
+    (:func:`.v_reorder.reorder_orders`), and each with its W's re-placed to fill idle
+    time (:func:`.w_refill.refill_weights`) under the unit peak bound, kept only when its
+    peak under ``spec.memory`` is no higher than the first two's.
 
-    Guarantees: per-rank peak at most :func:`unit_peak_bound` units (any costs); the
-    longest span is no longer than either lowering's."""
+    Guarantees: per-rank peak at most :func:`unit_peak_bound` units (unit accounting,
+    any costs); the longest span is no longer than either of the first two lowerings'."""
     p, m = spec.p, spec.m
-    first = schedule_from_block(name, block, m, p=p, m=m, v=2)
-    other = build_schedule(name, m, block.placement, reorder_orders(block, m), p=p, m=m, v=2)
-    t1, t2 = simulate(first, spec.costs), simulate(other, spec.costs)
-    key1 = (max(t1.spans()), t1.makespan)
-    key2 = (max(t2.spans()), t2.makespan)
-    eps = 1e-9 * max(1.0, key1[0])
-    if key2[0] < key1[0] - eps or (abs(key2[0] - key1[0]) <= eps and key2[1] < key1[1] - eps):
-        return other  # its highest peak is the repeated block's too (reorder_orders' guarantee)
-    return first
+    base = [schedule_from_block(name, block, m, p=p, m=m, v=2),
+            build_schedule(name, m, block.placement, reorder_orders(block, m), p=p, m=m, v=2)]
+    cands = list(base)
+    for s in base:
+        for partial in (True, False):
+            try:
+                cands.append(refill_weights(s, spec.costs, MemoryDeltas(), [unit_peak_bound(name, p)] * p, partial))
+            except Infeasible:
+                continue
+    timed = [simulate(s, spec.costs, spec.memory) for s in cands]
+    cap = max(max(tl.peak_memory()) for tl in timed[:2])
+    best, best_key = 0, None
+    for i, tl in enumerate(timed):
+        if max(tl.peak_memory()) > cap * (1 + 1e-9) + 1e-12:
+            continue
+        key = (max(tl.spans()), tl.makespan)
+        eps = 1e-9 * max(1.0, key[0])
+        if best_key is None or key[0] < best_key[0] - eps or (abs(key[0] - best_key[0]) <= eps
+                                                               and key[1] < best_key[1] - eps):
+            best, best_key = i, key
+    return cands[best]
 
 
 def v_min(spec: ScheduleSpec) -> Schedule:
