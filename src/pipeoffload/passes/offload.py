@@ -536,6 +536,8 @@ def _plan_for_chunks(ctx: _Context, C: int, mode: str, postpone: bool | None) ->
     best: OffloadResult | None = None
     for later in _postpone_choices(ctx, postpone):
         for name, place in _STRATEGIES.items():
+            if getattr(place, "long_lived", False) and mode != "skip":
+                continue  # drops candidates: only where dropping is what was asked for
             res = _plan_with_placement(ctx, C, mode, later, place)
             if res is None:
                 continue
@@ -563,6 +565,13 @@ def _plan_with_placement(ctx: _Context, C: int, mode: str, postpone: bool, place
         if attempt:
             events = _retime(ctx, release)
         cands, skipped = _candidates(ctx, events, C)
+        if getattr(place, "long_lived", False):
+            short = [c for c in cands if c.backward_start - c.forward_end <= 6 * c.transfer_time + _EPS]
+            if short and all(c.transfer_time <= _EPS for c in short):
+                short = []
+            skipped[SKIP_SHORT] += len(short)
+            gone = {id(c) for c in short}
+            cands = [c for c in cands if id(c) not in gone]
         placed, failed = place(cands, mode)
         if not failed or mode == "skip":
             if failed:
@@ -858,8 +867,61 @@ def _deadline_reloads(cands: list[_Candidate], offloads: dict[int, tuple[float, 
     return late, busy
 
 
+def _place_by_slots(cands: list[_Candidate], mode: str) -> tuple[dict[int, _Slots], list[_Candidate]]:
+    """The reference code's fixed slots: on a link of G ranks with one transfer time d,
+    time is cut into periods of G·d from the link's first forward end; rank q of the
+    link offloads in slots starting q·d into a period (each F's copy in the first free
+    slot after it ends) and reloads in slots ending there (each B's copy in the last
+    free slot ending by its start, planned backwards). One direction's slots of the
+    ranks never overlap. A reload that cannot follow its offload fails; links whose
+    candidates differ in transfer time get no plan (every candidate fails)."""
+    by_link: dict[int, list[_Candidate]] = {}
+    for c in cands:
+        by_link.setdefault(c.link, []).append(c)
+    placed: dict[int, _Slots] = {}
+    failed: list[_Candidate] = []
+    for lst in by_link.values():
+        d = lst[0].transfer_time
+        if d <= _EPS or any(abs(c.transfer_time - d) > _EPS for c in lst):
+            failed += lst
+            continue
+        ranks = sorted({c.rank for c in lst})
+        t0, period = min(c.forward_end for c in lst), len(ranks) * d
+        for q, r in enumerate(ranks):
+            mine = [c for c in lst if c.rank == r]
+            base = t0 + q * d
+            sends, k = {}, 0
+            for c in sorted(mine, key=lambda c: c.forward_end):
+                k = max(k, math.ceil((c.forward_end - base) / period - 1e-9))
+                sends[id(c)] = base + k * period
+                k += 1
+            k = math.inf
+            for c in sorted(mine, key=lambda c: -c.backward_start):
+                k = min(k, math.floor((c.backward_start - base) / period + 1e-9))
+                end = base + k * period
+                if end - d < sends[id(c)] + d - _EPS:
+                    failed.append(c)
+                    continue
+                placed[id(c)] = (sends[id(c)], sends[id(c)] + d, end - d, end)
+                k -= 1
+    return placed, failed
+
+
 #: Placement heuristics tried by :func:`_plan_for_chunks`; the better plan is kept.
-_STRATEGIES = {"value": _place_by_value, "deadline": _place_by_deadline}
+def _long_lived(place):
+    """``place`` restricted to candidates whose F end → B start exceeds three round trips
+    (the reference code's rule): on a crowded link the short-lived ones take time the
+    long-lived ones need. The others are reported as short-lived. Used in "skip" mode
+    only (the other modes promise to move every candidate that is worth it)."""
+    def placer(cands: list[_Candidate], mode: str) -> tuple[dict[int, _Slots], list[_Candidate]]:
+        return place([c for c in cands if c.backward_start - c.forward_end > 6 * c.transfer_time + _EPS], mode)
+    placer.long_lived = True  # type: ignore[attr-defined]
+    return placer
+
+
+_STRATEGIES = {"value": _place_by_value, "deadline": _place_by_deadline,
+               "value, long-lived": _long_lived(_place_by_value), "deadline, long-lived": _long_lived(_place_by_deadline),
+               "slots, long-lived": _long_lived(_place_by_slots)}
 
 
 # --------------------------------------------------------------------------------------
