@@ -107,3 +107,54 @@ def test_train_under_torchrun(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     s = json.loads((out / "summary.json").read_text())
     assert s["world_size"] == 2 and len(s["losses"]) == 2
+
+
+SMALL_MODEL = """name = "small"
+layers = 4
+hidden = 32
+heads = 4
+kv_groups = 2
+ffn = 96
+vocab = 256
+seq = 16
+microbatch = 2
+dtype = "fp32"
+activation = "swiglu"
+flash_attention = false
+dropout = false
+tie_embeddings = false
+"""
+
+
+@pytest.mark.multiproc
+def test_plan_emit_config_trains_on_a_mesh(tmp_path):
+    """plan (cpu profile, a small model) --emit-config → train --config on 4 processes
+    (PP2 × DP2): the report has every rank's mesh coordinates, the DP communication time
+    and the planner's prediction beside the measured figures; the replicas' mean loss
+    equals the pure pipeline's on the same global batch (each replica its own half)."""
+    (tmp_path / "small.toml").write_text(SMALL_MODEL)
+    plan = subprocess.run([sys.executable, "-m", "pipeoffload", "plan", "--model", "small.toml", "--hardware", "cpu",
+                           "--gpus", "4", "--global-batch", "16", "--schedules", "zb-h1", "--emit-config", "run.toml"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert plan.returncode == 0, plan.stderr
+    cfg = TrainConfig.load(tmp_path / "run.toml")
+    assert (cfg.schedule.name, cfg.schedule.stages, cfg.parallel.dp, cfg.parallel.tp) == ("zb-h1", 2, 2, 1)
+    assert cfg.plan.step_time_s > 0 and len(cfg.plan.peak_activation_bytes) == 2
+    common = ["--steps", "2", "--eval-every", "0", "--no-progress", "--timeout", "60", "--config", "run.toml"]
+    r = _train(common + ["-o", "mesh"], tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = json.loads((tmp_path / "mesh" / "summary.json").read_text())
+    mesh = s["mesh"]
+    assert (mesh["pp"], mesh["dp"], mesh["tp"], mesh["world_size"]) == (2, 2, 1, 4)
+    assert sorted((row["pp"], row["dp"], row["tp"]) for row in mesh["ranks"]) == [(0, 0, 0), (0, 1, 0), (1, 0, 0),
+                                                                                  (1, 1, 0)]
+    assert mesh["dp_comm_s_max"] > 0 and mesh["tp_comm_s_max"] == 0 and mesh["peak_memory_max"] > 0
+    assert s["plan"]["prediction"]["step_time_s"] == cfg.plan.step_time_s and s["plan"]["measured"]["step_time_s"] > 0
+    assert "mesh pp=2 dp=2 tp=1" in r.stdout and "planner (zb-h1" in r.stdout, r.stdout
+    assert (tmp_path / "mesh" / "timeline.html").is_file()
+    # The same global batch on a pure pipeline: dp=1 with twice the microbatches.
+    pure = _train(common + ["--dp", "1", "-m", str(2 * cfg.schedule.microbatches), "-o", "pure"], tmp_path)
+    assert pure.returncode == 0, pure.stderr[-3000:]
+    assert "prediction is for" in pure.stderr  # flags changed the planned configuration: no [plan] comparison
+    losses = json.loads((tmp_path / "pure" / "summary.json").read_text())["losses"]
+    assert s["losses"] == pytest.approx(losses, rel=1e-5)

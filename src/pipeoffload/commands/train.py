@@ -163,11 +163,28 @@ def _offload_chunks_arg(text: str) -> int:
     return c
 
 
+#: Sections whose change makes a ``[plan]`` prediction (``plan --emit-config``) another configuration's.
+_PLANNED = ("model", "schedule", "parallel", "offload")
+
+
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """Defaults ← ``--config`` file ← flags. A file's ``[plan]`` prediction is dropped (with
+    a warning) when flags change what was planned: it would be compared with another run."""
     over = {key: getattr(args, dest, None) for dest, key in _CONFIG_KEYS.items()}
     if getattr(args, "no_progress", False):
         over["runtime.progress"] = False
-    return TrainConfig.load(getattr(args, "config", None), over)
+    path = getattr(args, "config", None)
+    cfg = TrainConfig.load(path, over)
+    if cfg.plan.step_time_s is not None:
+        planned = TrainConfig.load(path)
+        changed = [sec for sec in _PLANNED if getattr(cfg, sec) != getattr(planned, sec)]
+        if cfg.training.microbatch_size != planned.training.microbatch_size:
+            changed.append("training.microbatch_size")
+        if changed:
+            print(f"pipeoffload train: warning: the [plan] prediction is for {path} as written; flags change "
+                  f"{', '.join(changed)}, so the report does not compare with it", file=sys.stderr)
+            cfg.plan = type(cfg.plan)()
+    return cfg
 
 
 def run(args: argparse.Namespace) -> int:
