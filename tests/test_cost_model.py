@@ -163,7 +163,7 @@ def test_k_independent_of_layers_and_microbatch_and_moves_with_bytes():
     assert k_from_model(m.replace(kv_groups=8), A100) < k  # GQA: smaller K, V
     assert k_from_model(m.replace(recompute_elementwise=False), A100) > k
     assert k_from_model(m.replace(flash_attention=False), A100) > k
-    assert k_from_model(m, HARDWARE["h100-80g"]) == pytest.approx(k * (440 / 21) / (220 / 15))
+    assert k_from_model(m, HARDWARE["h100-80g"]) == pytest.approx(k * (440 / 50) / (220 / 24))
 
 
 # --- layer split and the simulator's inputs ------------------------------------------------------------
@@ -181,8 +181,11 @@ def test_layer_split():
         assert trimmed[0] <= min(trimmed[1:-1]) and trimmed[-1] <= min(trimmed[1:-1])
     with pytest.raises(ParameterError, match="exceed"):
         layer_split(4, 8)
-    with pytest.raises(ParameterError, match="empty"):
-        layer_split(8, 8, trim_edges=True)
+    # The authors' L = v·p − 2: one layer per chunk, the edge chunks hold the embedding / head alone.
+    assert layer_split(22, 24, trim_edges=True) == (0,) + (1,) * 22 + (0,)
+    with pytest.raises(ParameterError, match="exceed"):
+        layer_split(21, 24, trim_edges=True)
+    assert layer_split(2, 4, trim_edges=True) == (0, 1, 1, 0)
 
 
 def test_pipeline_costs_small_by_hand():
@@ -283,10 +286,10 @@ GOOD = {"compute_tflops": 300, "hbm_gib": 96, "host_link_gbs": 25, "interstage_g
 
 
 def test_builtin_hardware():
-    assert set(HARDWARE) == {"a100-80g", "h100-80g", "h200"}
-    assert (A100.compute_rate, A100.host_bw) == (220e12, 15e9)
+    assert set(HARDWARE) == {"a100-80g", "h100-80g", "h200", "cpu"}
+    assert (A100.compute_rate, A100.host_bw, A100.host_link_gpus) == (220e12, 24e9, 2)
     h100 = get_hardware("H100-80G")
-    assert (h100.compute_rate, h100.host_bw) == (440e12, 21e9)
+    assert (h100.compute_rate, h100.host_bw) == (440e12, 50e9)  # one GPU alone on its link (docs/gpu.md)
     assert get_hardware("h200").hbm_bytes > h100.hbm_bytes
     for h in HARDWARE.values():
         assert hardware_from_dict({k: v for k, v in h.to_dict().items()}) == h
@@ -372,7 +375,7 @@ def test_cli_models_list(capsys):
 def test_cli_models_k(capsys):
     assert main(["models", "--k", "--hardware", "a100-80g", "--model", "llama-70b", "--json"]) == 0
     (row,) = json.loads(capsys.readouterr().out)
-    assert row["k_closed_form"] == pytest.approx(0.918, abs=0.001)
+    assert row["k_closed_form"] == pytest.approx(0.918 * 15 / 24, abs=0.001)  # PipeOffload's 0.918 at 15 GB/s
     assert row["k_model"] == pytest.approx(k_from_model(PRESETS["llama-70b"], A100))
     assert main(["models", "--k"]) == 0
     assert "k_closed" in capsys.readouterr().out

@@ -18,6 +18,7 @@ from pipeoffload.planner import (
     enumerate_splits,
     families,
     node_profile,
+    tp_slowdown,
     plan,
     shard_costs,
 )
@@ -145,7 +146,7 @@ def test_splits_respect_node_and_model():
 
 def test_families_fit_layers():
     for fam in families(16, 30, PlanOptions()):
-        assert 16 * fam.v <= 30
+        assert 16 * fam.v <= 30 + 2  # edge chunks may hold only the embedding / the head
     assert [f.schedule for f in families(1, 30, PlanOptions())] == ["1f1b"]
     labels = {f.label for f in families(8, 64, PlanOptions())}
     assert {"zb-1p", "zb-2p", "group-interleaved v=2 g=p/2", "group-interleaved v=4 g=p", "zb-v"} <= labels
@@ -159,12 +160,14 @@ def test_sharding_divides_by_tp_and_adds_collectives():
     for g in range(4):
         a, b = one.costs.group_costs[g], two.costs.group_costs[g]
         assert a == pytest.approx((pc.groups[g].F_ms, pc.groups[g].B_ms, pc.groups[g].W_ms))
-        assert b[0] > a[0] / 2 and b[1] > a[1] / 2 and b[2] == pytest.approx(a[2] / 2)  # collectives in F, B only
+        slow = tp_slowdown(spec, 2, A100)  # smaller GEMMs run less efficiently
+        assert slow > 1
+        assert b[0] > a[0] / 2 and b[1] > a[1] / 2 and b[2] == pytest.approx(a[2] / 2 * slow)  # collectives: F, B
         assert two.memory.group_deltas[g] == pytest.approx(tuple(x / 2 for x in one.memory.group_deltas[g]))
         assert two.state[g] == pytest.approx(tuple(x / 2 for x in one.state[g]))
         assert two.transfer_ms[g] == pytest.approx(one.transfer_ms[g] / 2)
     assert two.comm < one.comm
-    assert node_profile(A100).tp_bw == 300e9
+    assert node_profile(A100).tp_bw == 230e9
 
 
 def test_sim_points_keep_m_modulo_the_period():
@@ -233,7 +236,7 @@ def test_plan_cli_json_and_png(capsys, tmp_path):
     obj = json.loads(capsys.readouterr().out)
     assert set(obj) >= {"model", "hardware", "gpus", "memory_budget_gib", "global_batch", "configs", "best",
                         "rejected", "rejected_splits", "search", "assumptions"}
-    assert obj["gpus"] == 4 and obj["memory_budget_gib"] == pytest.approx(80.0) and len(obj["configs"]) <= 3
+    assert obj["gpus"] == 4 and obj["memory_budget_gib"] == pytest.approx(74.0) and len(obj["configs"]) <= 3
     best = obj["best"]
     assert best == obj["configs"][0]
     for key in ("schedule", "v", "g", "tp", "pp", "dp", "microbatches", "recompute", "offload_chunks",

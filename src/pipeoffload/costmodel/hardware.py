@@ -7,7 +7,8 @@ API
     matmul rate in FLOP/s (16-bit), ``hbm_bytes`` the device memory in bytes, ``host_bw`` the achieved
     one-direction device↔host bandwidth in bytes/s (what an offload or a reload moves at),
     ``link_bw`` the achieved inter-stage (P2P) bandwidth in bytes/s, ``link_latency`` seconds per hop.
-``HARDWARE``: ``{"a100-80g", "h100-80g", "h200"}`` → built-in profiles.
+``HARDWARE``: ``{"a100-80g", "h100-80g", "h200", "cpu"}`` → built-in profiles.
+``default_reserve(hbm_bytes)``; ``Hardware.default_budget``: device memory minus the reserve.
 ``hardware_names() -> list[str]``
 ``get_hardware(name_or_path) -> Hardware``: a built-in name, or a path to a ``.toml``/``.json`` profile.
 ``load_hardware(path) -> Hardware``: read a profile file (format below).
@@ -23,6 +24,19 @@ Profile files use human units, one flat table::
     interstage_gbs = 50      # achieved P2P GB/s between adjacent pipeline stages
     link_latency_us = 10     # optional, per P2P hop, microseconds (default 0)
     note = "..."             # optional free text
+    # optional, all in the units their names say (docs/cost-model.md#hardware-profiles):
+    peak_tflops = 312        # nominal dense peak (MFU denominator)
+    hbm_gbs = 2000           # HBM bandwidth (prices recomputation)
+    tp_busbw_gbs = 230       # NCCL all-reduce bus bandwidth inside a node (TP collectives)
+    internode_gbs = 22       # P2P between nodes (a pipeline hop that crosses nodes)
+    dp_intra_busbw_gbs = 230 # DP all-reduce bus bandwidth, DP group inside a node
+    dp_inter_busbw_gbs = 22  # DP all-reduce bus bandwidth, DP group across nodes
+    pinned_host_gib = 1024   # pinned host memory per node available to offload
+    reserve_gib = 6          # device memory kept out of the default budget
+    gpus_per_node = 8
+    host_link_gpus = 2       # GPUs (consecutive ids) sharing one host link
+    gemm_half_width = 128    # sharded GEMM width at which it runs at half its large-GEMM rate
+    tp_overlap = 0.5         # fraction of the backward's TP collectives hidden
 
 A missing required key, an unknown key, or a value that is not a positive number raises
 :class:`~pipeoffload.errors.ParameterError` (param ``hardware``) naming the key and the file.
@@ -50,28 +64,84 @@ GB = 1e9
 
 @dataclass(frozen=True)
 class Hardware:
-    """One accelerator: achieved matmul rate, memory, host link and inter-stage link (SI units)."""
+    """One accelerator and its node: achieved rates, memory, links and their topology (SI units).
+
+    Required: ``compute_rate`` (achieved dense 16-bit FLOP/s on large matmuls), ``hbm_bytes``,
+    ``host_bw`` (achieved one-direction pinned device<->host bytes/s of **one host link used by one
+    GPU alone**), ``link_bw`` (achieved intra-node stage-to-stage P2P bytes/s), ``link_latency``.
+    Optional (``None`` = derived, see :func:`pipeoffload.planner.sharding.node_profile`):
+    ``peak_rate`` (nominal FLOP/s, the MFU denominator), ``hbm_bw``, ``tp_bw`` (NCCL all-reduce
+    *bus* bandwidth inside a node: what a TP collective moves at), ``internode_bw`` (P2P between
+    nodes), ``dp_intra_bw``/``dp_inter_bw`` (all-reduce bus bandwidth of a DP group inside / across
+    nodes), ``pinned_host_bytes`` (pinned host memory one node can give to offload; ``None`` =
+    unchecked), ``reserve_bytes`` (device memory kept out of the default budget; ``None`` = the
+    rule of :func:`default_reserve`). Topology: ``gpus_per_node``; ``host_link_gpus`` GPUs with
+    consecutive device ids share one host link (a PCIe switch). Efficiency: ``gemm_half_width``
+    (a GEMM whose sharded width is w runs at ``w / (w + gemm_half_width)`` of what it runs at
+    unsharded; 0 = no loss), ``tp_overlap`` (fraction of the backward's TP collectives hidden behind
+    the weight-gradient GEMMs, as Megatron overlaps them).
+    """
 
     name: str
     compute_rate: float  # FLOP/s achieved on dense 16-bit matmuls
     hbm_bytes: float  # device memory, bytes
-    host_bw: float  # device<->host, bytes/s, one direction
-    link_bw: float  # stage-to-stage P2P, bytes/s
+    host_bw: float  # device<->host, bytes/s, one direction, one GPU alone on its host link
+    link_bw: float  # stage-to-stage P2P inside a node, bytes/s
     link_latency: float = 0.0  # s per P2P hop
     note: str = ""
+    peak_rate: float | None = None
+    hbm_bw: float | None = None
+    tp_bw: float | None = None
+    internode_bw: float | None = None
+    dp_intra_bw: float | None = None
+    dp_inter_bw: float | None = None
+    pinned_host_bytes: float | None = None
+    reserve_bytes: float | None = None
+    gpus_per_node: int = 8
+    host_link_gpus: int = 1
+    gemm_half_width: float = 0.0
+    tp_overlap: float = 0.0
 
     def __post_init__(self) -> None:
         for key in ("compute_rate", "hbm_bytes", "host_bw", "link_bw"):
             x = getattr(self, key)
-            if not isinstance(x, (int, float)) or isinstance(x, bool) or not math.isfinite(x) or x <= 0:
+            if not _is_number(x) or x <= 0:
                 raise ParameterError("hardware", f"{self.name}: {key} must be a positive number, got {x!r}")
-        lat = self.link_latency
-        if not isinstance(lat, (int, float)) or isinstance(lat, bool) or not math.isfinite(lat) or lat < 0:
-            raise ParameterError("hardware", f"{self.name}: link_latency must be a number >= 0, got {lat!r}")
+        for key in _OPTIONAL_RATES:
+            x = getattr(self, key)
+            if x is not None and (not _is_number(x) or x <= 0):
+                raise ParameterError("hardware", f"{self.name}: {key} must be a positive number, got {x!r}")
+        for key in ("link_latency", "gemm_half_width"):
+            x = getattr(self, key)
+            if not _is_number(x) or x < 0:
+                raise ParameterError("hardware", f"{self.name}: {key} must be a number >= 0, got {x!r}")
+        if self.reserve_bytes is not None and (not _is_number(self.reserve_bytes) or self.reserve_bytes < 0
+                                               or self.reserve_bytes >= self.hbm_bytes):
+            raise ParameterError("hardware", f"{self.name}: reserve must be >= 0 and below the device memory, "
+                                             f"got {self.reserve_bytes!r}")
+        if not _is_number(self.tp_overlap) or not 0 <= self.tp_overlap <= 1:
+            raise ParameterError("hardware", f"{self.name}: tp_overlap must be in [0, 1], got {self.tp_overlap!r}")
+        for key in ("gpus_per_node", "host_link_gpus"):
+            x = getattr(self, key)
+            if not isinstance(x, int) or isinstance(x, bool) or x < 1:
+                raise ParameterError("hardware", f"{self.name}: {key} must be an integer >= 1, got {x!r}")
+        if self.gpus_per_node % self.host_link_gpus:
+            raise ParameterError("hardware", f"{self.name}: host_link_gpus ({self.host_link_gpus}) must divide "
+                                             f"gpus_per_node ({self.gpus_per_node})")
+
+    @property
+    def reserve(self) -> float:
+        """Bytes of device memory the default budget leaves free (:func:`default_reserve`)."""
+        return self.reserve_bytes if self.reserve_bytes is not None else default_reserve(self.hbm_bytes)
+
+    @property
+    def default_budget(self) -> float:
+        """The planner's default per-device budget: device memory minus :attr:`reserve`."""
+        return self.hbm_bytes - self.reserve
 
     def to_dict(self) -> dict[str, Any]:
         """The profile in the file format's keys and units (round-trips through ``hardware_from_dict``)."""
-        return {
+        out: dict[str, Any] = {
             "name": self.name,
             "compute_tflops": self.compute_rate / 1e12,
             "hbm_gib": self.hbm_bytes / GiB,
@@ -79,36 +149,102 @@ class Hardware:
             "interstage_gbs": self.link_bw / GB,
             "link_latency_us": self.link_latency * 1e6,
             "note": self.note,
+            "gpus_per_node": self.gpus_per_node,
+            "host_link_gpus": self.host_link_gpus,
+            "gemm_half_width": self.gemm_half_width,
+            "tp_overlap": self.tp_overlap,
         }
+        for key, (file_key, unit) in _OPTIONAL_FILE.items():
+            x = getattr(self, key)
+            if x is not None:
+                out[file_key] = x / unit
+        return out
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+#: Optional rate/size fields: attribute -> (file key, unit of the file value).
+_OPTIONAL_FILE: dict[str, tuple[str, float]] = {
+    "peak_rate": ("peak_tflops", 1e12), "hbm_bw": ("hbm_gbs", GB), "tp_bw": ("tp_busbw_gbs", GB),
+    "internode_bw": ("internode_gbs", GB), "dp_intra_bw": ("dp_intra_busbw_gbs", GB),
+    "dp_inter_bw": ("dp_inter_busbw_gbs", GB), "pinned_host_bytes": ("pinned_host_gib", GiB),
+    "reserve_bytes": ("reserve_gib", GiB),
+}
+_OPTIONAL_RATES = tuple(k for k in _OPTIONAL_FILE if k != "reserve_bytes")
+
+#: The default reserve (docs/cost-model.md#memory-reserve): a fixed part for the CUDA context and
+#: the communicators' buffers, and a share of the memory for the caching allocator's fragmentation.
+RESERVE_FIXED_BYTES = 2 * GiB
+RESERVE_FRACTION = 0.05
+
+
+def default_reserve(hbm_bytes: float) -> float:
+    """``2 GiB + 5 %`` of device memory (6 GiB of 80): CUDA context and kernels (~0.5–1 GiB),
+    NCCL buffers of the TP, PP and DP communicators (~1 GiB), and allocator fragmentation (a few
+    percent of what is allocated); capped at half the memory for small devices."""
+    return min(RESERVE_FIXED_BYTES + RESERVE_FRACTION * hbm_bytes, 0.5 * hbm_bytes)
 
 
 def _profile(name: str, tflops: float, hbm_gib: float, host_gbs: float, link_gbs: float,
-             latency_us: float, note: str) -> Hardware:
-    return Hardware(name, tflops * 1e12, hbm_gib * GiB, host_gbs * GB, link_gbs * GB, latency_us / 1e6, note)
+             latency_us: float, note: str, **extra: Any) -> Hardware:
+    return Hardware(name, tflops * 1e12, hbm_gib * GiB, host_gbs * GB, link_gbs * GB, latency_us / 1e6, note,
+                    **extra)
 
 
-#: Built-in profiles. Compute and host-link numbers for A100/H100 are PipeOffload's (docs/algorithms.md#51-the-offload-ratio-k).
+def _hgx(peak_tflops: float, hbm_tbs: float, tp_busbw_gbs: float, nic_gbs: float, gemm_half_width: float,
+         ) -> dict[str, Any]:
+    """The optional fields of an 8-GPU HGX/DGX node (docs/cost-model.md#hardware-profiles): two GPUs
+    per PCIe switch share one host link, 1 TiB of pinned host memory per node (half of a DGX's
+    2 TiB), one NIC per GPU (a DP ring with one GPU per node runs at one NIC's rate), Megatron's
+    backward TP overlap (half of the backward's collectives hidden)."""
+    return dict(peak_rate=peak_tflops * 1e12, hbm_bw=hbm_tbs * 1e12, tp_bw=tp_busbw_gbs * GB,
+                internode_bw=nic_gbs * GB, dp_intra_bw=tp_busbw_gbs * GB, dp_inter_bw=nic_gbs * GB,
+                pinned_host_bytes=1024 * GiB, gpus_per_node=8, host_link_gpus=2,
+                gemm_half_width=gemm_half_width, tp_overlap=0.5)
+
+
+#: Built-in profiles (sources: docs/cost-model.md#hardware-profiles). Achieved compute for A100/H100 is
+#: PipeOffload's (docs/algorithms.md#51-the-offload-ratio-k). The host link is one GPU alone on its
+#: PCIe link: H100 measured 44-55 GB/s pinned each way (docs/gpu.md), A100 PCIe Gen4 x16 about half;
+#: two GPUs share it (``host_link_gpus``), which brings each to PipeOffload's 15/21 GB/s range.
 #: The inter-stage link is calibrated on ZB's measured T_comm = 0.601 ms for the 1.5B model
 #: (6·1024·2304·2 B = 28.3 MB per hop: 50 GB/s + 10 µs gives 0.58 ms) and scaled 1.5× for NVLink 4.
 HARDWARE: dict[str, Hardware] = {
     "a100-80g": _profile(
-        "a100-80g", 220, 80, 15, 50, 10,
-        "A100 SXM 80GB: 220 TFLOP/s achieved bf16 and 15 GB/s host link (PipeOffload's figures)",
+        "a100-80g", 220, 80, 24, 50, 10,
+        "A100 SXM 80GB (HGX): 220 TFLOP/s achieved bf16 (PipeOffload), PCIe Gen4 host link 24 GB/s "
+        "shared by 2 GPUs, NVLink 3 all-reduce bus bandwidth 230 GB/s, HDR InfiniBand 22 GB/s per GPU",
+        **_hgx(312, 2.0, 230, 22, 128),
     ),
     "h100-80g": _profile(
-        "h100-80g", 440, 80, 21, 75, 10,
-        "H100 SXM 80GB: 440 TFLOP/s achieved bf16 and 21 GB/s host link (PipeOffload's figures)",
+        "h100-80g", 440, 80, 50, 75, 10,
+        "H100 SXM 80GB (HGX): 440 TFLOP/s achieved bf16 (PipeOffload), PCIe Gen5 host link 50 GB/s "
+        "(measured) shared by 2 GPUs, NVLink 4 all-reduce bus bandwidth 360 GB/s, NDR InfiniBand 45 GB/s per GPU",
+        **_hgx(989, 3.35, 360, 45, 256),
     ),
     "h200": _profile(
-        "h200", 440, 140, 21, 75, 10,
+        "h200", 440, 140, 50, 75, 10,
         "H200 SXM 141GB: same GH100 compute as H100 (matmuls are compute-bound, so HBM3e's extra "
-        "bandwidth barely moves the achieved rate), the same PCIe Gen5 host path on the HGX board as "
-        "H100 (so the same 21 GB/s), the same NVLink 4; only memory grows (~140 GiB usable)",
+        "bandwidth barely moves the achieved rate), the same PCIe Gen5 host path and NVLink 4 as "
+        "H100; only memory (~140 GiB usable) and its bandwidth grow",
+        **_hgx(989, 4.8, 360, 45, 256),
+    ),
+    "cpu": _profile(
+        "cpu", 0.03, 4, 5, 1, 200,
+        "This CPU machine (2 cores) running the runtime's gloo ranks: ~30 GFLOP/s per rank under load, "
+        "4 GiB per rank, memcpy-speed 'host' copies, loopback gloo P2P; for planning tiny models",
+        peak_rate=0.07e12, hbm_bw=10 * GB, tp_bw=1 * GB, internode_bw=1 * GB, dp_intra_bw=1 * GB,
+        dp_inter_bw=1 * GB, pinned_host_bytes=8 * GiB, reserve_bytes=0.5 * GiB, gpus_per_node=2,
+        host_link_gpus=1, gemm_half_width=0.0, tp_overlap=0.0,
     ),
 }
 
 _REQUIRED = ("compute_tflops", "hbm_gib", "host_link_gbs", "interstage_gbs")
-_OPTIONAL = ("name", "link_latency_us", "note")
+_INT_KEYS = ("gpus_per_node", "host_link_gpus")
+_OPTIONAL = ("name", "link_latency_us", "note", "gemm_half_width", "tp_overlap") + _INT_KEYS + tuple(
+    k for k, _ in _OPTIONAL_FILE.values())
 
 
 def hardware_names() -> list[str]:
@@ -187,6 +323,19 @@ def hardware_from_dict(data: Mapping[str, Any], source: str = "<dict>", default_
         if not isinstance(val, str) or (key == "name" and not val.strip()):
             raise ParameterError("hardware", f"{source}: key {key!r} must be a non-empty string, got {val!r}")
     latency = _number(data, "link_latency_us", source, minimum_exclusive=False) if "link_latency_us" in data else 0.0
+    extra: dict[str, Any] = {}
+    for attr, (key, unit) in _OPTIONAL_FILE.items():
+        if key in data:
+            extra[attr] = _number(data, key, source, minimum_exclusive=key != "reserve_gib") * unit
+    for key in ("gemm_half_width", "tp_overlap"):
+        if key in data:
+            extra[key] = _number(data, key, source, minimum_exclusive=False)
+    for key in _INT_KEYS:
+        if key in data:
+            x = data[key]
+            if not isinstance(x, int) or isinstance(x, bool) or x < 1:
+                raise ParameterError("hardware", f"{source}: key {key!r} must be an integer >= 1, got {x!r}")
+            extra[key] = x
     return _profile(
         name,
         _number(data, "compute_tflops", source),
@@ -195,6 +344,7 @@ def hardware_from_dict(data: Mapping[str, Any], source: str = "<dict>", default_
         _number(data, "interstage_gbs", source),
         latency,
         note,
+        **extra,
     )
 
 

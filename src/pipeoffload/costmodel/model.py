@@ -30,7 +30,9 @@ what F leaves for B (what an offload moves); ``w_bytes`` what stays from B until
     bytes**), ``groups`` (per-group :class:`GroupCost`: layers, FLOPs, ms, bytes, offload time and ratio,
     parameter/gradient/optimizer bytes), ``comm_ms``, ``split``.
 
-``state_bytes_per_param(dtype) -> (param, grad, optimizer)`` bytes: mixed-precision Adam assumption.
+``state_bytes_per_param(dtype, dp=1, sharding="none") -> (param, grad, optimizer)`` bytes per device:
+mixed-precision Adam, optionally sharded over ``dp`` replicas (``DP_SHARDING``: none, optimizer = ZeRO-1 /
+Megatron's distributed optimizer, 6 + 12/d; full = ZeRO-3 / FSDP, 18/d).
 ``k_closed_form(hidden, seq, compute_rate, host_bw) -> float``: PipeOffload's ``10/(3(6h+s)) · B_c/B_o``.
 ``k_from_model(model, hardware) -> float``: ``(D2H + H2D) / (F + B + W)`` time of one layer's saved
 activations, from this model's own bytes and FLOPs.
@@ -57,18 +59,44 @@ ACTIVATIONS = ("gelu", "swiglu")
 TOKEN_ID_BYTES = 8
 #: flash attention keeps the softmax log-sum-exp, fp32, one per head per token.
 LSE_BYTES = 4
+#: ms: the shortest F, B or W (an embedding-only chunk of the L = v·p − 2 setting has no matmuls).
+MIN_OP_MS = 1e-3
 
 
-def state_bytes_per_param(dtype: str) -> tuple[int, int, int]:
-    """``(param, grad, optimizer)`` bytes per parameter for mixed-precision Adam.
+#: Data-parallel sharding of the training state: "none" (every replica holds everything),
+#: "optimizer" (ZeRO-1, Megatron's distributed optimizer: optimizer state and fp32 master weights
+#: split over the DP group), "full" (ZeRO-3 / FSDP: parameters and gradients split as well).
+DP_SHARDING = ("none", "optimizer", "full")
 
-    16-bit training (Megatron's default): 16-bit weights (2), fp32 gradient accumulation buffer (4),
-    fp32 master weights + Adam m + Adam v (12) → 18 B/param. fp32 training: 4 + 4 + 8 (m, v) = 16.
-    No optimizer-state sharding (ZeRO) is assumed.
+
+def shard_factors(sharding: str, dp: int) -> tuple[float, float, float]:
+    """Fractions of (parameter, gradient, optimizer) bytes one DP replica keeps under ``sharding``."""
+    if sharding not in DP_SHARDING:
+        raise ParameterError("dp_sharding", f"unknown sharding {sharding!r}; valid: {', '.join(DP_SHARDING)}")
+    _positive_int("dp", dp)
+    if sharding == "none":
+        return (1.0, 1.0, 1.0)
+    if sharding == "optimizer":
+        return (1.0, 1.0, 1.0 / dp)
+    return (1.0 / dp, 1.0 / dp, 1.0 / dp)
+
+
+def state_bytes_per_param(dtype: str, dp: int = 1, sharding: str = "none") -> tuple[float, float, float]:
+    """``(param, grad, optimizer)`` bytes per parameter on one device for mixed-precision Adam.
+
+    16-bit training (Megatron's default): 16-bit weights (2), fp32 main-gradient buffer (4, Megatron
+    accumulates and reduces gradients in fp32 for bf16), fp32 master weights + Adam m + Adam v (12)
+    → 18 B/param unsharded. With the distributed optimizer (``sharding="optimizer"``, ZeRO-1 over
+    ``dp`` replicas) the 12 are split: **6 + 12/d**, Megatron's own accounting for bf16 parameters
+    with fp32 gradients. ``"full"`` (ZeRO-3/FSDP): 18/d. fp32 training: 4 + 4 + 8 (m, v).
     """
     if dtype not in DTYPE_BYTES:
         raise ParameterError("dtype", f"unknown dtype {dtype!r}; valid: {', '.join(DTYPE_BYTES)}")
-    return (4, 4, 8) if dtype == "fp32" else (2, 4, 12)
+    base = (4, 4, 8) if dtype == "fp32" else (2, 4, 12)
+    if sharding == "none" and dp == 1:
+        return base
+    fp, fg, fo = shard_factors(sharding, dp)
+    return (base[0] * fp, base[1] * fg, base[2] * fo)
 
 
 @dataclass(frozen=True)
@@ -317,17 +345,19 @@ def layer_split(layers: int, groups: int, trim_edges: bool = False) -> tuple[int
     """Layers per layer group, in forward order, summing to ``layers``.
 
     ``trim_edges``: PipeOffload's balancing — split ``layers + 2`` evenly, then remove one layer from
-    the first group (embedding) and from the last group (head + loss). Every group keeps ≥ 1 layer.
+    the first group (embedding) and from the last group (head + loss). Every group keeps ≥ 1 layer,
+    except that with ``trim_edges`` the first and last may keep 0 (the authors' ``L = v·p − 2``
+    setting: one layer per chunk, the edge chunks holding only the embedding and the head).
     """
     _positive_int("layers", layers)
     _positive_int("groups", groups)
-    if groups > layers:
+    if groups > layers + (2 if trim_edges and groups > 2 else 0):
         raise ParameterError("p/v", f"{groups} layer groups (p·v) exceed the model's {layers} layers")
     if trim_edges and groups > 1:
         counts = _spread(layers + 2, groups)
         counts[0] -= 1
         counts[-1] -= 1
-        if min(counts) < 1:
+        if min(counts[1:-1] or [1]) < 1 or min(counts) < 0 or (groups == 2 and min(counts) < 1):
             raise ParameterError(
                 "trim_edges", f"removing a layer from the first and last of {groups} groups of a "
                 f"{layers}-layer model leaves a group empty: {counts}",
@@ -449,8 +479,10 @@ def _check_split(model: ModelSpec, num_groups: int, split: Sequence[int]) -> tup
     counts = tuple(split)
     if len(counts) != num_groups:
         raise ParameterError("split", f"gives {len(counts)} layer groups but p·v = {num_groups}")
-    if any(not isinstance(c, int) or isinstance(c, bool) or c < 1 for c in counts):
-        raise ParameterError("split", f"every group needs a positive integer number of layers, got {list(counts)}")
+    inner = counts[1:-1] if len(counts) > 2 else counts
+    if any(not isinstance(c, int) or isinstance(c, bool) or c < 0 for c in counts) or any(c < 1 for c in inner):
+        raise ParameterError("split", f"every group needs a positive integer number of layers (the first and "
+                                      f"last may hold 0 when p·v > 2), got {list(counts)}")
     if sum(counts) != model.layers:
         raise ParameterError("split", f"sums to {sum(counts)} layers but the model has {model.layers}")
     return counts
@@ -468,12 +500,21 @@ def _group_cost(model: ModelSpec, hardware: Hardware, blocks: tuple[BlockCost, B
         blk = blk + embedding
     if index == num_groups - 1:
         blk = blk + head
+    # An embedding-only edge chunk has no matmul FLOPs; its lookup and scatter still take time:
+    # floor each pass at MIN_OP_MS so every op has a positive duration.
     return GroupCost(
         index=index, layers=layers, has_embedding=index == 0, has_head=index == num_groups - 1, block=blk,
-        F_ms=blk.f_flops / rate_ms, B_ms=blk.b_flops / rate_ms, W_ms=blk.w_flops / rate_ms,
+        F_ms=_op_ms(blk.f_flops, rate_ms, layers), B_ms=_op_ms(blk.b_flops, rate_ms, layers),
+        W_ms=_op_ms(blk.w_flops, rate_ms, layers),
         offload_ms=blk.saved_bytes / hardware.host_bw * 1e3,
         param_bytes=param_b * blk.params, grad_bytes=grad_b * blk.params, optimizer_bytes=optim_b * blk.params,
     )
+
+
+def _op_ms(flops: float, rate_ms: float, layers: int) -> float:
+    """ms of one pass; a group without layers (embedding or head alone) gets at least MIN_OP_MS."""
+    t = flops / rate_ms
+    return max(t, MIN_OP_MS) if layers == 0 else t
 
 
 def _simulator_inputs(groups: Sequence[GroupCost], v: int, comm_ms: float) -> tuple[Costs, MemoryDeltas]:

@@ -51,11 +51,11 @@ from .config import Config, MemoryBreakdown
 from .report import Rejection, format_table
 from .result import NoConfigurationFits, PlanResult
 from .search import plan
-from .sharding import NodeProfile, ShardedCosts, node_profile, shard_costs
+from .sharding import NodeProfile, ShardedCosts, node_profile, shard_costs, tp_slowdown
 from .space import DEFAULT_SCHEDULES, Family, PlanOptions, Split, enumerate_splits, families
 
 __all__ = [
     "DEFAULT_SCHEDULES", "Config", "Family", "MemoryBreakdown", "NodeProfile", "NoConfigurationFits",
     "PlanOptions", "PlanResult", "Rejection", "ShardedCosts", "Split", "enumerate_splits", "families",
-    "format_table", "node_profile", "plan", "shard_costs",
+    "format_table", "node_profile", "plan", "shard_costs", "tp_slowdown",
 ]

@@ -29,7 +29,7 @@ def check_memory_bound(problem: Problem, costs: CostTable, split: Split, family:
     sh = costs.sharded(recompute, split.pp, family.v, split.tp)
     placement = placement_of(family, split.pp)
     deltas = sh.memory.group_deltas
-    states = rank_states(sh, placement)
+    states = rank_states(sh, placement, split.dp, problem.options.dp_sharding)
     worst, who = 0.0, 0
     for r, (a, b) in enumerate(states):
         one = max(max(deltas[s][0], deltas[s][0] + deltas[s][1]) for s in placement.stages_of(r))  # type: ignore[index]

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ..costmodel.hardware import GiB
+from .hostlink import check_pinned_host, effective_k, host_links
+from .report import Refused
 from .sharding import rank_states
 from .space import Family, Problem, Split
 
@@ -66,6 +68,7 @@ class Config:
     extrapolated: bool
     dropped_offloads: int = 0
     notes: list[str] = field(default_factory=list)
+    effective_k: float | None = None  #: offloaded plans: k with the host-link sharing (hostlink)
 
     @property
     def iteration_ms(self) -> float:
@@ -103,6 +106,7 @@ class Config:
             "dp_exposed_s": self.dp_exposed_ms / 1e3, "bubble_rate": self.bubble_rate, "mfu": self.mfu,
             "tokens_per_s": self.tokens_per_s, "simulated_microbatches": self.simulated_m,
             "extrapolated": self.extrapolated, "dropped_offloads": self.dropped_offloads, "notes": list(self.notes),
+            "effective_k": self.effective_k,
         }
 
 
@@ -118,7 +122,7 @@ def assemble(problem: Problem, sim: "Simulated", offload_chunks: int = 0, act: l
     split = sim.split
     act = act if act is not None else sim.act
     host = host if host is not None else [0.0] * split.pp
-    state = rank_states(sim.sharded, sim.placement)
+    state = rank_states(sim.sharded, sim.placement, split.dp, problem.options.dp_sharding)
     totals = [state[r][0] + state[r][1] + act[r] for r in range(split.pp)]
     r = max(range(split.pp), key=lambda i: totals[i])
     mem = MemoryBreakdown(state[r][0], state[r][1], act[r], host[r], max(host), r)
@@ -139,6 +143,14 @@ def assemble_offloaded(problem: Problem, sim: "Simulated", offload: "OffloadResu
     m (conservative); dropped offloads are counted and noted."""
     act = [a + max(0.0, b - c) for a, b, c in zip(offload.peak, sim.act, offload.peak_no_offload)]
     dropped = offload.skipped.get("link_busy", 0)
-    notes = [f"{dropped} offloads dropped (host link busy)"] if dropped else []
-    return assemble(problem, sim, chunks, act, list(offload.host_memory),
-                    offload.makespan - offload.makespan_no_offload, dropped, notes)
+    links = host_links(problem.hardware, sim.split.tp, problem.options.link_group)
+    host = list(offload.host_memory)
+    why = check_pinned_host(problem.hardware, host, problem.gpus)
+    if why:
+        raise Refused("offload", why, config=f"{sim.family.label} {sim.split} m={sim.m} C={chunks}")
+    k = effective_k(sim.sharded, links)
+    notes = [f"effective k = {k:.2f} ({links.describe})"]
+    notes += [f"{dropped} offloads dropped (host link busy)"] if dropped else []
+    cfg = assemble(problem, sim, chunks, act, host, offload.makespan - offload.makespan_no_offload, dropped, notes)
+    cfg.effective_k = k
+    return cfg

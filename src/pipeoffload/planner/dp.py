@@ -30,7 +30,9 @@ def dp_exposed(timeline: Timeline, sharded: ShardedCosts, split: Split, placemen
     d = split.dp
     if d == 1:
         return 0.0
-    bw = node.tp_bw if split.tp * d <= NODE_GPUS else hardware.link_bw
+    intra = split.tp * d <= hardware.gpus_per_node
+    bw = (hardware.dp_intra_bw or node.tp_bw) if intra else (hardware.dp_inter_bw or hardware.internode_bw
+                                                            or hardware.link_bw)
     last = _last_gradient_ops(timeline)
     end = timeline.end
     worst = 0.0
@@ -59,7 +61,7 @@ def _buckets(sharded: ShardedCosts, stages: tuple[int, ...], last: dict[int, tup
     group of L is final at fraction (k+1)/L through the group's last gradient op."""
     out: list[tuple[float, float]] = []
     for s in stages:
-        layers = sharded.layers[s]
+        layers = max(sharded.layers[s], 1)  # an edge chunk with only the embedding/head: one bucket
         nbytes = sharded.state[s][1] / layers
         t_ar = 2 * (d - 1) / d * nbytes / bw * 1e3 + node.collective_latency * 1e3
         st, en = last.get(s, (end, end))

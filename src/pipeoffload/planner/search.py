@@ -6,7 +6,8 @@ API
 options=None) -> PlanResult``
     ``model``: a preset name, a model file or a :class:`~pipeoffload.costmodel.model.ModelSpec`;
     ``hardware``: a profile name, file or :class:`~pipeoffload.costmodel.hardware.Hardware`;
-    ``memory_budget``: bytes per device (default: the hardware's HBM); ``global_batch``: sequences
+    ``memory_budget``: bytes per device (default: the hardware's HBM minus its reserve,
+    :attr:`~pipeoffload.costmodel.hardware.Hardware.default_budget`); ``global_batch``: sequences
     per iteration (default ``4 · gpus · microbatch``); ``microbatch``/``seq`` override the model's.
 
 How (docs/planner.md §4): splits whose states alone exceed the budget are rejected; every
@@ -19,6 +20,7 @@ top ``options.top``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -132,7 +134,9 @@ def _problem(model: Any, hardware: Any, gpus: int, memory_budget: float | None, 
     spec = _resolve_model(model, seq, microbatch, opts.po_runtime)
     hw = get_hardware(hardware)
     node = node_profile(hw, opts.peak_rate, opts.tp_bw, opts.hbm_bw)
-    budget = hw.hbm_bytes if memory_budget is None else memory_budget
+    if opts.host_bw is not None:
+        hw = dataclasses.replace(hw, host_bw=opts.host_bw)
+    budget = hw.default_budget if memory_budget is None else memory_budget
     if not (isinstance(budget, (int, float)) and math.isfinite(budget) and budget > 0):
         raise ParameterError("memory_budget", f"must be a positive number, got {memory_budget!r}")
     gb = global_batch if global_batch is not None else 4 * gpus * spec.microbatch
@@ -162,11 +166,11 @@ def _candidates(problem: Problem, splits: list[tuple[Split, int]],
     Splits whose parameters, gradients and optimizer states alone average more than the budget
     per device are appended to ``rejected_splits`` instead."""
     spec, budget = problem.model, problem.budget
-    total_state = spec.params() * sum(state_bytes_per_param(spec.dtype))
     candidates: list[_Candidate] = []
     labels: list[str] = []
     for split, m in splits:
-        avg = total_state / (split.tp * split.pp)
+        per_param = sum(state_bytes_per_param(spec.dtype, split.dp, problem.options.dp_sharding))
+        avg = spec.params() * per_param / (split.tp * split.pp)
         if avg > budget:
             rejected_splits.append(Rejection(
                 str(split), "split", f"parameters, gradients and optimizer states alone average {avg / GiB:.1f} GiB "
@@ -238,8 +242,9 @@ def _offload_variants(problem: Problem, simulator: Simulator, c: _Candidate, rc:
     for chunks in range(1, c.family.v + 1):
         try:
             sim, res = simulator.offload(c.split, c.family, c.m, rc, chunks)
+            cfg = assemble_offloaded(problem, sim, res, chunks)  # refuses pinned host memory over the node's
         except Refused as e:
             c.refusals.append(e.naming(c.where))
             return
-        if ranking.keep(c, assemble_offloaded(problem, sim, res, chunks)):
+        if ranking.keep(c, cfg):
             return

@@ -14,21 +14,21 @@ import math
 from dataclasses import dataclass
 
 from ..costmodel.hardware import Hardware
-from ..costmodel.model import ModelSpec, PipelineCosts, layer_split, pipeline_costs
+from ..costmodel.model import ModelSpec, PipelineCosts, layer_split, pipeline_costs, shard_factors
 from ..costs import Costs, MemoryDeltas
 from ..errors import ParameterError
 from ..ir import Placement
 
-__all__ = ["NodeProfile", "node_profile", "ShardedCosts", "shard_costs", "CostTable", "rank_states",
+__all__ = ["NodeProfile", "node_profile", "gemm_efficiency", "tp_slowdown", "ShardedCosts", "shard_costs", "CostTable", "rank_states",
            "rank_compute"]
 
 #: Per built-in profile: nominal dense 16-bit peak (FLOP/s, for MFU), the intra-node TP link
 #: (achieved one-direction NVLink bandwidth, bytes/s) and HBM bandwidth (bytes/s). The cost model's
 #: Hardware has none of these, so they live here (see NodeProfile).
 _NODE_CONSTANTS: dict[str, tuple[float, float, float]] = {
-    "a100-80g": (312e12, 300e9, 2.0e12),  # NVLink 3: 600 GB/s bidirectional
-    "h100-80g": (989e12, 450e9, 3.35e12),  # NVLink 4: 900 GB/s bidirectional
-    "h200": (989e12, 450e9, 4.8e12),
+    "a100-80g": (312e12, 230e9, 2.0e12),  # NVLink 3: ~230 GB/s all-reduce bus bandwidth
+    "h100-80g": (989e12, 360e9, 3.35e12),  # NVLink 4: ~360 GB/s all-reduce bus bandwidth
+    "h200": (989e12, 360e9, 4.8e12),
 }
 
 
@@ -50,21 +50,40 @@ class NodeProfile:
 
 def node_profile(hw: Hardware, peak_rate: float | None = None, tp_bw: float | None = None,
                  hbm_bw: float | None = None) -> NodeProfile:
-    """The built-in constants for a known profile; for another profile, A100's scaled by its
-    achieved compute rate over A100's 220 TFLOP/s (stated in ``source``). Overrides win; an
-    override that is not a positive number raises ParameterError naming it."""
+    """The profile's own figures where it has them, else the built-in constants for a known name,
+    else A100's scaled by the achieved compute rate over A100's 220 TFLOP/s (stated in
+    ``source``). Overrides win; an override that is not a positive number raises ParameterError
+    naming it."""
     known = _NODE_CONSTANTS.get(hw.name.lower())
     if known is not None:
         peak, tp_link, hbm = known
         source = f"built-in constants for {hw.name}"
     else:
         f = hw.compute_rate / 220e12
-        peak, tp_link, hbm = 312e12 * f, 300e9 * f, 2.0e12 * f
+        peak, tp_link, hbm = 312e12 * f, 230e9 * f, 2.0e12 * f
         source = f"A100 constants scaled by {f:.3g} (achieved rate relative to a100-80g)"
+    if hw.peak_rate or hw.tp_bw or hw.hbm_bw:
+        peak, tp_link, hbm = hw.peak_rate or peak, hw.tp_bw or tp_link, hw.hbm_bw or hbm
+        source = f"profile {hw.name}"
     for name, x in (("peak_rate", peak_rate), ("tp_bw", tp_bw), ("hbm_bw", hbm_bw)):
         if x is not None and not (isinstance(x, (int, float)) and math.isfinite(x) and x > 0):
             raise ParameterError(name, f"must be a positive number, got {x!r}")
     return NodeProfile(peak_rate or peak, tp_bw or tp_link, hbm_bw or hbm, 10e-6, source)
+
+
+def gemm_efficiency(width: float, half_width: float) -> float:
+    """Relative rate of a GEMM whose sharded width is ``width``: ``w / (w + half_width)`` (1 when
+    ``half_width`` is 0). Small shards fill fewer tiles per SM wave (docs/cost-model.md)."""
+    return 1.0 if half_width <= 0 else width / (width + half_width)
+
+
+def tp_slowdown(model: ModelSpec, tp: int, hw: Hardware) -> float:
+    """How much slower a TP-``tp`` shard's matmuls run than ``1/tp`` of the whole layer's: the GEMM
+    efficiency at the unsharded hidden width over the one at ``hidden/tp`` (1 for ``tp == 1``)."""
+    if tp == 1:
+        return 1.0
+    h = model.hidden
+    return gemm_efficiency(h, hw.gemm_half_width) / gemm_efficiency(h / tp, hw.gemm_half_width)
 
 
 @dataclass(frozen=True)
@@ -92,7 +111,8 @@ class ShardedCosts:
         return self.costs.comm
 
 
-def shard_costs(pc: PipelineCosts, tp: int, node: NodeProfile, recompute_ms_per_layer: float = 0.0) -> ShardedCosts:
+def shard_costs(pc: PipelineCosts, tp: int, node: NodeProfile, recompute_ms_per_layer: float = 0.0,
+                crosses_nodes: bool = False) -> ShardedCosts:
     """Divide ``pc`` by ``tp`` (sequence-parallel TP: compute, bytes, states, boundary and offload all
     /tp) and add the TP collectives to F and B and ``recompute_ms_per_layer`` (whole layer, before
     /tp) to B. With ``tp == 1`` and no recompute time the costs are ``pc``'s."""
@@ -101,15 +121,21 @@ def shard_costs(pc: PipelineCosts, tp: int, node: NodeProfile, recompute_ms_per_
     if tp > 1:
         nbytes = model.tokens * model.hidden * model.dtype_bytes
         coll = (2 * (tp - 1) / tp * nbytes / node.tp_bw + node.collective_latency) * 1e3
+    slow = tp_slowdown(model, tp, hw)
+    hidden_b = hw.tp_overlap  # Megatron overlaps the backward's collectives with weight-gradient GEMMs
     triples, deltas = [], []
     for g in pc.groups:
         nf = 2 * g.layers + int(g.has_embedding) + int(g.has_head)
         nb = 2 * g.layers + int(g.has_head)
-        triples.append((g.F_ms / tp + nf * coll, g.B_ms / tp + nb * coll + g.layers * recompute_ms_per_layer / tp,
-                        g.W_ms / tp))
+        b_coll = nb * coll * (1.0 - hidden_b)
+        triples.append((g.F_ms / tp * slow + nf * coll,
+                        g.B_ms / tp * slow + b_coll + g.layers * recompute_ms_per_layer / tp,
+                        g.W_ms / tp * slow))
         f, b, w = g.deltas
         deltas.append((f / tp, b / tp, w / tp))
-    comm = (model.boundary_bytes() / tp / hw.link_bw + hw.link_latency) * 1e3
+    # The simulator has one hop cost: the slowest hop (inter-node when the pipeline spans nodes).
+    hop_bw = (hw.internode_bw or hw.link_bw) if crosses_nodes else hw.link_bw
+    comm = (model.boundary_bytes() / tp / hop_bw + hw.link_latency) * 1e3
     costs = Costs(F=sum(t[0] for t in triples) / pc.p, B=sum(t[1] for t in triples) / pc.p,
                   W=sum(t[2] for t in triples) / pc.p, comm=comm, group_costs=tuple(triples))
     df = sum(d[0] for d in deltas) / pc.p
@@ -135,8 +161,9 @@ class CostTable:
     """
 
     def __init__(self, model: ModelSpec, hardware: Hardware, node: NodeProfile,
-                 trim_edges: bool | str = "auto") -> None:
+                 trim_edges: bool | str = "auto", crosses_nodes: bool = False) -> None:
         self.model, self.hardware, self.node, self.trim_edges = model, hardware, node, trim_edges
+        self.crosses_nodes = crosses_nodes  # some pipeline hop crosses nodes: hops at the inter-node rate
         self._pipeline: dict[tuple[bool, int, int], PipelineCosts] = {}
         self._sharded: dict[tuple[bool, int, int, int], ShardedCosts] = {}
 
@@ -154,6 +181,8 @@ class CostTable:
     def layer_split(self, p: int, v: int) -> tuple[int, ...]:
         """Layers per group of a ``p·v``-group split."""
         n, layers = p * v, self.model.layers
+        if n > layers:  # only the trimmed split exists: edge chunks with the embedding / head alone
+            return layer_split(layers, n, trim_edges=True)
         plain = layer_split(layers, n)
         if self.trim_edges is False or n < 3:
             return plain
@@ -176,17 +205,22 @@ class CostTable:
             if pkey not in self._pipeline:
                 self._pipeline[pkey] = pipeline_costs(self.model_for(recompute), self.hardware, p, v,
                                                       split=self.layer_split(p, v))
-            self._sharded[key] = shard_costs(self._pipeline[pkey], tp, self.node, self.recompute_ms(recompute))
+            self._sharded[key] = shard_costs(self._pipeline[pkey], tp, self.node, self.recompute_ms(recompute),
+                                             self.crosses_nodes)
         return self._sharded[key]
 
 
-def rank_states(sharded: ShardedCosts, placement: Placement) -> list[tuple[float, float]]:
-    """Per rank: (parameter bytes, gradient + optimizer bytes) of the groups it holds, per GPU."""
+def rank_states(sharded: ShardedCosts, placement: Placement, dp: int = 1,
+                dp_sharding: str = "none") -> list[tuple[float, float]]:
+    """Per rank: (parameter bytes, gradient + optimizer bytes) of the groups it holds, per GPU, with
+    the state sharded over ``dp`` replicas as ``dp_sharding`` says
+    (:func:`~pipeoffload.costmodel.model.shard_factors`)."""
+    fp, fg, fo = shard_factors(dp_sharding, dp)
     state = [[0.0, 0.0] for _ in range(placement.num_ranks)]
     for s, (param, grad, optimizer) in enumerate(sharded.state):
         r = placement.rank_of(s)
-        state[r][0] += param
-        state[r][1] += grad + optimizer
+        state[r][0] += param * fp
+        state[r][1] += grad * fg + optimizer * fo
     return [(a, b) for a, b in state]
 
 

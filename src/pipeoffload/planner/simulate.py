@@ -26,6 +26,7 @@ from ..passes.lower import lower
 from ..passes.offload import OffloadOptions, OffloadResult
 from ..timeline import Timeline
 from .dp import dp_exposed
+from .hostlink import host_links
 from .report import Refused
 from .sharding import CostTable, ShardedCosts
 from .space import FIXED_ORDER, Family, Problem, Split, placement_of
@@ -85,7 +86,8 @@ class Simulator:
 
     def __init__(self, problem: Problem, costs: CostTable | None = None) -> None:
         self.problem = problem
-        self.costs = costs or CostTable(problem.model, problem.hardware, problem.node, problem.options.trim_edges)
+        self.costs = costs or CostTable(problem.model, problem.hardware, problem.node, problem.options.trim_edges,
+                                        crosses_nodes=problem.gpus > problem.hardware.gpus_per_node)
         self._schedules: dict[tuple, Schedule | Refused] = {}
         self._simulations: dict[tuple[Split, Family, int, bool], Simulated | Refused] = {}
         self.stats = {"simulations": 0, "offload_plans": 0, "generator_calls": 0}
@@ -175,8 +177,10 @@ class Simulator:
         sim = self.simulate(split, family, m, recompute)
         opts = self.problem.options
         self.stats["offload_plans"] += 1
-        settings = OffloadOptions(offload_chunks=chunks, transfer_times=sim.sharded.transfer_ms,
-                                  link_group=opts.link_group, solo_factor=opts.solo_factor,
+        links = host_links(self.problem.hardware, split.tp, opts.link_group)
+        settings = OffloadOptions(offload_chunks=chunks,
+                                  transfer_times=tuple(t * links.slowdown for t in sim.sharded.transfer_ms),
+                                  link_group=links.link_group, solo_factor=opts.solo_factor,
                                   on_infeasible="skip", postpone_warmup=True)
         try:
             lowered = lower(sim.schedule, sim.sharded.costs, sim.sharded.memory, memory_unit="bytes",

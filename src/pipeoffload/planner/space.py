@@ -78,27 +78,34 @@ class PlanOptions:
     """Knobs of the search (defaults in brackets).
 
     ``schedules``: registry names to search [all; zb-auto runs as "zb-1p" and "zb-2p"];
-    ``chunks``: v values for loop-placed multi-chunk schedules [(2, 4)]; ``recompute``: values of
+    ``chunks``: v values for loop-placed multi-chunk schedules [(2, 3, 4)]; ``recompute``: values of
     recompute_elementwise to try [(False, True)]; ``offload``: try activation offload [True];
     ``top``: configurations kept — a family slower than the top ones even before its offload is
     evaluated is pruned [10]; ``po_runtime``: apply PipeOffload's runtime setting (flash attention,
     no dropout) to the model [False]; ``trim_edges``: "auto" (the split with the lower heaviest
-    group), True or False; ``link_group``/``solo_factor``: the offload pass' host-link model [2, 0.7];
-    ``tp_bw``/``hbm_bw``/``peak_rate``: override :func:`~pipeoffload.planner.sharding.node_profile`.
+    group), True or False; ``link_group``: pipeline ranks per host link [None: from the hardware's
+    topology and TP, :mod:`~pipeoffload.planner.hostlink`]; ``solo_factor``: the offload pass' speed-up of a
+    transfer whose link's other direction is idle [0.7];
+    ``tp_bw``/``hbm_bw``/``peak_rate``: override :func:`~pipeoffload.planner.sharding.node_profile`;
+    ``dp_sharding``: "optimizer" (Megatron's distributed optimizer, ZeRO-1: 6 + 12/d B/param),
+    "none" (18 B/param on every replica) or "full" (ZeRO-3/FSDP) ["optimizer"]; ``host_bw``:
+    override the profile's host link (bytes/s, one GPU alone).
     """
 
     schedules: tuple[str, ...] = DEFAULT_SCHEDULES
-    chunks: tuple[int, ...] = (2, 4)
+    chunks: tuple[int, ...] = (2, 3, 4)
     recompute: tuple[bool, ...] = (False, True)
     offload: bool = True
     top: int = 10
     po_runtime: bool = False
     trim_edges: bool | str = "auto"
-    link_group: int = 2
+    link_group: int | None = None
     solo_factor: float = 0.7
     tp_bw: float | None = None
     hbm_bw: float | None = None
     peak_rate: float | None = None
+    dp_sharding: str = "optimizer"
+    host_bw: float | None = None
 
     def check(self) -> None:
         """Raise :class:`ParameterError` naming the first invalid field."""
@@ -114,6 +121,12 @@ class PlanOptions:
             raise ParameterError("recompute", "needs at least one of on/off")
         if not isinstance(self.top, int) or self.top < 1:
             raise ParameterError("top", f"must be an integer >= 1, got {self.top!r}")
+        from ..costmodel.model import DP_SHARDING
+
+        if self.dp_sharding not in DP_SHARDING:
+            raise ParameterError("dp_sharding", f"must be one of {', '.join(DP_SHARDING)}, got {self.dp_sharding!r}")
+        if self.host_bw is not None and not (isinstance(self.host_bw, (int, float)) and self.host_bw > 0):
+            raise ParameterError("host_bw", f"must be a positive number, got {self.host_bw!r}")
         if self.trim_edges not in ("auto", True, False):
             raise ParameterError("trim_edges", f"must be 'auto', True or False, got {self.trim_edges!r}")
 
@@ -134,8 +147,8 @@ class Problem:
 
 
 def families(p: int, layers: int, options: PlanOptions = PlanOptions()) -> list[Family]:
-    """Schedule families worth trying with ``p`` pipeline ranks (p·v ≤ layers; multi-chunk
-    families need p ≥ 2)."""
+    """Schedule families worth trying with ``p`` pipeline ranks (p·v ≤ layers + 2: the first and
+    last chunk may hold only the embedding and the head; multi-chunk families need p ≥ 2)."""
     from ..schedules import SCHEDULES
 
     if p == 1:  # no pipeline: every one-chunk schedule is the same F, BW sequence
@@ -161,7 +174,7 @@ def _multi_chunk_families(name: str, p: int, layers: int, chunks: tuple[int, ...
     group-interleaved with g = ⌈p/2⌉ and, where different, g = p."""
     out: list[Family] = []
     for v in sorted(set(chunks)):
-        if p * v > layers:
+        if p * v > layers + 2:  # edge chunks may hold only the embedding / the head (L = v·p − 2)
             continue
         if name == "group-interleaved":
             out.append(Family(name, v, group="half"))
