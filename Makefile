@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# The CPU wheel of torch first, pinned, so nothing pulls a CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev,runtime,solver]'
+	$(BIN)/pip install -q -e '.[dev,runtime,solver,hf]'
 	touch $(STAMP)
 
 install: $(STAMP)

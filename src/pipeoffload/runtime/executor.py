@@ -492,7 +492,11 @@ class PipelineRunner:
         flat = self._stage_input(s, j)
         leaves = flat.tensor_leaves()
         holder = self.meter.hold(*leaves)  # the runtime keeps the stage input until B
-        owned = tuple(leaves) if s > 0 else ()  # received/handed-off inputs: the runtime's own tensors
+        # The runtime's own references until B: the received/handed-off inputs that need a
+        # gradient (kept in ``wants``). The others (masks, ids) are dropped after F, so they
+        # must not count as held: a pass-through mask handed on to the next layer group
+        # on this rank would look unreferenced and be offloaded under its feet.
+        owned = tuple(t for t in leaves if t.requires_grad) if s > 0 else ()
         with self._forward_context(s, j, owned):
             y = self.modules[s](flat.rebuild())
             if last:
