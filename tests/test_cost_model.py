@@ -82,7 +82,9 @@ def test_small_head_and_embedding_by_hand():
     # Head matmul 2 * T * h * V = 2*4*8*16 = 1024 each for F, B, W.
     assert (head.f_flops, head.b_flops, head.w_flops) == (1024, 1024, 1024)
     # Saved: final-norm input, head input, one vocab row per token: 2 * 4 * (8 + 8 + 16).
-    assert head.saved_bytes == 256 and head.w_bytes == 2 * 4 * (8 + 16)
+    # fp16 norm and head inputs, fp32 logits (the loss's softmax): 2·4·(8 + 8) + 4·4·16
+    assert head.saved_bytes == 384 and head.w_bytes == 2 * 4 * (8 + 16)
+    assert SMALL.replace(fp32_logits=False).head().saved_bytes == 256
     assert head.params == 8 + 16 * 8
     assert (emb.f_flops, emb.saved_bytes, emb.w_bytes, emb.params) == (0, 8 * 4, 8 * 4 + 2 * 4 * 8, 128)
 
@@ -197,7 +199,7 @@ def test_pipeline_costs_small_by_hand():
     assert (g1.F_ms, g1.B_ms, g1.W_ms) == pytest.approx((7.680, 8.192, 7.168))
     # Memory: group 0 saves 1248 + 32 (token ids), holds 1024 + 96 for W.
     assert g0.deltas == (1280.0, -160.0, -1120.0)
-    assert g1.deltas == (1248.0 + 256, 1024.0 + 192 - 1504, -(1024.0 + 192))
+    assert g1.deltas == (1248.0 + 384, 1024.0 + 192 - 1632, -(1024.0 + 192))
     # Offload: 1280 B at 1000 B/s = 1280 ms one way; ratio over F+B+W.
     assert g0.offload_ms == pytest.approx(1280.0)
     assert g0.offload_ratio == pytest.approx(1280.0 / (6.656 + 7.168 + 6.144))

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeoffload.cli import main
-from pipeoffload.costmodel.model import pipeline_costs
+from pipeoffload.costmodel.model import ModelSpec, pipeline_costs
 from pipeoffload.errors import ParameterError
 from pipeoffload.costmodel.hardware import HARDWARE, GiB
 from pipeoffload.planner import (
@@ -82,7 +82,7 @@ def test_tiny_budget_lists_why_each_family_failed(capsys):
     assert res.rejected_splits and all(r.over > 0 or r.kind == "split" for r in res.rejected_splits)
     assert any("optimizer states alone" in r.reason for r in res.rejected_splits)
     # 4 GiB: the states fit on some splits, the activations never: one OOM line per family.
-    res = plan("1.5B", "a100-80g", 8, memory_budget=4 * GiB)
+    res = plan("1.5B", "a100-80g", 8, memory_budget=4 * GiB, options=PlanOptions(recompute=(False, True)))
     assert res.configs == []
     fams = {r.family for r in res.rejected}
     assert {"1f1b", "zb-h1", "group-interleaved v=2 g=p/2"} <= fams
@@ -92,7 +92,7 @@ def test_tiny_budget_lists_why_each_family_failed(capsys):
     assert isinstance(e.value, ParameterError) and e.value.param == "memory_budget"
     assert "1f1b" in str(e.value) and "no configuration" in str(e.value)
     # CLI: the reasons on stdout, one error line, exit 2.
-    assert main(["plan", "--model", "1.5B", "--gpus", "8", "--memory-budget", "4"]) == 2
+    assert main(["plan", "--model", "1.5B", "--gpus", "8", "--memory-budget", "4", "--recompute", "both"]) == 2
     cap = capsys.readouterr()
     assert "rejected:" in cap.out and "OOM by" in cap.out and "1f1b" in cap.out
     err = cap.err.strip().splitlines()
@@ -324,3 +324,130 @@ def test_planning_98_5b_on_64_gpus_is_fast():
     assert time.perf_counter() - t < 60
     assert res.configs and res.best.memory.device <= A100.hbm_bytes
     assert res.best.split.tp * res.best.split.pp * res.best.split.dp == 64
+
+
+# --- issue 17: distributed optimizer, reserve, host-link topology, pinned host memory, v = 3 ---------------
+
+
+@pytest.mark.parametrize("d", [1, 2, 3, 4, 8, 16])
+def test_distributed_optimizer_is_6_plus_12_over_d(d):
+    from pipeoffload.costmodel.model import state_bytes_per_param
+
+    assert sum(state_bytes_per_param("bf16", d, "optimizer")) == pytest.approx(6 + 12 / d)
+    assert sum(state_bytes_per_param("bf16", d, "none")) == 18
+    assert sum(state_bytes_per_param("bf16", d, "full")) == pytest.approx(18 / d)
+    # The planner's per-rank states: parameters 2 B, gradients + optimizer 4 + 12/d B per parameter.
+    pc = pipeline_costs(get_model("6.2B"), A100, 2, 1)
+    sh = shard_costs(pc, 1, node_profile(A100))
+    from pipeoffload.ir import Placement
+    from pipeoffload.planner.sharding import rank_states
+
+    params = [sum(g.block.params for g in pc.groups if g.index == r) for r in range(2)]
+    for (a, b), n in zip(rank_states(sh, Placement.loop(2, 1), d, "optimizer"), params):
+        assert a == pytest.approx(2 * n) and a + b == pytest.approx((6 + 12 / d) * n)
+
+
+def test_distributed_optimizer_is_the_default_and_can_be_turned_off(capsys):
+    # The issue's example: ~43B parameters at TP·PP = 8 on 32 GPUs (DP = 4): 90 GiB per device
+    # without the distributed optimizer, 45 with it.
+    spec = get_model("38.5B").replace(layers=70)
+    n = spec.params()
+    assert 42e9 < n < 45e9
+    res = plan(spec, A100, 32, memory_budget=200 * GiB, global_batch=128,
+               options=PlanOptions(schedules=("1f1b",), offload=False, recompute=(True,), top=40))
+    rows = [c for c in res.configs if c.split.tp * c.split.pp == 8]
+    assert rows
+    for c in rows:
+        per_gpu = n / 8
+        state = c.memory.params + c.memory.grads_optimizer
+        assert state == pytest.approx(per_gpu * (6 + 12 / 4), rel=0.15)  # the binding rank holds ~1/8
+    off = plan(spec, A100, 32, memory_budget=200 * GiB, global_batch=128,
+               options=PlanOptions(schedules=("1f1b",), offload=False, recompute=(True,), top=40,
+                                   dp_sharding="none"))
+    c0 = next(c for c in off.configs if (c.split.tp, c.split.pp) == (rows[0].split.tp, rows[0].split.pp))
+    assert (c0.memory.params + c0.memory.grads_optimizer) / (rows[0].memory.params + rows[0].memory.grads_optimizer) \
+        == pytest.approx(18 / 9, rel=0.05)  # the binding rank may differ
+    assert main(["plan", "--model", "1.5B", "--gpus", "4", "--no-distributed-optimizer", "--json", "--top", "1",
+                 "--recompute", "both", "--chunks", "2"]) == 0
+    assert json.loads(capsys.readouterr().out)["assumptions"]["dp_sharding"] == "none"
+
+
+def test_default_budget_keeps_a_reserve():
+    from pipeoffload.costmodel.hardware import default_reserve
+
+    assert default_reserve(80 * GiB) == pytest.approx(6 * GiB)  # 2 GiB + 5 %
+    opts = PlanOptions(schedules=("1f1b",), offload=False, recompute=(False,))
+    assert plan("1.5B", A100, 1, options=opts).budget == pytest.approx(74 * GiB)
+    assert plan("1.5B", A100, 1, memory_budget=80 * GiB, options=opts).budget == 80 * GiB
+    assert HARDWARE["cpu"].default_budget == pytest.approx(3.5 * GiB)
+
+
+def test_two_tp_ranks_share_a_host_link():
+    import dataclasses
+
+    from pipeoffload.planner.hostlink import effective_k, host_links
+
+    tp2, tp1 = host_links(A100, 2), host_links(A100, 1)
+    assert (tp2.link_group, tp2.slowdown) == (1, 2.0)  # the TP pair transfers at the same moment
+    assert (tp1.link_group, tp1.slowdown) == (2, 1.0)  # consecutive pipeline ranks queue on one link
+    alone = dataclasses.replace(A100, host_link_gpus=1)
+    assert (host_links(alone, 2).link_group, host_links(alone, 2).slowdown) == (1, 1.0)
+    spec = get_model("llama-7b", flash_attention=True, recompute_elementwise=True)
+    sh = shard_costs(pipeline_costs(spec, A100, 4, 1), 2, node_profile(A100))
+    assert effective_k(sh, tp2) == pytest.approx(2 * effective_k(sh, host_links(alone, 2)))
+    # The planner reports it on every offloaded configuration.
+    res = plan("1.5B", A100, 8, memory_budget=6 * GiB, options=PlanOptions(
+        schedules=("group-interleaved",), chunks=(3,), recompute=(True,), top=5, po_runtime=True))
+    off = [c for c in res.configs if c.offload_chunks]
+    assert off and all(c.effective_k and "effective k" in " ".join(c.notes) for c in off)
+    assert any("TP partners" in " ".join(c.notes) for c in off if c.split.tp >= 2)
+
+
+def test_pinned_host_memory_over_the_node_is_rejected():
+    import dataclasses
+
+    from pipeoffload.planner.hostlink import check_pinned_host
+
+    assert check_pinned_host(A100, [100 * GiB], 16) is None  # 800 GiB of 1 TiB
+    assert "exceeds the node's 1024 GiB" in check_pinned_host(A100, [141 * GiB], 32)
+    small = dataclasses.replace(A100, pinned_host_bytes=1 * GiB)
+    opts = PlanOptions(schedules=("group-interleaved",), chunks=(3,), recompute=(True,), top=5, po_runtime=True)
+    assert any(c.offload_chunks for c in plan("1.5B", A100, 8, memory_budget=6 * GiB, options=opts).configs)
+    res = plan("1.5B", small, 8, memory_budget=5 * GiB, options=opts)
+    assert not any(c.offload_chunks for c in res.configs)
+    assert any("pinned host memory" in r.reason for r in res.rejected)
+
+
+def test_v3_with_edge_chunks_of_embedding_and_head_alone_simulates():
+    # The authors' PipeOffload setting: L = 3p − 2, one layer per chunk, the edge chunks hold only the
+    # embedding and the head (p = 4: 10 layers in 12 chunks).
+    spec = ModelSpec(layers=10, hidden=512, heads=8, kv_groups=2, seq=1024, vocab=8000, name="po-3p-2")
+    res = plan(spec, A100, 4, memory_budget=80 * GiB, global_batch=16, options=PlanOptions(
+        schedules=("interleaved-1f1b", "group-interleaved"), chunks=(3,), recompute=(False,), top=20))
+    v3 = [c for c in res.configs if c.family.v == 3 and c.split.pp == 4]
+    assert v3
+    for c in v3:
+        assert res.costs_of(c).layers == (0,) + (1,) * 10 + (0,)
+        tl = res.timeline(c)
+        assert tl.makespan > 0 and c.iteration_ms >= c.makespan_ms > 0
+
+
+def test_recompute_modes_and_fp32_logits():
+    m = get_model("6.2B")  # no flash attention: selective recompute drops the s×s tensors
+    T, h, d = m.tokens, m.hidden, m.dtype_bytes
+    full = m.replace(recompute="full").layer()
+    assert full.saved_bytes == d * h * T and full.recompute_flops == m.layer().f_flops
+    sel = m.replace(recompute="selective").layer()
+    assert sel.saved_bytes < m.layer().saved_bytes and 0 < sel.recompute_flops < full.recompute_flops
+    assert m.head().saved_bytes - m.replace(fp32_logits=False).head().saved_bytes == 2 * T * m.vocab
+    # A budget only full recompute meets: the planner finds it.
+    opts = PlanOptions(schedules=("1f1b",), offload=False, top=5)
+    res = plan("1.5B", A100, 1, memory_budget=80 * GiB, global_batch=6, options=opts)
+    assert res.configs and res.best.recompute in (False, True)
+    need = res.best.memory.params + res.best.memory.grads_optimizer
+    tight = plan("1.5B", A100, 1, memory_budget=40 * GiB, global_batch=6, options=opts)
+    assert need < 40 * GiB < res.best.memory.device
+    assert tight.configs and all(c.recompute in ("selective", "full") for c in tight.configs)
+    with pytest.raises(ParameterError) as e:
+        PlanOptions(recompute=("half",)).check()
+    assert e.value.param == "recompute"

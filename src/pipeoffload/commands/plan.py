@@ -17,6 +17,11 @@ from ..errors import ParameterError
 from .common import check_output, int_list, name_list, print_json, write_output
 
 
+#: --recompute choices → PlanOptions.recompute.
+_RECOMPUTE = {"all": (False, True, "selective", "full"), "both": (False, True), "off": (False,), "on": (True,),
+              "selective": ("selective",), "full": ("full",)}
+
+
 def register(sub) -> argparse.ArgumentParser:
     parser = sub.add_parser(
         "plan",
@@ -32,7 +37,8 @@ def register(sub) -> argparse.ArgumentParser:
                         help=f"hardware profile ({', '.join(HARDWARE)}) or a .toml/.json file (default a100-80g)")
     parser.add_argument("--gpus", type=int, required=True, metavar="N", help="number of GPUs (nodes of 8)")
     parser.add_argument("--memory-budget", type=float, default=None, metavar="GIB",
-                        help="device memory budget in GiB (2^30 bytes; default: the hardware's HBM)")
+                        help="device memory budget in GiB (2^30 bytes; default: the hardware's HBM minus its "
+                             "reserve for CUDA context, NCCL buffers and fragmentation, 2 GiB + 5%%)")
     parser.add_argument("--seq", type=int, default=None, metavar="S", help="sequence length (default: the model's)")
     parser.add_argument("--global-batch", type=int, default=None, metavar="B",
                         help="sequences per iteration (default 4 x GPUs x microbatch size)")
@@ -40,16 +46,28 @@ def register(sub) -> argparse.ArgumentParser:
                         help="sequences per microbatch (default: the model's)")
     parser.add_argument("--schedules", default=None, metavar="A,B,..",
                         help="schedules to search (default: all; zb-auto runs with 1x and 2x 1F1B's memory)")
-    parser.add_argument("--chunks", default="2,4", metavar="V,..",
-                        help="chunk counts v for interleaved schedules (default 2,4)")
-    parser.add_argument("--recompute", choices=["both", "on", "off"], default="both",
-                        help="recompute of cheap elementwise ops: search both (default), or fix it")
+    parser.add_argument("--chunks", default="2,3,4", metavar="V,..",
+                        help="chunk counts v for interleaved schedules (default 2,3,4; p·v may be layers + 2: "
+                             "edge chunks then hold the embedding or the head alone)")
+    parser.add_argument("--recompute", choices=list(_RECOMPUTE), default="all",
+                        help="recompute to search: all (none, elementwise ops, selective = those and the core "
+                             "attention, full layer; default), both (none and elementwise), or one of "
+                             "off, on (elementwise), selective, full")
+    state = parser.add_mutually_exclusive_group()
+    state.add_argument("--no-distributed-optimizer", action="store_true",
+                       help="every DP replica keeps all optimizer state (18 B/param; default: Megatron's "
+                            "distributed optimizer, ZeRO-1, 6 + 12/DP B/param)")
+    state.add_argument("--fsdp", action="store_true",
+                       help="shard parameters, gradients and optimizer state over DP (ZeRO-3/FSDP, 18/DP B/param)")
+    parser.add_argument("--host-link-gbs", type=float, default=None, metavar="GB/S",
+                        help="host link of one GPU alone, one direction (default: the hardware profile's)")
     parser.add_argument("--no-offload", action="store_true", help="do not consider activation offload")
     parser.add_argument("--po-runtime", action="store_true",
                         help="PipeOffload's runtime setting for the model: flash attention, no dropout")
     parser.add_argument("--top", type=int, default=10, metavar="K", help="configurations to show (default 10)")
     parser.add_argument("--tp-link-gbs", type=float, default=None, metavar="GB/S",
-                        help="intra-node link for TP collectives (default: built-in per hardware, A100 300)")
+                        help="all-reduce bus bandwidth of TP collectives inside a node (default: the hardware "
+                             "profile's, A100 230)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--png", metavar="FILE", help="write the best plan's timeline with memory curves as PNG")
     parser.add_argument("--emit-config", metavar="FILE.toml",
@@ -62,8 +80,12 @@ def register(sub) -> argparse.ArgumentParser:
 def options_from_args(args: argparse.Namespace):
     from ..planner import DEFAULT_SCHEDULES, PlanOptions
 
-    rc = {"both": (False, True), "on": (True,), "off": (False,)}[args.recompute]
+    rc = _RECOMPUTE[args.recompute]
+    if args.host_link_gbs is not None and not args.host_link_gbs > 0:
+        raise ParameterError("--host-link-gbs", f"must be a positive number of GB/s, got {args.host_link_gbs!r}")
     return PlanOptions(
+        dp_sharding="none" if args.no_distributed_optimizer else "full" if args.fsdp else "optimizer",
+        host_bw=args.host_link_gbs * 1e9 if args.host_link_gbs is not None else None,
         schedules=name_list(args.schedules) if args.schedules else DEFAULT_SCHEDULES,
         chunks=int_list(args.chunks, "--chunks"),
         recompute=rc,

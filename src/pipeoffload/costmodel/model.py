@@ -10,7 +10,10 @@ tie_embeddings=True, name="custom")``
     (multi-head attention; fewer = grouped-query attention). ``dtype`` is ``"bf16"``, ``"fp16"`` or
     ``"fp32"`` (activations and weights). ``activation`` is ``"gelu"`` (2 FFN matrices, GPT-3) or
     ``"swiglu"`` (3 FFN matrices, Llama). ``recompute_elementwise``: norms, the FFN activation and dropout
-    are recomputed in B instead of saved (PipeOffload's runtime). Methods:
+    are recomputed in B instead of saved (PipeOffload's runtime). ``recompute``: "none", "selective"
+    (the core attention's s×s tensors re-run in B; nothing to drop under flash attention) or "full"
+    (only each layer's input is saved; B re-runs the forward, counted in ``BlockCost.recompute_flops``).
+    ``fp32_logits`` (default true): the loss keeps the vocab-sized tensor in fp32. Methods:
 
     - ``layer()``, ``embedding()``, ``head()`` → :class:`BlockCost` for one microbatch;
     - ``layer_saved_breakdown()`` → ``{tensor: bytes}`` of one layer, one microbatch;
@@ -55,6 +58,10 @@ from .hardware import Hardware
 
 DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
 ACTIVATIONS = ("gelu", "swiglu")
+#: Recompute of a layer in B (besides ``recompute_elementwise``): "none"; "selective" (Megatron's
+#: selective recompute: the core attention's s×s tensors are recomputed, not saved); "full" (only the
+#: layer's input is saved, the whole forward re-runs in B).
+RECOMPUTE = ("none", "selective", "full")
 #: bytes of one token id (int64) kept by the embedding for its weight gradient.
 TOKEN_ID_BYTES = 8
 #: flash attention keeps the softmax log-sum-exp, fp32, one per head per token.
@@ -109,6 +116,7 @@ class BlockCost:
     saved_bytes: int = 0  # kept from F until B: what an offload moves
     w_bytes: int = 0  # kept from B until W: inputs of the linears + gradients of their outputs
     params: int = 0  # parameters stored with the block
+    recompute_flops: float = 0.0  # forward work B repeats (selective/full recompute); not model FLOPs
 
     def __add__(self, other: "BlockCost") -> "BlockCost":
         return BlockCost(*(a + b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
@@ -146,6 +154,8 @@ class ModelSpec:
     dropout: bool = False
     recompute_elementwise: bool = False
     tie_embeddings: bool = True
+    recompute: str = "none"
+    fp32_logits: bool = True
     name: str = "custom"
 
     def __post_init__(self) -> None:
@@ -165,7 +175,9 @@ class ModelSpec:
             raise ParameterError("dtype", f"unknown dtype {self.dtype!r}; valid: {', '.join(DTYPE_BYTES)}")
         if not isinstance(self.activation, str) or self.activation not in ACTIVATIONS:
             raise ParameterError("activation", f"unknown activation {self.activation!r}; valid: {', '.join(ACTIVATIONS)}")
-        for f in ("flash_attention", "dropout", "recompute_elementwise", "tie_embeddings"):
+        if self.recompute not in RECOMPUTE:
+            raise ParameterError("recompute", f"unknown recompute {self.recompute!r}; valid: {', '.join(RECOMPUTE)}")
+        for f in ("flash_attention", "dropout", "recompute_elementwise", "tie_embeddings", "fp32_logits"):
             if not isinstance(getattr(self, f), bool):
                 raise ParameterError(f, f"must be true or false, got {getattr(self, f)!r}")
         if not isinstance(self.name, str) or not self.name:
@@ -184,6 +196,11 @@ class ModelSpec:
     @property
     def dtype_bytes(self) -> int:
         return DTYPE_BYTES[self.dtype]
+
+    @property
+    def logits_bytes(self) -> int:
+        """Bytes per saved logit: 4 with ``fp32_logits``, else the dtype's."""
+        return 4 if self.fp32_logits else self.dtype_bytes
 
     @property
     def tokens(self) -> int:
@@ -224,6 +241,8 @@ class ModelSpec:
         """
         d, h, a, s, f, T = self.dtype_bytes, self.hidden, self.heads, self.seq, self.ffn, self.tokens
         rc, drop = self.recompute_elementwise, self.dropout
+        if self.recompute == "full":  # only the layer's input; B re-runs the forward
+            return {"layer_input": d * h * T}
         per_token: dict[str, int] = {
             "norm1_input": d * h,
             "qkv_input": 0 if rc else d * h,  # norm1 output
@@ -232,6 +251,8 @@ class ModelSpec:
         }
         if self.flash_attention:
             per_token["softmax_lse"] = LSE_BYTES * a
+        elif self.recompute == "selective":  # the core attention re-runs in B from q, k, v
+            pass
         else:
             per_token["softmax_output"] = d * a * s
             if drop and not rc:
@@ -268,6 +289,7 @@ class ModelSpec:
         T, b, s, h = self.tokens, self.microbatch, self.seq, self.hidden
         mm = 2 * T * self.layer_matmul_params()
         attn = 4 * b * s * s * h  # QK^T and A·V over the full s×s scores (ZB's convention)
+        again = {"none": 0, "full": mm + attn, "selective": 0 if self.flash_attention else attn}[self.recompute]
         return BlockCost(
             f_flops=mm + attn,
             b_flops=mm + 2 * attn,  # dQ, dK, dA, dV
@@ -275,6 +297,7 @@ class ModelSpec:
             saved_bytes=sum(self.layer_saved_breakdown().values()),
             w_bytes=self.layer_w_bytes(),
             params=self.layer_params(),
+            recompute_flops=again,
         )
 
     def embedding(self) -> BlockCost:
@@ -290,7 +313,8 @@ class ModelSpec:
         """Final norm + output head + cross-entropy loss.
 
         Saves the final-norm input, the head input (unless recomputed) and one vocab-sized tensor per
-        token (the softmax, turned into the logits' gradient in place, as fused cross-entropy does).
+        token (the softmax, turned into the logits' gradient in place, as fused cross-entropy does),
+        in fp32 with ``fp32_logits`` (Megatron's cross-entropy casts the logits to fp32).
         The last group always stores the head matrix (a copy when tied to the embedding).
         """
         T, h, V, d = self.tokens, self.hidden, self.vocab, self.dtype_bytes
@@ -299,7 +323,7 @@ class ModelSpec:
             f_flops=mm,
             b_flops=mm,
             w_flops=mm,
-            saved_bytes=d * T * (h + (0 if self.recompute_elementwise else h) + V),
+            saved_bytes=d * T * (h + (0 if self.recompute_elementwise else h)) + self.logits_bytes * T * V,
             w_bytes=d * T * (h + V),
             params=h + V * h,
         )
@@ -321,6 +345,8 @@ class ModelSpec:
             "dropout": self.dropout,
             "recompute_elementwise": self.recompute_elementwise,
             "tie_embeddings": self.tie_embeddings,
+            "recompute": self.recompute,
+            "fp32_logits": self.fp32_logits,
             "params": self.params(),
             "layer_saved_bytes": self.layer().saved_bytes,
         }
@@ -504,7 +530,7 @@ def _group_cost(model: ModelSpec, hardware: Hardware, blocks: tuple[BlockCost, B
     # floor each pass at MIN_OP_MS so every op has a positive duration.
     return GroupCost(
         index=index, layers=layers, has_embedding=index == 0, has_head=index == num_groups - 1, block=blk,
-        F_ms=_op_ms(blk.f_flops, rate_ms, layers), B_ms=_op_ms(blk.b_flops, rate_ms, layers),
+        F_ms=_op_ms(blk.f_flops, rate_ms, layers), B_ms=_op_ms(blk.b_flops + blk.recompute_flops, rate_ms, layers),
         W_ms=_op_ms(blk.w_flops, rate_ms, layers),
         offload_ms=blk.saved_bytes / hardware.host_bw * 1e3,
         param_bytes=param_b * blk.params, grad_bytes=grad_b * blk.params, optimizer_bytes=optim_b * blk.params,
@@ -563,5 +589,5 @@ def k_from_model(model: ModelSpec, hardware: Hardware) -> float:
     of the microbatch size and of the number of layers)."""
     lay = model.layer()
     transfer = 2 * lay.saved_bytes / hardware.host_bw
-    compute = lay.flops / hardware.compute_rate
+    compute = (lay.flops + lay.recompute_flops) / hardware.compute_rate
     return transfer / compute

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..costmodel.hardware import GiB
 from .report import Refused
-from .sharding import CostTable, rank_compute, rank_states
+from .sharding import RECOMPUTE_ORDER, CostTable, rank_compute, rank_states
 from .space import Family, Problem, Split, placement_of
 
 __all__ = ["time_bound", "check_memory_bound"]
@@ -25,7 +25,7 @@ def check_memory_bound(problem: Problem, costs: CostTable, split: Split, family:
     """Memory lower bound before simulating: the states of the fullest rank plus one microbatch of
     its largest layer group's activation (under the least-memory recompute setting) must fit the
     budget; else raises :class:`Refused` ("oom", by how much at least)."""
-    recompute = True in problem.options.recompute
+    recompute = [rc for rc in RECOMPUTE_ORDER if rc in problem.options.recompute][-1]  # least memory
     sh = costs.sharded(recompute, split.pp, family.v, split.tp)
     placement = placement_of(family, split.pp)
     deltas = sh.memory.group_deltas

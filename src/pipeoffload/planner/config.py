@@ -55,7 +55,7 @@ class Config:
     split: Split
     m: int
     g: int | None
-    recompute: bool
+    recompute: bool | str  #: False, True (elementwise), "selective", "full"
     offload_chunks: int  #: 0 = no offload
     memory: MemoryBreakdown
     budget: float
@@ -93,14 +93,16 @@ class Config:
 
     def describe(self) -> str:
         off = f", offload C={self.offload_chunks}" if self.offload_chunks else ""
-        rc = ", recompute" if self.recompute else ""
+        rc = {False: "", True: ", recompute"}.get(self.recompute, f", {self.recompute} recompute")  # type: ignore
         return f"{self.name} {self.split} m={self.m}{rc}{off}"
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "family": self.family.label, "schedule": self.family.schedule, "v": self.family.v, "g": self.g,
             "tp": self.split.tp, "pp": self.split.pp, "dp": self.split.dp, "microbatches": self.m,
-            "recompute": self.recompute, "offload_chunks": self.offload_chunks,
+            "recompute": self.recompute is not False,
+            "recompute_mode": {False: "none", True: "elementwise"}.get(self.recompute, self.recompute),  # type: ignore
+            "offload_chunks": self.offload_chunks,
             "memory": self.memory.to_dict(), "fits": self.fits,
             "iteration_s": self.iteration_ms / 1e3, "pipeline_s": self.makespan_ms / 1e3,
             "dp_exposed_s": self.dp_exposed_ms / 1e3, "bubble_rate": self.bubble_rate, "mfu": self.mfu,

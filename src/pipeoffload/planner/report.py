@@ -60,6 +60,8 @@ class _Searched(Protocol):
     pruned: str | None
 
 
+#: The table's recompute column: off, on (elementwise), sel (selective), ful (full).
+_RC_SHORT = {False: "off", True: "on", "selective": "sel", "full": "ful"}
 _KIND_WORDS = {"m": "m too small", "generator": "generator refused", "offload": "offload infeasible"}
 
 
@@ -104,6 +106,9 @@ def _closest_oom(label: str, tried: Sequence["Config"], refusals: Sequence[Refus
     if best.dropped_offloads:
         reason += (f"; offload infeasible in part: {best.dropped_offloads} reloads could not finish before "
                    "their backward (host link too slow), those activations stayed on the device")
+    offload = [r for r in refusals if r.kind == "offload"]
+    if offload:  # why offload could not rescue it (e.g. pinned host memory over the node's)
+        extra = extra + [f"offload refused: {offload[0].reason}"]
     kinds = sorted({r.kind for r in refusals if r.kind not in ("offload", "oom")})
     if kinds:
         extra = extra + ["other splits: " + ", ".join(kinds)]
@@ -145,7 +150,7 @@ def _config_rows(configs: Sequence["Config"]) -> list[str]:
         mem = c.memory
         lines.append(
             f"{i:>2} {c.name:<30} {c.split.tp:>2} {c.split.pp:>3} {c.split.dp:>3} {c.m:>5} "
-            f"{'on' if c.recompute else 'off':>3} {c.offload_chunks or '-':>3} {mem.params / GiB:>7.1f} "
+            f"{_RC_SHORT.get(c.recompute, 'off'):>3} {c.offload_chunks or '-':>3} {mem.params / GiB:>7.1f} "
             f"{mem.grads_optimizer / GiB:>8.1f} {mem.activations / GiB:>6.1f} {mem.device / GiB:>7.1f} "
             f"{mem.host_max / GiB:>6.1f} {c.iteration_ms / 1e3:>8.3f} {c.mfu:>6.1%} {c.bubble_rate:>6.1%}"
         )

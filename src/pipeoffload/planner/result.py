@@ -86,7 +86,8 @@ class PlanResult:
         """The per-GPU costs ``config`` was evaluated with."""
         from .sharding import CostTable
 
-        table = CostTable(self.model, self.hardware, self.node, self.options.trim_edges)
+        table = CostTable(self.model, self.hardware, self.node, self.options.trim_edges,
+                          crosses_nodes=self.gpus > self.hardware.gpus_per_node)
         return table.sharded(config.recompute, config.split.pp, config.family.v, config.split.tp)
 
     def to_dict(self) -> dict[str, Any]:
@@ -100,13 +101,21 @@ class PlanResult:
             "rejected_splits": [r.to_dict() for r in self.rejected_splits],
             "search": dict(self.stats),
             "assumptions": {
-                "tp": "Megatron TP with sequence parallelism: FLOPs, activations, states /TP; "
-                      "2 collectives per layer in F and in B, not overlapped",
+                "tp": "Megatron TP with sequence parallelism: FLOPs, activations, states /TP; GEMMs slowed by "
+                      "the profile's efficiency curve; 2 collectives per layer in F and in B, the backward's "
+                      f"overlapped {self.hardware.tp_overlap:.0%}",
                 "tp_link_gbs": self.node.tp_bw / 1e9, "hbm_gbs": self.node.hbm_bw / 1e9,
                 "peak_tflops": self.node.peak_rate / 1e12, "node_constants": self.node.source,
                 "dp": "fp32 gradient ring all-reduce per layer bucket, overlapped with the last backward",
-                "state_bytes_per_param": "2 weights + 4 fp32 grads + 12 Adam/master (16-bit training), no ZeRO",
-                "offload": "offload pass, skip mode, postponed warm-up, 2 GPUs per host link",
+                "state_bytes_per_param": {
+                    "none": "2 weights + 4 fp32 grads + 12 Adam/master (16-bit training) on every replica",
+                    "optimizer": "Megatron's distributed optimizer (ZeRO-1): 6 + 12/DP",
+                    "full": "ZeRO-3/FSDP: 18/DP"}[self.options.dp_sharding],
+                "dp_sharding": self.options.dp_sharding,
+                "memory_reserve_gib": self.hardware.reserve / GiB,
+                "offload": f"offload pass, skip mode, postponed warm-up, {self.hardware.host_link_gpus} GPU(s) per "
+                           "host link paired by topology (TP partners share when TP >= that), pinned host memory "
+                           "checked per node",
             },
         }
 

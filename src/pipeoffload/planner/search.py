@@ -34,7 +34,7 @@ from .bounds import check_memory_bound, time_bound
 from .config import Config, assemble, assemble_offloaded
 from .report import Refused, Rejection, family_rejections
 from .result import PlanResult
-from .sharding import node_profile
+from .sharding import RECOMPUTE_ORDER, node_profile
 from .simulate import Simulator
 from .space import FIXED_ORDER, Family, PlanOptions, Problem, Split, enumerate_splits, families
 
@@ -112,9 +112,11 @@ def plan(
     splits, rejected_splits = enumerate_splits(problem.model, gpus, problem.global_batch)
     candidates, labels = _candidates(problem, splits, rejected_splits)
     ranking = _Ranking(problem.options.top)
-    _plain_phase(problem, simulator, candidates, ranking)
+    _plain_phase(problem, simulator, candidates, ranking, light=True)
     if problem.options.offload:
         _offload_phase(problem, simulator, candidates, ranking)
+    _plain_phase(problem, simulator, [c for c in candidates if c.fit is None and c.attempts], ranking,
+                 light=False)
     configs = sorted((c.fit for c in candidates if c.fit), key=lambda x: (x.iteration_ms, x.memory.device))
     stats: dict[str, Any] = dict(simulator.stats)
     stats.update(splits=len(splits), splits_rejected=len(rejected_splits), candidates=len(candidates),
@@ -184,14 +186,21 @@ def _candidates(problem: Problem, splits: list[tuple[Split, int]],
     return candidates, labels
 
 
-def _plain_phase(problem: Problem, simulator: Simulator, candidates: list[_Candidate], ranking: _Ranking) -> None:
+def _plain_phase(problem: Problem, simulator: Simulator, candidates: list[_Candidate], ranking: _Ranking,
+                 light: bool = True) -> None:
     """Plain and recompute-only simulations (cheap); the first variant that fits is accepted.
+    ``light``: no recompute and elementwise recompute (before offload is tried); else selective
+    and full recompute (after: they cost matmul time offload usually hides).
     Candidates go by a lower bound of their iteration time (the busiest rank's compute, no
     bubble), so once ``top`` configurations fit, a candidate whose bound is no better is not
     simulated at all."""
-    order = [rc for rc in (False, True) if rc in problem.options.recompute]
+    order = [rc for rc in RECOMPUTE_ORDER if rc in problem.options.recompute and (rc in (False, True)) == light]
+    if problem.model.flash_attention and True in problem.options.recompute and "selective" in order:
+        order.remove("selective")  # under flash attention the core attention saves no s×s tensor: = elementwise
+    if not order:
+        return
     for c in candidates:
-        c.bound = time_bound(simulator.costs, c.split, c.family, c.m, order[0])
+        c.bound = max(c.bound, time_bound(simulator.costs, c.split, c.family, c.m, order[0]))
     for c in sorted(candidates, key=lambda c: c.bound):
         if ranking.beaten(c.bound):
             c.pruned = (f"not simulated: even with no bubble an iteration takes ≥ {c.bound / 1e3:.3g} s, "

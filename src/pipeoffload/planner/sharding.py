@@ -11,6 +11,7 @@ placement.
 from __future__ import annotations
 
 import math
+from typing import Union
 from dataclasses import dataclass
 
 from ..costmodel.hardware import Hardware
@@ -19,7 +20,10 @@ from ..costs import Costs, MemoryDeltas
 from ..errors import ParameterError
 from ..ir import Placement
 
-__all__ = ["NodeProfile", "node_profile", "gemm_efficiency", "tp_slowdown", "ShardedCosts", "shard_costs", "CostTable", "rank_states",
+#: A recompute setting of the search: False (none), True (elementwise ops), "selective", "full".
+Recompute = Union[bool, str]
+
+__all__ = ["RECOMPUTE_ORDER", "NodeProfile", "node_profile", "gemm_efficiency", "tp_slowdown", "ShardedCosts", "shard_costs", "CostTable", "rank_states",
            "rank_compute"]
 
 #: Per built-in profile: nominal dense 16-bit peak (FLOP/s, for MFU), the intra-node TP link
@@ -151,6 +155,15 @@ def shard_costs(pc: PipelineCosts, tp: int, node: NodeProfile, recompute_ms_per_
     )
 
 
+#: Recompute settings from most memory to least.
+RECOMPUTE_ORDER: tuple = (False, True, "selective", "full")
+
+
+def recompute_label(recompute: "Recompute") -> str:
+    """"none", "elementwise", "selective" or "full"."""
+    return {False: "none", True: "elementwise"}.get(recompute, recompute)  # type: ignore[arg-type]
+
+
 class CostTable:
     """Per-GPU costs of ``model`` on ``hardware`` for every (recompute, p, v, TP) asked for.
 
@@ -167,13 +180,20 @@ class CostTable:
         self._pipeline: dict[tuple[bool, int, int], PipelineCosts] = {}
         self._sharded: dict[tuple[bool, int, int, int], ShardedCosts] = {}
 
-    def model_for(self, recompute: bool) -> ModelSpec:
-        return self.model.replace(recompute_elementwise=recompute)
+    def model_for(self, recompute: "Recompute") -> ModelSpec:
+        """The model with ``recompute``: False (none), True (elementwise), "selective" (elementwise
+        and the core attention), "full" (the whole layer)."""
+        if recompute == "full":
+            return self.model.replace(recompute_elementwise=False, recompute="full")
+        if recompute == "selective":
+            return self.model.replace(recompute_elementwise=True, recompute="selective")
+        return self.model.replace(recompute_elementwise=bool(recompute), recompute="none")
 
-    def recompute_ms(self, recompute: bool) -> float:
+    def recompute_ms(self, recompute: "Recompute") -> float:
         """ms per layer (whole layer, before TP) of re-running the cheap elementwise ops in B:
-        twice the bytes they stop saving over the HBM bandwidth (memory-bound)."""
-        if not recompute:
+        twice the bytes they stop saving over the HBM bandwidth (memory-bound). Selective and full
+        recompute's matmul work is in the layer's ``recompute_flops`` (compute-bound) instead."""
+        if recompute is False or recompute == "full":
             return 0.0
         dropped = self.model_for(False).layer().saved_bytes - self.model_for(True).layer().saved_bytes
         return 2.0 * max(dropped, 0) / self.node.hbm_bw * 1e3

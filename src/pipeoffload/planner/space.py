@@ -78,8 +78,10 @@ class PlanOptions:
     """Knobs of the search (defaults in brackets).
 
     ``schedules``: registry names to search [all; zb-auto runs as "zb-1p" and "zb-2p"];
-    ``chunks``: v values for loop-placed multi-chunk schedules [(2, 3, 4)]; ``recompute``: values of
-    recompute_elementwise to try [(False, True)]; ``offload``: try activation offload [True];
+    ``chunks``: v values for loop-placed multi-chunk schedules [(2, 3, 4)]; ``recompute``: recompute settings
+    to try, from most memory to least: False (none), True (cheap elementwise ops), "selective"
+    (those and the core attention), "full" (the whole layer) [all four; offload is tried with
+    False and True only]; ``offload``: try activation offload [True];
     ``top``: configurations kept — a family slower than the top ones even before its offload is
     evaluated is pruned [10]; ``po_runtime``: apply PipeOffload's runtime setting (flash attention,
     no dropout) to the model [False]; ``trim_edges``: "auto" (the split with the lower heaviest
@@ -94,7 +96,7 @@ class PlanOptions:
 
     schedules: tuple[str, ...] = DEFAULT_SCHEDULES
     chunks: tuple[int, ...] = (2, 3, 4)
-    recompute: tuple[bool, ...] = (False, True)
+    recompute: tuple = (False, True, "selective", "full")
     offload: bool = True
     top: int = 10
     po_runtime: bool = False
@@ -117,8 +119,9 @@ class PlanOptions:
                                  f"valid: {', '.join(SCHEDULES)}")
         if not self.chunks or any(not isinstance(v, int) or v < 2 for v in self.chunks):
             raise ParameterError("chunks", f"chunk counts must be integers >= 2, got {list(self.chunks)}")
-        if not self.recompute:
-            raise ParameterError("recompute", "needs at least one of on/off")
+        if not self.recompute or any(rc not in (False, True, "selective", "full") for rc in self.recompute):
+            raise ParameterError("recompute", f"needs at least one of False, True, 'selective', 'full', "
+                                              f"got {list(self.recompute)!r}")
         if not isinstance(self.top, int) or self.top < 1:
             raise ParameterError("top", f"must be an integer >= 1, got {self.top!r}")
         from ..costmodel.model import DP_SHARDING
