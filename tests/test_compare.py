@@ -10,6 +10,7 @@ from pipeoffload import schedules as registry
 from pipeoffload.cli import main
 from pipeoffload.studies.compare import Candidate, candidates, compare, p2p_messages, pareto_frontier
 from pipeoffload.costs import Costs, MemoryDeltas
+from pipeoffload.errors import ParameterError
 from pipeoffload.schedules import ScheduleInfo, generate
 
 from helpers import ALL_SCHEDULES
@@ -67,17 +68,22 @@ def test_p2p_counts(p, m):
 def test_candidates_cover_the_registry():
     cands = candidates(4)
     assert {c.name for c in cands} == set(ALL_SCHEDULES)
-    gis = [c.params["g"] for c in cands if c.name == "group-interleaved"]
+    gis = [c.params["g"] for c in cands if c.name == "group-interleaved" and not c.offload]
     assert gis == [2, 4]
+    # PipeOffload's variants on group-interleaved g = ⌈p/2⌉ (issue 17)
+    assert [(c.label, c.params["v"], c.offload) for c in cands if c.offload] == [
+        ("PO-half", 2, 1), ("PO-full", 2, 2), ("PO selective v=4 C=1", 4, 1), ("PO selective v=4 C=2", 4, 2),
+        ("PO selective v=4 C=3", 4, 3)]
+    assert not any(c.offload for c in candidates(4, offload=False)) and not any(c.offload for c in candidates(1))
     assert [c.params for c in cands if c.name == "interleaved-1f1b"] == [{"v": 2}]
     assert [c.params["mem_limit"] for c in cands if c.name == "zb-auto"] == [4, 8]
-    assert [c.params["g"] for c in candidates(5) if c.name == "group-interleaved"] == [3, 5]
+    assert [c.params["g"] for c in candidates(5) if c.name == "group-interleaved" and not c.offload] == [3, 5]
     assert len([c for c in candidates(1) if c.name == "group-interleaved"]) == 1  # g = 1 once
     assert len({c.label for c in cands}) == len(cands)
 
 
 def test_compare_p4_m8_unit_costs():
-    cmp = compare(4, 8)
+    cmp = compare(4, 8, which=candidates(4, offload=False))  # the plain schedules' frontier
     rows = {r.label: r for r in cmp.rows}
     assert all(r.ok for r in cmp.rows)
     one = rows["1f1b"]
@@ -144,7 +150,7 @@ def test_compare_rejects_bad_p_and_m():
 
 
 def test_cli_json_structure(capsys):
-    assert main(["compare", "-p", "4", "-m", "8", "--costs", "F=1,B=1,W=1", "--json"]) == 0
+    assert main(["compare", "-p", "4", "-m", "8", "--costs", "F=1,B=1,W=1", "--json", "--no-offload-rows"]) == 0
     obj = json.loads(capsys.readouterr().out)
     assert obj["p"] == 4 and obj["m"] == 8 and obj["p2p_baseline"] == 48 and obj["memory_unit"] == "units"
     assert obj["costs"]["F"] == 1 and obj["memory"] == {"F": 1.0, "B": 0.0, "W": -1.0}
@@ -158,7 +164,7 @@ def test_cli_json_structure(capsys):
 
 def test_cli_text_and_png(tmp_path, capsys):
     png = tmp_path / "out" / "pareto.png"
-    assert main(["compare", "-p", "4", "-m", "3", "--png", str(png)]) == 0
+    assert main(["compare", "-p", "4", "-m", "3", "--png", str(png), "--no-offload-rows"]) == 0
     out = capsys.readouterr().out
     assert "P2P relative to 1F1B" in out and "* v-min" in out
     assert "interleaved-1f1b v=2" in out and "needs m >= 4" in out
@@ -170,3 +176,19 @@ def test_cli_parameter_error_is_one_line(capsys):
     assert main(["compare", "-p", "0"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "-p" in err
+
+
+def test_offload_rows_beside_the_plain_schedules():
+    """PO-half/PO-full/selective C go through the offload pass: the peak falls below the same
+    schedule's without offload, the bubble does not grow with free transfers, and they can sit on
+    the Pareto frontier."""
+    cmp = compare(8, 32, offload_time=0.0)
+    rows = {r.label: r for r in cmp.rows}
+    base = rows["group-interleaved v=2 g=4"]
+    assert rows["PO-half"].ok and rows["PO-half"].peak_memory < base.peak_memory
+    assert rows["PO-full"].peak_memory <= rows["PO-half"].peak_memory
+    assert rows["PO-half"].bubble_rate <= base.bubble_rate + 1e-9
+    assert rows["PO-half"].params["offload_chunks"] == 1
+    assert any(r.on_frontier for r in cmp.rows if r.label.startswith("PO"))
+    with pytest.raises(ParameterError):
+        compare(4, 8, offload_time=-1)

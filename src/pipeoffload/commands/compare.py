@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from ..costs import MemoryDeltas
+from ..errors import ParameterError
 from ..studies.compare import Comparison, compare
 from .common import (
     add_costs_args,
@@ -24,7 +26,8 @@ def register(sub) -> argparse.ArgumentParser:
         "compare",
         help="compare every schedule: bubble rate, peak memory, P2P volume; Pareto plot",
         description="Generate and time every registered schedule (group-interleaved with g=ceil(p/2) and g=p, "
-        "interleaved 1F1B with v=2, zb-auto with limits p and 2p) at the same p, m, costs and memory; report "
+        "interleaved 1F1B with v=2, zb-auto with limits p and 2p, and PipeOffload's PO-half, PO-full and selective "
+        "offload of C chunks on group-interleaved) at the same p, m, costs and memory; report "
         "bubble rate, peak activation memory (max and per rank) and P2P volume relative to 1F1B's 2(p-1)m "
         "messages, and mark the Pareto frontier of (peak memory, bubble rate). Schedules that refuse the "
         "parameters are listed with the reason.",
@@ -32,6 +35,10 @@ def register(sub) -> argparse.ArgumentParser:
     parser.add_argument("-p", "--stages", dest="p", type=int, default=4, help="pipeline ranks (default 4)")
     parser.add_argument("-m", "--microbatches", dest="m", type=int, default=8, help="microbatches (default 8)")
     add_costs_args(parser)
+    parser.add_argument("--offload-time", type=float, default=0.5, metavar="R",
+                        help="offload rows (PO-half, PO-full, selective C): one-way transfer time of a chunk's "
+                             "activations over its F+B+W (default 0.5, i.e. k = 1)")
+    parser.add_argument("--no-offload-rows", action="store_true", help="compare the plain schedules only")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--png", metavar="FILE", help="write a PNG plot of peak memory vs bubble rate")
     add_html_arg(parser, "the comparison (Pareto plot, table, every schedule's timeline)")
@@ -43,7 +50,13 @@ def run(args: argparse.Namespace) -> int:
     check_output("--png", args.png)
     check_output("--html", args.html)
     unit = memory_unit(args)
-    cmp = compare(args.p, args.m, costs_from_args(args), memory_from_args(args))
+    if not args.offload_time >= 0:
+        raise ParameterError("--offload-time", f"must be a number >= 0, got {args.offload_time!r}")
+    from ..studies.compare import candidates
+
+    memory = memory_from_args(args)
+    which = candidates(args.p, memory or MemoryDeltas(), offload=not args.no_offload_rows)
+    cmp = compare(args.p, args.m, costs_from_args(args), memory, which=which, offload_time=args.offload_time)
     for row in cmp.rows:  # a refused schedule's reason, with parameters named by their flags
         if row.error:
             row.error = cli_text(row.error)

@@ -39,6 +39,7 @@ class Candidate:
     label: str
     name: str
     params: dict = field(default_factory=dict)
+    offload: int = 0  #: chunks offloaded per rank by the offload pass (0 = none)
 
 
 @dataclass
@@ -115,8 +116,11 @@ class Comparison:
         }
 
 
-def candidates(p: int, memory: MemoryDeltas | None = None) -> list[Candidate]:
-    """The variants of every registered schedule compared at ``p`` ranks (see module doc)."""
+def candidates(p: int, memory: MemoryDeltas | None = None, offload: bool = True) -> list[Candidate]:
+    """The variants of every registered schedule compared at ``p`` ranks (see module doc), then,
+    with ``offload`` and ``p ≥ 2``, PipeOffload's variants on group-interleaved with
+    ``g = ⌈p/2⌉`` (docs/algorithms.md#53-selective-offload-po-half-and-po-full): PO-half (v = 2,
+    chunk 0 offloaded), PO-full (v = 2, both) and selective offload of C = 1..3 of v = 4 chunks."""
     memory = memory or MemoryDeltas()
     out: list[Candidate] = []
     for name in SCHEDULES:
@@ -131,6 +135,12 @@ def candidates(p: int, memory: MemoryDeltas | None = None) -> list[Candidate]:
                 out.append(Candidate(f"{name} limit={tag}", name, {"mem_limit": k * p * memory.F}))
         else:
             out.append(Candidate(name, name, {}))
+    if offload and p >= 2 and "group-interleaved" in SCHEDULES:
+        g = (p + 1) // 2
+        out.append(Candidate("PO-half", "group-interleaved", {"v": 2, "g": g}, offload=1))
+        out.append(Candidate("PO-full", "group-interleaved", {"v": 2, "g": g}, offload=2))
+        out += [Candidate(f"PO selective v=4 C={c}", "group-interleaved", {"v": 4, "g": g}, offload=c)
+                for c in (1, 2, 3)]
     return out
 
 
@@ -181,8 +191,12 @@ def compare(
     costs: Costs | None = None,
     memory: MemoryDeltas | None = None,
     which: Sequence[Candidate] | None = None,
+    offload_time: float = 0.5,
 ) -> Comparison:
-    """Generate, validate and time every candidate (default :func:`candidates`).
+    """Generate, validate and time every candidate (default :func:`candidates`); offload rows go
+    through the offload pass (skip mode, warm-up postponed, two ranks per host link) with a
+    one-way transfer of ``offload_time`` × the chunk's F+B+W (0.5: k = 1, the largest k the
+    paper says hides fully).
 
     Guarantees: one row per candidate, in order; a row has numbers exactly when its
     schedule generated, validated and timed; otherwise ``error`` says why (the
@@ -193,15 +207,18 @@ def compare(
     require(isinstance(m, int) and m >= 1, "m", f"must be an integer >= 1, got {m!r}")
     costs = costs or Costs()
     memory = memory or MemoryDeltas()
-    rows = [_row(c, p, m, costs, memory) for c in (which if which is not None else candidates(p, memory))]
+    require(isinstance(offload_time, (int, float)) and offload_time >= 0, "offload_time",
+            f"must be a number >= 0, got {offload_time!r}")
+    rows = [_row(c, p, m, costs, memory, offload_time)
+            for c in (which if which is not None else candidates(p, memory))]
     ok = [r for r in rows if r.ok]
     for r, front in zip(ok, pareto_frontier([(r.peak_memory, r.bubble_rate) for r in ok])):
         r.on_frontier = front
     return Comparison(p, m, costs, memory, rows)
 
 
-def _row(c: Candidate, p: int, m: int, costs: Costs, memory: MemoryDeltas) -> Row:
-    row = Row(c.label, c.name, dict(c.params))
+def _row(c: Candidate, p: int, m: int, costs: Costs, memory: MemoryDeltas, offload_time: float = 0.5) -> Row:
+    row = Row(c.label, c.name, dict(c.params) | ({"offload_chunks": c.offload} if c.offload else {}))
     try:
         info(c.name).generator()  # import only: is the generator written yet?
     except PipeoffloadError as e:
@@ -213,14 +230,23 @@ def _row(c: Candidate, p: int, m: int, costs: Costs, memory: MemoryDeltas) -> Ro
     try:
         spec = ScheduleSpec(c.name, p, m, costs=costs, memory=memory, **c.params)
         sched = build(spec)
-        tl = simulate(sched, costs, memory)
+        if c.offload:
+            from ..passes.lower import lower
+            from ..passes.offload import OffloadOptions
+
+            opts = OffloadOptions(offload_chunks=c.offload, offload_time=offload_time, on_infeasible="skip",
+                                  postpone_warmup=True)
+            lowered = lower(sched, costs, memory, offload=opts, validated=True)
+            tl, off_peaks = lowered.timeline, list(lowered.offload.peak)  # type: ignore[union-attr]
+        else:
+            tl, off_peaks = simulate(sched, costs, memory), None
     except PipeoffloadError as e:
         row.error = str(e)
         return row
     except NotImplementedError as e:
         row.error = f"not available: {e or 'not implemented'}"
         return row
-    peaks = tl.peak_memory()
+    peaks = off_peaks if off_peaks is not None else tl.peak_memory()
     row.bubble_rate = _clean(tl.bubble_rate)
     row.bubble_rate_makespan = _clean(tl.bubble_rate_makespan)
     row.makespan = _clean(tl.makespan)
@@ -230,6 +256,8 @@ def _row(c: Candidate, p: int, m: int, costs: Costs, memory: MemoryDeltas) -> Ro
     base = 2 * (p - 1) * m
     row.p2p_relative = row.p2p_messages / base if base else None
     row.params = {**row.params, **{k: v for k, v in sched.params.items() if k in ("v", "g", "mem_limit")}}
+    if c.offload:
+        row.params["offload_time"] = offload_time
     return row
 
 

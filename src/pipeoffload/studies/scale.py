@@ -66,6 +66,7 @@ SERIES: tuple[Series, ...] = (
     Series("gis", "group-interleaved v=2 g=p/2", "group-interleaved", 2, "half"),
     Series("po-half", "PipeOffload half (GIS, chunk 0 offloaded)", "group-interleaved", 2, "half", 1),
     Series("po-full", "PipeOffload full (GIS, both chunks offloaded)", "group-interleaved", 2, "half", 2),
+    Series("po-sel", "PipeOffload selective (GIS v=4, C=2 of 4 chunks offloaded)", "group-interleaved", 4, "half", 2),
 )
 
 

@@ -246,12 +246,21 @@ def comparison_timelines(cmp: Any, memory_unit: str = "units") -> dict[str, Time
     from ..schedules import ScheduleSpec, build
     from ..studies.compare import candidates
 
-    ok = {r.label for r in cmp.rows if r.ok}
+    ok = {r.label: r for r in cmp.rows if r.ok}
     out: dict[str, Timeline] = {}
     for c in candidates(cmp.p, cmp.memory):
         if c.label in ok:
             sched = build(ScheduleSpec(c.name, cmp.p, cmp.m, costs=cmp.costs, memory=cmp.memory, **c.params))
-            out[c.label] = simulate(sched, cmp.costs, cmp.memory, memory_unit=memory_unit)
+            if c.offload:  # PipeOffload's rows: the offload pass's timeline, as the comparison timed it
+                from ..passes.lower import lower
+                from ..passes.offload import OffloadOptions
+
+                opts = OffloadOptions(offload_chunks=c.offload, offload_time=ok[c.label].params["offload_time"],
+                                      on_infeasible="skip", postpone_warmup=True)
+                out[c.label] = lower(sched, cmp.costs, cmp.memory, memory_unit=memory_unit, offload=opts,
+                                     validated=True).timeline
+            else:
+                out[c.label] = simulate(sched, cmp.costs, cmp.memory, memory_unit=memory_unit)
     return out
 
 
