@@ -451,3 +451,25 @@ def test_recompute_modes_and_fp32_logits():
     with pytest.raises(ParameterError) as e:
         PlanOptions(recompute=("half",)).check()
     assert e.value.param == "recompute"
+
+
+def test_tp_without_sequence_parallelism_keeps_the_norms_whole():
+    spec = get_model("llama-7b", flash_attention=True)
+    pc = pipeline_costs(spec, A100, 2, 1)
+    node = node_profile(A100)
+    sp, nosp = shard_costs(pc, 4, node), shard_costs(pc, 4, node, sequence_parallel=False)
+    rep_s, rep_w = spec.layer_replicated_bytes()
+    g = pc.groups[0]
+    assert nosp.memory.group_deltas[0][0] - sp.memory.group_deltas[0][0] == pytest.approx(g.layers * rep_s * 3 / 4)
+    assert sp.memory.group_deltas[0][2] - nosp.memory.group_deltas[0][2] == pytest.approx(g.layers * rep_w * 3 / 4)
+    assert nosp.comm > sp.comm and nosp.transfer_ms[0] > sp.transfer_ms[0]
+    assert nosp.costs.group_costs == sp.costs.group_costs  # same collective volume, same compute
+    res = plan("1.5B", A100, 8, memory_budget=40 * GiB, options=PlanOptions(
+        schedules=("1f1b",), recompute=(True,), offload=False, sequence_parallel=(True, False), top=50))
+    both = {(c.split.tp, c.split.pp, c.split.sp): c for c in res.configs if c.split.tp > 1}
+    pairs = [(a, both[(t, p, False)]) for (t, p, s), a in both.items() if s and (t, p, False) in both]
+    assert pairs and all(b.memory.activations > a.memory.activations for a, b in pairs)
+    assert any("(no SP)" in c.describe() for c in res.configs)
+    with pytest.raises(ParameterError) as e:
+        PlanOptions(sequence_parallel=()).check()
+    assert e.value.param == "sequence_parallel"

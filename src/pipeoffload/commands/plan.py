@@ -59,6 +59,9 @@ def register(sub) -> argparse.ArgumentParser:
                             "distributed optimizer, ZeRO-1, 6 + 12/DP B/param)")
     state.add_argument("--fsdp", action="store_true",
                        help="shard parameters, gradients and optimizer state over DP (ZeRO-3/FSDP, 18/DP B/param)")
+    parser.add_argument("--sequence-parallel", choices=["on", "off", "both"], default="on",
+                        help="TP with Megatron's sequence parallelism (on, default), without it (off: the "
+                             "norms' tensors stay whole on every TP rank, as in this runtime's TP), or both")
     parser.add_argument("--host-link-gbs", type=float, default=None, metavar="GB/S",
                         help="host link of one GPU alone, one direction (default: the hardware profile's)")
     parser.add_argument("--no-offload", action="store_true", help="do not consider activation offload")
@@ -86,6 +89,7 @@ def options_from_args(args: argparse.Namespace):
     return PlanOptions(
         dp_sharding="none" if args.no_distributed_optimizer else "full" if args.fsdp else "optimizer",
         host_bw=args.host_link_gbs * 1e9 if args.host_link_gbs is not None else None,
+        sequence_parallel={"on": (True,), "off": (False,), "both": (True, False)}[args.sequence_parallel],
         schedules=name_list(args.schedules) if args.schedules else DEFAULT_SCHEDULES,
         chunks=int_list(args.chunks, "--chunks"),
         recompute=rc,

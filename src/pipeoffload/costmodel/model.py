@@ -279,6 +279,17 @@ class ModelSpec:
         out_grads = (h + 2 * self.kv_dim) + h + (self.ffn_matrices - 1) * f + h  # type: ignore[operator]
         return d * T * (inputs + out_grads)
 
+    def layer_replicated_bytes(self) -> tuple[int, int]:
+        """(saved, B→W) bytes of one layer, one microbatch, that lie *outside* Megatron's
+        tensor-parallel region: the norms' inputs and outputs, the dropout masks of the residual
+        branch (saved), and the QKV/FC1 inputs and the out-projection/FC2 output gradients (B→W).
+        Without sequence parallelism every TP rank keeps them whole; with it they are split too."""
+        d, h, T = self.dtype_bytes, self.hidden, self.tokens
+        bd = self.layer_saved_breakdown()
+        saved = sum(bd.get(k, 0) for k in ("layer_input", "norm1_input", "qkv_input", "norm2_input", "fc1_input",
+                                           "attn_out_dropout_mask", "mlp_dropout_mask"))
+        return saved, 4 * d * h * T
+
     def boundary_bytes(self) -> int:
         """One activation crossing a stage boundary: b·s·h·dtype bytes (also its gradient)."""
         return self.tokens * self.hidden * self.dtype_bytes

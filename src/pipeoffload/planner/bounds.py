@@ -17,7 +17,7 @@ __all__ = ["time_bound", "check_memory_bound"]
 
 def time_bound(costs: CostTable, split: Split, family: Family, m: int, recompute: bool) -> float:
     """A lower bound of the iteration time (ms): the busiest rank's compute for m microbatches."""
-    sh = costs.sharded(recompute, split.pp, family.v, split.tp)
+    sh = costs.sharded(recompute, split.pp, family.v, split.tp, split.sp)
     return m * max(rank_compute(sh, placement_of(family, split.pp)))
 
 
@@ -26,7 +26,7 @@ def check_memory_bound(problem: Problem, costs: CostTable, split: Split, family:
     its largest layer group's activation (under the least-memory recompute setting) must fit the
     budget; else raises :class:`Refused` ("oom", by how much at least)."""
     recompute = [rc for rc in RECOMPUTE_ORDER if rc in problem.options.recompute][-1]  # least memory
-    sh = costs.sharded(recompute, split.pp, family.v, split.tp)
+    sh = costs.sharded(recompute, split.pp, family.v, split.tp, split.sp)
     placement = placement_of(family, split.pp)
     deltas = sh.memory.group_deltas
     states = rank_states(sh, placement, split.dp, problem.options.dp_sharding)

@@ -100,6 +100,7 @@ class Config:
         return {
             "family": self.family.label, "schedule": self.family.schedule, "v": self.family.v, "g": self.g,
             "tp": self.split.tp, "pp": self.split.pp, "dp": self.split.dp, "microbatches": self.m,
+            "sequence_parallel": self.split.sp,
             "recompute": self.recompute is not False,
             "recompute_mode": {False: "none", True: "elementwise"}.get(self.recompute, self.recompute),  # type: ignore
             "offload_chunks": self.offload_chunks,

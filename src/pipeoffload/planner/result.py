@@ -88,7 +88,7 @@ class PlanResult:
 
         table = CostTable(self.model, self.hardware, self.node, self.options.trim_edges,
                           crosses_nodes=self.gpus > self.hardware.gpus_per_node)
-        return table.sharded(config.recompute, config.split.pp, config.family.v, config.split.tp)
+        return table.sharded(config.recompute, config.split.pp, config.family.v, config.split.tp, config.split.sp)
 
     def to_dict(self) -> dict[str, Any]:
         return {

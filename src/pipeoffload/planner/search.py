@@ -110,6 +110,8 @@ def plan(
     problem = _problem(model, hardware, gpus, memory_budget, global_batch, microbatch, seq, options or PlanOptions())
     simulator = Simulator(problem)
     splits, rejected_splits = enumerate_splits(problem.model, gpus, problem.global_batch)
+    splits = [(dataclasses.replace(s, sp=sp), m) for s, m in splits
+              for sp in (problem.options.sequence_parallel if s.tp > 1 else (True,))]
     candidates, labels = _candidates(problem, splits, rejected_splits)
     ranking = _Ranking(problem.options.top)
     _plain_phase(problem, simulator, candidates, ranking, light=True)

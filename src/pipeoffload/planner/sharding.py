@@ -116,7 +116,7 @@ class ShardedCosts:
 
 
 def shard_costs(pc: PipelineCosts, tp: int, node: NodeProfile, recompute_ms_per_layer: float = 0.0,
-                crosses_nodes: bool = False) -> ShardedCosts:
+                crosses_nodes: bool = False, sequence_parallel: bool = True) -> ShardedCosts:
     """Divide ``pc`` by ``tp`` (sequence-parallel TP: compute, bytes, states, boundary and offload all
     /tp) and add the TP collectives to F and B and ``recompute_ms_per_layer`` (whole layer, before
     /tp) to B. With ``tp == 1`` and no recompute time the costs are ``pc``'s."""
@@ -127,7 +127,10 @@ def shard_costs(pc: PipelineCosts, tp: int, node: NodeProfile, recompute_ms_per_
         coll = (2 * (tp - 1) / tp * nbytes / node.tp_bw + node.collective_latency) * 1e3
     slow = tp_slowdown(model, tp, hw)
     hidden_b = hw.tp_overlap  # Megatron overlaps the backward's collectives with weight-gradient GEMMs
-    triples, deltas = [], []
+    # Without sequence parallelism the tensors outside the TP region stay whole on every TP rank.
+    rep_s, rep_w = (0, 0) if sequence_parallel or tp == 1 else model.layer_replicated_bytes()
+    keep = 1.0 - 1.0 / tp
+    triples, deltas, transfer = [], [], []
     for g in pc.groups:
         nf = 2 * g.layers + int(g.has_embedding) + int(g.has_head)
         nb = 2 * g.layers + int(g.has_head)
@@ -136,10 +139,13 @@ def shard_costs(pc: PipelineCosts, tp: int, node: NodeProfile, recompute_ms_per_
                         g.B_ms / tp * slow + b_coll + g.layers * recompute_ms_per_layer / tp,
                         g.W_ms / tp * slow))
         f, b, w = g.deltas
-        deltas.append((f / tp, b / tp, w / tp))
+        fd, wd = f / tp + g.layers * rep_s * keep, w / tp - g.layers * rep_w * keep
+        deltas.append((fd, -fd - wd, wd))
+        transfer.append(g.offload_ms * fd / f if f else g.offload_ms / tp)
     # The simulator has one hop cost: the slowest hop (inter-node when the pipeline spans nodes).
     hop_bw = (hw.internode_bw or hw.link_bw) if crosses_nodes else hw.link_bw
-    comm = (model.boundary_bytes() / tp / hop_bw + hw.link_latency) * 1e3
+    hop_bytes = model.boundary_bytes() / (tp if sequence_parallel else 1)  # SP sends sequence shards
+    comm = (hop_bytes / hop_bw + hw.link_latency) * 1e3
     costs = Costs(F=sum(t[0] for t in triples) / pc.p, B=sum(t[1] for t in triples) / pc.p,
                   W=sum(t[2] for t in triples) / pc.p, comm=comm, group_costs=tuple(triples))
     df = sum(d[0] for d in deltas) / pc.p
@@ -147,7 +153,7 @@ def shard_costs(pc: PipelineCosts, tp: int, node: NodeProfile, recompute_ms_per_
     memory = MemoryDeltas(F=df, B=db, W=-(df + db), group_deltas=tuple(deltas))
     return ShardedCosts(
         pc=pc, tp=tp, costs=costs, memory=memory,
-        transfer_ms=tuple(g.offload_ms / tp for g in pc.groups),
+        transfer_ms=tuple(transfer),
         state=tuple((g.param_bytes / tp, g.grad_bytes / tp, g.optimizer_bytes / tp) for g in pc.groups),
         layers=tuple(g.layers for g in pc.groups),
         flops=float(sum(g.block.flops for g in pc.groups)),
@@ -178,7 +184,7 @@ class CostTable:
         self.model, self.hardware, self.node, self.trim_edges = model, hardware, node, trim_edges
         self.crosses_nodes = crosses_nodes  # some pipeline hop crosses nodes: hops at the inter-node rate
         self._pipeline: dict[tuple[bool, int, int], PipelineCosts] = {}
-        self._sharded: dict[tuple[bool, int, int, int], ShardedCosts] = {}
+        self._sharded: dict[tuple, ShardedCosts] = {}
 
     def model_for(self, recompute: "Recompute") -> ModelSpec:
         """The model with ``recompute``: False (none), True (elementwise), "selective" (elementwise
@@ -217,16 +223,17 @@ class CostTable:
                     for s in (plain, trimmed)]
         return trimmed if heaviest[1] < heaviest[0] else plain
 
-    def sharded(self, recompute: bool, p: int, v: int, tp: int) -> ShardedCosts:
-        """One GPU's costs with ``recompute``, ``p`` ranks of ``v`` chunks, TP ``tp``."""
-        key = (recompute, p, v, tp)
+    def sharded(self, recompute: bool, p: int, v: int, tp: int, sp: bool = True) -> ShardedCosts:
+        """One GPU's costs with ``recompute``, ``p`` ranks of ``v`` chunks, TP ``tp`` with or without
+        sequence parallelism ``sp``."""
+        key = (recompute, p, v, tp, sp)
         if key not in self._sharded:
             pkey = (recompute, p, v)
             if pkey not in self._pipeline:
                 self._pipeline[pkey] = pipeline_costs(self.model_for(recompute), self.hardware, p, v,
                                                       split=self.layer_split(p, v))
             self._sharded[key] = shard_costs(self._pipeline[pkey], tp, self.node, self.recompute_ms(recompute),
-                                             self.crosses_nodes)
+                                             self.crosses_nodes, sp)
         return self._sharded[key]
 
 

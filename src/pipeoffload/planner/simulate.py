@@ -93,14 +93,14 @@ class Simulator:
         self.stats = {"simulations": 0, "offload_plans": 0, "generator_calls": 0}
 
     # -- schedules ------------------------------------------------------------------------------
-    def schedule(self, family: Family, p: int, m: int, recompute: bool, tp: int) -> Schedule:
+    def schedule(self, family: Family, p: int, m: int, recompute: bool, tp: int, sp: bool = True) -> Schedule:
         """``family``'s schedule on ``p`` ranks with ``m`` microbatches (cost-aware generators get
         the per-GPU costs of ``recompute``, ``tp``); raises :class:`Refused` ("m" or "generator")."""
         fixed = family.schedule in FIXED_ORDER
-        key = (family.schedule, p, m, family.v, family.g(p), family.limit) + (() if fixed else (recompute, tp))
+        key = (family.schedule, p, m, family.v, family.g(p), family.limit) + (() if fixed else (recompute, tp, sp))
         hit = self._schedules.get(key)
         if hit is None:
-            hit = self._generate(family, p, m, None if fixed else self.costs.sharded(recompute, p, family.v, tp))
+            hit = self._generate(family, p, m, None if fixed else self.costs.sharded(recompute, p, family.v, tp, sp))
             if fixed or isinstance(hit, Refused):
                 self._schedules[key] = hit
         if isinstance(hit, Refused):
@@ -143,12 +143,12 @@ class Simulator:
 
     def _simulate(self, split: Split, family: Family, m: int, recompute: bool) -> Simulated:
         p = split.pp
-        sh = self.costs.sharded(recompute, p, family.v, split.tp)
+        sh = self.costs.sharded(recompute, p, family.v, split.tp, split.sp)
         placement = placement_of(family, p)
         runs = []
         for mm in simulated_microbatches(m, p, family.schedule, family.g(p)):
             if mm is not None:
-                sched = self.schedule(family, p, mm, recompute, split.tp)
+                sched = self.schedule(family, p, mm, recompute, split.tp, split.sp)
                 runs.append((mm, sched, self._time(sched, sh)))
         makespan, busy, peaks = _extrapolate(m, [(mm, tl) for mm, _, tl in runs], family.schedule)
         (_, first_schedule, first_timeline), (last_m, _, last_timeline) = runs[0], runs[-1]

@@ -41,9 +41,10 @@ class Split:
     tp: int
     pp: int
     dp: int
+    sp: bool = True  #: sequence parallelism with TP (Megatron's); False: the norms' tensors stay whole
 
     def __str__(self) -> str:
-        return f"TP={self.tp} PP={self.pp} DP={self.dp}"
+        return f"TP={self.tp}{'' if self.sp or self.tp == 1 else ' (no SP)'} PP={self.pp} DP={self.dp}"
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,9 @@ class PlanOptions:
     ``tp_bw``/``hbm_bw``/``peak_rate``: override :func:`~pipeoffload.planner.sharding.node_profile`;
     ``dp_sharding``: "optimizer" (Megatron's distributed optimizer, ZeRO-1: 6 + 12/d B/param),
     "none" (18 B/param on every replica) or "full" (ZeRO-3/FSDP) ["optimizer"]; ``host_bw``:
-    override the profile's host link (bytes/s, one GPU alone).
+    override the profile's host link (bytes/s, one GPU alone); ``sequence_parallel``: TP with (True)
+    and/or without (False) sequence parallelism [(True,); the runtime's TP has none yet, so plans
+    meant for it use (False,)].
     """
 
     schedules: tuple[str, ...] = DEFAULT_SCHEDULES
@@ -108,6 +111,7 @@ class PlanOptions:
     peak_rate: float | None = None
     dp_sharding: str = "optimizer"
     host_bw: float | None = None
+    sequence_parallel: tuple[bool, ...] = (True,)
 
     def check(self) -> None:
         """Raise :class:`ParameterError` naming the first invalid field."""
@@ -130,6 +134,8 @@ class PlanOptions:
             raise ParameterError("dp_sharding", f"must be one of {', '.join(DP_SHARDING)}, got {self.dp_sharding!r}")
         if self.host_bw is not None and not (isinstance(self.host_bw, (int, float)) and self.host_bw > 0):
             raise ParameterError("host_bw", f"must be a positive number, got {self.host_bw!r}")
+        if not self.sequence_parallel or any(x not in (True, False) for x in self.sequence_parallel):
+            raise ParameterError("sequence_parallel", f"needs True and/or False, got {self.sequence_parallel!r}")
         if self.trim_edges not in ("auto", True, False):
             raise ParameterError("trim_edges", f"must be 'auto', True or False, got {self.trim_edges!r}")
 
