@@ -88,16 +88,18 @@ class Attention(nn.Module):
 
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, s, _ = hidden.shape
-        q = self.wq(hidden).view(b, s, self.heads, self.head_dim).transpose(1, 2)
-        k = self.wk(hidden).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = self.wv(hidden).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        # Head counts from the projections' widths, not the config: under tensor
+        # parallelism (runtime/tensor_parallel.py) a rank holds heads/tp of them.
+        q = self.wq(hidden).view(b, s, -1, self.head_dim).transpose(1, 2)
+        k = self.wk(hidden).view(b, s, -1, self.head_dim).transpose(1, 2)
+        v = self.wv(hidden).view(b, s, -1, self.head_dim).transpose(1, 2)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        rep = self.heads // self.kv_heads
+        rep = q.shape[1] // k.shape[1]
         if rep > 1:
             k = k.repeat_interleave(rep, dim=1)
             v = v.repeat_interleave(rep, dim=1)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.wo(y.transpose(1, 2).reshape(b, s, self.heads * self.head_dim))
+        return self.wo(y.transpose(1, 2).reshape(b, s, q.shape[1] * self.head_dim))
 
 
 class SwiGLU(nn.Module):

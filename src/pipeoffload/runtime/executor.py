@@ -69,7 +69,9 @@ from ..passes.lower import lower
 from ..timeline import TimedOp
 from . import boundary
 from .activations import ActivationStore, KeepActivations
+from .data_parallel import BUCKET_BYTES, Replicate, Sharded, local
 from .messages import Mailbox
+from .mesh import coords as mesh_coords, dim_size, pipeline_ranks, sub_group, sub_mesh
 from .meter import MemoryMeter, make_meter
 from .p2p import P2P, CommTimeout
 from .params import ParamTable, build_table
@@ -77,6 +79,7 @@ from .rng import KeyedRNG, module_names
 from .weight_grad import WeightGradStore
 
 StageModules = Mapping[int, nn.Module] | Sequence[nn.Module] | Callable[[int], nn.Module]
+_COMPUTE = frozenset({OpKind.F, OpKind.B, OpKind.W, OpKind.BW})
 
 
 @dataclass(frozen=True)
@@ -98,8 +101,10 @@ class StepResult:
     events: list[TimedOp]  #: this rank's measured ops; times in s from the step start
     samples: list[OpSample]
     peak_memory: float  #: bytes above the step-start level (meter's definition)
-    step_time: float  #: s, barrier to last send completed
+    step_time: float  #: s, barrier to last send completed and gradients reduced
     meta: dict = field(default_factory=dict)
+    dp_comm_s: float = 0.0  #: s this rank spent issuing and waiting for DP gradient reductions (0 when dp == 1)
+    tp_comm_s: float = 0.0  #: s of TP collectives (not measured separately: they run inside F/B/W; 0)
 
 
 @dataclass
@@ -153,6 +158,16 @@ class PipelineRunner:
     ``autocast`` (a dtype: run every forward under ``torch.autocast`` with it; the
     autocast active around :meth:`step` is used otherwise; backward runs outside it).
 
+    ``mesh`` (a :class:`~torch.distributed.device_mesh.DeviceMesh` with dimensions named
+    from ``("dp", "pp", "tp")``, any subset, any rank order; ``runtime/mesh.py``): the
+    pipeline runs on ``mesh["pp"]`` (instead of ``group``), replicas on ``mesh["dp"]``
+    reduce gradients as ``data_parallel`` says: ``"auto"`` (``"replicate"`` when the mesh
+    has dp > 1), ``"replicate"`` (bucketed asynchronous all-reduce started after each
+    layer group's last W, ``bucket_bytes``), ``"fsdp"`` (FSDP2 ``fully_shard`` per layer
+    group) or ``"none"``; see ``runtime/data_parallel.py`` and ``docs/parallelism.md``.
+    Tensor parallelism is applied by the user to the stage modules before
+    (``runtime/tensor_parallel.py``).
+
     Construction is a collective over ``group`` when a process group is initialised
     (parameter names and shared parameters are agreed): every rank builds its runner
     at the same time. The runner never modifies the user's modules beyond moving them
@@ -178,15 +193,26 @@ class PipelineRunner:
         seed: int = 0,
         keyed_rng: bool = True,
         autocast: torch.dtype | None = None,
+        mesh: Any = None,
+        data_parallel: str = "auto",
+        bucket_bytes: int = BUCKET_BYTES,
     ) -> None:
         self.schedule = schedule
         self.program = lower(schedule, comm=True).schedule  # validated, sends/receives added
-        if any(op.kind.window == "stash" for op in self.program.ops()):  # planned with stash=True
-            raise ParameterError("stash", "the B→W offload window (STASH_* transfer ops: the weight-gradient "
-                                 "stash moved to host between B and W) is not supported by the runtime yet; "
-                                 "plan offload without `stash`")
+        self.mesh = mesh
+        if mesh is not None:
+            if group is not None:
+                raise ParameterError("group", "give either `mesh` (its \"pp\" dimension is the pipeline) or `group`, "
+                                     "not both")
+            group = sub_group(mesh, "pp")
+            if rank is None and group is not None:
+                # The mesh's order, not the group's: a process group sorts its ranks, a
+                # mesh row [3, 0] makes global rank 3 pipeline rank 0.
+                rank = mesh_coords(mesh)["pp"]
         self.group = group
         self.rank = _pipeline_rank(schedule, group, rank)
+        #: This rank's coordinates: pipeline, data-parallel and tensor-parallel index.
+        self.coords = mesh_coords(mesh) if mesh is not None else {"pp": self.rank, "dp": 0, "tp": 0}
         self.placement = schedule.placement
         self.num_stages = self.placement.num_stages
         self.my_stages = self.placement.stages_of(self.rank)
@@ -194,11 +220,23 @@ class PipelineRunner:
         self.device = self._place_modules(device)
         self.loss_fn = loss_fn
         self.timeout_s = float(timeout_s)
-        self.p2p = P2P(self.rank, self.timeout_s, self.device, group)
+        self.p2p = P2P(self.rank, self.timeout_s, self.device, group, pipeline_ranks(group, mesh))
+        kind = self._data_parallel(mesh, data_parallel)
+        # FSDP wraps the modules before the parameter table names them (the optimizer
+        # then gets the sharded parameters); the replicated reducer needs the table.
+        self.dp: Replicate | Sharded | None = \
+            Sharded(self.modules, sub_mesh(mesh, "dp"), self.timeout_s, self.rank) if kind == "fsdp" else None
         self.table: ParamTable = build_table(self.modules, self.rank, all_modules=_all_modules(stage_modules),
                                              param_names=param_names, tie=tie, group=group,
                                              p2p=self.p2p if dist.is_initialized() else None)
         self._params = {id(p): p for mod in self.modules.values() for p in mod.parameters()}
+        self._late = self._late_params()
+        if kind == "replicate":
+            self.dp = Replicate(self.modules, {id(p) for p in self._late}, sub_group(mesh, "dp"),
+                                dim_size(mesh, "dp"), self.timeout_s, self.rank, bucket_bytes)
+        if isinstance(self.dp, Sharded) and self.table.groups:
+            raise ParameterError("data_parallel", "\"fsdp\" with shared (tied) parameters is not supported yet "
+                                 f"({', '.join(g.name for g in self.table.groups[:3])}); use \"replicate\"")
         self._setup_runtime(activation_store, meter, recv_lookahead, sync_timing, autocast)
         self._setup_rng(seed, keyed_rng)
 
@@ -208,7 +246,9 @@ class PipelineRunner:
         self.meter = meter if isinstance(meter, MemoryMeter) else make_meter(self.device, meter)
         if hasattr(self.meter, "exclude"):
             self.meter.exclude(self._resident_tensors())
-        self.wg = WeightGradStore(hold=self.meter.hold)
+        hold = self.meter.hold
+        # DTensor stashes (tensor parallelism) are counted by their local shards.
+        self.wg = WeightGradStore(hold=lambda *ts: hold(*[local(t) for t in ts]))
         self.mail = Mailbox(self.p2p, self.num_stages, self.schedule.num_microbatches, self.device)
         self.sync_timing = self.device.type == "cuda" if sync_timing is None else sync_timing
         self.recv_lookahead = max(0, int(recv_lookahead))
@@ -217,6 +257,10 @@ class PipelineRunner:
         self.autocast = autocast
         self.ops: list[Op] = self.program.ranks[self.rank]
         self._plan = _Plan.of(self.program, self.rank)
+        #: position in the training program -> layer group whose last W/BW of the step it is
+        self._last_w = {max(i for i, op in enumerate(self.ops) if op.stage == s and op.kind in (OpKind.W, OpKind.BW)): s
+                        for s in self.my_stages
+                        if any(op.stage == s and op.kind in (OpKind.W, OpKind.BW) for op in self.ops)}
         self._eval_plan: _Plan | None = None
         #: Called with each op right before it runs (fault injection, tracing); None = off.
         self.before_op: Callable[[Op], None] | None = None
@@ -226,6 +270,42 @@ class PipelineRunner:
         self.steps_done = 0  #: training steps run (keys the random streams; in the state dict)
         self._warned_empty_w = False
         self._closed = False
+
+    def _data_parallel(self, mesh: Any, mode: str) -> str | None:
+        """The reduction across replicas ``data_parallel`` asks for on ``mesh``:
+        "replicate", "fsdp" or None."""
+        modes = ("auto", "replicate", "fsdp", "none")
+        if mode not in modes:
+            raise ParameterError("data_parallel", f"unknown mode {mode!r}; valid: {', '.join(modes)}")
+        dp = dim_size(mesh, "dp") if mesh is not None else 1
+        if mode in ("replicate", "fsdp") and mesh is None:
+            raise ParameterError("data_parallel", f"{mode!r} needs a `mesh` with a \"dp\" dimension "
+                                 "(pipeoffload.runtime.mesh.build_mesh)")
+        if mode == "none" or dp == 1:
+            return None
+        if mode == "fsdp":
+            if dim_size(mesh, "tp") > 1:
+                raise ParameterError("data_parallel", "\"fsdp\" with tensor parallelism (tp > 1) is not supported "
+                                     "yet; use \"replicate\" with tp > 1")
+            return "fsdp"
+        return "replicate"
+
+    def _late_params(self) -> list[nn.Parameter]:
+        """Parameters whose gradient is final only at the end of the step: tied across
+        ranks or layer groups (their canonical copy), or used by several layer groups here."""
+        out, seen = [], set()
+        for g in self.table.groups:
+            for t in [g.param] + list(g.copies):
+                seen.add(id(t))
+            out.append(g.param)
+        uses: dict[int, int] = {}
+        for mod in self.modules.values():
+            for p in {id(q): q for q in mod.parameters()}.values():
+                uses[id(p)] = uses.get(id(p), 0) + 1
+                if uses[id(p)] == 2 and id(p) not in seen:
+                    out.append(p)
+                    seen.add(id(p))
+        return out
 
     def _setup_rng(self, seed: int, keyed: bool) -> None:
         prefix = {s: f"{s}." for s in self.my_stages} if self.table.naming == "stage" else {}
@@ -243,7 +323,7 @@ class PipelineRunner:
 
     def _resident_tensors(self) -> list[torch.Tensor]:
         """Parameters and buffers of this rank's stages: never offloaded, not activations."""
-        return [t for mod in self.modules.values() for t in list(mod.parameters()) + list(mod.buffers())]
+        return [local(t) for mod in self.modules.values() for t in list(mod.parameters()) + list(mod.buffers())]
 
     def _op_handlers(self) -> tuple[dict[OpKind, Callable[[Op], None]], dict[OpKind, Callable[[int, int], None]]]:
         """The method that runs each op kind, and the store call of each transfer kind."""
@@ -254,10 +334,18 @@ class PipelineRunner:
             OpKind.RECV_F: self._op_recv, OpKind.RECV_B: self._op_recv,
             OpKind.OFFLOAD_START: self._op_transfer, OpKind.OFFLOAD_END: self._op_transfer,
             OpKind.RELOAD_START: self._op_transfer, OpKind.RELOAD_END: self._op_transfer,
+            OpKind.STASH_OFFLOAD_START: self._op_transfer, OpKind.STASH_OFFLOAD_END: self._op_transfer,
+            OpKind.STASH_RELOAD_START: self._op_transfer, OpKind.STASH_RELOAD_END: self._op_transfer,
         }
+        st, wg = self.store, self.wg
         store_calls = {
-            OpKind.OFFLOAD_START: self.store.offload_start, OpKind.OFFLOAD_END: self.store.offload_end,
-            OpKind.RELOAD_START: self.store.reload_start, OpKind.RELOAD_END: self.store.reload_end,
+            OpKind.OFFLOAD_START: st.offload_start, OpKind.OFFLOAD_END: st.offload_end,
+            OpKind.RELOAD_START: st.reload_start, OpKind.RELOAD_END: st.reload_end,
+            # The B→W window (offload pass, stash=True): the W stash of weight_grad.py to host and back.
+            OpKind.STASH_OFFLOAD_START: lambda s, j: st.stash_offload_start(s, j, wg),
+            OpKind.STASH_OFFLOAD_END: lambda s, j: st.stash_offload_end(s, j, wg),
+            OpKind.STASH_RELOAD_START: lambda s, j: st.stash_reload_start(s, j, wg),
+            OpKind.STASH_RELOAD_END: lambda s, j: st.stash_reload_end(s, j, wg),
         }
         return dispatch, store_calls
 
@@ -289,7 +377,6 @@ class PipelineRunner:
                    self._microbatches(targets, "targets", self.has_last_stage))
         self.table.sync_copies()
         res = self._execute(self._plan, run)
-        self.table.reduce_grads(self.p2p if dist.is_initialized() else None, self.rank)
         self.steps_done += 1
         self._warn_if_w_empty(run)
         return res
@@ -372,18 +459,53 @@ class PipelineRunner:
         self.meter.start_step()
         self._t0 = time.perf_counter()
         hook = self.before_op if run.train else None
+        dp = self.dp
+        if dp is not None:
+            dp.begin_step()
+        last_w = self._last_w if run.train and plan is self._plan else {}
         with self.rng.step() if self.rng is not None else contextlib.nullcontext():
             for pos, op in enumerate(plan.ops):
                 self._pos = pos
                 if hook is not None:
                     hook(op)
+                if dp is not None and op.kind in _COMPUTE:
+                    self._before_compute(op.stage)
                 self._dispatch[op.kind](op)
+                if pos in last_w and dp is not None:
+                    dp.stage_done(last_w[pos])  # started now, overlapped with the rest of the step
             self.p2p.finish_sends()
+            if run.train:
+                self._reduce_grads()
+            elif isinstance(dp, Sharded):
+                dp.finish()  # reshard what the forward-only run gathered
         t_end = self._now()
         if run.train:
             self.store.end_step()
         self._check_finished(run)
-        return self._result(run, t_end)
+        res = self._result(run, t_end)
+        res.dp_comm_s = dp.comm_s if dp is not None else 0.0
+        return res
+
+    def _before_compute(self, stage: int) -> None:
+        """FSDP: gather ``stage``'s weights before its first op of the step; the W split
+        and the memory accounting then see the gathered parameters."""
+        whole = self.dp.before_op(stage)
+        if whole:
+            self._params.update((id(p), p) for p in whole)
+            tensors = [local(p) for p in whole]
+            if hasattr(self.meter, "exclude"):
+                self.meter.exclude(tensors)
+            keep = getattr(self.store, "_exclude", None)  # the store must not offload gathered weights
+            if isinstance(keep, set):
+                keep.update(t.untyped_storage().data_ptr() for t in tensors)
+
+    def _reduce_grads(self) -> None:
+        """End of a training step: shared parameters summed among their pipeline holders,
+        then (data parallel) the reductions started after each last W waited for and the
+        late parameters reduced across replicas."""
+        self.table.reduce_grads(self.p2p if dist.is_initialized() else None, self.rank)
+        if self.dp is not None:
+            self.dp.finish(self._late)
 
     def _check_finished(self, run: _Run) -> None:
         leftover = self.wg.pending()
@@ -516,9 +638,14 @@ class PipelineRunner:
         store, meter = self.store, self.meter
 
         def pack(t: torch.Tensor) -> Any:
+            if _is_dtensor(t):  # tensor parallelism: store and meter see the local shard
+                loc = t.to_local().detach()
+                return _DTensorSaved(meter.wrap(store.pack(s, j, loc), loc), t)
             return meter.wrap(store.pack(s, j, t), t)
 
         def unpack(obj: Any) -> torch.Tensor:
+            if isinstance(obj, _DTensorSaved):
+                return obj.rebuild(store.unpack(s, j, meter.unwrap(obj.packed)))
             return store.unpack(s, j, meter.unwrap(obj))
 
         stack = contextlib.ExitStack()
@@ -591,7 +718,8 @@ class PipelineRunner:
         """An offload-pass op: a call on the activation store, recorded on the d2h/h2d lane."""
         lvl0, t0 = self.meter.level(), self._now()
         self._store_calls[op.kind](op.stage, op.microbatch)
-        stream = "d2h" if op.kind in (OpKind.OFFLOAD_START, OpKind.OFFLOAD_END) else "h2d"
+        stream = "d2h" if op.kind in (OpKind.OFFLOAD_START, OpKind.OFFLOAD_END, OpKind.STASH_OFFLOAD_START,
+                                      OpKind.STASH_OFFLOAD_END) else "h2d"
         self._run.events.append(TimedOp(op, t0, self._now(), stream, self.meter.level() - lvl0))
 
     def _op_send(self, op: Op) -> None:
@@ -725,6 +853,28 @@ class PipelineRunner:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    return type(t).__name__ == "DTensor" and hasattr(t, "to_local")
+
+
+class _DTensorSaved:
+    """A DTensor saved for backward: its local tensor as the activation store packed
+    it, and what rebuilds the DTensor around it."""
+
+    __slots__ = ("packed", "mesh", "placements", "shape", "stride")
+
+    def __init__(self, packed: Any, t: torch.Tensor) -> None:
+        self.packed, self.mesh, self.placements = packed, t.device_mesh, t.placements
+        self.shape, self.stride = t.shape, t.stride()
+
+    def rebuild(self, loc: torch.Tensor) -> torch.Tensor:
+        from torch.distributed.tensor import DTensor
+
+        with torch.no_grad():
+            return DTensor.from_local(loc, self.mesh, self.placements, run_check=False, shape=self.shape,
+                                      stride=self.stride)
 
 
 def _pipeline_rank(schedule: Schedule, group: Any, rank: int | None) -> int:

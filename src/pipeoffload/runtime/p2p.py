@@ -49,14 +49,23 @@ class CommTimeout(CommError, TimeoutError):
 class P2P:
     """Sends and receives of one rank (see module docstring)."""
 
-    def __init__(self, rank: int, timeout_s: float, device: torch.device, group: Any = None) -> None:
+    def __init__(self, rank: int, timeout_s: float, device: torch.device, group: Any = None,
+                 ranks: list[int] | None = None) -> None:
         self.rank = rank
+        #: Global rank of each pipeline rank (None: pipeline ranks are global ranks).
+        #: torch's ``dst``/``src`` are global ranks even with ``group=``: a pipeline of
+        #: global ranks [2, 3] talks to 2 and 3, not to 0 and 1.
+        self.ranks = ranks
         self.timeout_s = float(timeout_s)
         self.device = device
         self.group = group
         self._sends: list[tuple[Any, int, Any, torch.Tensor]] = []  # (op or description, peer, work, buffer)
         self._recvs: dict[Any, tuple[Any, torch.Tensor, int]] = {}  # key -> (work, buffer, peer)
         self._stage = device.type != "cpu" and dist.is_initialized() and dist.get_backend(group) == "gloo"
+
+    def _global(self, peer: int) -> int:
+        """The global rank of pipeline rank ``peer``."""
+        return peer if self.ranks is None else self.ranks[peer]
 
     def _wire(self, t: torch.Tensor) -> torch.Tensor:
         """What goes on the wire: ``t`` itself, or its host copy when staging (module docstring)."""
@@ -69,7 +78,7 @@ class P2P:
             t = t.contiguous()
         t = self._wire(t)
         try:
-            work = dist.isend(t, dst=op.peer, group=self.group, tag=tag)
+            work = dist.isend(t, dst=self._global(op.peer), group=self.group, tag=tag)
         except RuntimeError as e:
             raise CommError(f"rank {self.rank}: could not send at {op} to rank {op.peer} "
                             f"({str(e).splitlines()[0][:200]})") from None
@@ -92,7 +101,7 @@ class P2P:
             return
         buf = torch.empty(shape, dtype=dtype, device="cpu" if self._stage else self.device)
         try:
-            work = dist.irecv(buf, src=peer, group=self.group, tag=tag)
+            work = dist.irecv(buf, src=self._global(peer), group=self.group, tag=tag)
         except RuntimeError as e:
             raise CommError(f"rank {self.rank}: could not post the receive of {key} from rank {peer} "
                             f"({str(e).splitlines()[0][:200]})") from None
@@ -139,8 +148,8 @@ class P2P:
         """Send ``tensor`` to ``peer`` and receive its tensor of the same shape and dtype
         (same ``tag`` both ways), each wait with the timeout; returns the peer's."""
         out = torch.empty_like(self._wire(tensor))
-        sent = dist.isend(self._wire(tensor.contiguous()), dst=peer, group=self.group, tag=tag)
-        got = dist.irecv(out, src=peer, group=self.group, tag=tag)
+        sent = dist.isend(self._wire(tensor.contiguous()), dst=self._global(peer), group=self.group, tag=tag)
+        got = dist.irecv(out, src=self._global(peer), group=self.group, tag=tag)
         self._wait(got, what, peer, "for its part")
         self._wait(sent, what, peer, "to take this rank's part")
         return out.to(self.device) if self._stage else out
