@@ -52,7 +52,7 @@ def _full(t):
 TIE = [("embed.weight", "head.weight")]
 
 
-def _run(name, mesh=None, group=None, dp=1, replica=0, tp_mesh=None, tied=False, **kw):
+def _run(name, mesh=None, group=None, dp=1, replica=0, tp_mesh=None, tied=False, recompute=False, **kw):
     """One offloaded training step of ``name`` on this rank; (loss, {name: full gradient})."""
     sched = generate(name, p=2, m=M)
     plan = plan_offload(sched, offload_chunks=sched.chunks, on_infeasible="skip").schedule
@@ -66,13 +66,14 @@ def _run(name, mesh=None, group=None, dp=1, replica=0, tp_mesh=None, tied=False,
         return parallelize_stage(mod, tp_mesh) if tp_mesh is not None else mod
 
     runner = PipelineRunner(stage, lm_loss, plan, mesh=mesh, group=group, timeout_s=T,
-                            activation_store=OffloadStore(), tie=TIE if tied else None, **kw)
+                            activation_store=OffloadStore(recompute=recompute), tie=TIE if tied else None, **kw)
     xs, ys = _global_batch(dp)
     r = runner.step(xs[replica * M:(replica + 1) * M], ys[replica * M:(replica + 1) * M])
     grads = {n: _full(p.grad) for n, p in runner.named_parameters()}
     runner.close()
     return {"loss": r.loss, "grads": grads, "dp_comm_s": r.dp_comm_s, "coords": runner.coords,
-            "offloaded": bool(r.meta.get("offload")), "w_share": max(r.meta["w_share"].values(), default=0.0)}
+            "offloaded": bool(r.meta.get("offload")), "step_time": r.step_time,
+            "dp_started": r.meta.get("dp_started_s", {}), "w_share": max(r.meta["w_share"].values(), default=0.0)}
 
 
 def _world4(ctx, path):
@@ -83,7 +84,7 @@ def _world4(ctx, path):
     mesh = build_mesh(pp=2, dp=2)
     d = coords(mesh)["dp"]
     for name in SCHEDULES:
-        out[("replicate", name)] = gather_results(_run(name, mesh=mesh, dp=2, replica=d))
+        out[("replicate", name)] = gather_results(_run(name, mesh=mesh, dp=2, replica=d, recompute=True))
     for name in ("1f1b", "zb-v"):  # tied across ranks (1f1b) and on one rank (V: stages 0 and 3)
         out[("tied", name)] = gather_results(_run(name, mesh=mesh, dp=2, replica=d, tied=True))
     # Any rank order: pipelines are global ranks (3, 0) and (1, 2).
@@ -181,6 +182,13 @@ def test_pp2_dp2_replicated(world4, name):
     assert all(r["dp_comm_s"] > 0 for r in ranks)
     assert sorted((r["coords"]["pp"], r["coords"]["dp"]) for r in ranks) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert all(r["offloaded"] for r in ranks)
+    # Every layer group's reduction was started inside the step, after its last W.
+    for r in ranks:
+        assert r["dp_started"] and all(0 < t < r["step_time"] for t in r["dp_started"].values()), r
+    if name == "zb-v":  # rank 0 holds layer groups 0 and 3: 3's gradients travel while 0's backward runs
+        for r in ranks:
+            if r["coords"]["pp"] == 0:
+                assert r["dp_started"][3] < r["dp_started"][0], r["dp_started"]
 
 
 @pytest.mark.parametrize("name", ("1f1b", "zb-v"))

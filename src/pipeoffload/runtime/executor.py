@@ -141,6 +141,7 @@ class _Run:
     events: list = field(default_factory=list)
     samples: list = field(default_factory=list)
     bw_time: dict = field(default_factory=dict)  #: stage -> [B seconds, W seconds] of split backwards
+    dp_started: dict = field(default_factory=dict)  #: stage -> s from step start its DP reduction was started
 
 
 class PipelineRunner:
@@ -472,6 +473,7 @@ class PipelineRunner:
                     self._before_compute(op.stage)
                 self._dispatch[op.kind](op)
                 if pos in last_w and dp is not None:
+                    run.dp_started[last_w[pos]] = self._now()
                     dp.stage_done(last_w[pos])  # started now, overlapped with the rest of the step
             self.p2p.finish_sends()
             if run.train:
@@ -525,6 +527,8 @@ class PipelineRunner:
             if self.store.stats() is not None:
                 meta["offload"] = self.store.stats()
             meta["w_share"] = {s: (w / (b + w) if b + w > 0 else 0.0) for s, (b, w) in run.bw_time.items()}
+            if run.dp_started:
+                meta["dp_started_s"] = dict(run.dp_started)
         self._run = None
         return StepResult(self.rank, loss, losses, run.events, run.samples, self.meter.peak(), t_end, meta)
 
