@@ -169,6 +169,8 @@ class Sharded(_Reducer):
             mod.set_reshard_after_backward(False)
         self.sharded = {s: _unique_trainable(m) for s, m in self.modules.items()}
         self._whole: set[int] = set()
+        #: id of a gathered (whole) parameter -> id of its sharded parameter (reports by name)
+        self.alias: dict[int, int] = {}
         self._inflight: list[tuple[Any, torch.Tensor, nn.Parameter, int]] = []
 
     def begin_step(self) -> None:
@@ -185,7 +187,10 @@ class Sharded(_Reducer):
         mod.unshard()
         self._whole.add(stage)
         self.comm_s += time.perf_counter() - t0
-        return list(mod.parameters())
+        whole = list(mod.parameters())
+        for sh, wp in zip(self.sharded[stage], [p for p in whole if p.requires_grad]):
+            self.alias[id(wp)] = id(sh)
+        return whole
 
     def stage_done(self, stage: int) -> None:
         """Reduce-scatter ``stage``'s accumulated whole gradients (started, not waited)

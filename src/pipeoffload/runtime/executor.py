@@ -205,6 +205,9 @@ class PipelineRunner:
             if group is not None:
                 raise ParameterError("group", "give either `mesh` (its \"pp\" dimension is the pipeline) or `group`, "
                                      "not both")
+            if "pp" not in (mesh.mesh_dim_names or ()):
+                raise ParameterError("mesh", "the mesh needs a \"pp\" dimension (of size 1 for a single-stage "
+                                     "pipeline); pipeoffload.runtime.mesh.build_mesh always makes one")
             group = sub_group(mesh, "pp")
             if rank is None and group is not None:
                 # The mesh's order, not the group's: a process group sorts its ranks, a
@@ -789,6 +792,8 @@ class PipelineRunner:
         out = {}
         for s in sorted({s for s, _ in self._plan.split}):
             rep = self.wg.report(s)
+            alias = getattr(self.dp, "alias", {})  # FSDP: W saw the gathered parameters
+            rep["deferred"] = {alias.get(i, i) for i in rep["deferred"]}
             mine = [p for p in self.modules[s].parameters() if p.requires_grad]
             out[s] = {"deferred": sorted(names.get(i, "?") for i in rep["deferred"] if i in names),
                       "in_b": sorted({names.get(id(p), "?") for p in mine if id(p) not in rep["deferred"]}),
