@@ -69,6 +69,21 @@ def test_offload_decisions_lower_the_reachable_bubble():
     validate(off.schedule.compute_only())
 
 
+@pytest.mark.parametrize("time_limit", [0.05, 1.0])
+def test_unproven_result_reports_the_gap_and_is_no_worse_than_the_hint(time_limit):
+    """p = 4, m = 8, B = 2F at V-Min's memory: not proven within seconds (docs/solver.md). The
+    result is still a valid schedule within the limit, no worse than the best generator that fits
+    (the default hint; returned as is when CP-SAT finds nothing in time), with an honest gap."""
+    costs = Costs(F=2, B=4, W=2)
+    res = solve(4, 8, placement="v", mem_limit=2, costs=costs, time_limit=time_limit, workers=1)
+    assert res.status == "feasible" and not res.optimal
+    validate(res.schedule)
+    assert max(res.timeline.peak_memory()) <= 2 + 1e-9
+    assert 0 < res.gap <= 1 and res.span_bound <= res.span * (1 - res.gap) + 1e-9
+    assert res.bubble_bound <= res.timeline.bubble_rate + 1e-9
+    assert res.timeline.bubble_rate <= _heuristic("v-min", 4, 8, costs).bubble_rate + 1e-9
+
+
 def test_bad_input_names_the_parameter():
     with pytest.raises(ParameterError) as e:
         solve(3, 3, placement="ring")
