@@ -3,7 +3,13 @@
 The main job (``pipeoffload`` with no verb runs it with the defaults): spawns the
 ranks itself (or runs under ``torchrun``), shows a progress bar, and ends with a
 per-rank table of step time, measured/predicted bubble and peak activation memory,
-plus a PNG timeline, trace JSON and summary.json. torch is imported only when run.
+plus timeline.html, a PNG timeline, trace JSON and summary.json. torch is imported only when run.
+
+``--dp D --tp T`` run the pipeline inside a ``("dp", "pp", "tp")`` device mesh of
+``P·D·T`` ranks (the report adds a row per rank with its coordinates and the DP/TP
+communication time); ``--config FILE`` reads a TOML file such as the one
+``pipeoffload plan --emit-config`` writes (:func:`emit_config`), whose ``[plan]``
+prediction the report puts beside the measured figures.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ _CONFIG_KEYS = {
     "output": "runtime.output", "timeout": "runtime.timeout_s", "backend": "runtime.backend",
     "threads": "runtime.threads",
     "offload": "offload.chunks", "offload_time": "offload.time", "recompute": "offload.recompute",
-    "offload_infeasible": "offload.on_infeasible",
+    "offload_infeasible": "offload.on_infeasible", "offload_stash": "offload.stash",
     "fault_injection": "runtime.fault_injection", "on_nonfinite": "training.on_nonfinite",
     "checkpoint_dir": "checkpoint.dir", "checkpoint_every": "checkpoint.every", "checkpoint_keep": "checkpoint.keep",
     "resume": "checkpoint.resume",
@@ -92,6 +98,9 @@ def _offload_args(parser: argparse.ArgumentParser) -> None:
                         "backward, or fail")
     o.add_argument("--recompute", action="store_const", const=True, default=None,
                    help="recompute norm and SwiGLU elementwise outputs in backward instead of offloading them")
+    o.add_argument("--offload-stash", action="store_const", const=True, default=None,
+                   help="also offload, between each B and its W, what only W needs (the weight-gradient stash: "
+                        "linear inputs and output gradients); helps the zero-bubble and V schedules")
 
 
 def _training_args(parser: argparse.ArgumentParser) -> None:
