@@ -124,7 +124,31 @@ def _run_world(ctx, path):
         for g, want in zip(got, tl.meta["peak_memory_in_op"]):
             g["predicted"] = want
             del g["samples"]
-        torch.save({"schedules": out, "sweep": sweep, "recompute": got}, path)
+        torch.save({"schedules": out, "sweep": sweep, "recompute": got, "stash": _stash_cases(ctx)}, path)
+    else:
+        _stash_cases(ctx)
+
+
+def _stash_cases(ctx) -> dict:
+    """The B→W window (offload pass ``stash=True``): the W stash goes to host after B and
+    back before W, on top of the activation window. Per schedule and rank: bitwise
+    equality with no offload, and the peaks without offload, with the activation window
+    only, and with both."""
+    res = {}
+    for name in ("zb-h1", "zb-v", "v-half"):
+        sched = generate(name, p=ctx.world_size, m=M)
+        C = sched.chunks
+        act = plan_offload(sched, offload_chunks=C, on_infeasible="skip").schedule
+        both = plan_offload(sched, offload_chunks=C, on_infeasible="skip", stash=True).schedule
+        plain, a, b = _train(sched, None), _train(act, OffloadStore()), _train(both, OffloadStore())
+        got = gather_results({"bitwise": _bitwise(_outcome(plain), _outcome(b)),
+                              "stash_ops": sum(op.kind.window == "stash" for op in both.ranks[ctx.rank]),
+                              "peaks": (plain.last.peak_memory, a.last.peak_memory, b.last.peak_memory),
+                              "moved": b.last.meta["offload"]["stash_moved_bytes"],
+                              "pending": b.runner.wg.pending(), "in_use": b.runner.store.pool.in_use})
+        if ctx.rank == 0:
+            res[name] = got
+    return res
 
 
 _WORLD: dict = {}
@@ -151,6 +175,22 @@ def test_offload_gives_bitwise_identical_losses_and_gradients_for_every_schedule
         assert r["live"] == [0, 0] and r["in_use"] == [0, 0], f"{name}: memory left after the step"
         # Everything captured moved, the stage input included (nothing else references it).
         assert r["kept"] == [0, 0], f"{name}: bytes left resident {r['kept']}"
+
+
+@pytest.mark.multiproc
+def test_the_w_stash_window_moves_the_stash_with_identical_bits_and_a_lower_peak(world):
+    res = world["stash"]
+    assert set(res) == {"zb-h1", "zb-v", "v-half"}
+    for name, ranks in res.items():
+        assert sum(g["stash_ops"] for g in ranks) > 0, f"{name}: the pass planned no stash transfer"
+        for r, g in enumerate(ranks):
+            assert g["bitwise"], f"{name} rank {r}: losses or gradients differ with the W stash offloaded"
+            assert g["pending"] == 0, f"{name} rank {r}: W stash left after the step"
+            plain, act, both = g["peaks"]
+            assert both <= act <= plain, f"{name} rank {r}: peaks plain/activation/+stash {g['peaks']}"
+        # the stash window lowers the pipeline's peak below the activation window alone
+        assert max(g["peaks"][2] for g in ranks) < max(g["peaks"][1] for g in ranks), (name, ranks)
+        assert sum(g["moved"] for g in ranks) > 0, name
 
 
 @pytest.mark.multiproc

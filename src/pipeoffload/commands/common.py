@@ -220,7 +220,7 @@ def add_offload_args(parser: argparse.ArgumentParser) -> None:
                        help="never postpone warm-up forwards")
     group.add_argument("--offload-stash", action="store_true",
                        help="also offload, between each B and its W, what only W needs (the second offload "
-                            "window; simulation and planning only: the runtime does not execute it yet)")
+                            "window; the runtime moves the weight-gradient stash to host and back)")
 
 
 def offload_requested(args: argparse.Namespace) -> bool:

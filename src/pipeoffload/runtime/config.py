@@ -92,6 +92,7 @@ class OffloadConfig:
     recompute: bool = False  #: recompute norm / SwiGLU elementwise outputs in backward instead of moving them
     link_group: int = 2  #: ranks sharing one host link
     on_infeasible: str = "skip"  #: skip, delay or error
+    stash: bool = False  #: also offload the W stash between B and W (the pass's second window)
 
 
 @dataclass
@@ -252,7 +253,7 @@ class TrainConfig:
 
         auto = c == "auto"
         return plan_offload(sched, offload_chunks=None if auto else c, auto=auto, offload_time=float(o.time),
-                            link_group=o.link_group, on_infeasible=o.on_infeasible)
+                            link_group=o.link_group, on_infeasible=o.on_infeasible, stash=bool(o.stash))
 
     def _check_parallel(self) -> None:
         """dp, tp >= 1; tp splits the model's heads, kv heads and SwiGLU width evenly (each

@@ -349,6 +349,7 @@ class OffloadStore(ActivationStore):
         self._capturing: dict[tuple[int, int], _Group] = {}
         self._book: RecipeBook | None = None
         self._shared: dict[int, int] = {}  # storage cdata -> number of live groups holding a record of it
+        self._stashes: dict[tuple[int, int], _Stash] = {}  # (stage, mb) -> W stash on its way to/from the host
         self.pool = HostPool(pin=False)
         self._lanes = _Lanes(self.device, timing)
         self._last: dict[str, Any] | None = None
@@ -376,6 +377,7 @@ class OffloadStore(ActivationStore):
         self._groups.clear()
         self._capturing.clear()
         self._shared.clear()
+        self._stashes.clear()
         self._new_stats()
 
     def close(self) -> None:
@@ -615,7 +617,87 @@ class OffloadStore(ActivationStore):
         g.keys = []
         g.moved = []
 
+    # ------------------------------------------------------------------ the B→W window
+    # What only W needs (``WeightGradStore.stash_tensors``: linear inputs and output
+    # gradients) goes to the host after B and comes back before W. Unlike the F→B
+    # window, the stash is replaced, not resized in place: the stash entries are the
+    # only holders the runtime knows of, so the device copies die with their last
+    # reference (as the stash itself would at W) and nothing else can see the move.
+    # W then reads bit-identical tensors, so the gradients are unchanged.
+    def stash_offload_start(self, stage: int, microbatch: int, stash: Any) -> None:
+        key = (stage, microbatch)
+        if key in self._stashes:
+            raise OffloadError(f"STASH_OFFLOAD_START of layer group {stage}, microbatch {microbatch}: already "
+                               f"{self._stashes[key].state}")
+        t0 = time.perf_counter()
+        lanes = self._lanes
+        moving = {id(t): t for t in stash.stash_tensors(key) if not self._passes_through(t)}
+        host: dict[int, torch.Tensor] = {}
+        if moving:
+            lanes.wait(lanes.d2h, lanes.record(lanes.compute()))  # after the B that made them
+            with lanes.on(lanes.d2h):
+                for i, t in moving.items():
+                    h = torch.empty_like(t, device="cpu", pin_memory=self.device.type == "cuda")
+                    h.copy_(t, non_blocking=lanes.non_blocking)
+                    host[i] = h
+        st = self._stashes[key] = _Stash(host, lanes.record(lanes.d2h, lanes.timing) if moving else None)
+        nb = sum(h.numel() * h.element_size() for h in host.values())
+        s = self._stats
+        s["stash_moved_bytes"] += nb
+        s["stash_groups"] += 1
+        s["stash_by_stage"].setdefault(stage, []).append(nb)
+        s["d2h_host_s"] += time.perf_counter() - t0
+        st.nbytes = nb
+
+    def stash_offload_end(self, stage: int, microbatch: int, stash: Any) -> None:
+        st = self._stash((stage, microbatch), "STASH_OFFLOAD_END", "offloading")
+        if st.host:
+            # The device copies are dropped now; compute work after this point may reuse
+            # their memory, so it waits for the copy (as OFFLOAD_END does).
+            self._lanes.wait(self._lanes.compute(), st.event)
+            host = st.host
+            stash.swap_stash((stage, microbatch), lambda t: host.get(id(t), t), lambda t: t.device == self.device
+                             and id(t) not in st.host_ids)
+        st.state = "offloaded"
+
+    def stash_reload_start(self, stage: int, microbatch: int, stash: Any) -> None:
+        st = self._stash((stage, microbatch), "STASH_RELOAD_START", "offloaded")
+        t0 = time.perf_counter()
+        lanes = self._lanes
+        if st.host:
+            with lanes.on(lanes.compute()):  # allocated in the compute stream's order
+                dev = {id(h): torch.empty_like(h, device=self.device) for h in st.host.values()}
+            lanes.wait(lanes.h2d, lanes.record(lanes.compute()))
+            lanes.wait(lanes.h2d, st.event)
+            with lanes.on(lanes.h2d):
+                for h in st.host.values():
+                    dev[id(h)].copy_(h, non_blocking=lanes.non_blocking)
+            st.dev, st.event = dev, lanes.record(lanes.h2d, lanes.timing)
+        st.state = "reloading"
+        self._stats["h2d_host_s"] += time.perf_counter() - t0
+
+    def stash_reload_end(self, stage: int, microbatch: int, stash: Any) -> None:
+        key = (stage, microbatch)
+        st = self._stash(key, "STASH_RELOAD_END", "reloading")
+        if st.host:
+            self._lanes.wait(self._lanes.compute(), st.event)
+            dev = st.dev
+            stash.swap_stash(key, lambda t: dev.get(id(t), t), lambda t: t.device == self.device)
+        del self._stashes[key]  # the host copies go with it
+
+    def _stash(self, key: tuple[int, int], what: str, state: str) -> "_Stash":
+        st = self._stashes.get(key)
+        if st is None or st.state != state:
+            raise OffloadError(f"{what} of layer group {key[0]}, microbatch {key[1]}: the stash is "
+                               f"{st.state if st else 'not offloaded'}, expected {state}")
+        return st
+
     def end_step(self) -> None:
+        left = sorted(self._stashes)
+        self._stashes.clear()
+        if left:
+            raise OffloadError(f"step ended with the W stash of {len(left)} (layer group, microbatch) pair(s) "
+                               f"still on the host: {left[:4]} (STASH_RELOAD_END must come before W)")
         bad = [g for g in self._groups.values() if g.state in (OFFLOADING, OFFLOADED, RELOADING)]
         for g in list(self._groups.values()):
             self._drop(g)
@@ -631,6 +713,7 @@ class OffloadStore(ActivationStore):
             "groups": 0, "moved_bytes": 0, "kept_bytes": 0, "recomputed_bytes": 0,
             "by_stage": {}, "kept_by_stage": {}, "recomputed_by_stage": {},
             "d2h_host_s": 0.0, "h2d_host_s": 0.0,
+            "stash_groups": 0, "stash_moved_bytes": 0, "stash_by_stage": {},
         }
         self._timed: list[tuple[int, tuple, tuple]] = []
         self.pool.reset_peak()
@@ -641,6 +724,7 @@ class OffloadStore(ActivationStore):
         out["moved_by_stage"] = {st: _median(v) for st, v in sorted(s["by_stage"].items())}
         out["kept_by_stage"] = {st: _median(v) for st, v in sorted(s["kept_by_stage"].items())}
         out["recomputed_by_stage"] = {st: _median(v) for st, v in sorted(s["recomputed_by_stage"].items())}
+        out["stash_moved_by_stage"] = {st: _median(v) for st, v in sorted(s["stash_by_stage"].items())}
         out["host_peak_bytes"] = self.pool.peak_in_use
         out["host_reserved_bytes"] = self.pool.reserved
         out["pool_hits"], out["pool_misses"] = self.pool.hits, self.pool.misses
@@ -662,6 +746,20 @@ class OffloadStore(ActivationStore):
         seconds spent issuing copies (CPU: doing them); with ``timing`` on CUDA, also
         the device-side copy seconds."""
         return self._last
+
+
+class _Stash:
+    """The W stash of one (stage, microbatch) between STASH_OFFLOAD_START and STASH_RELOAD_END."""
+
+    __slots__ = ("host", "host_ids", "event", "state", "dev", "nbytes")
+
+    def __init__(self, host: dict[int, torch.Tensor], event: Any) -> None:
+        self.host = host  #: id(device tensor) -> its host copy
+        self.host_ids = {id(h) for h in host.values()}
+        self.event = event
+        self.state = "offloading"
+        self.dev: dict[int, torch.Tensor] = {}  #: id(host copy) -> its reloaded device tensor
+        self.nbytes = 0
 
 
 def _median(v: list[float]) -> float:

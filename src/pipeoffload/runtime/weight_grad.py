@@ -184,6 +184,23 @@ class WeightGradStore:
     def clear(self) -> None:
         self._entries.clear()
 
+    def stash_tensors(self, key: Key) -> list[torch.Tensor]:
+        """The tensors the stash of ``key`` keeps for its W (linear inputs and output
+        gradients, local graphs' output gradients): what the B→W offload window moves.
+        A local graph's own saved tensors stay where they are (the graph holds them)."""
+        return [t for e in self._entries.get(key, ()) for t in e.tensors()]
+
+    def swap_stash(self, key: Key, new: Callable[[torch.Tensor], torch.Tensor],
+                   counted: Callable[[torch.Tensor], bool]) -> None:
+        """Replace every tensor the stash of ``key`` keeps by ``new(t)`` (the same values,
+        elsewhere: on the host and back); the meter counts those for which ``counted``
+        holds (the resident ones)."""
+        for e in self._entries.get(key, ()):
+            e.swap(new)
+            e.handle = None  # drop the old count before counting again
+            if self._hold is not None:
+                e.handle = self._hold(*[t for t in e.tensors() if counted(t)])
+
     def report(self, stage: int) -> dict[str, Any]:
         """``{"deferred": ids of parameters that reached W, "bypassed": {reason: calls}}``."""
         return {"deferred": set(self.deferred.get(stage, ())), "bypassed": dict(self.bypassed.get(stage, {}))}
@@ -208,6 +225,12 @@ class _LinearEntry:
 
     def __init__(self, weight, bias, x, grad_out) -> None:
         self.weight, self.bias, self.x, self.grad_out, self.handle = weight, bias, x, grad_out, None
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.x, self.grad_out]
+
+    def swap(self, new: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        self.x, self.grad_out = new(self.x), new(self.grad_out)
 
     def run(self) -> None:
         with torch.no_grad():
@@ -470,6 +493,12 @@ class _GraphEntry:
 
     def __init__(self, edges, grad_outs, leaves, targets) -> None:
         self.edges, self.grad_outs, self.leaves, self.targets, self.handle = edges, grad_outs, leaves, targets, None
+
+    def tensors(self) -> list[torch.Tensor]:
+        return list(self.grad_outs)
+
+    def swap(self, new: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        self.grad_outs = [new(g) for g in self.grad_outs]
 
     def run(self) -> None:
         wanted = [(t, target) for (_, t), target in zip(self.leaves, self.targets) if t.requires_grad]

@@ -1,0 +1,267 @@
+"""A HuggingFace ``transformers`` Llama on the runtime (gloo, CPU, real processes).
+
+The model: a tiny ``LlamaConfig`` (hidden 32, 8 decoder layers so that v·p = 8 stages
+fit, grouped-query attention with 4 query and 2 key/value heads, random init), cut with
+:func:`pipeoffload.models.hf_llama.split_llama`; right-padded batches whose attention
+mask crosses every stage boundary. The reference is single-process training of the
+*unsplit* ``LlamaForCausalLM`` (its own forward and mask), microbatch by microbatch.
+
+One world per pipeline size (p = 4, then p = 2) runs every case:
+
+- every schedule of the registry, with and without the offload pass: the loss and
+  every parameter's gradient equal the reference within 1e-5 (fp32);
+- 20 AdamW steps (a loop and a V schedule, with offload) whose sequence length and
+  batch size change between steps (odd steps: shorter sequences and a smaller last
+  microbatch) give the reference's losses;
+- the head tied to the embedding on a loop (1F1B: first and last stage on two ranks)
+  and a V placement (ZB-V: both on rank 0);
+- autocast bf16 with a split schedule (ZB-H1 and ZB-V) against the reference under
+  the same autocast;
+- ``eval_step``: the reference's loss, no gradients;
+- a DCP checkpoint written at p = 4 (after 3 steps) and read at p = 2: the same
+  parameters by name, and the next step's loss is the reference's.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from helpers import ALL_SCHEDULES, import_torch
+
+torch = import_torch()
+transformers = pytest.importorskip("transformers", reason="the hf extra (pip install 'pipeoffload[hf]')")
+
+from pipeoffload.models.hf_llama import causal_lm_loss, split_llama  # noqa: E402
+from pipeoffload.passes.offload import plan_offload  # noqa: E402
+from pipeoffload.runtime.executor import PipelineRunner  # noqa: E402
+from pipeoffload.runtime.launcher import launch  # noqa: E402
+from pipeoffload.runtime.measure import gather_results  # noqa: E402
+from pipeoffload.runtime.offload_store import OffloadStore  # noqa: E402
+from pipeoffload.schedules import generate  # noqa: E402
+
+pytestmark = pytest.mark.multiproc
+
+M, LAYERS, VOCAB, LR, STEPS = 4, 8, 64, 1e-2, 20
+LONG = {"zb-v": "V", "1f1b": "loop"}  # the schedules of the 20-step runs and the tie cases
+
+
+def build(tie: bool = False) -> torch.nn.Module:
+    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=LAYERS,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+                                   tie_word_embeddings=tie, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(cfg)
+
+
+def batch(step: int) -> tuple[dict, torch.Tensor]:
+    """Right-padded ids, their mask and next-token targets (-100 at padding); odd steps:
+    shorter sequences and 7 rows (the last of the 4 microbatches is smaller)."""
+    g = torch.Generator().manual_seed(step)
+    rows, seq = (8, 12) if step % 2 == 0 else (7, 9)
+    ids = torch.randint(0, VOCAB, (rows, seq + 1), generator=g)
+    lengths = torch.randint(seq // 2, seq + 1, (rows,), generator=g)
+    mask = (torch.arange(seq)[None, :] < lengths[:, None]).long()
+    y = ids[:, 1:].clone()
+    y[mask == 0] = -100
+    return {"input_ids": ids[:, :-1].contiguous(), "attention_mask": mask}, y
+
+
+def _micro(x: dict, y: torch.Tensor) -> list[tuple[dict, torch.Tensor]]:
+    from pipeoffload.runtime.boundary import split_batch
+
+    return list(zip(split_batch(x, M, "inputs"), split_batch(y, M, "targets")))
+
+
+def reference(steps: int, *, tie: bool = False, amp: bool = False, start: int = 0,
+              state: dict | None = None) -> dict:
+    """The unsplit model, microbatch by microbatch: per-step losses, the first step's
+    gradients (by name), parameters after ``start + steps`` steps."""
+    model = build(tie)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+    losses, grads = [], {}
+    for k in range(start + steps):
+        total = 0.0
+        for x, y in _micro(*batch(k)):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+                logits = model(**x).logits
+            loss = causal_lm_loss(logits, y) / M
+            loss.backward()
+            total += loss.item()
+        if k >= start:
+            losses.append(total)
+        if k == start:
+            grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return {"losses": losses, "grads": grads, "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
+
+
+# ----------------------------------------------------------------------------- the worlds
+def _train(sched, steps: int, *, tie=False, offload=False, amp=None, runner_out=None):
+    """``steps`` AdamW steps on this rank: (losses, first-step gradients by name)."""
+    store = None
+    if offload:
+        sched, store = plan_offload(sched, offload_chunks=sched.chunks).schedule, OffloadStore()
+    runner = PipelineRunner(split_llama(build(tie), sched.num_stages), causal_lm_loss, sched, timeout_s=120,
+                            activation_store=store, autocast=amp)
+    opt = torch.optim.AdamW(runner.parameters(), lr=LR)
+    losses, grads = [], {}
+    for k in range(steps):
+        res = runner.step(*batch(k))  # whole batches: the runner splits them into M microbatches
+        losses.append(res.loss)
+        if k == 0:
+            grads = {n: p.grad.clone() for n, p in runner.named_parameters() if p.grad is not None}
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    if runner_out is not None:
+        runner_out.append((runner, opt))
+    return losses, grads
+
+
+def _gather(losses, grads, extra=None):
+    got = gather_results({"losses": losses, "grads": grads, **(extra or {})})
+    if got is None:
+        return None
+    return {"losses": next(g["losses"] for g in got if g["losses"][0] is not None),
+            "grads": {k: v for g in got for k, v in g["grads"].items()},
+            "extra": [{k: v for k, v in g.items() if k not in ("losses", "grads")} for g in got]}
+
+
+def _world(ctx, path: str, ckpt: str) -> None:
+    p, out, t0 = ctx.world_size, {}, time.perf_counter()
+
+    def keep(key, value):
+        if ctx.rank == 0:
+            out[key] = value
+
+    for name in ALL_SCHEDULES:  # every schedule, with and without offload: one step
+        for off in (False, True):
+            keep((name, off), _gather(*_train(generate(name, p=p, m=M), 1, offload=off)))
+    for name in LONG:  # 20 steps, shapes changing between them, with offload
+        keep(("long", name), _gather(*_train(generate(name, p=p, m=M), STEPS, offload=True)))
+    for name in LONG:  # tied embedding and head
+        keep(("tie", name), _gather(*_train(generate(name, p=p, m=M), 3, tie=True)))
+    for name in ("zb-h1", "zb-v"):  # autocast bf16 with a split schedule (with offload)
+        keep(("amp", name), _gather(*_train(generate(name, p=p, m=M), 2, offload=True, amp=torch.bfloat16)))
+
+    runners: list = []  # eval_step, and the checkpoint
+    sched = generate("zb-v", p=p, m=M)
+    if p == 4:
+        _train(sched, 3, runner_out=runners)
+        runner, opt = runners[0]
+        runner.save(ckpt, opt)
+    else:
+        runner = PipelineRunner(split_llama(build(), sched.num_stages), causal_lm_loss, sched, timeout_s=120)
+        opt = torch.optim.AdamW(runner.parameters(), lr=LR)
+        runner.load(ckpt, opt)
+        params = dict(runner.named_parameters())
+        res = runner.step(*batch(3))
+        got = gather_results({"loss": res.loss, "params": {n: t.detach().clone() for n, t in params.items()}})
+        opt.zero_grad(set_to_none=True)  # eval_step below must leave none
+        if ctx.rank == 0:
+            out["resumed"] = {"loss": next(g["loss"] for g in got if g["loss"] is not None),
+                              "params": {k: v for g in got for k, v in g["params"].items()}}
+    ev = runner.eval_step(*batch(0))
+    got = gather_results({"loss": ev.loss, "grads": [q.grad for q in runner.parameters()]})
+    if ctx.rank == 0:
+        out["eval"] = {"loss": next(g["loss"] for g in got if g["loss"] is not None),
+                       "params": None, "no_grads": all(gr is None for g in got for gr in g["grads"])}
+    if p == 4:  # the parameters eval_step saw (after 3 steps), to compare with the reference
+        got = gather_results({n: t.detach().clone() for n, t in runner.named_parameters()})
+        if ctx.rank == 0:
+            out["eval"]["params"] = {k: v for g in got for k, v in g.items()}
+    if ctx.rank == 0:
+        out["seconds"] = time.perf_counter() - t0
+        torch.save(out, path)
+
+
+_WORLDS: dict = {}
+
+
+@pytest.fixture(scope="module")
+def worlds(tmp_path_factory):
+    """Both worlds: p = 4 first (it writes the checkpoint p = 2 reads)."""
+    if not _WORLDS:
+        tmp = tmp_path_factory.mktemp("llama")
+        for p in (4, 2):
+            path = tmp / f"p{p}.pt"
+            launch(_world, p, (str(path), str(tmp / "ckpt")), backend="gloo", init_timeout_s=120)
+            _WORLDS[p] = torch.load(path, weights_only=False)
+    return _WORLDS
+
+
+@pytest.fixture(scope="module")
+def ref():
+    return {"one": reference(1), "long": reference(STEPS), "tie": reference(3, tie=True),
+            "amp": reference(2, amp=True), "after3": reference(1, start=3),
+            "at3": reference(0, start=3)}
+
+
+def _close(got: dict, want: dict, what: str, rtol: float = 1e-5) -> None:
+    assert set(got) == set(want), f"{what}: names differ: {sorted(set(got) ^ set(want))}"
+    for n, w in want.items():
+        err = ((got[n].float() - w.float()).abs().max() / w.float().abs().max().clamp_min(1e-30)).item()
+        assert err <= rtol, f"{what}: {n} off by {err:.2e} (relative to its largest element)"
+
+
+def _losses(got: list, want: list, what: str, rtol: float = 1e-5) -> None:
+    assert len(got) == len(want), what
+    for k, (a, b) in enumerate(zip(got, want)):
+        assert abs(a - b) <= rtol * abs(b), f"{what}: step {k} loss {a} vs {b}"
+
+
+# ----------------------------------------------------------------------------- checks
+@pytest.mark.parametrize("p", [2, 4])
+def test_every_schedule_with_and_without_offload_matches_the_unsplit_model(worlds, ref, p):
+    for name in ALL_SCHEDULES:
+        for off in (False, True):
+            r = worlds[p][(name, off)]
+            what = f"{name} p={p} offload={off}"
+            _losses(r["losses"], ref["one"]["losses"], what)
+            _close(r["grads"], ref["one"]["grads"], what)
+
+
+@pytest.mark.parametrize("p", [2, 4])
+def test_twenty_adamw_steps_with_changing_shapes_give_the_same_losses(worlds, ref, p):
+    for name in LONG:
+        _losses(worlds[p][("long", name)]["losses"], ref["long"]["losses"], f"{name} p={p} 20 steps")
+
+
+@pytest.mark.parametrize("p", [2, 4])
+def test_a_tied_head_on_loop_and_v_placements_gets_the_sum_of_both_uses(worlds, ref, p):
+    for name, placement in LONG.items():
+        r = worlds[p][("tie", name)]
+        what = f"tied, {placement} placement ({name}) p={p}"
+        assert "lm_head.weight" not in r["grads"], f"{what}: the tied head is listed apart from the embedding"
+        _close(r["grads"], ref["tie"]["grads"], what)
+        _losses(r["losses"], ref["tie"]["losses"], what)
+
+
+@pytest.mark.parametrize("p", [2, 4])
+def test_autocast_bf16_with_a_split_schedule_matches_the_unsplit_model_under_autocast(worlds, ref, p):
+    for name in ("zb-h1", "zb-v"):
+        r = worlds[p][("amp", name)]
+        _losses(r["losses"], ref["amp"]["losses"], f"bf16 {name} p={p}", rtol=1e-2)
+        _close(r["grads"], ref["amp"]["grads"], f"bf16 {name} p={p}", rtol=3e-2)
+
+
+def test_eval_step_is_the_model_loss_without_gradients(worlds, ref):
+    for p in (4, 2):
+        ev = worlds[p]["eval"]
+        assert ev["no_grads"], f"p={p}: eval_step left gradients"
+    # p = 4 evaluated after its 3 steps: its parameters are the reference's after 3 steps.
+    _close(worlds[4]["eval"]["params"], ref["at3"]["params"], "p=4 parameters after 3 steps")
+    with torch.no_grad():
+        model = build()
+        model.load_state_dict(worlds[4]["eval"]["params"])
+        want = sum(causal_lm_loss(model(**x).logits, y).item() for x, y in _micro(*batch(0))) / M
+    _losses([worlds[4]["eval"]["loss"]], [want], "p=4 eval_step")
+
+
+def test_a_checkpoint_written_at_p4_loads_at_p2_by_name_and_resumes(worlds, ref):
+    r = worlds[2]["resumed"]
+    # the p = 2 world read the p = 4 checkpoint (3 steps), then stepped once more
+    _losses([r["loss"]], ref["after3"]["losses"], "step 4 after loading the p=4 checkpoint at p=2")
+    _close(r["params"], ref["at3"]["params"], "parameters loaded at p=2", rtol=1e-5)
