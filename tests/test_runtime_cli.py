@@ -130,8 +130,9 @@ tie_embeddings = false
 def test_plan_emit_config_trains_on_a_mesh(tmp_path):
     """plan (cpu profile, a small model) --emit-config → train --config on 4 processes
     (PP2 × DP2): the report has every rank's mesh coordinates, the DP communication time
-    and the planner's prediction beside the measured figures; the replicas' mean loss
-    equals the pure pipeline's on the same global batch (each replica its own half)."""
+    and the planner's prediction beside the measured figures. The same global batch on
+    PP2 × TP2 (flags over the file) gives the same losses (each DP replica trains its own
+    half of the batch; the loss is the replicas' mean)."""
     (tmp_path / "small.toml").write_text(SMALL_MODEL)
     plan = subprocess.run([sys.executable, "-m", "pipeoffload", "plan", "--model", "small.toml", "--hardware", "cpu",
                            "--gpus", "4", "--global-batch", "16", "--schedules", "zb-h1", "--emit-config", "run.toml"],
@@ -152,9 +153,11 @@ def test_plan_emit_config_trains_on_a_mesh(tmp_path):
     assert s["plan"]["prediction"]["step_time_s"] == cfg.plan.step_time_s and s["plan"]["measured"]["step_time_s"] > 0
     assert "mesh pp=2 dp=2 tp=1" in r.stdout and "planner (zb-h1" in r.stdout, r.stdout
     assert (tmp_path / "mesh" / "timeline.html").is_file()
-    # The same global batch on a pure pipeline: dp=1 with twice the microbatches.
-    pure = _train(common + ["--dp", "1", "-m", str(2 * cfg.schedule.microbatches), "-o", "pure"], tmp_path)
-    assert pure.returncode == 0, pure.stderr[-3000:]
-    assert "prediction is for" in pure.stderr  # flags changed the planned configuration: no [plan] comparison
-    losses = json.loads((tmp_path / "pure" / "summary.json").read_text())["losses"]
-    assert s["losses"] == pytest.approx(losses, rel=1e-5)
+    # The same global batch on PP2 × TP2: dp=1 with twice the microbatches, each stage split in two.
+    tp = _train(common + ["--dp", "1", "--tp", "2", "-m", str(2 * cfg.schedule.microbatches), "-o", "tp"], tmp_path)
+    assert tp.returncode == 0, tp.stderr[-3000:]
+    assert "prediction is for" in tp.stderr  # flags changed the planned configuration: no [plan] comparison
+    t = json.loads((tmp_path / "tp" / "summary.json").read_text())
+    assert sorted((row["pp"], row["tp"]) for row in t["mesh"]["ranks"]) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert t["plan"] is None and "mesh pp=2 dp=1 tp=2" in tp.stdout
+    assert s["losses"] == pytest.approx(t["losses"], rel=1e-5)  # DP replicas' mean = TP on the whole batch
