@@ -66,3 +66,26 @@ def test_plan_emits_a_runnable_train_config(tmp_path):
         assert p.step_time_s == pytest.approx(c.iteration_ms / 1e3) and p.bubble == pytest.approx(c.bubble_rate)
         assert len(p.peak_activation_bytes) == c.split.pp and p.peak_memory_bytes == c.memory.device
         assert p.configuration == c.describe() and "--hardware cpu" in p.source
+
+
+def test_sequence_parallel_is_refused_until_the_runtime_has_it():
+    cfg = TrainConfig.from_dict({"schedule": {"name": "1f1b", "stages": 2}, "parallel": {"tp": 2, "sequence_parallel": True}})
+    with pytest.raises(ParameterError, match="not implemented") as e:
+        cfg.check()
+    assert e.value.param == "parallel.sequence_parallel"
+
+
+def test_emit_config_writes_the_best_plan_the_runtime_can_run(tmp_path, capsys):
+    """A plan whose best configuration needs sequence parallelism or selective recompute
+    (which the runtime lacks) emits the best one the runtime runs, and says so."""
+    from pipeoffload.commands.train import emit_config, runtime_can_run
+    from pipeoffload.planner import plan
+
+    res = plan("tiny", "cpu", 4)
+    cfg = emit_config(res, str(tmp_path / "run.toml"), quiet=True)
+    chosen = next(c for c in res.configs if runtime_can_run(c))
+    assert cfg.plan.configuration == chosen.describe()
+    assert TrainConfig.load(tmp_path / "run.toml") == cfg
+    for c in res.configs:
+        ok = c.recompute in (False, True) and (c.split.tp == 1 or not c.split.sp)
+        assert runtime_can_run(c) == ok

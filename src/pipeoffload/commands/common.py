@@ -49,6 +49,7 @@ CLI_FLAGS: dict[str, str] = {
     "checkpoint.resume": "--resume",
     "parallel.dp": "--dp", "parallel.tp": "--tp", "parallel.fsdp": "--fsdp",
     "parallel.sequence_parallel": "--sequence-parallel", "parallel.world_size": "--stages x --dp x --tp",
+    "emit_config": "--emit-config",
 }
 
 

@@ -17,7 +17,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Any
 
+from ..errors import ParameterError
 from ..runtime.config import TrainConfig, config_from_plan
 from .common import offload_warning, output_dir, write_output
 
@@ -235,13 +237,28 @@ def _warn_if_nothing_offloaded(cfg: TrainConfig, sched) -> None:
         print(f"pipeoffload train: warning: {warning}", file=sys.stderr)
 
 
+def runtime_can_run(config: Any) -> bool:
+    """Whether the runtime can run a planned configuration as planned: recompute none or
+    elementwise (the runtime's ``offload.recompute``), and TP without sequence parallelism."""
+    return config.recompute in (False, True) and (config.split.tp == 1 or not config.split.sp)
+
+
 def emit_config(result, path: str, *, quiet: bool = False) -> TrainConfig:
-    """``pipeoffload plan --emit-config``: the plan's best configuration in this command's
+    """``pipeoffload plan --emit-config``: the plan's best configuration that the runtime
+    can run (:func:`runtime_can_run`; a note says so when that is not the best) in this command's
     ``--config`` format (:func:`~pipeoffload.runtime.config.config_from_plan`), written to
     ``path`` (errors name ``--emit-config``); prints where and how to run it unless
     ``quiet``. Returns the configuration written."""
-    cfg = config_from_plan(result)
-    header = (f"pipeoffload plan's best configuration: {cfg.plan.configuration}\n"
+    chosen = next((c for c in result.configs if runtime_can_run(c)), None)
+    if chosen is None:
+        raise ParameterError("emit_config", "none of the planned configurations runs on this runtime (it has no "
+                             "selective/full recompute and no sequence parallelism yet); plan with "
+                             "`--sequence-parallel off --recompute both`, or show more with `--top K`")
+    if chosen is not result.best:
+        print(f"note: the best plan ({result.best.describe()}) needs what the runtime lacks (selective/full "
+              f"recompute or sequence parallelism); writing the best one it runs: {chosen.describe()}")
+    cfg = config_from_plan(result, chosen)
+    header = (f"pipeoffload plan's best runnable configuration: {cfg.plan.configuration}\n"
               f"run it with: pipeoffload train --config {path}")
     write_output("--emit-config", path, lambda p: cfg.dump(p, header=header))
     if not quiet:

@@ -279,6 +279,8 @@ class TrainConfig:
             require(mdl.seq_len % tp == 0, "parallel.sequence_parallel",
                     f"needs `model.seq_len` ({mdl.seq_len}) divisible by `parallel.tp` ({tp})")
         # What the runtime does not combine yet: refused here, before any process starts.
+        require(not par.sequence_parallel, "parallel.sequence_parallel",
+                "sequence parallelism is not implemented by the runtime's TP yet (the planner models it); leave it off")
         require(not (par.fsdp and tp > 1), "parallel.fsdp",
                 "with tensor parallelism (`parallel.tp` > 1) is not supported by the runtime yet; drop it (dp replicates)")
         if par.dp * tp > 1:
