@@ -71,7 +71,7 @@ def _run(name, mesh=None, group=None, dp=1, replica=0, tp_mesh=None, tied=False,
     r = runner.step(xs[replica * M:(replica + 1) * M], ys[replica * M:(replica + 1) * M])
     grads = {n: _full(p.grad) for n, p in runner.named_parameters()}
     runner.close()
-    return {"loss": r.loss, "grads": grads, "dp_comm_s": r.dp_comm_s, "coords": runner.coords,
+    return {"loss": r.loss, "grads": grads, "dp_comm_s": r.dp_comm_s, "tp_comm_s": r.tp_comm_s, "coords": runner.coords,
             "offloaded": bool(r.meta.get("offload")), "step_time": r.step_time,
             "dp_started": r.meta.get("dp_started_s", {}), "w_share": max(r.meta["w_share"].values(), default=0.0)}
 
@@ -256,6 +256,8 @@ def test_pp2_tp2(world4, name):
     ranks = world4[("tp", name)]
     _check(ranks, _reference(_global_batch(1)), f"PP2×TP2 {name}")
     assert all(r["dp_comm_s"] == 0 for r in ranks)
+    # the TP collectives DTensor issues inside F/B/W are timed, and only they
+    assert all(0 < r["tp_comm_s"] < r["step_time"] for r in ranks), [r["tp_comm_s"] for r in ranks]
 
 
 @pytest.mark.parametrize("name", ("1f1b", "zb-v"))

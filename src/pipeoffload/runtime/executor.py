@@ -72,6 +72,7 @@ from .activations import ActivationStore, KeepActivations
 from .data_parallel import BUCKET_BYTES, Replicate, Sharded, local
 from .messages import Mailbox
 from .mesh import coords as mesh_coords, dim_size, pipeline_ranks, sub_group, sub_mesh
+from .tensor_parallel import collective_timer
 from .meter import MemoryMeter, make_meter
 from .p2p import P2P, CommTimeout
 from .params import ParamTable, build_table
@@ -104,7 +105,7 @@ class StepResult:
     step_time: float  #: s, barrier to last send completed and gradients reduced
     meta: dict = field(default_factory=dict)
     dp_comm_s: float = 0.0  #: s this rank spent issuing and waiting for DP gradient reductions (0 when dp == 1)
-    tp_comm_s: float = 0.0  #: s of TP collectives (not measured separately: they run inside F/B/W; 0)
+    tp_comm_s: float = 0.0  #: s in the TP collectives DTensor issues inside F/B/W (0 when tp == 1)
 
 
 @dataclass
@@ -217,6 +218,7 @@ class PipelineRunner:
         self.rank = _pipeline_rank(schedule, group, rank)
         #: This rank's coordinates: pipeline, data-parallel and tensor-parallel index.
         self.coords = mesh_coords(mesh) if mesh is not None else {"pp": self.rank, "dp": 0, "tp": 0}
+        self.coords_tp_size = dim_size(mesh, "tp") if mesh is not None else 1
         self.placement = schedule.placement
         self.num_stages = self.placement.num_stages
         self.my_stages = self.placement.stages_of(self.rank)
@@ -467,7 +469,9 @@ class PipelineRunner:
         if dp is not None:
             dp.begin_step()
         last_w = self._last_w if run.train and plan is self._plan else {}
-        with self.rng.step() if self.rng is not None else contextlib.nullcontext():
+        tp_timer = collective_timer() if self.coords_tp_size > 1 else None
+        with self.rng.step() if self.rng is not None else contextlib.nullcontext(), \
+                tp_timer if tp_timer is not None else contextlib.nullcontext():
             for pos, op in enumerate(plan.ops):
                 self._pos = pos
                 if hook is not None:
@@ -489,6 +493,7 @@ class PipelineRunner:
         self._check_finished(run)
         res = self._result(run, t_end)
         res.dp_comm_s = dp.comm_s if dp is not None else 0.0
+        res.tp_comm_s = tp_timer.seconds if tp_timer is not None else 0.0
         return res
 
     def _before_compute(self, stage: int) -> None:

@@ -58,3 +58,29 @@ def parallelize_stage(module: nn.Module, tp_mesh: Any, *, sequence_parallel: boo
     for block in layers.values():
         parallelize_module(block, tp_mesh, plan)
     return module
+
+
+def collective_timer() -> Any:
+    """A dispatch mode that adds up the wall time of the functional collectives
+    (``_c10d_functional``: all-reduce, all-gather, reduce-scatter and their waits) that
+    DTensor issues inside F, B and W; ``.seconds`` after use. It is how the runner
+    measures ``StepResult.tp_comm_s``: on gloo a collective blocks until its peers
+    arrive, so the figure includes the time waiting for the slowest TP rank."""
+    import time
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class _CollectiveTimer(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seconds = 0.0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if getattr(func, "namespace", "") not in ("_c10d_functional", "c10d_functional"):
+                return func(*args, **(kwargs or {}))
+            t0 = time.perf_counter()
+            out = func(*args, **(kwargs or {}))
+            self.seconds += time.perf_counter() - t0
+            return out
+
+    return _CollectiveTimer()
