@@ -3,7 +3,8 @@ gradient (gathered to full tensors) equal plain single-process training on the g
 batch, for 1F1B, ZB-H1, ZB-V and group-interleaved, with activation offload.
 
 One 4-rank world runs every 4-rank layout (pipelines on sub-groups, PP2×DP2
-replicated — also on a mesh in a shuffled rank order — PP2×DP2 FSDP2, PP2×TP2);
+replicated — also on a mesh in a shuffled rank order — PP2×DP2 FSDP2, with and without
+tied weights, PP2×TP2);
 PP2×DP2×TP2 runs in an 8-process world (about 16 s here, so not marked slow).
 """
 
@@ -53,7 +54,11 @@ TIE = [("embed.weight", "head.weight")]
 
 
 def _run(name, mesh=None, group=None, dp=1, replica=0, tp_mesh=None, tied=False, recompute=False, **kw):
-    """One offloaded training step of ``name`` on this rank; (loss, {name: full gradient})."""
+    """One offloaded training step of ``name`` on this rank; (loss, {name: full gradient}).
+
+    ``tied``: True declares the embedding and the head one parameter (``tie=``), the head
+    built equal; "list" gives all layer groups as a list whose head *is* the embedding
+    tensor (detected); "differs" declares the tie but the head's last row differs."""
     sched = generate(name, p=2, m=M)
     plan = plan_offload(sched, offload_chunks=sched.chunks, on_infeasible="skip").schedule
     S = sched.num_stages
@@ -63,10 +68,17 @@ def _run(name, mesh=None, group=None, dp=1, replica=0, tp_mesh=None, tied=False,
         if tied and mod.head is not None:  # the output head starts as the embedding (declared tied)
             with torch.no_grad():
                 mod.head.weight.copy_(build_stage(CFG, 0, S).embed.weight)
+                if tied == "differs":
+                    mod.head.weight[-1] += 1.0
         return parallelize_stage(mod, tp_mesh) if tp_mesh is not None else mod
 
-    runner = PipelineRunner(stage, lm_loss, plan, mesh=mesh, group=group, timeout_s=T,
-                            activation_store=OffloadStore(recompute=recompute), tie=TIE if tied else None, **kw)
+    stages = stage
+    if tied == "list":
+        stages = [build_stage(CFG, s, S) for s in range(S)]
+        stages[-1].head.weight = stages[0].embed.weight
+    runner = PipelineRunner(stages, lm_loss, plan, mesh=mesh, group=group, timeout_s=T,
+                            activation_store=OffloadStore(recompute=recompute),
+                            tie=TIE if tied and tied != "list" else None, **kw)
     xs, ys = _global_batch(dp)
     r = runner.step(xs[replica * M:(replica + 1) * M], ys[replica * M:(replica + 1) * M])
     grads = {n: _full(p.grad) for n, p in runner.named_parameters()}
@@ -94,6 +106,17 @@ def _world4(ctx, path):
     out[("shuffled", "zb-v")] = gather_results(_run("zb-v", mesh=shuffled, dp=2, replica=coords(shuffled)["dp"]))
     for name in SCHEDULES:
         out[("fsdp", name)] = gather_results(_run(name, mesh=mesh, dp=2, replica=d, data_parallel="fsdp"))
+    # FSDP with the embedding tied to the head: across ranks (1f1b), on one rank (V),
+    # one tensor in a module list (V; FSDP shards each layer group's use apart)
+    for name, tied in (("1f1b", True), ("zb-v", True), ("zb-v", "list")):
+        out[("fsdp-tied", name, tied)] = gather_results(_run(name, mesh=mesh, dp=2, replica=d, tied=tied,
+                                                             data_parallel="fsdp"))
+    try:  # the head's last row differs: only replica 1's shard shows it, every rank must say so
+        _run("1f1b", mesh=mesh, dp=2, replica=d, tied="differs", data_parallel="fsdp")
+        err = None
+    except ParameterError as e:
+        err = str(e)
+    out[("fsdp-tied", "differs")] = gather_results(err)
     for mode in ("replicate", "fsdp"):
         out[("steps", mode)] = gather_results(_train(mesh, d, mode))
     tmesh = build_mesh(pp=2, tp=2)
@@ -249,6 +272,25 @@ def test_pp2_dp2_fsdp(world4, name):
     ranks = world4[("fsdp", name)]
     _check(ranks, _reference(_global_batch(2)), f"PP2×DP2 FSDP2 {name}")
     assert all(r["dp_comm_s"] > 0 for r in ranks)
+
+
+@pytest.mark.parametrize("name,tied", (("1f1b", True), ("zb-v", True), ("zb-v", "list")))
+def test_pp2_dp2_fsdp_tied_weights(world4, name, tied):
+    """FSDP composes with a shared parameter: the reduce-scatter over dp, then the shards
+    summed among the pipeline holders (1f1b: ranks 0 and 1; V: both uses on rank 0,
+    listed once, counted once per use)."""
+    ranks = world4[("fsdp-tied", name, tied)]
+    loss, grads = _reference(_global_batch(2), tied=True)
+    grads = {n: g for n, g in grads.items() if n != "head.weight"}  # one name per shared parameter
+    _check(ranks, (loss, grads), f"PP2×DP2 FSDP2 tied {name} {tied}")
+    assert all(r["dp_comm_s"] > 0 for r in ranks)
+
+
+def test_fsdp_tied_weights_differing_at_start(world4):
+    """The start check compares sharded copies shard by shard and agrees across replicas:
+    a difference only in replica 1's shard is reported on every rank, naming the tie."""
+    errs = world4[("fsdp-tied", "differs")]
+    assert len(errs) == 4 and all(e is not None and "tie" in e and "embed.weight" in e for e in errs), errs
 
 
 @pytest.mark.parametrize("name", SCHEDULES)

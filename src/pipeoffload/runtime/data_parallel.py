@@ -24,8 +24,12 @@ Parameters whose gradient is only final at the end of the step — shared by sev
 layer groups on this rank, or tied across pipeline ranks (``runtime/params.py``) —
 are reduced at the end, after the tie reduction among their pipeline holders: the sum
 over holders is taken first, then the mean over replicas (sums commute, so every
-replica's copies end equal). Gradients that are DTensors (tensor parallelism) are
-reduced through their local tensors: DP replicas hold the same TP shard layout.
+replica's copies end equal). Sharded, the order is the other way round: each copy of
+a shared parameter is its own sharded parameter (one per layer group that uses it,
+sharded alike on every holder), reduce-scattered with its layer group; then the tie
+reduction sums the copies' shards among the holders of the same dp index.
+Gradients that are DTensors (tensor parallelism) are reduced through their local
+tensors: DP replicas hold the same TP shard layout.
 """
 
 from __future__ import annotations
@@ -163,11 +167,18 @@ class Sharded(_Reducer):
 
             raise ParameterError("mesh", f"data_parallel=\"fsdp\" needs the dp dimension's ranks in ascending "
                                  f"order (got {row}); FSDP2 shards by process-group rank")
+        # ids of the tensors before sharding (all alive now, so distinct unless the same
+        # tensor): a tensor used by two layer groups becomes two sharded parameters,
+        # which the parameter table keeps as one tie group (runtime/params.py)
+        before = {s: {n: id(p) for n, p in m.named_parameters()} for s, m in self.modules.items()}
         for mod in self.modules.values():
             fully_shard(mod, mesh=dp_mesh, reshard_after_forward=False)
             mod.set_requires_gradient_sync(False)  # gradients reduce-scattered by stage_done, once per step
             mod.set_reshard_after_backward(False)
         self.sharded = {s: _unique_trainable(m) for s, m in self.modules.items()}
+        #: id of a sharded parameter -> id of the tensor it was made from
+        self.origin = {id(p): before[s][n] for s, m in self.modules.items() for n, p in m.named_parameters()
+                       if n in before[s]}
         self._whole: set[int] = set()
         #: id of a gathered (whole) parameter -> id of its sharded parameter (reports by name)
         self.alias: dict[int, int] = {}

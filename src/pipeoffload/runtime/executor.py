@@ -234,15 +234,14 @@ class PipelineRunner:
             Sharded(self.modules, sub_mesh(mesh, "dp"), self.timeout_s, self.rank) if kind == "fsdp" else None
         self.table: ParamTable = build_table(self.modules, self.rank, all_modules=_all_modules(stage_modules),
                                              param_names=param_names, tie=tie, group=group,
-                                             p2p=self.p2p if dist.is_initialized() else None)
+                                             p2p=self.p2p if dist.is_initialized() else None,
+                                             origin=self.dp.origin if self.dp is not None else None,
+                                             replicas=self.dp.group if self.dp is not None else None)
         self._params = {id(p): p for mod in self.modules.values() for p in mod.parameters()}
         self._late = self._late_params()
         if kind == "replicate":
             self.dp = Replicate(self.modules, {id(p) for p in self._late}, sub_group(mesh, "dp"),
                                 dim_size(mesh, "dp"), self.timeout_s, self.rank, bucket_bytes)
-        if isinstance(self.dp, Sharded) and self.table.groups:
-            raise ParameterError("data_parallel", "\"fsdp\" with shared (tied) parameters is not supported yet "
-                                 f"({', '.join(g.name for g in self.table.groups[:3])}); use \"replicate\"")
         self._setup_runtime(activation_store, meter, recv_lookahead, sync_timing, autocast)
         self._setup_rng(seed, keyed_rng)
 
@@ -512,8 +511,15 @@ class PipelineRunner:
     def _reduce_grads(self) -> None:
         """End of a training step: shared parameters summed among their pipeline holders,
         then (data parallel) the reductions started after each last W waited for and the
-        late parameters reduced across replicas."""
-        self.table.reduce_grads(self.p2p if dist.is_initialized() else None, self.rank)
+        late parameters reduced across replicas. FSDP: the reduce-scatters first (a shared
+        parameter's copies are sharded parameters whose gradients exist only then), then
+        the shards summed among the holders (sum of means = mean of sums)."""
+        p2p = self.p2p if dist.is_initialized() else None
+        if isinstance(self.dp, Sharded):
+            self.dp.finish()
+            self.table.reduce_grads(p2p, self.rank)
+            return
+        self.table.reduce_grads(p2p, self.rank)
         if self.dp is not None:
             self.dp.finish(self._late)
 

@@ -69,6 +69,7 @@ class _Entry:
     shape: tuple[int, ...]
     dtype: str
     oid: int  #: id() of the tensor in its process (equal ids = same tensor on one rank)
+    origin: int = 0  #: id() of the tensor it was made from (FSDP shards each use apart); else ``oid``
 
 
 class ParamTable:
@@ -93,23 +94,43 @@ class ParamTable:
                     c.copy_(g.param)
 
     def reduce_grads(self, p2p: P2P | None, rank: int) -> None:
-        """Every copy of every tie group gets the sum of all uses' gradients (module docstring)."""
+        """Every copy of every tie group gets the sum of all uses' gradients (module docstring).
+
+        DTensor gradients (FSDP shards, TP shards) are exchanged by their local tensors:
+        the holders of one copy lay it out alike (same shape, same mesh sizes), so the
+        sum of local shards is the local shard of the sum."""
         for g in self.groups:
             local = _local_sum(g)
             if len(g.holders) > 1 and p2p is not None:
-                parts = {rank: local}
+                mine = _local_tensor(local)
+                parts = {rank: mine}
                 for peer in g.holders:
                     if peer != rank:
-                        parts[peer] = p2p.exchange(local, peer, TIE_TAG_BASE + g.index,
+                        parts[peer] = p2p.exchange(mine, peer, TIE_TAG_BASE + g.index,
                                                    f"gradient exchange of shared parameter {g.name!r}")
                 total = parts[g.holders[0]].clone()
                 for r in g.holders[1:]:
                     total.add_(parts[r])
-                local = total
+                local = _like(local, total)
             if g.param.requires_grad:
                 g.param.grad = local
             for c in g.copies:
                 c.grad = None
+
+
+def _local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The local shard of a DTensor, else ``t``."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _like(template: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """``t`` (a local tensor) as a tensor laid out like ``template`` (a DTensor: its shard)."""
+    if not hasattr(template, "to_local"):
+        return t
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(t, template.device_mesh, template.placements, shape=template.shape,
+                              stride=template.stride(), run_check=False)
 
 
 def _local_sum(g: TieGroup) -> torch.Tensor:
@@ -139,14 +160,21 @@ def _name(namer: Namer | str, stage: int, local: str) -> str:
 
 def build_table(modules: Mapping[int, nn.Module], rank: int, *, all_modules: Mapping[int, nn.Module] | None,
                 param_names: str | Namer, tie: Sequence[Sequence[str]] | None, group: Any,
-                p2p: P2P | None) -> ParamTable:
+                p2p: P2P | None, origin: Mapping[int, int] | None = None, replicas: Any = None) -> ParamTable:
     """Name this rank's parameters and find its tie groups (a collective over ``group``
-    when a process group is initialised: every rank of the pipeline must call it)."""
+    when a process group is initialised: every rank of the pipeline must call it).
+
+    ``origin`` maps ``id()`` of a parameter to ``id()`` of the tensor it replaced
+    (FSDP's ``fully_shard`` gives each layer group its own sharded parameter, so one
+    tensor used by two layer groups becomes two: they stay one tie group, as copies).
+    ``replicas`` (the data-parallel group, when copies are sharded over it) also
+    agrees the start check, so every rank raises when one replica's shards differ."""
     namer = namer_of(param_names)
     tie = _check_tie_arg(tie)
-    local = _entries(modules, rank)
+    origin = dict(origin or {})
+    local = _entries(modules, rank, origin)
     every = _gather(local, group)
-    detected = _detected_in_list(all_modules) if all_modules is not None else []
+    detected = _detected_in_list(all_modules, origin) if all_modules is not None else []
     if namer == "auto":
         namer = "stage" if _collisions(every, "module", tie, detected) else "module"
     bad = _collisions(every, namer, tie, detected)
@@ -156,7 +184,7 @@ def build_table(modules: Mapping[int, nn.Module], rank: int, *, all_modules: Map
     unions = _unions(every, namer, tie, detected)
     table = _table(modules, rank, local, every, namer, unions, tie)
     table.naming = namer if isinstance(namer, str) else "custom"
-    _check_equal_copies(table, rank, group, p2p)
+    _check_equal_copies(table, rank, group, p2p, replicas)
     return table
 
 
@@ -173,11 +201,11 @@ def _check_tie_arg(tie: Any) -> list[tuple[str, ...]]:
     return groups
 
 
-def _entries(modules: Mapping[int, nn.Module], rank: int) -> list[_Entry]:
+def _entries(modules: Mapping[int, nn.Module], rank: int, origin: Mapping[int, int]) -> list[_Entry]:
     out = []
     for s in sorted(modules):
         for name, p in modules[s].named_parameters():
-            out.append(_Entry(rank, s, name, tuple(p.shape), str(p.dtype), id(p)))
+            out.append(_Entry(rank, s, name, tuple(p.shape), str(p.dtype), id(p), origin.get(id(p), id(p))))
     return out
 
 
@@ -189,12 +217,13 @@ def _gather(local: list[_Entry], group: Any) -> list[_Entry]:
     return [e for part in out for e in part]
 
 
-def _detected_in_list(all_modules: Mapping[int, nn.Module]) -> list[list[tuple[int, str]]]:
+def _detected_in_list(all_modules: Mapping[int, nn.Module],
+                      origin: Mapping[int, int]) -> list[list[tuple[int, str]]]:
     """Tensors shared by several layer groups of a module list: ``[(stage, name), ...]`` each."""
     seen: dict[int, list[tuple[int, str]]] = {}
     for s in sorted(all_modules):
         for name, p in all_modules[s].named_parameters():
-            seen.setdefault(id(p), []).append((s, name))
+            seen.setdefault(origin.get(id(p), id(p)), []).append((s, name))
     return [uses for uses in seen.values() if len({s for s, _ in uses}) > 1]
 
 
@@ -218,9 +247,9 @@ def _unions(every: list[_Entry], namer: Namer | str, tie: list[tuple[str, ...]],
     for e in every:
         k = (e.rank, e.stage, e.local)
         find(k)
-        if (e.rank, e.oid) in by_obj:
-            union(k, by_obj[(e.rank, e.oid)])
-        by_obj.setdefault((e.rank, e.oid), k)
+        if (e.rank, e.origin) in by_obj:
+            union(k, by_obj[(e.rank, e.origin)])
+        by_obj.setdefault((e.rank, e.origin), k)
         by_name.setdefault(_name(namer, e.stage, e.local), []).append(k)
         by_local.setdefault((e.stage, e.local), []).append(k)
     for uses in detected:
@@ -308,24 +337,28 @@ def _check_same_kind(es: list[_Entry], name: str) -> None:
                              + ", ".join(f"{e.local} of layer group {e.stage}: {list(e.shape)} {e.dtype}" for e in es))
 
 
-def _check_equal_copies(table: ParamTable, rank: int, group: Any, p2p: P2P | None) -> None:
+def _check_equal_copies(table: ParamTable, rank: int, group: Any, p2p: P2P | None, replicas: Any = None) -> None:
     """ParameterError on every rank when the copies of a shared parameter differ at
-    the start (local copies compared here; a holder compares with the lowest holder)."""
+    the start (local copies compared here; a holder compares with the lowest holder).
+    Sharded copies are compared shard by shard (their holders shard them alike)."""
     bad = []
     for g in table.groups:
-        if any(not torch.equal(c.detach(), g.param.detach()) for c in g.copies):
+        mine = _local_tensor(g.param.detach())
+        if any(not torch.equal(_local_tensor(c.detach()), mine) for c in g.copies):
             bad.append(g.name)
         if len(g.holders) > 1 and p2p is not None:
             peers = g.holders[1:] if rank == g.holders[0] else g.holders[:1]
             for peer in peers:
-                other = p2p.exchange(g.param.detach(), peer, TIE_TAG_BASE + g.index,
+                other = p2p.exchange(mine, peer, TIE_TAG_BASE + g.index,
                                      f"start check of shared parameter {g.name!r}")
-                if not torch.equal(other, g.param.detach()) and g.name not in bad:
+                if not torch.equal(other, mine) and g.name not in bad:
                     bad.append(g.name)
-    if dist.is_initialized() and dist.get_world_size(group) > 1:
-        every: list[Any] = [None] * dist.get_world_size(group)
-        dist.all_gather_object(every, bad, group=group)
-        bad = sorted({n for part in every for n in part})
+    # agreed over the pipeline (group None: the world), then over the replicas
+    for grp in ([group] + ([replicas] if replicas is not None else [])) if dist.is_initialized() else []:
+        if dist.get_world_size(grp) > 1:
+            every: list[Any] = [None] * dist.get_world_size(grp)
+            dist.all_gather_object(every, bad, group=grp)
+            bad = sorted({n for part in every for n in part})
     if bad:
         names = {g.name: g.names for g in table.groups}
         detail = "; ".join(f"{n} ({' = '.join(names.get(n, (n,)))})" for n in bad)
