@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeoffload.costs import Costs
+from pipeoffload.costs import Costs, MemoryDeltas
 from pipeoffload.errors import ParameterError, ScheduleError
 from pipeoffload.ir import OpKind, Placement
 from pipeoffload.passes.timing import simulate
@@ -254,3 +254,66 @@ def test_v_generators_keep_the_shorter_lowering(name, p, k, costs):
     other = max(simulate(build_schedule(name, m, Placement.vshape(p), reorder_orders(block, m)), costs).spans())
     assert got <= min(first, other) * (1 + 1e-9)
     assert max(simulate(generate(name, p=p, m=m, costs=costs)).peak_memory()) <= unit_peak_bound(name, p)
+
+
+# --- V-auto: the building-block search under a memory limit ---------------------------
+
+_unit_mem = st.sampled_from([MemoryDeltas(), MemoryDeltas(2.0, 0.0, -2.0)])
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(p=st.integers(1, 8), data=st.data(), costs=_costs, memory=_unit_mem,
+       comm=st.sampled_from([0.0, 0.1, 1.0]))
+def test_property_v_auto_valid_within_limit_never_worse_than_fixed_blocks(p, data, costs, memory, comm):
+    """V-auto at a V generator's own peak: valid, every op once, no deadlock (the timing
+    pass completes), peak within the limit, longest span no longer than that generator's."""
+    m = data.draw(st.integers(1, 3 * p + 2))
+    name = data.draw(st.sampled_from(V_NAMES))
+    costs = Costs(F=costs.F, B=costs.B, W=costs.W, comm=comm)
+    ref = simulate(generate(name, p=p, m=m, costs=costs, memory=memory), costs, memory)
+    limit = max(ref.peak_memory())
+    sched = generate("v-auto", p=p, m=m, costs=costs, memory=memory, mem_limit=limit)  # validates
+    validate(sched)
+    counts = Counter((o.kind, o.stage, o.microbatch) for o in sched.ops())
+    assert len(counts) == 3 * 2 * p * m and set(counts.values()) == {1}
+    assert sched.placement == Placement.vshape(p)
+    tl = simulate(sched, costs, memory)  # raises ScheduleError on a deadlock
+    assert max(tl.peak_memory()) <= limit * (1 + 1e-9) + 1e-12
+    assert max(tl.spans()) <= max(ref.spans()) * (1 + 1e-9) + 1e-12
+
+
+@pytest.mark.parametrize("p, m, units", [(4, 8, 4), (6, 12, 6), (6, 18, 8), (7, 21, 6), (7, 14, 14)])
+def test_v_auto_at_fixed_limits(p, m, units):
+    """Between V-Min's and V-ZB's memory the search finds blocks the fixed ones miss:
+    never worse than the best fixed V schedule that fits, within the limit."""
+    costs, memory = Costs(F=2, B=3, W=1.2, comm=0.1), MemoryDeltas(2.0, 0.0, -2.0)
+    tl = simulate(generate("v-auto", p=p, m=m, costs=costs, memory=memory, mem_limit=units), costs, memory)
+    assert max(tl.peak_memory()) <= units + 1e-9
+    for name in V_NAMES:
+        ref = simulate(generate(name, p=p, m=m, costs=costs, memory=memory), costs, memory)
+        if max(ref.peak_memory()) <= units + 1e-9:
+            assert max(tl.spans()) <= max(ref.spans()) + 1e-9
+
+
+def test_v_auto_parameter_errors():
+    with pytest.raises(ParameterError, match="mem_limit"):
+        generate("v-auto", p=12, m=24, mem_limit=4.0)  # below V-Min's 5 units
+    with pytest.raises(ParameterError, match="mem_limit"):
+        generate("v-auto", p=4, m=8, mem_limit=0.0)
+    with pytest.raises(ParameterError, match="v"):
+        generate("v-auto", p=4, m=8, v=3)
+    with pytest.raises(ParameterError, match="g"):
+        generate("v-auto", p=4, m=8, g=2)
+    # Default limit: V-Half's peak.
+    half = max(simulate(generate("v-half", p=6, m=12)).peak_memory())
+    assert max(simulate(generate("v-auto", p=6, m=12)).peak_memory()) <= half + 1e-9
+
+
+def test_v_auto_block_family_holds_the_fixed_rhythms():
+    """The searched family is non-trivial and its smallest block is no larger than V-Min's."""
+    from pipeoffload.schedules.v_auto import block_family
+    for p in (3, 4, 6, 8):
+        fam = block_family(p)
+        assert len(fam) > 10
+        assert fam[0][1] <= max(steady_peak(v_min_block(p)))
+        assert all(max(steady_peak(b)) == pk for b, pk in fam[:20])

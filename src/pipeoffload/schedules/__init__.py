@@ -50,6 +50,8 @@ SCHEDULES: dict[str, ScheduleInfo] = {
         ScheduleInfo("v-min", "vshape", "v_min", "V-Min: ~1/3 of 1F1B's memory, bubble ~2/3 of 1F1B's", "v", 2, True),
         ScheduleInfo("v-half", "vshape", "v_half", "V-Half: ~1/2 of 1F1B's memory, bubble ~1/2 of 1F1B's", "v", 2, True),
         ScheduleInfo("v-zb", "vshape", "v_zb", "V-ZB: 1F1B's memory, bubble ~0 (building-block method)", "v", 2, True),
+        ScheduleInfo("v-auto", "v_auto", "v_auto",
+           "V-auto: building-block search for the best V schedule within --mem-limit (default V-Half's peak)", "v", 2, True),
     ]
 }
 

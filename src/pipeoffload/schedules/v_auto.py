@@ -1,0 +1,225 @@
+"""V-auto: a controllable-memory V schedule found by a building-block search
+(docs/algorithms.md#210-v-auto-a-building-block-search).
+
+V-Min, V-Half and V-ZB (:mod:`.vshape`) are three fixed building blocks. Between and
+around them lie many more blocks of the same shape, each with its own memory and its
+own bubble under given costs. V-auto enumerates a family of them, keeps those whose
+repeated grid fits the memory limit, lowers each with the same pipelines the fixed
+blocks use, times every lowering with the real costs and returns the best one that
+keeps every rank within the limit.
+
+**The family.** A block is described by *phases* (slot modulo the period 6) of rank
+0's four F/B ops — chunk-0 forward ``F`` at phase 0, chunk-1 forward ``f``, chunk-1
+backward ``B`` and chunk-0 backward ``b`` at three distinct phases in 1..5 — and by
+how the phases move from rank ``i`` to rank ``i+1``: ``F`` and ``B`` (which travel
+down the ranks) move ``+d``, ``f`` and ``b`` (which travel up) move ``−1``. The step
+``d`` in 1..5 is ``d0`` for the first ``k`` rank steps and ``d1 ≤ d0`` after (``k`` in
+1..p−1); a rank whose four phases collide is no block. Each W takes the first free
+phase after its B (chunk 1's first). This is the family of uniform-offset blocks of
+the controllable-memory paper (Qi et al., 2024); V-Min, V-Half and V-ZB's rhythms
+are members or close to them.
+
+**From phases to a block.** One microbatch's round trip (F down, f up, B down, b up)
+is walked in dependency order, each op in the first slot after its predecessor that
+has its phase; each W in the first slot after its B with its phase. That gives the
+absolute slots of a :class:`.building_block.BuildingBlock`, whose repeated grid's
+per-rank peak is :func:`.building_block.steady_peak`.
+
+**Search.** Blocks whose steady peak exceeds the limit (in chunk activations) are
+dropped unless ``m`` is too small to reach it; each remaining block is lowered by
+the reference reorder (:func:`.v_reorder.reorder_orders`) and timed; the best few
+(:data:`REFINE`) are lowered again by every pipeline of :func:`.vshape` (the
+repeat-reorder-compress pipeline, and each with its W's re-placed into idle time
+under the limit, :func:`.w_refill.refill_weights`). V-Min's, V-Half's and V-ZB's own
+schedules join as candidates, so V-auto is never worse than any of them whose peak
+fits the limit.
+
+Guarantees: a valid V schedule (v = 2) with every rank's peak, under ``spec.memory``,
+at most ``spec.mem_limit`` (default V-Half's peak); its longest rank span is no
+longer than V-Min's, V-Half's or V-ZB's whenever their peak fits the limit. Raises
+:class:`~pipeoffload.errors.ParameterError` (``mem_limit``) when no candidate fits.
+Pure Python.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from ..errors import ParameterError
+from ..ir import OpKind, Placement, Schedule, build_schedule
+from ..passes.timing import simulate
+from ..timeline import Timeline
+from .building_block import BuildingBlock, schedule_from_block, steady_peak
+from .spec import ScheduleSpec
+from .v_reorder import reorder_orders
+from .vshape import PERIOD, unit_peak_bound, v_half, v_min, v_zb
+from .w_refill import refill_weights
+from .zb_auto import Infeasible
+
+__all__ = ["v_auto", "block_family", "REFINE"]
+
+F, B, W = OpKind.F, OpKind.B, OpKind.W
+#: How many of the best blocks (after the first, cheap lowering) get every lowering.
+REFINE = 2
+#: How many blocks (those whose steady peak is nearest the limit) get the first lowering.
+SCAN = 4
+
+
+def _w_phases(ph: list[int]) -> tuple[int, int] | None:
+    """W phases for one rank's (F, f, B, b) phases: each the first free phase after its
+    B (chunk 1's W first)."""
+    used = set(ph)
+    out = []
+    for b in (ph[2], ph[3]):
+        for j in range(1, PERIOD):
+            q = (b + j) % PERIOD
+            if q not in used:
+                used.add(q)
+                out.append(q)
+                break
+        else:
+            return None
+    return out[0], out[1]
+
+
+def _block_from_phases(p: int, phases: list[list[int]]) -> BuildingBlock:
+    """Absolute slots from per-rank phases (F, f, B, b, W1, W0): the round trip walked
+    in dependency order, each op in the first later slot with its phase."""
+    pl = Placement.vshape(p)
+    slots: dict[tuple[OpKind, int], int] = {}
+    chain = ([(F, s, s, 0) for s in range(p)] + [(F, 2 * p - 1 - r, r, 1) for r in reversed(range(p))]
+             + [(B, 2 * p - 1 - r, r, 2) for r in range(p)] + [(B, r, r, 3) for r in reversed(range(p))])
+    t = -1
+    for kind, stage, rank, col in chain:
+        t += 1
+        while t % PERIOD != phases[rank][col]:
+            t += 1
+        slots[(kind, stage)] = t
+    for r in range(p):
+        for stage, col in ((2 * p - 1 - r, 4), (r, 5)):
+            u = slots[(B, stage)] + 1
+            while u % PERIOD != phases[r][col]:
+                u += 1
+            slots[(W, stage)] = u
+    return BuildingBlock(pl, PERIOD, slots)
+
+
+@lru_cache(maxsize=64)
+def block_family(p: int) -> tuple[tuple[BuildingBlock, int], ...]:
+    """Every distinct block of the uniform-offset family for ``p`` ranks, with its
+    steady-state peak (chunk activations, highest rank), lowest peak first."""
+    seen: dict[tuple, tuple[BuildingBlock, int]] = {}
+    steps = range(1, PERIOD)
+    for f1 in steps:
+        for b1 in steps:
+            for b0 in steps:
+                if len({f1, b1, b0}) < 3:
+                    continue
+                for d0 in steps:
+                    for d1 in range(1, d0 + 1):
+                        for k in range(1, p) if d1 < d0 else [p]:
+                            ph = [0, f1, b1, b0]
+                            rows = []
+                            for i in range(p):
+                                if i:
+                                    d = d0 if i <= k else d1
+                                    ph = [(ph[0] + d) % PERIOD, (ph[1] - 1) % PERIOD,
+                                          (ph[2] + d) % PERIOD, (ph[3] - 1) % PERIOD]
+                                    if len(set(ph)) < 4:
+                                        break
+                                w = _w_phases(ph)
+                                if w is None:
+                                    break
+                                rows.append(ph + list(w))
+                            else:
+                                blk = _block_from_phases(p, rows)
+                                key = tuple(sorted((k_.value, s, t) for (k_, s), t in blk.slots.items()))
+                                if key not in seen:
+                                    seen[key] = (blk, max(steady_peak(blk)))
+    return tuple(sorted(seen.values(), key=lambda bp: bp[1]))
+
+
+def _key(tl: Timeline) -> tuple[float, float, float]:
+    """Longest rank span (what the bubble rate measures), then makespan, then peak."""
+    return (max(tl.spans()), tl.makespan, max(tl.peak_memory()))
+
+
+def _better(a: tuple[float, ...], b: tuple[float, ...] | None) -> bool:
+    """``a`` before ``b`` lexicographically, equal within a relative 1e-9."""
+    if b is None:
+        return True
+    for x, y in zip(a, b):
+        eps = 1e-9 * max(1.0, abs(y))
+        if x < y - eps:
+            return True
+        if x > y + eps:
+            return False
+    return False
+
+
+def v_auto(spec: ScheduleSpec) -> Schedule:
+    """V-auto: the best V schedule of the block search (module docstring) within
+    ``spec.mem_limit`` (units of ``spec.memory``; default V-Half's peak)."""
+    spec.no_group()
+    spec.resolve_v(2, allowed=(2,))
+    p, m, costs, memory = spec.p, spec.m, spec.costs, spec.memory
+    pl = Placement.vshape(p)
+    chunk = max(memory.chunk_deltas(pl, s)[0] for s in range(pl.num_stages))
+    if spec.mem_limit is None:
+        limit = unit_peak_bound("v-half", p) * memory.F
+    else:
+        limit = float(spec.mem_limit)
+        if limit <= 0:
+            raise ParameterError("mem_limit", f"must be > 0, got {spec.mem_limit!r}")
+    # The fixed blocks whose published peak bound fits the limit (V-Min always runs: its
+    # schedule is the fallback and names the lowest reachable peak in the error).
+    fixed = []
+    for name, gen in (("v-min", v_min), ("v-half", v_half), ("v-zb", v_zb)):
+        if name == "v-min" or unit_peak_bound(name, p) * memory.F <= limit * (1 + 1e-9):
+            s = gen(ScheduleSpec(spec.name, p, m, costs=costs, memory=memory))
+            fixed.append((s, simulate(s, costs, memory)))
+    tol = limit * 1e-9 + 1e-12
+
+    def fits(tl: Timeline) -> bool:
+        return max(tl.peak_memory()) <= limit + tol
+
+    best: tuple[Schedule, tuple[float, float]] | None = None
+    for s, tl in fixed:
+        if fits(tl) and (best is None or _better(_key(tl), best[1])):
+            best = (s, _key(tl))
+
+    # Chunk activations the limit holds; with few microbatches a block's steady peak is
+    # not reached (at most 2m chunks are ever alive), so larger blocks may still fit.
+    units = limit / chunk if chunk > 0 else float("inf")
+    cap = units if m >= 2 * p else max(units, 2 * m)
+    # The blocks nearest the limit leave the least idle time: lower those first, at most
+    # SCAN; with few microbatches, the blocks that fit in the steady state come first.
+    fitting = sorted((bp for bp in block_family(p) if bp[1] <= cap + 1e-9),
+                     key=lambda bp: (bp[1] > units + 1e-9, -bp[1]))
+    fitting = [blk for blk, _ in fitting]
+    ranked = []
+    for blk in fitting[:SCAN]:
+        s = build_schedule(spec.name, m, pl, reorder_orders(blk, m), p=p, m=m, v=2)
+        tl = simulate(s, costs, memory)
+        ranked.append((_key(tl), len(ranked), blk, s, tl))
+    ranked.sort(key=lambda x: (x[0], x[1]))
+    for key, _, blk, s, tl in ranked[:REFINE]:
+        cands = [(s, tl)]
+        s2 = schedule_from_block(spec.name, blk, m, p=p, m=m, v=2)
+        cands.append((s2, simulate(s2, costs, memory)))
+        for base, _tl in list(cands):
+            for partial in (True, False):
+                try:
+                    r = refill_weights(base, costs, memory, [limit] * p, partial)
+                except Infeasible:
+                    continue
+                cands.append((r, simulate(r, costs, memory)))
+        for c, ctl in cands:
+            if fits(ctl) and (best is None or _better(_key(ctl), best[1])):
+                best = (c, _key(ctl))
+    if best is None:
+        raise ParameterError("mem_limit", f"no V-auto schedule keeps every rank within {limit:g}; "
+                             f"V-Min's peak is {max(fixed[0][1].peak_memory()):g}")
+    s = best[0]
+    return build_schedule(spec.name, m, pl, [[(o.kind, o.stage, o.microbatch) for o in r] for r in s.ranks],
+                          p=p, m=m, v=2, mem_limit=limit)
