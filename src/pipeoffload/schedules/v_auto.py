@@ -26,16 +26,17 @@ absolute slots of a :class:`.building_block.BuildingBlock`, whose repeated grid'
 per-rank peak is :func:`.building_block.steady_peak`.
 
 **Search.** Blocks whose steady peak exceeds the limit (in chunk activations) are
-dropped unless ``m`` is too small to reach it; each remaining block is lowered by
-the reference reorder (:func:`.v_reorder.reorder_orders`) and timed; the best few
+dropped unless ``m`` is too small to reach it; the :data:`SCAN` blocks nearest the
+limit are lowered by the reference reorder (:func:`.v_reorder.reorder_orders`) and
+timed (the blocks with the most memory leave the least idle time); the best few
 (:data:`REFINE`) are lowered again by every pipeline of :func:`.vshape` (the
 repeat-reorder-compress pipeline, and each with its W's re-placed into idle time
 under the limit, :func:`.w_refill.refill_weights`). V-Min's, V-Half's and V-ZB's own
 schedules join as candidates, so V-auto is never worse than any of them whose peak
-fits the limit.
+fits the limit. The winner has the shortest longest rank span, then makespan, then peak.
 
 Guarantees: a valid V schedule (v = 2) with every rank's peak, under ``spec.memory``,
-at most ``spec.mem_limit`` (default V-Half's peak); its longest rank span is no
+at most ``spec.mem_limit`` (default V-Half's published peak); its longest rank span is no
 longer than V-Min's, V-Half's or V-ZB's whenever their peak fits the limit. Raises
 :class:`~pipeoffload.errors.ParameterError` (``mem_limit``) when no candidate fits.
 Pure Python.
@@ -56,7 +57,7 @@ from .vshape import PERIOD, unit_peak_bound, v_half, v_min, v_zb
 from .w_refill import refill_weights
 from .zb_auto import Infeasible
 
-__all__ = ["v_auto", "block_family", "REFINE"]
+__all__ = ["v_auto", "block_family", "REFINE", "SCAN"]
 
 F, B, W = OpKind.F, OpKind.B, OpKind.W
 #: How many of the best blocks (after the first, cheap lowering) get every lowering.
@@ -159,7 +160,7 @@ def _better(a: tuple[float, ...], b: tuple[float, ...] | None) -> bool:
 
 def v_auto(spec: ScheduleSpec) -> Schedule:
     """V-auto: the best V schedule of the block search (module docstring) within
-    ``spec.mem_limit`` (units of ``spec.memory``; default V-Half's peak)."""
+    ``spec.mem_limit`` (units of ``spec.memory``; default V-Half's published peak)."""
     spec.no_group()
     spec.resolve_v(2, allowed=(2,))
     p, m, costs, memory = spec.p, spec.m, spec.costs, spec.memory
@@ -171,11 +172,13 @@ def v_auto(spec: ScheduleSpec) -> Schedule:
         limit = float(spec.mem_limit)
         if limit <= 0:
             raise ParameterError("mem_limit", f"must be > 0, got {spec.mem_limit!r}")
-    # The fixed blocks whose published peak bound fits the limit (V-Min always runs: its
-    # schedule is the fallback and names the lowest reachable peak in the error).
+    # The fixed blocks whose peak may fit the limit: their published bound is reached
+    # exactly from m = p on under unit accounting (B frees nothing), so only then can a
+    # bound above the limit skip one. V-Min always runs: it names the lowest peak in the error.
+    exact = m >= p and memory.B == 0 and memory.group_deltas is None
     fixed = []
     for name, gen in (("v-min", v_min), ("v-half", v_half), ("v-zb", v_zb)):
-        if name == "v-min" or unit_peak_bound(name, p) * memory.F <= limit * (1 + 1e-9):
+        if name == "v-min" or not exact or unit_peak_bound(name, p) * memory.F <= limit * (1 + 1e-9):
             s = gen(ScheduleSpec(spec.name, p, m, costs=costs, memory=memory))
             fixed.append((s, simulate(s, costs, memory)))
     tol = limit * 1e-9 + 1e-12
