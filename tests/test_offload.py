@@ -421,19 +421,6 @@ def test_stash_delay_mode_lets_w_wait():
         assert t.reload_end <= consumer.start + EPS
 
 
-def test_runtime_rejects_stash_programs():
-    from helpers import import_torch
-
-    import_torch()
-    from pipeoffload.runtime.executor import PipelineRunner
-
-    s, tl = _timed("zb-h1", p=2, m=4)
-    res = plan_offload(s, tl, offload_chunks=1, stash=True)
-    with pytest.raises(ParameterError) as ei:
-        PipelineRunner({}, lambda out, tgt: out, res.schedule, rank=0)
-    assert ei.value.param == "stash" and "not supported by the runtime yet" in str(ei.value)
-
-
 def test_cli_offload_stash(capsys):
     rc = main(["simulate", "zb-h1", "-p", "4", "-m", "8", "--offload-chunks", "1", "--offload-stash", "--json"])
     assert rc == 0
