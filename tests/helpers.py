@@ -119,3 +119,14 @@ def train_steps(sched, cfg, data: Callable[[int], tuple[list, list]], *, steps: 
         opt.step()
         opt.zero_grad(set_to_none=True)
     return Trained(runner, results, grads)
+
+
+def run_world(worker: Callable, p: int, path: Any, *args: Any) -> dict:
+    """Run ``worker(ctx, str(path), *args)`` on ``p`` gloo ranks (real processes via
+    ``pipeoffload.runtime.launcher.launch``) and return what its rank 0 saved to ``path``
+    with ``torch.save``. One spawn runs many cases: the runtime tests keep CI short."""
+    torch = import_torch()
+    from pipeoffload.runtime.launcher import launch
+
+    launch(worker, p, (str(path), *args), backend="gloo", init_timeout_s=120)
+    return torch.load(path, weights_only=False)

@@ -28,7 +28,7 @@ import time
 
 import pytest
 
-from helpers import ALL_SCHEDULES, import_torch
+from helpers import ALL_SCHEDULES, import_torch, run_world
 
 torch = import_torch()
 transformers = pytest.importorskip("transformers", reason="the hf extra (pip install 'pipeoffload[hf]')")
@@ -36,7 +36,6 @@ transformers = pytest.importorskip("transformers", reason="the hf extra (pip ins
 from pipeoffload.models.hf_llama import causal_lm_loss, split_llama  # noqa: E402
 from pipeoffload.passes.offload import plan_offload  # noqa: E402
 from pipeoffload.runtime.executor import PipelineRunner  # noqa: E402
-from pipeoffload.runtime.launcher import launch  # noqa: E402
 from pipeoffload.runtime.measure import gather_results  # noqa: E402
 from pipeoffload.runtime.offload_store import OffloadStore  # noqa: E402
 from pipeoffload.schedules import generate  # noqa: E402
@@ -186,9 +185,7 @@ def worlds(tmp_path_factory):
     if not _WORLDS:
         tmp = tmp_path_factory.mktemp("llama")
         for p in (4, 2):
-            path = tmp / f"p{p}.pt"
-            launch(_world, p, (str(path), str(tmp / "ckpt")), backend="gloo", init_timeout_s=120)
-            _WORLDS[p] = torch.load(path, weights_only=False)
+            _WORLDS[p] = run_world(_world, p, tmp / f"p{p}.pt", str(tmp / "ckpt"))
     return _WORLDS
 
 

@@ -20,7 +20,7 @@ import warnings
 
 import pytest
 
-from helpers import import_torch
+from helpers import import_torch, run_world
 
 torch = import_torch()
 from torch import nn  # noqa: E402
@@ -29,7 +29,6 @@ import torch.nn.functional as F  # noqa: E402
 from pipeoffload.errors import ParameterError  # noqa: E402
 from pipeoffload.passes.offload import plan_offload  # noqa: E402
 from pipeoffload.runtime.executor import PipelineRunner  # noqa: E402
-from pipeoffload.runtime.launcher import LaunchError, launch  # noqa: E402
 from pipeoffload.runtime.measure import gather_results  # noqa: E402
 from pipeoffload.runtime.offload_store import OffloadStore  # noqa: E402
 from pipeoffload.schedules import generate  # noqa: E402
@@ -332,9 +331,7 @@ _WORLD: dict = {}
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     if not _WORLD:
-        path = tmp_path_factory.mktemp("model") / "out.pt"
-        launch(_world, 2, (str(path),), backend="gloo", init_timeout_s=120)
-        _WORLD.update(torch.load(path, weights_only=False))
+        _WORLD.update(run_world(_world, 2, tmp_path_factory.mktemp("model") / "out.pt"))
     return _WORLD
 
 

@@ -792,15 +792,21 @@ def _place_by_value(cands: list[_Candidate], mode: str) -> tuple[dict[int, _Slot
     return placed, failed
 
 
+def _by_link(cands: list[_Candidate]) -> dict[int, list[_Candidate]]:
+    """Candidates grouped by the host link they use, in their given order."""
+    by_link: dict[int, list[_Candidate]] = {}
+    for c in cands:
+        by_link.setdefault(c.link, []).append(c)
+    return by_link
+
+
 def _place_by_deadline(cands: list[_Candidate], mode: str) -> tuple[dict[int, _Slots], list[_Candidate]]:
     """Place copies by deadline on each link: offloads by non-preemptive
     earliest-deadline-first in time order (released at the F's end, deadline = the B's
     start minus the reload time); reloads by the mirror image, planned backwards
     (released at the B's start, most urgent = latest offload end). Packs a busy link
     better than :func:`_place_by_value`; same return value."""
-    by_link: dict[int, list[_Candidate]] = {}
-    for c in cands:
-        by_link.setdefault(c.link, []).append(c)
+    by_link = _by_link(cands)
     placed: dict[int, _Slots] = {}
     failed: list[_Candidate] = []
     for lst in by_link.values():
@@ -875,9 +881,7 @@ def _place_by_slots(cands: list[_Candidate], mode: str) -> tuple[dict[int, _Slot
     free slot ending by its start, planned backwards). One direction's slots of the
     ranks never overlap. A reload that cannot follow its offload fails; links whose
     candidates differ in transfer time get no plan (every candidate fails)."""
-    by_link: dict[int, list[_Candidate]] = {}
-    for c in cands:
-        by_link.setdefault(c.link, []).append(c)
+    by_link = _by_link(cands)
     placed: dict[int, _Slots] = {}
     failed: list[_Candidate] = []
     for lst in by_link.values():
