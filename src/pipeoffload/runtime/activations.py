@@ -55,6 +55,10 @@ class ActivationStore:
         move (parameters, buffers) and the ``(stage, microbatch)`` pairs whose
         activations the program offloads (they have OFFLOAD_START/RELOAD_END ops)."""
 
+    def exclude(self, tensors: Iterable[torch.Tensor]) -> None:
+        """Never move these tensors either (weights gathered after :meth:`bind`, e.g.
+        an FSDP layer group unsharded for the step)."""
+
     def capture(self, stage: int, microbatch: int, owned: tuple[torch.Tensor, ...] = ()) -> ContextManager:
         """Context around the F of ``(stage, microbatch)``. ``owned``: tensors the
         runtime keeps until B only for autograd (the stage input); a store may

@@ -504,9 +504,7 @@ class PipelineRunner:
             tensors = [local(p) for p in whole]
             if hasattr(self.meter, "exclude"):
                 self.meter.exclude(tensors)
-            keep = getattr(self.store, "_exclude", None)  # the store must not offload gathered weights
-            if isinstance(keep, set):
-                keep.update(t.untyped_storage().data_ptr() for t in tensors)
+            self.store.exclude(tensors)  # the store must not offload gathered weights
 
     def _reduce_grads(self) -> None:
         """End of a training step: shared parameters summed among their pipeline holders,

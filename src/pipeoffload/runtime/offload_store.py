@@ -369,6 +369,9 @@ class OffloadStore(ActivationStore):
         self._lanes = _Lanes(self.device, self.timing)
         self.reset()
 
+    def exclude(self, tensors: Iterable[torch.Tensor]) -> None:
+        self._exclude.update(t.untyped_storage().data_ptr() for t in tensors)
+
     def reset(self) -> None:
         """Forget every group (after a failed step)."""
         for g in self._groups.values():
