@@ -45,6 +45,7 @@ from functools import lru_cache
 from ..costs import MemoryDeltas
 from ..ir import OpKind, Placement, Schedule, build_schedule
 from ..passes.timing import simulate
+from .hole_fill import fill_holes
 from .building_block import BuildingBlock, chain_slots, place_weight_grads, schedule_from_block
 from .spec import ScheduleSpec
 from .v_reorder import reorder_orders
@@ -100,13 +101,15 @@ def _check(spec: ScheduleSpec) -> None:
     spec.resolve_v(2, allowed=(2,))
 
 
-def _from_block(name: str, block: BuildingBlock, spec: ScheduleSpec) -> Schedule:
+def _from_block(name: str, block: BuildingBlock, spec: ScheduleSpec, holes: bool = False) -> Schedule:
     """The best lowering of ``block`` for ``spec.costs``, by longest rank span, then
     makespan (ties keep the earlier): the building-block pipeline
     (:func:`.building_block.schedule_from_block`), the reference runtime's slot reorder
     (:func:`.v_reorder.reorder_orders`), and each with its W's re-placed to fill idle
     time (:func:`.w_refill.refill_weights`) under the unit peak bound, kept only when its
-    peak under ``spec.memory`` is no higher than the first two's.
+    peak under ``spec.memory`` is no higher than the first two's; with ``holes``, the
+    winner then goes through the hole-filling pass (:func:`.hole_fill.fill_holes`, under
+    the unit peak bound), kept on the same terms.
 
     Guarantees: per-rank peak at most :func:`unit_peak_bound` units (unit accounting,
     any costs); the longest span is no longer than either of the first two lowerings'."""
@@ -122,6 +125,20 @@ def _from_block(name: str, block: BuildingBlock, spec: ScheduleSpec) -> Schedule
                 continue
     timed = [simulate(s, spec.costs, spec.memory) for s in cands]
     cap = max(max(tl.peak_memory()) for tl in timed[:2])
+    best = _pick(timed, cap)
+    if holes:
+        # The pass only keeps strictly better orders, so the winner can only improve.
+        filled = fill_holes(cands[best], spec.costs, MemoryDeltas(), [unit_peak_bound(name, p)] * p)
+        if filled is not cands[best]:
+            cands.append(filled)
+            timed.append(simulate(filled, spec.costs, spec.memory))
+            best = _pick(timed, cap)
+    return cands[best]
+
+
+def _pick(timed: list, cap: float) -> int:
+    """Index of the timeline with the shortest longest span, then makespan (ties keep
+    the earlier), among those whose peak is within ``cap``."""
     best, best_key = 0, None
     for i, tl in enumerate(timed):
         if max(tl.peak_memory()) > cap * (1 + 1e-9) + 1e-12:
@@ -131,19 +148,19 @@ def _from_block(name: str, block: BuildingBlock, spec: ScheduleSpec) -> Schedule
         if best_key is None or key[0] < best_key[0] - eps or (abs(key[0] - best_key[0]) <= eps
                                                                and key[1] < best_key[1] - eps):
             best, best_key = i, key
-    return cands[best]
+    return best
 
 
 def v_min(spec: ScheduleSpec) -> Schedule:
     """V-Min: peak ``(p+4)//3`` units (≈ ⅓ of 1F1B's), bubble ≈ ⅔ of 1F1B's."""
     _check(spec)
-    return _from_block("v-min", v_min_block(spec.p), spec)
+    return _from_block("v-min", v_min_block(spec.p), spec, holes=True)
 
 
 def v_half(spec: ScheduleSpec) -> Schedule:
     """V-Half: peak ``(p+2)//2`` units (≈ ½ of 1F1B's), bubble ≈ ½ of 1F1B's."""
     _check(spec)
-    return _from_block("v-half", v_half_block(spec.p), spec)
+    return _from_block("v-half", v_half_block(spec.p), spec, holes=True)
 
 
 def v_zb(spec: ScheduleSpec) -> Schedule:

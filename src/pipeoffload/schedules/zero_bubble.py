@@ -189,13 +189,34 @@ def _zbv_handcrafted(p: int, m: int) -> Order:
     return out
 
 
+def _controllable_orders(spec: ScheduleSpec, limit: float) -> list[Order]:
+    """The orders of V-Half and V-Min (:mod:`.vshape`, lowered for ``spec.costs``) whose
+    published peak may fit ``limit``: below 1F1B's memory the ZB-V greedy, built for a
+    limit of p, leaves +17 to +29 points of bubble over the optimum (docs/solver.md),
+    while these blocks are built for exactly that memory."""
+    from .vshape import unit_peak_bound, v_half, v_min
+
+    p, m, memory = spec.p, spec.m, spec.memory
+    # Their bounds are exact under unit accounting from m = p on; otherwise just try them
+    # (the replay drops an order that breaks the limit).
+    exact = m >= p and memory.B == 0 and memory.group_deltas is None
+    out = []
+    for name, gen in (("v-half", v_half), ("v-min", v_min)):
+        if not exact or unit_peak_bound(name, p) * memory.F <= limit * (1 + 1e-9):
+            s = gen(ScheduleSpec(name, p, m, costs=spec.costs, memory=memory))
+            out.append([[(o.kind, o.stage, o.microbatch) for o in ops] for ops in s.ranks])
+    return out
+
+
 def zb_v(spec: ScheduleSpec) -> Schedule:
     """ZB-V: V placement (rank i holds layer groups i and 2p−1−i), two chunks per rank,
     memory limit 1F1B's (p whole-stage forwards; ``spec.mem_limit`` overrides).
 
-    Runs the ZB-V greedy's variants and the fixed equal-cost order, keeping the
-    candidate with the shortest longest-rank span. Guarantees: every rank's peak
-    ≤ the limit; any m ≥ 1; bubble 0 when T_F = T_B = T_W and comm = 0 (m ≥ 2p).
+    Runs the ZB-V greedy's variants and the fixed equal-cost order and, below 1F1B's
+    memory, V-Half's and V-Min's orders when their peak may fit; keeps the candidate
+    with the shortest longest-rank span. Guarantees: every rank's peak ≤ the limit;
+    any m ≥ 1; bubble 0 when T_F = T_B = T_W and comm = 0 (m ≥ 2p); below p units,
+    never worse than V-Half or V-Min when their peak fits the limit.
     """
     spec.no_group()
     spec.resolve_v(2, allowed=(2,))
@@ -204,7 +225,10 @@ def zb_v(spec: ScheduleSpec) -> Schedule:
     limit = float(spec.mem_limit) if spec.mem_limit is not None else default_limit(pl, spec.memory)
     _check_limit(limit, pl, spec)
     cands = v_candidates(p, m, spec.costs, spec.memory, limit)
-    cands += _replays(lambda: Tracker(pl, m, spec.costs, spec.memory, limit), [_zbv_handcrafted(p, m)])
+    fresh = lambda: Tracker(pl, m, spec.costs, spec.memory, limit)  # noqa: E731
+    cands += _replays(fresh, [_zbv_handcrafted(p, m)])
+    if limit < default_limit(pl, spec.memory) * (1 - 1e-9):
+        cands += _replays(fresh, _controllable_orders(spec, limit))
     if not cands:
         raise ParameterError("mem_limit", f"no ZB-V schedule keeps every rank within {limit:g}")
     best = _best(cands)

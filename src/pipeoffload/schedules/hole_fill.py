@@ -1,0 +1,278 @@
+"""Hole filling: move a later op of a rank into an idle gap, timed with the real costs.
+
+A generic pass for split-backward (F/B/W) schedules. The generators build their orders
+from unit-cost rhythms (building blocks, hand orders, greedy rounds); with other costs or
+a comm latency a rank often waits for an input while a later op of its own is already
+runnable. The exact scheduler's orders (docs/solver.md) show the fix: run that op in the
+gap. This pass does it, one move at a time:
+
+1. time the order with the timing pass's engine (:class:`.zb_auto.Tracker`);
+2. visit the idle gaps in time order; for the gap before op ``a`` of rank ``r``, try
+   (a) the next :data:`WINDOW` ops of ``r`` whose inputs arrive before ``a`` starts, put
+   just before ``a`` (those that fit the gap entirely first), then (b) the gap's *late
+   input*: follow ``a``'s latest-arriving input back while each op starts the moment its
+   input arrives; the first op that instead waited for its own rank moves up to
+   :data:`WINDOW` places earlier there (while its input arrives before the op it passes
+   ends). A move never passes an op of the same (kind, layer group) (microbatches stay in
+   order) and keeps the rank's memory within its cap;
+3. a move is kept when it makes the schedule strictly better by (longest rank span,
+   makespan, sum of rank spans, sum of op ends), compared with a relative tolerance of
+   1e-9; a late-input move that leaves the first two unchanged may chain up to
+   :data:`CHAIN` more late-input moves (ranks often have to advance together) before it
+   must pay off. After a kept move the scan restarts from that gap.
+
+It stops when no gap has an improving move, or when the work (ops timed over all trial
+timings) would pass ``budget``: the default, :data:`BUDGET`, is about 0.2 s of timing; it
+is enough for the p ≤ 6 grid of docs/solver.md, and allows only about 8 trials at p = 16,
+m = 64 on the V placement (6144 ops), where the pass therefore does little.
+
+Guarantees: the result holds every op of the input once; each rank's memory level after
+every op (the running sum of the deltas of ``memory``) stays within
+``max(caps[r], the input's peak on r)``; the result is dependency-respecting
+(deadlock-free, each (kind, layer group)'s microbatches in the input's order); its
+longest rank span and makespan are never larger than the input's (only strictly better
+orders are kept). Deterministic. Pure Python.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..costs import Costs, MemoryDeltas
+from ..errors import ParameterError
+from ..ir import Placement, Schedule, build_schedule
+from ..passes.timing import KIND_CODE, CODE_KIND
+from .zb_auto import Infeasible, Tracker, replay
+
+__all__ = ["fill_holes", "WINDOW", "CHAIN", "BUDGET"]
+
+#: How many later ops of the rank are candidates for one gap.
+WINDOW = 8
+#: How many more late-input moves one trial may chain before it must pay off.
+CHAIN = 4
+#: Default work limit: ops timed over all trial timings (~3 µs each).
+BUDGET = 50_000
+
+Code = tuple[int, int, int]
+
+
+def fill_holes(schedule: Schedule, costs: Costs, memory: MemoryDeltas, caps: Sequence[float],
+               budget: int = BUDGET) -> Schedule:
+    """``schedule`` with later ops moved into idle gaps (module docstring); ``caps``:
+    per-rank memory caps in the units of ``memory``; ``budget``: the most ops timed in all."""
+    pl, m = schedule.placement, schedule.num_microbatches
+    if len(caps) != pl.num_ranks:
+        raise ParameterError("caps", f"needs one memory cap per rank ({pl.num_ranks}), got {len(caps)}")
+    if not isinstance(budget, int) or budget < 0:
+        raise ParameterError("budget", f"must be an integer >= 0, got {budget!r}")
+    lists: list[list[Code]] = [[(KIND_CODE[o.kind], o.stage, o.microbatch) for o in ops] for ops in schedule.ranks]
+    n_ops = sum(len(x) for x in lists)
+    search = _Search(pl, m, costs, memory)
+    try:
+        best = search.time(lists)
+    except Infeasible:
+        raise ParameterError("schedule", "fill_holes needs a deadlock-free F/B/W schedule") from None
+    caps = [max(float(c), pk) for c, pk in zip(caps, best.peak)]
+    key = _key(best)
+    work = [n_ops]  # ops timed so far (a list: the helpers below add to it)
+    changed = False
+    restart_at = 0.0
+    while work[0] + n_ops <= budget:
+        move = None
+        for t, r, i in _gaps(search, best, lists, restart_at):
+            a = lists[r][i]
+            for rr, j, k in _moves(search, best, lists, r, i, caps):
+                if work[0] + n_ops > budget:
+                    break
+                trial = [list(x) for x in lists]
+                trial[rr].insert(k, trial[rr].pop(j))
+                move = _try(search, trial, a, key, caps, work, budget, CHAIN if rr != r else 0)
+                if move is not None:
+                    break
+            if move is not None or work[0] + n_ops > budget:
+                if move is not None:
+                    move = move + (t,)
+                break
+        if move is None:
+            break
+        lists, best, key, restart_at = move
+        changed = True
+    if not changed:
+        return schedule
+    order = [[(CODE_KIND[c], s, j) for c, s, j in ops] for ops in lists]
+    return build_schedule(schedule.name, m, pl, order, **schedule.params)
+
+
+def _try(search: "_Search", trial: list[list[Code]], a: Code, key: tuple, caps: list[float], work: list[int],
+         budget: int, chain: int):
+    """Time ``trial``; (trial, timing, key) if strictly better than ``key``. Otherwise, if
+    it is no worse in longest span and makespan, push the gap's late input again (up to
+    ``chain`` more moves: several ranks may have to advance together before a gap
+    closes). None when nothing better was found."""
+    n_ops = sum(len(x) for x in trial)
+    for _ in range(chain + 1):
+        if work[0] + n_ops > budget:
+            return None
+        work[0] += n_ops
+        try:
+            tr = search.time(trial)
+        except Infeasible:
+            return None
+        k2 = _key(tr)
+        if _better(k2, key):
+            return trial, tr, k2
+        if _better(key[:2], k2[:2]):
+            return None
+        x = _late_input(search, tr, a)
+        if x is None:
+            return None
+        rx = search.pl.rank_of(x[1])
+        jx = trial[rx].index(x)
+        slots = _earlier_slots(search, tr, trial[rx], jx, caps[rx])
+        if not slots:
+            return None
+        trial = [list(o) for o in trial]
+        trial[rx].insert(slots[0], trial[rx].pop(jx))
+    return None
+
+
+class _Search:
+    """Timing of candidate orders, with the tables the move tests need."""
+
+    def __init__(self, pl: Placement, m: int, costs: Costs, memory: MemoryDeltas) -> None:
+        self.pl, self.m, self.costs, self.memory = pl, m, costs, memory
+        probe = Tracker(pl, m, costs, memory, float("inf"))
+        self.dur, self.mem = probe.dur, probe.mem
+
+    def time(self, lists: list[list[Code]]) -> Tracker:
+        ops = [[(CODE_KIND[c], s, j) for c, s, j in x] for x in lists]
+        return replay(Tracker(self.pl, self.m, self.costs, self.memory, float("inf")), ops)
+
+
+def _key(tr: Tracker) -> tuple[float, float, float, float]:
+    spans = [c - f for c, f in zip(tr.clock, tr.first)]
+    ends = sum(e for e in tr.end if e != float("-inf"))
+    return (max(spans), tr.makespan(), sum(spans), ends)
+
+
+def _better(a: tuple, b: tuple) -> bool:
+    """Lexicographically smaller, each component with a relative tolerance."""
+    for x, y in zip(a, b):
+        eps = 1e-9 * max(1.0, abs(y))
+        if x < y - eps:
+            return True
+        if x > y + eps:
+            return False
+    return False
+
+
+def _start(search: _Search, tr: Tracker, op: Code) -> float:
+    c, s, j = op
+    return tr.end[tr.slot(c, s, j)] - search.dur[s][c]
+
+
+def _gaps(search: _Search, tr: Tracker, lists: list[list[Code]], since: float):
+    """(gap start, rank, index of the op after the gap) for every idle gap that ends after
+    ``since``, earliest first."""
+    out = []
+    for r, ops in enumerate(lists):
+        prev_end = None
+        for i, op in enumerate(ops):
+            st = _start(search, tr, op)
+            if prev_end is not None and st > prev_end + 1e-9 * max(1.0, st) and st > since + 1e-12:
+                out.append((prev_end, r, i))
+            prev_end = tr.end[tr.slot(*op)]
+    out.sort()
+    return out
+
+
+def _moves(search: _Search, tr: Tracker, lists: list[list[Code]], r: int, i: int,
+           caps: list[float]) -> list[tuple[int, int, int]]:
+    """Moves ``(rank, from index, to index)`` for the gap before op ``i`` of rank ``r``:
+    a later op of ``r`` into the gap (those that fit it first), then the gap's late
+    input advanced on its own rank (module docstring, step 2)."""
+    moves = [(r, j, i) for j in _into_gap(search, tr, lists[r], i, caps[r])]
+    x = _late_input(search, tr, lists[r][i])
+    if x is not None:
+        rx = search.pl.rank_of(x[1])
+        ops = lists[rx]
+        jx = ops.index(x)
+        moves += [(rx, jx, k) for k in _earlier_slots(search, tr, ops, jx, caps[rx])]
+    return moves
+
+
+def _late_input(search: _Search, tr: Tracker, op: Code) -> Code | None:
+    """Follow the latest-arriving input back from ``op`` while each op starts exactly when
+    its input arrives; the first op that waited for its own rank instead (it could run
+    earlier if its rank ran it earlier), or None."""
+    S, m = tr.num_stages, tr.num_microbatches
+    cur = op
+    for _ in range(2 * S + 2):
+        c, s, j = cur
+        late, when = None, float("-inf")
+        for base, lat in tr.deps[c * S + s]:
+            e = tr.end[base + j] + lat
+            if e > when:
+                late, when = base + j, e
+        if late is None:
+            return None
+        code, rest = divmod(late, S * m)
+        x = (code, rest // m, rest % m)
+        if _start(search, tr, x) > tr.arrival(*x) + 1e-9 * max(1.0, when):
+            return x
+        cur = x
+    return None
+
+
+def _earlier_slots(search: _Search, tr: Tracker, ops: list[Code], j: int, cap: float) -> list[int]:
+    """Positions k < j (nearest first, at most WINDOW back) that op ``j`` may move to: it
+    passes no op of its own (kind, layer group), its input arrives before op k ends (so
+    it could run earlier; an op it depends on always ends before), and the rank's memory
+    stays within ``cap``."""
+    c, s, mb = ops[j]
+    arrive = tr.arrival(c, s, mb)
+    d = search.mem[s][c]
+    levels = _levels(search, ops)
+    tol = 1e-9 * max(1.0, abs(cap))
+    out = []
+    for k in range(j - 1, max(0, j - WINDOW) - 1, -1):
+        ck, sk, _ = ops[k]
+        if (ck, sk) == (c, s) or tr.end[tr.slot(*ops[k])] <= arrive + 1e-9 * max(1.0, arrive):
+            break  # same (kind, group), or op k ends before op j's input is there (op k may be that input)
+        before = levels[k - 1] if k > 0 else 0.0
+        if d > 0 and max([before] + levels[k:j]) + d > cap + tol:
+            break
+        out.append(k)
+    return out
+
+
+def _levels(search: _Search, ops: list[Code]) -> list[float]:
+    level, out = 0.0, []
+    for c, s, _ in ops:
+        level += search.mem[s][c]
+        out.append(level)
+    return out
+
+
+def _into_gap(search: _Search, tr: Tracker, ops: list[Code], i: int, cap: float) -> list[int]:
+    """Indices j > i of a rank's ops that may move to position ``i`` (module docstring,
+    step 2), those that fit the gap first."""
+    a_start = _start(search, tr, ops[i])
+    gap_start = tr.end[tr.slot(*ops[i - 1])] if i > 0 else a_start
+    levels = _levels(search, ops)
+    before = levels[i - 1] if i > 0 else 0.0
+    tol = 1e-9 * max(1.0, abs(cap))
+    fit, rest = [], []
+    passed: set[tuple[int, int]] = set()
+    for j in range(i, min(len(ops), i + WINDOW + 1)):
+        c, s, mb = ops[j]
+        if j > i and (c, s) not in passed:
+            arrive = tr.arrival(c, s, mb)
+            d = search.mem[s][c]
+            # Moving op j ahead raises the levels in between by its delta (if positive).
+            if arrive < a_start - 1e-9 * max(1.0, a_start) and (
+                    d <= 0 or max([before] + levels[i:j]) + d <= cap + tol):
+                start = max(arrive, gap_start)
+                (fit if start + search.dur[s][c] <= a_start + 1e-9 * max(1.0, a_start) else rest).append(j)
+        passed.add((c, s))
+    return fit + rest
