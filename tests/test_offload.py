@@ -411,6 +411,32 @@ def test_stash_lets_zero_bubble_schedules_gain_from_offload(name, without, with_
     assert b.makespan == tl.makespan
 
 
+@pytest.mark.parametrize("name, kw, before, after", [("zb-h1", {}, 8, 7), ("zb-h2", {}, 15, 12),
+                                                      ("zb-v", {}, 7.5, 6.5)])
+def test_peak_placement_shares_a_busy_link_between_its_ranks(name, kw, before, after):
+    """p = 8, m = 32, k = 1 (a round trip as long as F+B+W), two ranks per host link, both
+    windows: the link is too slow for every candidate, and the memory-blind placements gave
+    it to one rank of each pair while the other kept its whole peak (``before``: the best of
+    them, the "peak" placement left out). The "peak" placement lowers the highest rank."""
+    from pipeoffload.passes import offload as mod
+
+    s, tl = _timed(name, p=8, m=32, **kw)
+    blind = {k: v for k, v in mod._STRATEGIES.items() if k != "peak"}
+    full = dict(mod._STRATEGIES)
+    try:
+        mod._STRATEGIES.clear()
+        mod._STRATEGIES.update(blind)
+        old = plan_offload(s, tl, auto=True, offload_time=0.5, stash=True)
+    finally:
+        mod._STRATEGIES.clear()
+        mod._STRATEGIES.update(full)
+    new = plan_offload(s, tl, auto=True, offload_time=0.5, stash=True)
+    assert max(old.peak) == before
+    assert max(new.peak) == after and new.settings["placement"] == "peak"
+    assert new.makespan == tl.makespan and all(a <= b + EPS for a, b in zip(new.peak, new.peak_no_offload))
+    validate(new.schedule)
+
+
 def test_stash_delay_mode_lets_w_wait():
     s, tl = _timed("zb-h1", p=4, m=8)
     res = plan_offload(s, tl, offload_chunks=1, offload_time=0.5, on_infeasible="delay", stash=True)

@@ -81,7 +81,7 @@ from .timing import completion_key, dependents, run_list_schedule, simulate
 
 __all__ = [
     "LinkModel", "Transfer", "OffloadOptions", "OffloadResult", "plan_offload", "largest_feasible_chunks",
-    "host_memory_curve", "offload_from_slots",
+    "host_memory_curve", "host_memory_curves", "offload_from_slots",
 ]
 
 _EPS = 1e-9
@@ -320,23 +320,26 @@ def host_memory_curve(timeline: Timeline, rank: int) -> list[tuple[float, float]
     """Step curve of activation memory held on the host for ``rank``: from each
     OFFLOAD_START's start (pinned buffer in use) to its RELOAD_END's end (and the same
     for the STASH_* ops of the B→W window)."""
-    # Amounts live on OFFLOAD_END (negative) events; pair by (window, stage, microbatch).
-    amount = {(e.op.kind.window, e.op.stage, e.op.microbatch): -e.mem for e in timeline.events
-              if e.rank == rank and e.op.kind in (OpKind.OFFLOAD_END, OpKind.STASH_OFFLOAD_END)}
-    pts = []
+    return host_memory_curves(timeline)[rank]
+
+
+def host_memory_curves(timeline: Timeline) -> list[list[tuple[float, float]]]:
+    """:func:`host_memory_curve` of every rank, in one pass over the events."""
+    # Amounts live on OFFLOAD_END (negative) events; pair by (rank, window, stage, microbatch).
+    amount = {(e.rank, e.op.kind.window, e.op.stage, e.op.microbatch): -e.mem for e in timeline.events
+              if e.op.kind in (OpKind.OFFLOAD_END, OpKind.STASH_OFFLOAD_END)}
+    pts: list[list] = [[] for _ in range(timeline.num_ranks)]
     for e in timeline.events:
-        if e.rank != rank:
-            continue
-        key = (e.op.stage, e.op.microbatch)
         kind = e.op.kind
         if kind.window is None:
             continue
-        a = amount.get((kind.window,) + key, 0.0)
+        a = amount.get((e.rank, kind.window, e.op.stage, e.op.microbatch), 0.0)
         if kind in (OpKind.OFFLOAD_START, OpKind.STASH_OFFLOAD_START):
-            pts.append((e.start, ALLOC, a))
+            pts[e.rank].append((e.start, ALLOC, a))
         elif kind in (OpKind.RELOAD_END, OpKind.STASH_RELOAD_END):
-            pts.append((e.end, FREE, -a))
-    return [(timeline.start, 0.0)] + [(t, level) for t, _, level in memory_sweep(pts)]
+            pts[e.rank].append((e.end, FREE, -a))
+    t0 = timeline.start
+    return [[(t0, 0.0)] + [(t, level) for t, _, level in memory_sweep(rank_pts)] for rank_pts in pts]
 
 
 # --------------------------------------------------------------------------------------
@@ -536,7 +539,7 @@ def _plan_for_chunks(ctx: _Context, C: int, mode: str, postpone: bool | None) ->
     best: OffloadResult | None = None
     for later in _postpone_choices(ctx, postpone):
         for name, place in _STRATEGIES.items():
-            if getattr(place, "long_lived", False) and mode != "skip":
+            if (getattr(place, "long_lived", False) or getattr(place, "needs_events", False)) and mode != "skip":
                 continue  # drops candidates: only where dropping is what was asked for
             res = _plan_with_placement(ctx, C, mode, later, place)
             if res is None:
@@ -572,7 +575,7 @@ def _plan_with_placement(ctx: _Context, C: int, mode: str, postpone: bool, place
             skipped[SKIP_SHORT] += len(short)
             gone = {id(c) for c in short}
             cands = [c for c in cands if id(c) not in gone]
-        placed, failed = place(cands, mode)
+        placed, failed = place(cands, mode, events) if getattr(place, "needs_events", False) else place(cands, mode)
         if not failed or mode == "skip":
             if failed:
                 skipped[SKIP_LINK] += len(failed)
@@ -911,6 +914,157 @@ def _place_by_slots(cands: list[_Candidate], mode: str) -> tuple[dict[int, _Slot
     return placed, failed
 
 
+def _place_by_peak(cands: list[_Candidate], mode: str, events: list[TimedOp]) -> tuple[dict[int, _Slots],
+                                                                                     list[_Candidate]]:
+    """Place copies so that every rank's level stays under a target level, the lowest
+    target the link allows.
+
+    The other placements serve candidates in an order blind to memory: on a busy link
+    shared by two ranks, the one whose candidates live longest takes the link time and
+    its neighbour keeps its whole peak (ZB-H1 at p = 8, k = 1 with the B→W window: ranks
+    1, 3, 4 and 6 kept all 8 units). Here each link is swept in time order for a target
+    level L: at every allocation point of one of its ranks above L, that rank's
+    candidates whose resident interval holds the point are offloaded one by one
+    (:func:`_sweep_link` says in which order), each with the earliest free d2h time
+    after its producer (ending by the point) and the latest free h2d time ending by its
+    consumer (starting after the point), until the point is at L or none fits. L is
+    searched by bisection over the levels the link's ranks reach; the plan with the
+    lowest highest level (then summed levels) is kept. Links share nothing, so each is
+    planned on its own. Candidates never placed are returned as failed: "skip" mode
+    only. The levels are the placement's estimate (the compute events' changes and the
+    reloads' allocations); the plan's real peaks come from the built timeline, as for
+    every placement. Measured gain: docs/algorithms.md#63-the-offload-pass."""
+    levels = _rank_levels(events)
+    placed: dict[int, _Slots] = {}
+    for lst in _by_link(cands).values():
+        ranks = sorted({c.rank for c in lst})
+        tops = sorted({round(lvl, 9) for r in ranks for _, lvl, _ in levels.get(r, [])})
+        if not tops:
+            continue
+        best = None
+        lo, hi = 0, len(tops) - 1
+        while lo <= hi:  # bisection: the lowest target the sweep reaches (greedy, so kept only if better)
+            mid = (lo + hi) // 2
+            met = False
+            for far_first in (False, True):
+                plan, reached = _sweep_link(lst, ranks, levels, tops[mid], far_first)
+                key = (max(reached.values()), sum(reached.values()))
+                met = met or key[0] <= tops[mid] + _EPS
+                if best is None or key < best[0]:
+                    best = (key, plan)
+            if met:
+                hi = mid - 1
+            else:
+                lo = mid + 1
+        placed.update(best[1])
+    return placed, [c for c in cands if id(c) not in placed]
+
+
+def _sweep_link(cands: list[_Candidate], ranks: list[int], levels: dict[int, list[tuple[float, float, bool]]],
+                target: float, far_first: bool) -> tuple[dict[int, _Slots], dict[int, float]]:
+    """One link's plan for ``target`` (:func:`_place_by_peak`) and each rank's highest
+    estimated level under it. At a point, the covering candidate whose consumer comes
+    first is tried first (its reload leaves the link free sooner), or with
+    ``far_first`` the one whose consumer comes last (it covers more later points);
+    neither wins everywhere. A candidate that finds no link time at one point is tried
+    again at later points (its offload may end by then). A reload
+    allocates again when it starts, so its start joins the sweep as one more point (its
+    level: the rank's level there without the savings that ended by then)."""
+    base = {r: levels.get(r, []) for r in ranks}
+    mine: dict[int, list[_Candidate]] = {r: [] for r in ranks}
+    sign = -1 if far_first else 1
+    for c in sorted(cands, key=lambda c: (sign * c.backward_start, c.forward_end, c.stage, c.microbatch)):
+        mine[c.rank].append(c)
+    up: list[tuple[float, float]] = []
+    down: list[tuple[float, float]] = []
+    placed: dict[int, _Slots] = {}
+    saved: dict[int, list[tuple[float, float, float]]] = {r: [] for r in ranks}  # (from, until, amount)
+    reached = {r: 0.0 for r in ranks}
+
+    def level(r: int, t: float) -> float:
+        i = bisect_right(base[r], (t + _EPS, math.inf, True)) - 1
+        lvl = base[r][i][1] if i >= 0 else 0.0
+        # The sweep's time never goes back: savings over by now are dropped for good.
+        saved[r] = [x for x in saved[r] if t < x[1] - _EPS]
+        return lvl - sum(a for s0, _, a in saved[r] if s0 <= t + _EPS)
+
+    ends = {r: [sign * c.backward_start for c in mine[r]] for r in ranks}  # ascending
+    sweep = [(t, r) for r in ranks for t, _, alloc in base[r] if alloc]
+    heapq.heapify(sweep)
+    while sweep:
+        t, r = heapq.heappop(sweep)
+        now = level(r, t)
+        if now <= target + _EPS:
+            reached[r] = max(reached[r], now)
+            continue
+        # Only candidates whose consumer starts after t can cover t.
+        lst = mine[r]
+        order = (lst[bisect_right(ends[r], t + _EPS):] if not far_first
+                 else lst[:bisect_left(ends[r], -t + _EPS)])
+        for c in order:
+            if now <= target + _EPS:
+                break
+            if id(c) in placed or not _covers(c, t):
+                continue
+            slots = _slots_around(c, t, up, down)
+            if slots is None:
+                continue
+            placed[id(c)] = slots
+            saved[r].append((slots[1], slots[2], c.amount))
+            heapq.heappush(sweep, (slots[2], r))
+            now -= c.amount
+        reached[r] = max(reached[r], now)
+    return placed, reached
+
+
+_place_by_peak.needs_events = True  # type: ignore[attr-defined]
+
+
+def _covers(c: _Candidate, t: float) -> bool:
+    """Whether ``c``'s resident interval (producer end → consumer start) holds time ``t``."""
+    return c.forward_end <= t + _EPS and t < c.backward_start - _EPS
+
+
+def _rank_levels(events: list[TimedOp]) -> dict[int, list[tuple[float, float, bool]]]:
+    """Per rank, ``(time, level after every change at that time, allocates)`` for each
+    time where ``events`` change the activation level, in time order. Peaks can only be
+    where something allocates."""
+    changes: dict[int, list] = {}
+    for e in events:
+        if e.mem > 0:
+            changes.setdefault(e.rank, []).append((e.start, ALLOC, e.mem))
+        elif e.mem < 0:
+            changes.setdefault(e.rank, []).append((e.end, FREE, e.mem))
+    out: dict[int, list[tuple[float, float, bool]]] = {}
+    for r, ch in changes.items():
+        sweep = memory_sweep(ch)
+        lst = out[r] = []
+        allocates = False
+        for i, (t, order, lvl) in enumerate(sweep):
+            allocates = allocates or order == ALLOC
+            if i + 1 == len(sweep) or sweep[i + 1][0] > t:  # the last change at time t
+                lst.append((t, lvl, allocates))
+                allocates = False
+    return out
+
+
+def _slots_around(c: _Candidate, t_peak: float, up: list[tuple[float, float]],
+                  down: list[tuple[float, float]]) -> _Slots | None:
+    """The candidate's copies with the offload ending by ``t_peak`` and the reload
+    starting after it, booked in its link's busy d2h (``up``) and h2d (``down``)
+    intervals; None when the link has no such times."""
+    d = c.transfer_time
+    if d <= _EPS:
+        return (c.forward_end, c.forward_end, c.backward_start, c.backward_start)
+    off_start = _earliest_gap(up, c.forward_end, d)
+    rel_end = _latest_gap(down, c.backward_start, d)
+    if off_start + d > t_peak + _EPS or rel_end - d <= t_peak + _EPS:
+        return None
+    insort(up, (off_start, off_start + d))
+    insort(down, (rel_end - d, rel_end))
+    return (off_start, off_start + d, rel_end - d, rel_end)
+
+
 #: Placement heuristics tried by :func:`_plan_for_chunks`; the better plan is kept.
 def _long_lived(place):
     """``place`` restricted to candidates whose F end → B start exceeds three round trips
@@ -925,7 +1079,7 @@ def _long_lived(place):
 
 _STRATEGIES = {"value": _place_by_value, "deadline": _place_by_deadline,
                "value, long-lived": _long_lived(_place_by_value), "deadline, long-lived": _long_lived(_place_by_deadline),
-               "slots, long-lived": _long_lived(_place_by_slots)}
+               "slots, long-lived": _long_lived(_place_by_slots), "peak": _place_by_peak}
 
 
 # --------------------------------------------------------------------------------------
@@ -956,7 +1110,7 @@ def _build_result(ctx: _Context, C: int, events: list[TimedOp], cands: list[_Can
     new_sched.params = dict(sched.params, offload_chunks=C)
     base_b = {e.op.key: e.start for e in ctx.base_events if e.op.kind.is_backward}
     delayed = sum(1 for e in events if e.op.kind.is_backward and e.start > base_b[e.op.key] + _EPS)
-    host = [_clean(max(x for _, x in host_memory_curve(new_tl, r))) for r in range(tl.num_ranks)]
+    host = [_clean(max(x for _, x in curve)) for curve in host_memory_curves(new_tl)]
     res = OffloadResult(
         schedule=new_sched,
         timeline=new_tl,
@@ -1079,9 +1233,15 @@ def _insert_ops(sched: Schedule, compute: list[TimedOp], t_events: list[TimedOp]
     RELOAD_END < B, and B < STASH_OFFLOAD_START < … < STASH_RELOAD_END < W.
     """
     out: list[list[Op]] = []
+    comp_of: list[list[TimedOp]] = [[] for _ in range(sched.num_ranks)]
+    transfers_of: list[list[TimedOp]] = [[] for _ in range(sched.num_ranks)]
+    for e in compute:
+        comp_of[e.op.rank].append(e)
+    for te in t_events:
+        transfers_of[te.op.rank].append(te)
     for r in range(sched.num_ranks):
-        comp = sorted((e for e in compute if e.rank == r), key=lambda e: e.start)
-        mine = [te for te in t_events if te.rank == r]
+        comp = sorted(comp_of[r], key=lambda e: e.start)
+        mine = transfers_of[r]
         pos = _transfer_positions(comp, mine)
         keyed: list[tuple] = [((i, 1, 0.0, 0, 0, 0), e.op) for i, e in enumerate(comp)]
         times = {te.op.key: te.start for te in mine}
