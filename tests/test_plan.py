@@ -473,3 +473,83 @@ def test_tp_without_sequence_parallelism_keeps_the_norms_whole():
     with pytest.raises(ParameterError) as e:
         PlanOptions(sequence_parallel=()).check()
     assert e.value.param == "sequence_parallel"
+
+
+# --- issue 14: the planner searches what `pipeoffload best` searches ------------------------------
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 4, 8])
+def test_planner_settings_are_best_settings(p):
+    """One enumeration: the schedule settings the planner searches on a split of ``p`` pipeline
+    ranks (``families``, for a model with layers to spare) are exactly ``best.settings`` at that
+    ``p``. The budget limit is 1.5 × 1F1B's peak, so no "at the budget" setting coincides with the
+    1× / 2× ones (``best`` tries coinciding limits once) and each side keeps every setting."""
+    from pipeoffload.costs import MemoryDeltas
+    from pipeoffload.schedules import SCHEDULES
+    from pipeoffload.studies.best import setting_of
+    from pipeoffload.studies.best import settings as best_settings
+
+    assert set(PlanOptions().schedules) == set(SCHEDULES)  # v-auto and any new schedule included
+    limit = 1.5 * p
+    ours = [setting_of(f, p, limit, 1.0) for f in families(p, 10_000, PlanOptions())]
+    theirs = best_settings(p, 2 * p, limit, MemoryDeltas(), max_v=max(PlanOptions().chunks))
+    assert len(set(ours)) == len(ours)
+    assert sorted(ours, key=repr) == sorted(theirs, key=repr)
+    if p >= 3:  # every g of ceil(p/2)..p, every v, both limits of zb-v, three of zb-auto, v-auto
+        assert {(s.v, s.g) for s in ours if s.schedule == "group-interleaved"} == \
+            {(v, g) for v in (2, 3, 4) for g in range((p + 1) // 2, p + 1)}
+        assert sum(s.schedule == "zb-auto" for s in ours) == 3 and sum(s.schedule == "zb-v" for s in ours) == 2
+        assert any(s.schedule == "v-auto" for s in ours)
+    # And the search itself creates a candidate for each of them on such a split.
+    if p == 4:
+        res = plan("1.5B", A100, 4, options=PlanOptions(recompute=(False,), offload=False, top=3))
+        assert {f.label for f in families(4, get_model("1.5B").layers, PlanOptions())} <= set(res.stats["families"])
+
+
+def test_planner_best_is_the_schedule_best_ranks_first():
+    """Same costs, memory and budget, same winner. The case: a model with balanced stages (small
+    vocabulary, so no rank's head or embedding dominates) on one split, TP=1 PP=4 DP=1 with m = 8
+    (simulated exactly: no extrapolation, no DP all-reduce), no recompute, no offload, the
+    one-chunk loop schedules (every rank computes the same in each of them, so the planner's
+    iteration-time order and ``best``'s bubble order can only differ through the two bubble
+    definitions: makespan vs longest rank span), and a budget that leaves 1.5 × 1F1B's activation
+    peak above the fullest rank's parameters and optimizer states. ``best`` gets the planner's
+    per-GPU costs and deltas (ms, bytes) and that room as ``mem_limit``. zb-h2, zb-2p and GPipe
+    then do not fit; 1F1B, ZB-H1 and zb-1p do; zb-auto at the budget — the same generator with the
+    same limit in bytes on both sides — fits with a clearly lower bubble and a clearly shorter
+    iteration than the runner-up (both checked), so the winner is well defined on both sides."""
+    from pipeoffload.ir import Placement
+    from pipeoffload.planner.sharding import rank_states
+    from pipeoffload.planner.simulate import Simulator, generator_limit
+    from pipeoffload.planner.space import BUDGET, Family
+    from pipeoffload.studies.best import search as best_search
+
+    names = ("1f1b", "gpipe", "zb-h1", "zb-h2", "zb-auto")
+    opts = PlanOptions(schedules=names, recompute=(False,), offload=False, top=100)
+    spec = ModelSpec(layers=16, hidden=2048, heads=16, kv_groups=16, seq=2048, vocab=8192, name="balanced")
+    p, m = 4, 8
+    gb = m * spec.microbatch
+    problem = plan(spec, A100, p, global_batch=gb, options=opts).problem
+    sh = Simulator(problem).costs.sharded(False, p, 1, 1, True)
+    states = max(a + b for a, b in rank_states(sh, Placement.loop(p), 1, problem.options.dp_sharding))
+    one = generator_limit(problem, Family("zb-auto", 1, limit=1), p, sh)  # 1F1B's peak + what a B holds
+    budget = states + 1.5 * one
+    room = budget - states
+    ranked = best_search(p, m, costs=sh.costs, memory=sh.memory, mem_limit=room, offload=False, schedules=names)
+    first = ranked.best
+    assert first is not None and first.setting.schedule == "zb-auto" and first.setting.mem_limit == room
+    runner_up = next(e for e in ranked.entries[1:] if e.fits)
+    assert first.bubble_rate < runner_up.bubble_rate - 0.01  # well defined: no near tie
+    assert not any(e.fits for e in ranked.entries if e.setting.schedule in ("zb-h2", "gpipe"))
+
+    res = plan(spec, A100, p, memory_budget=budget, global_batch=gb, options=opts)
+    mine = [c for c in res.configs if (c.split.tp, c.split.pp, c.split.dp) == (1, p, 1)]
+    ours = mine[0]
+    assert ours.family.schedule == "zb-auto" and not ours.extrapolated and ours.dp_exposed_ms == 0
+    assert ours.iteration_ms < mine[1].iteration_ms * 0.99  # well defined here too
+    # The same setting: zb-auto with the same limit in bytes (reported as the multiple it came to),
+    # hence the same schedule and the same makespan.
+    assert ours.family.limit != BUDGET and ours.family.label == f"zb-{ours.family.limit:.3g}p"
+    assert generator_limit(problem, ours.family, p, sh) == pytest.approx(room, rel=1e-12)
+    assert ours.makespan_ms == pytest.approx(first.makespan, rel=1e-9)
+

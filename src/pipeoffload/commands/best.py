@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from ..studies.best import BestResult, search
-from .common import add_costs_args, cli_text, costs_from_args, memory_from_args, memory_unit, print_json
+from .common import add_costs_args, cli_text, costs_from_args, memory_from_args, memory_unit, name_list, print_json
 
 
 def register(sub) -> argparse.ArgumentParser:
@@ -28,6 +28,8 @@ def register(sub) -> argparse.ArgumentParser:
     parser.add_argument("--link-group", type=int, default=2, metavar="N", help="ranks sharing one host link")
     parser.add_argument("--no-offload", action="store_true", help="never offload: schedules as generated")
     parser.add_argument("--max-v", type=int, default=4, help="largest v tried for the loop placement (default 4)")
+    parser.add_argument("--schedules", default=None, metavar="A,B,..",
+                        help="schedules to search (default: all; the same settings `pipeoffload plan` searches)")
     parser.add_argument("--top", type=int, default=10, help="runners-up to list (default 10)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(func=run)
@@ -38,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
     unit = memory_unit(args)
     res = search(args.p, args.m, costs=costs_from_args(args), memory=memory_from_args(args),
                  mem_limit=args.mem_limit, offload_time=args.offload_time, link_group=args.link_group,
-                 offload=not args.no_offload, max_v=args.max_v)
+                 offload=not args.no_offload, max_v=args.max_v,
+                 schedules=name_list(args.schedules) if args.schedules else None)
     for e in res.entries:
         if e.error:
             e.error = cli_text(e.error)

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -13,7 +14,7 @@ from ..costmodel.hardware import GiB
 from .hostlink import check_pinned_host, effective_k, host_links
 from .report import Refused
 from .sharding import rank_states
-from .space import Family, Problem, Split
+from .space import BUDGET, Family, Problem, Split
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..passes.offload import OffloadResult
@@ -69,6 +70,7 @@ class Config:
     dropped_offloads: int = 0
     notes: list[str] = field(default_factory=list)
     effective_k: float | None = None  #: offloaded plans: k with the host-link sharing (hostlink)
+    offload_stash: bool = False  #: the B→W stash window offloaded too (offload_chunks > 0)
 
     @property
     def iteration_ms(self) -> float:
@@ -92,7 +94,8 @@ class Config:
         return f.label
 
     def describe(self) -> str:
-        off = f", offload C={self.offload_chunks}" if self.offload_chunks else ""
+        off = f", offload C={self.offload_chunks}" + (" +stash" if self.offload_stash else "") \
+            if self.offload_chunks else ""
         rc = {False: "", True: ", recompute"}.get(self.recompute, f", {self.recompute} recompute")  # type: ignore
         return f"{self.name} {self.split} m={self.m}{rc}{off}"
 
@@ -103,7 +106,7 @@ class Config:
             "sequence_parallel": self.split.sp,
             "recompute": self.recompute is not False,
             "recompute_mode": {False: "none", True: "elementwise"}.get(self.recompute, self.recompute),  # type: ignore
-            "offload_chunks": self.offload_chunks,
+            "offload_chunks": self.offload_chunks, "offload_stash": self.offload_stash,
             "memory": self.memory.to_dict(), "fits": self.fits,
             "iteration_s": self.iteration_ms / 1e3, "pipeline_s": self.makespan_ms / 1e3,
             "dp_exposed_s": self.dp_exposed_ms / 1e3, "bubble_rate": self.bubble_rate, "mfu": self.mfu,
@@ -120,7 +123,9 @@ def assemble(problem: Problem, sim: "Simulated", offload_chunks: int = 0, act: l
     simulation's) and pinned host memory ``host`` (default none), ``extra_ms`` added to the makespan.
 
     Guarantees: the breakdown is the rank where parameters + gradients/optimizer + activations is
-    highest, and its three parts add up to ``memory.device``; iteration = makespan + exposed DP time.
+    highest, and its three parts add up to ``memory.device``; iteration = makespan + exposed DP time;
+    a family limited "at the budget" comes back with the multiple of 1F1B's memory that limit was
+    (:func:`resolved_family`), which generates the same schedule.
     """
     split = sim.split
     act = act if act is not None else sim.act
@@ -135,14 +140,31 @@ def assemble(problem: Problem, sim: "Simulated", offload_chunks: int = 0, act: l
     mfu = flops / (it_ms / 1e3 * problem.gpus * problem.node.peak_rate) if it_ms > 0 else 0.0
     tokens = problem.global_batch * problem.model.seq / (it_ms / 1e3) if it_ms > 0 else 0.0
     bubble = 1.0 - max(sim.busy) / makespan if makespan > 0 else 0.0
-    return Config(sim.family, split, sim.m, sim.family.g(split.pp), sim.recompute, offload_chunks, mem,
+    return Config(resolved_family(problem, sim), split, sim.m, sim.family.g(split.pp), sim.recompute, offload_chunks, mem,
                   problem.budget, makespan, sim.dp_exposed, bubble, mfu, tokens, sim.simulated_m, sim.extrapolated,
                   dropped, list(notes))
 
 
-def assemble_offloaded(problem: Problem, sim: "Simulated", offload: "OffloadResult", chunks: int) -> Config:
+def resolved_family(problem: Problem, sim: "Simulated") -> Family:
+    """``sim``'s family with a :data:`~.space.BUDGET` limit replaced by the multiple ``L`` of 1F1B's
+    memory it came to (the simulator gives ``L`` × 1F1B's peak + the largest B delta, so the same
+    bytes): what a configuration reports and ``pipeoffload train --config`` takes (zb-auto's
+    ``mem_limit`` = L·p). Other families unchanged."""
+    fam = sim.family
+    if fam.limit != BUDGET:
+        return fam
+    from .simulate import generator_limit
+
+    room = generator_limit(problem, fam, sim.split.pp, sim.sharded, sim.split.dp)
+    one = generator_limit(problem, dataclasses.replace(fam, limit=1), sim.split.pp, sim.sharded)
+    b_plus = max(0.0, max(d[1] for d in sim.sharded.memory.group_deltas))  # type: ignore[union-attr]
+    return dataclasses.replace(fam, limit=(room - b_plus) / (one - b_plus))  # type: ignore[operator]
+
+
+def assemble_offloaded(problem: Problem, sim: "Simulated", offload: "OffloadResult", chunks: int,
+                       stash: bool = False) -> Config:
     """``sim`` with the offload pass's plan of ``chunks`` chunks per rank (made on the ``m1``
-    timeline): peaks are the plan's plus whatever the plain peak grew by between ``m1`` and the real
+    timeline; with the B→W stash window when ``stash``): peaks are the plan's plus whatever the plain peak grew by between ``m1`` and the real
     m (conservative); dropped offloads are counted and noted."""
     act = [a + max(0.0, b - c) for a, b, c in zip(offload.peak, sim.act, offload.peak_no_offload)]
     dropped = offload.skipped.get("link_busy", 0)
@@ -155,5 +177,5 @@ def assemble_offloaded(problem: Problem, sim: "Simulated", offload: "OffloadResu
     notes = [f"effective k = {k:.2f} ({links.describe})"]
     notes += [f"{dropped} offloads dropped (host link busy)"] if dropped else []
     cfg = assemble(problem, sim, chunks, act, host, offload.makespan - offload.makespan_no_offload, dropped, notes)
-    cfg.effective_k = k
+    cfg.effective_k, cfg.offload_stash = k, stash
     return cfg

@@ -24,7 +24,8 @@ __all__ = ["Rejection", "Refused", "family_rejections", "format_table"]
 @dataclass
 class Rejection:
     """Why a family (or a split) produced no configuration. ``kind``: "split", "oom", "m",
-    "generator", "offload" or "pruned"; ``over``: bytes above the budget for "oom"."""
+    "generator", "offload", "pruned" or "same" (the same schedule as another setting); ``over``:
+    bytes above the budget for "oom"."""
 
     family: str
     kind: str
@@ -62,7 +63,8 @@ class _Searched(Protocol):
 
 #: The table's recompute column: off, on (elementwise), sel (selective), ful (full).
 _RC_SHORT = {False: "off", True: "on", "selective": "sel", "full": "ful"}
-_KIND_WORDS = {"m": "m too small", "generator": "generator refused", "offload": "offload infeasible"}
+_KIND_WORDS = {"m": "m too small", "generator": "generator refused", "offload": "offload infeasible",
+               "same": "not searched"}
 
 
 def family_rejections(candidates: Sequence[_Searched], labels: Sequence[str]) -> list[Rejection]:
@@ -148,9 +150,10 @@ def _config_rows(configs: Sequence["Config"]) -> list[str]:
              hdr, "-" * len(hdr)]
     for i, c in enumerate(configs, 1):
         mem = c.memory
+        off = f"{c.offload_chunks}{'+s' if c.offload_stash else ''}" if c.offload_chunks else "-"  # +s: B→W stash
         lines.append(
             f"{i:>2} {c.name:<30} {c.split.tp:>2} {c.split.pp:>3} {c.split.dp:>3} {c.m:>5} "
-            f"{_RC_SHORT.get(c.recompute, 'off'):>3} {c.offload_chunks or '-':>3} {mem.params / GiB:>7.1f} "
+            f"{_RC_SHORT.get(c.recompute, 'off'):>3} {off:>3} {mem.params / GiB:>7.1f} "
             f"{mem.grads_optimizer / GiB:>8.1f} {mem.activations / GiB:>6.1f} {mem.device / GiB:>7.1f} "
             f"{mem.host_max / GiB:>6.1f} {c.iteration_ms / 1e3:>8.3f} {c.mfu:>6.1%} {c.bubble_rate:>6.1%}"
         )

@@ -75,7 +75,7 @@ class PlanResult:
         simulator = Simulator(self.problem)
         if config.offload_chunks:
             _, res = simulator.offload(config.split, config.family, config.m, config.recompute,
-                                       config.offload_chunks)
+                                       config.offload_chunks, config.offload_stash)
             tl = res.timeline
         else:
             tl = simulator.simulate(config.split, config.family, config.m, config.recompute).timeline

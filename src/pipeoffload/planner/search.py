@@ -16,6 +16,11 @@ then with recompute, the first variant that fits accepted — unless ``top`` con
 already fit faster than its bound; then, fastest first, the candidates that did not fit try
 offload of ``C = 1..v`` chunks (with recompute first), again only while they could enter the
 top ``options.top``.
+
+The schedule settings of a split (:func:`~.space.families`) and the order of the offload tries
+(:func:`~.space.offload_tries`) are those of ``pipeoffload best`` (:mod:`pipeoffload.studies.best`):
+one enumeration, one order (the planner stops before ``best``'s B→W stash tries, see
+:func:`_offload_variants`), so the two never disagree on what exists or what was tried.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from .report import Refused, Rejection, family_rejections
 from .result import PlanResult
 from .sharding import RECOMPUTE_ORDER, node_profile
 from .simulate import Simulator
-from .space import FIXED_ORDER, Family, PlanOptions, Problem, Split, enumerate_splits, families
+from .space import FIXED_ORDER, Family, PlanOptions, Problem, Split, enumerate_splits, families, offload_tries
 
 __all__ = ["plan"]
 
@@ -114,11 +119,16 @@ def plan(
               for sp in (problem.options.sequence_parallel if s.tp > 1 else (True,))]
     candidates, labels = _candidates(problem, splits, rejected_splits)
     ranking = _Ranking(problem.options.top)
-    _plain_phase(problem, simulator, candidates, ranking, light=True)
-    if problem.options.offload:
-        _offload_phase(problem, simulator, candidates, ranking)
-    _plain_phase(problem, simulator, [c for c in candidates if c.fit is None and c.attempts], ranking,
-                 light=False)
+    # V-auto last: it costs more than every other V schedule together, and by then the ranking is
+    # full (the bound prunes more) and V-ZB's fits are known (where V-ZB fits, V-auto is skipped).
+    rest = [c for c in candidates if c.family.schedule != "v-auto"]
+    last = [c for c in candidates if c.family.schedule == "v-auto"]
+    for group in (rest, last):
+        _plain_phase(problem, simulator, group, ranking, light=True, everyone=candidates)
+        if problem.options.offload:
+            _offload_phase(problem, simulator, group, ranking)
+        _plain_phase(problem, simulator, [c for c in group if c.fit is None and c.attempts], ranking,
+                     light=False, everyone=candidates)
     configs = sorted((c.fit for c in candidates if c.fit), key=lambda x: (x.iteration_ms, x.memory.device))
     stats: dict[str, Any] = dict(simulator.stats)
     stats.update(splits=len(splits), splits_rejected=len(rejected_splits), candidates=len(candidates),
@@ -189,13 +199,14 @@ def _candidates(problem: Problem, splits: list[tuple[Split, int]],
 
 
 def _plain_phase(problem: Problem, simulator: Simulator, candidates: list[_Candidate], ranking: _Ranking,
-                 light: bool = True) -> None:
+                 light: bool = True, everyone: list[_Candidate] | None = None) -> None:
     """Plain and recompute-only simulations (cheap); the first variant that fits is accepted.
     ``light``: no recompute and elementwise recompute (before offload is tried); else selective
     and full recompute (after: they cost matmul time offload usually hides).
     Candidates go by a lower bound of their iteration time (the busiest rank's compute, no
     bubble), so once ``top`` configurations fit, a candidate whose bound is no better is not
-    simulated at all."""
+    simulated at all. V-auto is not simulated on a split where V-ZB fits (among ``everyone``, the
+    whole search; with or without offload, which never lengthens the iteration)."""
     order = [rc for rc in RECOMPUTE_ORDER if rc in problem.options.recompute and (rc in (False, True)) == light]
     if problem.model.flash_attention and True in problem.options.recompute and "selective" in order:
         order.remove("selective")  # under flash attention the core attention saves no s×s tensor: = elementwise
@@ -203,7 +214,14 @@ def _plain_phase(problem: Problem, simulator: Simulator, candidates: list[_Candi
         return
     for c in candidates:
         c.bound = max(c.bound, time_bound(simulator.costs, c.split, c.family, c.m, order[0]))
+    fits_v_zb = {(c.split, c.m) for c in (everyone or candidates) if c.family.schedule == "v-zb" and c.fit}
     for c in sorted(candidates, key=lambda c: c.bound):
+        if c.family.schedule == "v-auto" and (c.split, c.m) in fits_v_zb:
+            # V-auto searches V schedules within V-Half's memory; where V-ZB fits with 1F1B's (its
+            # bubble near zero) it has not been faster, and it costs more than every other V
+            # schedule together: a dominance rule, not a bound.
+            c.pruned = "not simulated: V-ZB fits on this split (1F1B's memory, bubble near zero; V-auto's limit is V-Half's)"
+            continue
         if ranking.beaten(c.bound):
             c.pruned = (f"not simulated: even with no bubble an iteration takes ≥ {c.bound / 1e3:.3g} s, "
                         f"slower than the {problem.options.top} configurations shown")
@@ -218,7 +236,7 @@ def _plain_phase(problem: Problem, simulator: Simulator, candidates: list[_Candi
                 sim = simulator.simulate(c.split, c.family, c.m, rc)
             except Refused as e:
                 c.refusals.append(e.naming(c.where))
-                if e.kind == "m" or c.family.schedule in FIXED_ORDER:
+                if e.kind in ("m", "same") or c.family.schedule in FIXED_ORDER:
                     break
                 continue
             if ranking.keep(c, assemble(problem, sim)):
@@ -228,7 +246,7 @@ def _plain_phase(problem: Problem, simulator: Simulator, candidates: list[_Candi
 def _offload_phase(problem: Problem, simulator: Simulator, candidates: list[_Candidate], ranking: _Ranking) -> None:
     """Offload for the candidates that were simulated but did not fit, fastest first; those that
     cannot enter the top ``top`` even without offload's cost are pruned. Per candidate: with
-    recompute first, C = 1..v chunks, the first that fits accepted."""
+    recompute first, the offload tries of :func:`~.space.offload_tries`, the first that fits accepted."""
     need = [c for c in candidates if c.fit is None and c.attempts]
     need.sort(key=lambda c: min(a.iteration_ms for a in c.attempts))
     order = [rc for rc in (True, False) if rc in problem.options.recompute]
@@ -248,12 +266,22 @@ def _offload_phase(problem: Problem, simulator: Simulator, candidates: list[_Can
 
 
 def _offload_variants(problem: Problem, simulator: Simulator, c: _Candidate, rc: bool, ranking: _Ranking) -> None:
-    """Offload C = 1..v chunks of ``c`` with recompute ``rc`` until one fits or the offload pass
-    (or the simulation) refuses; the refusal is recorded and ends this recompute setting only."""
-    for chunks in range(1, c.family.v + 1):
+    """Offload ``c`` with recompute ``rc`` in the order ``pipeoffload best`` uses
+    (:func:`~.space.offload_tries`: C = 1..v) until one fits or the offload pass (or the
+    simulation) refuses; the refusal is recorded and ends this recompute setting only.
+
+    Without the B→W stash window that ``best`` tries after C = v: a plan must reach the runtime
+    through ``--emit-config``, whose train configuration has no stash setting from a plan yet, and
+    the extra offload plans doubled the search where nothing fits."""
+    try:
+        tries = offload_tries(simulator.simulate(c.split, c.family, c.m, rc).schedule, stash=False)
+    except Refused as e:
+        c.refusals.append(e.naming(c.where))
+        return
+    for chunks, stash in tries:
         try:
-            sim, res = simulator.offload(c.split, c.family, c.m, rc, chunks)
-            cfg = assemble_offloaded(problem, sim, res, chunks)  # refuses pinned host memory over the node's
+            sim, res = simulator.offload(c.split, c.family, c.m, rc, chunks, stash)
+            cfg = assemble_offloaded(problem, sim, res, chunks, stash)  # refuses pinned host memory over the node's
         except Refused as e:
             c.refusals.append(e.naming(c.where))
             return

@@ -11,27 +11,29 @@ scaled by ``m/m2``). Offload is planned on the ``m1`` timeline.
 
 :class:`Simulator` keeps every generated schedule and every simulation, keyed by value: the
 schedules of fixed-order generators by ``(schedule, p, m, v, g, limit)`` (shared across splits
-and recompute settings), those of cost-aware generators also by ``(recompute, tp)``, the
-simulations by ``(split, family, m, recompute)``; a refusal is kept like a result.
+and recompute settings), those of cost-aware generators by ``(schedule, p, m, v, g, recompute, tp,
+sp)`` and the memory limit in bytes they were given (:func:`generator_limit`), the simulations by
+``(split, family, m, recompute)``; a refusal is kept like a result.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ParameterError, PipeoffloadError, ScheduleError
-from ..ir import Placement, Schedule
+from ..ir import OpKind, Placement, Schedule
 from ..passes.lower import lower
 from ..passes.offload import OffloadOptions, OffloadResult
 from ..timeline import Timeline
 from .dp import dp_exposed
 from .hostlink import host_links
 from .report import Refused
-from .sharding import CostTable, ShardedCosts
-from .space import FIXED_ORDER, Family, Problem, Split, placement_of
+from .sharding import CostTable, ShardedCosts, rank_states
+from .space import BUDGET, FIXED_ORDER, Family, Problem, Split, placement_of
 
-__all__ = ["Simulated", "Simulator", "simulated_microbatches"]
+__all__ = ["Simulated", "Simulator", "generator_limit", "simulated_microbatches"]
 
 #: Steady-state rule per schedule: (warm-up microbatches in multiples of p, period) where period
 #: "p"/"g" means p / the group size. Simulating m ≥ factor·p reaches the steady state.
@@ -93,31 +95,46 @@ class Simulator:
         self.stats = {"simulations": 0, "offload_plans": 0, "generator_calls": 0}
 
     # -- schedules ------------------------------------------------------------------------------
-    def schedule(self, family: Family, p: int, m: int, recompute: bool, tp: int, sp: bool = True) -> Schedule:
+    def schedule(self, family: Family, p: int, m: int, recompute: bool, tp: int, sp: bool = True,
+                 dp: int = 1) -> Schedule:
         """``family``'s schedule on ``p`` ranks with ``m`` microbatches (cost-aware generators get
-        the per-GPU costs of ``recompute``, ``tp``); raises :class:`Refused` ("m" or "generator")."""
+        the per-GPU costs of ``recompute``, ``tp``, ``sp`` and the limit of :meth:`mem_limit`, which
+        depends on ``dp`` only at the budget); raises :class:`Refused` ("m" or "generator")."""
         fixed = family.schedule in FIXED_ORDER
-        key = (family.schedule, p, m, family.v, family.g(p), family.limit) + (() if fixed else (recompute, tp, sp))
+        key: tuple = (family.schedule, p, m, family.v, family.g(p))
+        sh, limit = None, None
+        if fixed:
+            key += (family.limit,)
+        else:  # the generator's inputs: costs and the limit in bytes (not how the limit was named)
+            sh = self.costs.sharded(recompute, p, family.v, tp, sp)
+            limit = self.mem_limit(family, p, sh, dp)
+            key += (recompute, tp, sp, limit)
+            if family.limit == BUDGET and family.schedule == "zb-auto" and \
+                    limit == self.mem_limit(dataclasses.replace(family, limit=2), p, sh, dp):
+                raise Refused("same", "the budget leaves at least twice 1F1B's memory: the same schedule as zb-2p")
         hit = self._schedules.get(key)
         if hit is None:
-            hit = self._generate(family, p, m, None if fixed else self.costs.sharded(recompute, p, family.v, tp, sp))
-            if fixed or isinstance(hit, Refused):
-                self._schedules[key] = hit
+            hit = self._generate(family, p, m, sh, limit)
+            self._schedules[key] = hit
         if isinstance(hit, Refused):
             raise hit
         return hit
 
-    def _generate(self, family: Family, p: int, m: int, sh: ShardedCosts | None) -> Schedule | Refused:
+    def mem_limit(self, family: Family, p: int, sh: ShardedCosts, dp: int = 1) -> float | None:
+        """:func:`generator_limit` for this simulator's problem."""
+        return generator_limit(self.problem, family, p, sh, dp)
+
+    def _generate(self, family: Family, p: int, m: int, sh: ShardedCosts | None,
+                  limit: float | None) -> Schedule | Refused:
         from ..schedules import ScheduleSpec, build
 
         kw: dict[str, Any] = {"v": family.v, "g": family.g(p)}
         if sh is not None:
             kw.update(costs=sh.costs, memory=sh.memory)
-        if family.schedule in ("zb-auto", "zb-v"):
-            from ..schedules.zb_auto import default_limit
-
-            b_plus = max(0.0, max(d[1] for d in sh.memory.group_deltas))  # type: ignore[union-attr]
-            kw["mem_limit"] = (family.limit or 1) * default_limit(placement_of(family, p), sh.memory) + b_plus
+        if limit is not None:
+            if limit <= 0:
+                return Refused("oom", "the budget leaves no memory for activations", over=-limit)
+            kw["mem_limit"] = limit
         self.stats["generator_calls"] += 1
         try:
             return build(ScheduleSpec(family.schedule, p, m, **kw), check=False)
@@ -148,7 +165,7 @@ class Simulator:
         runs = []
         for mm in simulated_microbatches(m, p, family.schedule, family.g(p)):
             if mm is not None:
-                sched = self.schedule(family, p, mm, recompute, split.tp, split.sp)
+                sched = self.schedule(family, p, mm, recompute, split.tp, split.sp, split.dp)
                 runs.append((mm, sched, self._time(sched, sh)))
         makespan, busy, peaks = _extrapolate(m, [(mm, tl) for mm, _, tl in runs], family.schedule)
         (_, first_schedule, first_timeline), (last_m, _, last_timeline) = runs[0], runs[-1]
@@ -168,12 +185,13 @@ class Simulator:
             raise Refused("generator", f"schedule deadlocks: {e}") from None
 
     # -- offload --------------------------------------------------------------------------------
-    def offload(self, split: Split, family: Family, m: int, recompute: bool,
-                chunks: int) -> tuple[Simulated, OffloadResult]:
+    def offload(self, split: Split, family: Family, m: int, recompute: bool, chunks: int,
+                stash: bool = False) -> tuple[Simulated, OffloadResult]:
         """The candidate simulated, and the offload pass's plan for chunks ``0..chunks−1`` of every
         rank on its ``m1`` timeline (skip mode: a reload that cannot finish before its backward is
         dropped; warm-up forwards postponed; the problem's host-link model and the groups'
-        transfer times). Raises :class:`Refused` ("offload") when the pass refuses."""
+        transfer times), with the B→W stash window too when ``stash``. Raises :class:`Refused`
+        ("offload") when the pass refuses."""
         sim = self.simulate(split, family, m, recompute)
         opts = self.problem.options
         self.stats["offload_plans"] += 1
@@ -181,14 +199,41 @@ class Simulator:
         settings = OffloadOptions(offload_chunks=chunks,
                                   transfer_times=tuple(t * links.slowdown for t in sim.sharded.transfer_ms),
                                   link_group=links.link_group, solo_factor=opts.solo_factor,
-                                  on_infeasible="skip", postpone_warmup=True)
+                                  on_infeasible="skip", postpone_warmup=True, stash=stash)
         try:
             lowered = lower(sim.schedule, sim.sharded.costs, sim.sharded.memory, memory_unit="bytes",
                             offload=settings, validated=True)
         except PipeoffloadError as e:
-            raise Refused("offload", f"offload pass refused C={chunks}: {e}") from None
+            raise Refused("offload", f"offload pass refused C={chunks}{' +stash' if stash else ''}: {e}") from None
         assert lowered.offload is not None
         return sim, lowered.offload
+
+
+def generator_limit(problem: Problem, family: Family, p: int, sh: ShardedCosts, dp: int = 1) -> float | None:
+    """The activation limit (bytes per rank) a memory-limited generator gets, as ``pipeoffload
+    best`` gives it in its units: zb-auto and zb-v ``limit`` × 1F1B's peak (``p`` whole-stage
+    forwards) plus the largest B delta (what a B holds on top, which the unit model lacks);
+    at :data:`~.space.BUDGET` what the budget leaves for activations on the fullest rank
+    (budget − parameters − gradients and optimizer states, ``dp`` replicas), at most the 2×
+    limit (``best`` caps it alike); v-auto V-Half's
+    published peak in whole-stage forwards plus the largest B delta. None for the others."""
+    from ..schedules.vshape import unit_peak_bound
+    from ..schedules.zb_auto import default_limit
+
+    name = family.schedule
+    if name not in ("zb-auto", "zb-v", "v-auto"):
+        return None
+    placement = placement_of(family, p)
+    b_plus = max(0.0, max(d[1] for d in sh.memory.group_deltas))  # type: ignore[union-attr]
+    if family.limit == BUDGET:  # capped at ZB-2p's: the ZB generators gain nothing beyond it
+        states = rank_states(sh, placement, dp, problem.options.dp_sharding)
+        return min(problem.budget - max(a + b for a, b in states), 2 * default_limit(placement, sh.memory) + b_plus)
+    if name == "v-auto":
+        per_rank = [0.0] * p
+        for s, d in enumerate(sh.memory.delta_table(placement)):
+            per_rank[placement.rank_of(s)] += d[OpKind.F]
+        return unit_peak_bound("v-half", p) * max(per_rank) + b_plus
+    return float(family.limit or 1) * default_limit(placement, sh.memory) + b_plus
 
 
 def _extrapolate(m: int, runs: list[tuple[int, Timeline]], schedule: str) -> tuple[float, list[float], list[float]]:

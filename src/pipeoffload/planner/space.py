@@ -2,8 +2,11 @@
 options, and the :class:`Problem` one search solves. Pure Python.
 
 ``enumerate_splits(model, gpus, global_batch)``: every ``(split, m)`` worth simulating and
-the splits rejected outright. ``families(p, layers, options)``: the schedule families worth
-trying on ``p`` pipeline ranks. ``PlanOptions.check()`` raises
+the splits rejected outright. ``schedule_families(p, schedules, chunks, layers)``: every schedule
+setting (family, v, g, memory limit) on ``p`` pipeline ranks — the one enumeration that both the
+planner (``families(p, layers, options)``) and ``pipeoffload best``
+(:func:`pipeoffload.studies.best.settings`) search. ``offload_tries(schedule)``: the order in which
+both try offload on a setting that does not fit. ``PlanOptions.check()`` raises
 :class:`~pipeoffload.errors.ParameterError` naming the option (a field of
 :class:`PlanOptions`).
 """
@@ -11,17 +14,19 @@ trying on ``p`` pipeline ranks. ``PlanOptions.check()`` raises
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable, Sequence
 
 from ..costmodel.hardware import Hardware
 from ..costmodel.model import ModelSpec
 from ..errors import ParameterError
-from ..ir import Placement
+from ..ir import OpKind, Placement, Schedule
+from ..schedules import SCHEDULES
 from .report import Rejection
 from .sharding import NodeProfile
 
 __all__ = [
-    "NODE_GPUS", "TP_CHOICES", "FIXED_ORDER", "DEFAULT_SCHEDULES", "Split", "Family", "PlanOptions", "Problem",
-    "families", "enumerate_splits", "placement_of",
+    "NODE_GPUS", "TP_CHOICES", "FIXED_ORDER", "DEFAULT_SCHEDULES", "BUDGET", "Split", "Family", "PlanOptions",
+    "Problem", "families", "schedule_families", "offload_tries", "enumerate_splits", "placement_of",
 ]
 
 #: GPUs per node: TP never crosses a node.
@@ -29,9 +34,14 @@ NODE_GPUS = 8
 TP_CHOICES = (1, 2, 4, 8)
 #: Schedules whose op order depends only on (p, m, v, g): generated once, shared across costs.
 FIXED_ORDER = frozenset({"gpipe", "1f1b", "interleaved-1f1b", "group-interleaved", "zb-h1", "zb-h2"})
-#: Everything the planner may search, in the order it reports them.
-DEFAULT_SCHEDULES = ("1f1b", "gpipe", "zb-h1", "zb-h2", "zb-auto", "interleaved-1f1b", "group-interleaved",
-                     "zb-v", "v-half", "v-min", "v-zb")
+_REPORT_ORDER = ("1f1b", "gpipe", "zb-h1", "zb-h2", "zb-auto", "interleaved-1f1b", "group-interleaved",
+                 "zb-v", "v-half", "v-min", "v-zb", "v-auto")
+#: Everything the planner may search, in the order it reports them: every registered schedule
+#: (``pipeoffload best`` searches them all, and so does the planner unless told otherwise).
+DEFAULT_SCHEDULES = tuple(n for n in _REPORT_ORDER if n in SCHEDULES) + tuple(n for n in SCHEDULES
+                                                                              if n not in _REPORT_ORDER)
+#: A memory-limited generator's limit "at the budget": what the budget leaves for activations.
+BUDGET = "budget"
 
 
 @dataclass(frozen=True)
@@ -49,19 +59,27 @@ class Split:
 
 @dataclass(frozen=True)
 class Family:
-    """A schedule family: registry ``schedule`` with ``v`` chunks; ``group`` "half" (⌈p/2⌉) or
-    "full" (p) for group-interleaved; ``limit`` 1 or 2 (× 1F1B's memory) for zb-auto."""
+    """One schedule setting: registry ``schedule`` with ``v`` chunks; ``group`` for
+    group-interleaved: "half" (⌈p/2⌉), "full" (p) or the group size itself when strictly between;
+    ``limit`` for the memory-limited generators zb-auto and zb-v: a multiple of 1F1B's memory
+    (zb-auto 1 or 2; zb-v None = 1) or :data:`BUDGET` (what the budget leaves for activations).
+    A configuration's family has ``BUDGET`` replaced by the multiple it came to
+    (:func:`~pipeoffload.planner.config.assemble`)."""
 
     schedule: str
     v: int = 1
-    group: str | None = None
-    limit: int | None = None
+    group: str | int | None = None
+    limit: float | str | None = None
 
     @property
     def label(self) -> str:
         if self.schedule == "zb-auto":
-            return f"zb-{self.limit}p"
+            return "zb-auto at budget" if self.limit == BUDGET else f"zb-{self.limit:.3g}p"
+        if self.schedule == "zb-v" and self.limit is not None:
+            return "zb-v at budget" if self.limit == BUDGET else f"zb-v {self.limit:.3g}p"
         if self.schedule == "group-interleaved":
+            if isinstance(self.group, int):  # one label for every g strictly between (p-independent)
+                return f"group-interleaved v={self.v} p/2<g<p"
             return f"group-interleaved v={self.v} g={'p/2' if self.group == 'half' else 'p'}"
         if self.schedule == "interleaved-1f1b":
             return f"interleaved-1f1b v={self.v}"
@@ -71,6 +89,8 @@ class Family:
         """The group size on ``p`` ranks (None for a schedule without groups)."""
         if self.group is None:
             return None
+        if isinstance(self.group, int):
+            return self.group
         return (p + 1) // 2 if self.group == "half" else p
 
 
@@ -78,8 +98,10 @@ class Family:
 class PlanOptions:
     """Knobs of the search (defaults in brackets).
 
-    ``schedules``: registry names to search [all; zb-auto runs as "zb-1p" and "zb-2p"];
-    ``chunks``: v values for loop-placed multi-chunk schedules [(2, 3, 4)]; ``recompute``: recompute settings
+    ``schedules``: registry names to search [all, as ``pipeoffload best``: zb-auto runs as "zb-1p",
+    "zb-2p" and at the budget, zb-v at 1F1B's memory and at the budget, group-interleaved with every
+    g in ⌈p/2⌉..p, v-auto within V-Half's peak];
+    ``chunks``: v values for loop-placed multi-chunk schedules [(2, 3, 4), as ``best --max-v 4``]; ``recompute``: recompute settings
     to try, from most memory to least: False (none), True (cheap elementwise ops), "selective"
     (those and the core attention), "full" (the whole layer) [all four; offload is tried with
     False and True only]; ``offload``: try activation offload [True];
@@ -115,8 +137,6 @@ class PlanOptions:
 
     def check(self) -> None:
         """Raise :class:`ParameterError` naming the first invalid field."""
-        from ..schedules import SCHEDULES
-
         unknown = [s for s in self.schedules if s not in SCHEDULES]
         if unknown or not self.schedules:
             raise ParameterError("schedules", f"unknown schedule(s) {', '.join(unknown) or '(none given)'}; "
@@ -155,43 +175,71 @@ class Problem:
     options: PlanOptions
 
 
-def families(p: int, layers: int, options: PlanOptions = PlanOptions()) -> list[Family]:
-    """Schedule families worth trying with ``p`` pipeline ranks (p·v ≤ layers + 2: the first and
-    last chunk may hold only the embedding and the head; multi-chunk families need p ≥ 2)."""
-    from ..schedules import SCHEDULES
+def schedule_families(p: int, schedules: Sequence[str] | None = None, chunks: Iterable[int] = (2, 3, 4),
+                      layers: int | None = None) -> list[Family]:
+    """Every schedule setting on ``p`` pipeline ranks, in the order of ``schedules`` (default: the
+    registry's): the one enumeration the planner and ``pipeoffload best`` search.
 
-    if p == 1:  # no pipeline: every one-chunk schedule is the same F, BW sequence
-        first = next((n for n in options.schedules if n == "1f1b"), None)
-        return [Family(first)] if first else []
+    Per schedule: zb-auto at 1× and 2× 1F1B's memory and at the budget; zb-v at 1F1B's memory and at
+    the budget; interleaved-1f1b at every v of ``chunks``; group-interleaved at every v of ``chunks``
+    and every group size g in ⌈p/2⌉..p; every other schedule once (V schedules with v = 2).
+    With ``layers`` (a model to split), only settings that can hold it: p·v ≤ layers + 2 for the
+    loop-placed multi-chunk schedules (the edge chunks may hold only the embedding or the head),
+    2p ≤ layers for the V-placed ones. At p = 1 there is no pipeline and every schedule is the same
+    sequence of forwards and backwards: 1F1B alone (when among ``schedules``). Raises
+    ParameterError (``schedules``) for a name the registry lacks."""
+    names = tuple(SCHEDULES) if schedules is None else tuple(schedules)
+    unknown = [n for n in names if n not in SCHEDULES]
+    if unknown:
+        raise ParameterError("schedules", f"unknown schedule(s) {', '.join(unknown)}; valid: {', '.join(SCHEDULES)}")
+    if p == 1:
+        return [Family("1f1b")] if "1f1b" in names else []
     out: list[Family] = []
-    for name in options.schedules:
+    for name in names:
         info = SCHEDULES[name]
         if name == "zb-auto":
-            out += [Family(name, 1, limit=1), Family(name, 1, limit=2)]
+            out += [Family(name, 1, limit=1), Family(name, 1, limit=2), Family(name, 1, limit=BUDGET)]
         elif info.placement == "v":
-            if p >= 2 and 2 * p <= layers:
-                out.append(Family(name, 2))
+            if layers is None or 2 * p <= layers:
+                out += [Family(name, 2)] + ([Family(name, 2, limit=BUDGET)] if name == "zb-v" else [])
         elif info.default_v == 1:
             out.append(Family(name, 1))
-        elif p >= 2:
-            out += _multi_chunk_families(name, p, layers, options.chunks)
+        else:
+            out += _multi_chunk_families(name, p, layers, chunks)
     return out
 
 
-def _multi_chunk_families(name: str, p: int, layers: int, chunks: tuple[int, ...]) -> list[Family]:
-    """A loop-placed multi-chunk schedule at every v of ``chunks`` with p·v ≤ layers (p ≥ 2);
-    group-interleaved with g = ⌈p/2⌉ and, where different, g = p."""
+def families(p: int, layers: int, options: PlanOptions = PlanOptions()) -> list[Family]:
+    """The planner's schedule settings for ``p`` pipeline ranks and a model of ``layers`` layers:
+    :func:`schedule_families` restricted to ``options.schedules`` and ``options.chunks``."""
+    return schedule_families(p, options.schedules, options.chunks, layers)
+
+
+def _multi_chunk_families(name: str, p: int, layers: int | None, chunks: Iterable[int]) -> list[Family]:
+    """A loop-placed multi-chunk schedule at every v of ``chunks`` (with p·v ≤ layers + 2 when
+    ``layers`` is given); group-interleaved at every g in ⌈p/2⌉..p."""
     out: list[Family] = []
     for v in sorted(set(chunks)):
-        if p * v > layers + 2:  # edge chunks may hold only the embedding / the head (L = v·p − 2)
+        if layers is not None and p * v > layers + 2:  # edge chunks may hold only the embedding / head
             continue
         if name == "group-interleaved":
-            out.append(Family(name, v, group="half"))
-            if p > (p + 1) // 2:
-                out.append(Family(name, v, group="full"))
+            half = (p + 1) // 2
+            out += [Family(name, v, group="half" if g == half else "full" if g == p else g)
+                    for g in range(half, p + 1)]
         else:
             out.append(Family(name, v))
     return out
+
+
+def offload_tries(schedule: Schedule, stash: bool = True) -> list[tuple[int, bool]]:
+    """The offload settings ``(C, stash)`` to try, in order, on a schedule that does not fit:
+    chunks ``0..C−1`` for C = 1..v, then — with ``stash`` and a schedule with separate W ops — the
+    same with the B→W stash window. The first that fits is kept (``pipeoffload best`` and the
+    planner alike): the earlier a setting, the less it moves over the host link."""
+    tries = [(c, False) for c in range(1, schedule.chunks + 1)]
+    if stash and any(o.kind is OpKind.W for o in schedule.ops()):
+        tries += [(c, True) for c in range(1, schedule.chunks + 1)]
+    return tries
 
 
 def enumerate_splits(model: ModelSpec, gpus: int, global_batch: int) -> tuple[list[tuple[Split, int]], list[Rejection]]:
@@ -231,6 +279,4 @@ def _split_refusal(model: ModelSpec, split: Split, global_batch: int) -> str | N
 
 def placement_of(family: Family, p: int) -> Placement:
     """Where ``family``'s layer groups live on ``p`` ranks: V-shaped or looped."""
-    from ..schedules import SCHEDULES
-
     return Placement.vshape(p) if SCHEDULES[family.schedule].placement == "v" else Placement.loop(p, family.v)

@@ -9,22 +9,30 @@ is kept. Offload is planned in "skip" mode, so it never lengthens the iteration 
 candidate's bubble rate is its schedule's. Candidates are ranked by bubble rate, then
 peak, then the simpler setting (no offload, fewer chunks, no stash).
 
-The planner is meant to use the same search: its unit of work is :func:`evaluate` (one
-:class:`Setting`), its enumeration :func:`settings`. Pure Python (no torch).
+The planner (``pipeoffload plan``) runs the same search per PP·TP·DP split, in bytes and ms:
+both take their settings from one enumeration,
+:func:`pipeoffload.planner.space.schedule_families` (:func:`settings` turns each into this
+module's units: "1F1B's memory" is ``p`` whole-stage forwards, "at the budget" is
+``mem_limit``), and both try offload in one order,
+:func:`pipeoffload.planner.space.offload_tries`. What the planner adds is its own: recompute
+settings, the budget counting parameters and optimizer states, ranking by iteration time
+(with DP), pruning by bounds. Pure Python (no torch).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import Sequence
 
 from ..costs import Costs, MemoryDeltas
 from ..errors import PipeoffloadError, require
 from ..ir import OpKind, Placement
 from ..passes.offload import plan_offload
 from ..passes.timing import simulate
+from ..planner.space import BUDGET, Family, offload_tries, schedule_families
 from ..schedules import SCHEDULES, generate
 
-__all__ = ["Setting", "Entry", "BestResult", "settings", "evaluate", "search"]
+__all__ = ["Setting", "Entry", "BestResult", "setting_of", "settings", "evaluate", "search"]
 
 _EPS = 1e-9
 
@@ -103,23 +111,36 @@ class BestResult:
                 "entries": [e.to_json() for e in shown]}
 
 
-def settings(p: int, m: int, mem_limit: float, memory: MemoryDeltas, max_v: int = 4) -> list[Setting]:
-    """Every (schedule, v, g, limit) the search tries at ``p``, ``m``, in registry order."""
+def setting_of(family: Family, p: int, mem_limit: float, one_f: float) -> Setting:
+    """``family`` (of :func:`~pipeoffload.planner.space.schedule_families`) on ``p`` ranks in this
+    module's units: ``v`` for the loop-placed multi-chunk schedules (V schedules take their own),
+    ``g``, and for zb-auto / zb-v the limit — a multiple of 1F1B's peak (``p · one_f``) or, at the
+    budget, ``mem_limit`` capped at twice that peak (the planner caps it alike: beyond ZB-2p's
+    memory the ZB generators find nothing better). v-auto keeps its generator's default (V-Half's
+    published peak)."""
+    info = SCHEDULES[family.schedule]
+    v = family.v if info.placement == "loop" and family.v > 1 else None
+    limit = None
+    if family.schedule in ("zb-auto", "zb-v"):
+        limit = min(float(mem_limit), 2 * p * one_f) if family.limit == BUDGET else float(family.limit or 1) * p * one_f
+    return Setting(family.schedule, v=v, g=family.g(p), mem_limit=limit)
+
+
+def settings(p: int, m: int, mem_limit: float, memory: MemoryDeltas, max_v: int = 4,
+             schedules: Sequence[str] | None = None) -> list[Setting]:
+    """Every (schedule, v, g, limit) the search tries at ``p``, ``m``, in registry order (or that of
+    ``schedules``): :func:`~pipeoffload.planner.space.schedule_families` with v in 2..``max_v``, as
+    :func:`setting_of`; a schedule's limits that coincide are tried once, those below one
+    whole-stage forward (which no schedule meets) not at all."""
     one_f = max(memory.delta_table(Placement.loop(p))[s][OpKind.F] for s in range(p))
-    out: list[Setting] = []
-    for name, info in SCHEDULES.items():
-        if name in ("interleaved-1f1b", "group-interleaved"):
-            for v in range(2, max_v + 1):
-                if name == "interleaved-1f1b":
-                    out.append(Setting(name, v=v))
-                else:
-                    out += [Setting(name, v=v, g=g) for g in range((p + 1) // 2, p + 1)]
-        elif name in ("zb-auto", "zb-v"):
-            limits = {mem_limit, p * one_f} | ({2 * p * one_f} if name == "zb-auto" else set())
-            out += [Setting(name, mem_limit=x) for x in sorted(limits) if x >= one_f - _EPS]
-        else:
-            out.append(Setting(name))
-    return out
+    by_schedule: dict[str, list[Setting]] = {}  # insertion order = the enumeration's schedule order
+    for fam in schedule_families(p, schedules, range(2, max_v + 1)):
+        st = setting_of(fam, p, mem_limit, one_f)
+        mine = by_schedule.setdefault(st.schedule, [])
+        if st not in mine and (st.mem_limit is None or st.mem_limit >= one_f - _EPS):
+            mine.append(st)
+    # A limited generator's settings by increasing limit (the rest keep the enumeration's order: sort is stable).
+    return [st for mine in by_schedule.values() for st in sorted(mine, key=lambda x: x.mem_limit or 0.0)]
 
 
 def evaluate(setting: Setting, p: int, m: int, costs: Costs, memory: MemoryDeltas, mem_limit: float, *,
@@ -127,8 +148,9 @@ def evaluate(setting: Setting, p: int, m: int, costs: Costs, memory: MemoryDelta
     """Generate, time and (when it does not fit and ``offload``) offload one setting.
 
     Guarantees: ``fits`` is True exactly when ``peak`` ≤ ``mem_limit``; with offload the
-    plan never lengthens the makespan ("skip" mode) and is the first of C = 1…v without,
-    then with, the B→W window that fits (the lowest-peak one when none fits)."""
+    plan never lengthens the makespan ("skip" mode) and is the first of
+    :func:`~pipeoffload.planner.space.offload_tries` (C = 1…v without, then with, the B→W
+    window) that fits; when none fits, ``offload`` is None and ``peak`` the plain one."""
     entry = Entry(setting)
     try:
         sched = generate(setting.schedule, p=p, m=m, costs=costs, memory=memory, **setting.kwargs())
@@ -141,10 +163,7 @@ def evaluate(setting: Setting, p: int, m: int, costs: Costs, memory: MemoryDelta
     entry.fits = entry.peak <= mem_limit * (1 + _EPS) + _EPS
     if entry.fits or not offload:
         return entry
-    split = any(o.kind is OpKind.W for o in sched.ops())
-    tries = [(c, False) for c in range(1, sched.chunks + 1)] + ([(c, True) for c in range(1, sched.chunks + 1)]
-                                                                 if split else [])
-    for c, stash in tries:
+    for c, stash in offload_tries(sched):
         res = plan_offload(sched, tl, offload_chunks=c, offload_time=offload_time, link_group=link_group,
                            on_infeasible="skip", comm=costs.comm, stash=stash)
         peak = max(res.peak)
@@ -162,14 +181,15 @@ def evaluate(setting: Setting, p: int, m: int, costs: Costs, memory: MemoryDelta
 
 def search(p: int, m: int, *, costs: Costs | None = None, memory: MemoryDeltas | None = None,
            mem_limit: float | None = None, offload_time: float = 0.0, link_group: int = 2,
-           offload: bool = True, max_v: int = 4) -> BestResult:
+           offload: bool = True, max_v: int = 4, schedules: Sequence[str] | None = None) -> BestResult:
     """Every setting (:func:`settings`) evaluated (:func:`evaluate`) and ranked: the
     lowest bubble rate among those that fit ``mem_limit`` first (default: 1F1B's peak,
     ``p`` whole-stage forwards).
 
     Guarantees: ``best`` fits the budget and no evaluated setting that fits has a lower
-    bubble rate; entries that refuse the parameters carry the reason. Raises
-    ParameterError naming ``p``, ``m``, ``mem_limit`` or ``max_v`` for bad input."""
+    bubble rate; entries that refuse the parameters carry the reason. ``schedules`` restricts
+    the registry names searched (default all). Raises ParameterError naming ``p``, ``m``,
+    ``mem_limit``, ``max_v`` or ``schedules`` for bad input."""
     costs, memory = costs or Costs(), memory or MemoryDeltas()
     for name, val in (("p", p), ("m", m), ("max_v", max_v)):
         require(isinstance(val, int) and not isinstance(val, bool) and val >= 1, name,
@@ -178,6 +198,6 @@ def search(p: int, m: int, *, costs: Costs | None = None, memory: MemoryDeltas |
     limit = p * one_f if mem_limit is None else float(mem_limit)
     require(limit > 0, "mem_limit", f"must be positive, got {mem_limit!r}")
     entries = [evaluate(s, p, m, costs, memory, limit, offload_time=offload_time, link_group=link_group,
-                        offload=offload) for s in settings(p, m, limit, memory, max_v)]
+                        offload=offload) for s in settings(p, m, limit, memory, max_v, schedules)]
     entries.sort(key=Entry.key)
     return BestResult(p, m, limit, entries)
