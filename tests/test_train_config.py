@@ -66,6 +66,8 @@ def test_plan_emits_a_runnable_train_config(tmp_path):
         assert p.step_time_s == pytest.approx(c.iteration_ms / 1e3) and p.bubble == pytest.approx(c.bubble_rate)
         assert len(p.peak_activation_bytes) == c.split.pp and p.peak_memory_bytes == c.memory.device
         assert p.configuration == c.describe() and "--hardware cpu" in p.source
+        if c.family.schedule in ("zb-auto", "zb-v"):  # the planner's memory limit reaches the runtime's generator
+            assert sched.params["mem_limit"] == pytest.approx((c.family.limit or 1) * c.split.pp)
 
 
 def test_sequence_parallel_is_refused_until_the_runtime_has_it():

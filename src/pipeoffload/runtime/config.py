@@ -42,7 +42,7 @@ class ScheduleConfig:
     microbatches: int = 8  #: m
     v: int | None = None  #: chunks (layer groups) per rank (schedule default when None)
     g: int | None = None  #: group size for group-interleaved
-    mem_limit: float | None = None  #: for zb-auto, in units
+    mem_limit: float | None = None  #: for zb-auto, zb-v and v-auto, in units (1 per whole-stage F)
 
 
 @dataclass
@@ -389,9 +389,11 @@ def config_from_plan(result: Any, config: Any = None, *, steps: int | None = Non
     cfg_ = result.best if config is None else config
     fam, split, spec = cfg_.family, cfg_.split, result.model
     mem_limit = None
-    if fam.schedule == "zb-auto":
+    if fam.schedule in ("zb-auto", "zb-v") and fam.limit is not None:
         # the planner's limit is L × 1F1B's peak; in the runtime's units (1 per whole-stage F) that is L·p
-        mem_limit = float((fam.limit or 1) * split.pp)
+        mem_limit = float(fam.limit * split.pp)
+    elif fam.schedule == "zb-auto":
+        mem_limit = float(split.pp)
     out = TrainConfig(
         model=ModelConfig(layers=spec.layers, hidden=spec.hidden, heads=spec.heads,
                           kv_heads=spec.kv_groups or spec.heads, ffn=spec.ffn, vocab_size=spec.vocab,
