@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from ..costs import MemoryDeltas
+from ..costs import Costs, MemoryDeltas
 from ..ir import OpKind, Placement, Schedule, build_schedule
 from ..passes.timing import simulate
 from .hole_fill import fill_holes
@@ -101,7 +101,25 @@ def _check(spec: ScheduleSpec) -> None:
     spec.resolve_v(2, allowed=(2,))
 
 
-def _from_block(name: str, block: BuildingBlock, spec: ScheduleSpec, holes: bool = False) -> Schedule:
+def _from_block(name: str, spec: ScheduleSpec, holes: bool = False) -> Schedule:
+    """:func:`_lower_block` of the named block, remembered: V-auto, ZB-V below p units and
+    the planner ask for the same V-Min/V-Half/V-ZB lowering many times with the same
+    inputs, and the lowering (W refill, hole filling) is the costly part. Each call gets
+    a fresh Schedule."""
+    orders = _lowered(name, spec.p, spec.m, spec.costs, spec.memory, holes)
+    return build_schedule(name, spec.m, Placement.vshape(spec.p), [list(r) for r in orders], p=spec.p, m=spec.m,
+                          v=2)
+
+
+@lru_cache(maxsize=256)
+def _lowered(name: str, p: int, m: int, costs: Costs, memory: MemoryDeltas,
+             holes: bool) -> tuple[tuple[tuple[OpKind, int, int], ...], ...]:
+    block = {"v-min": v_min_block, "v-half": v_half_block, "v-zb": v_zb_block}[name](p)
+    s = _lower_block(name, block, ScheduleSpec(name, p, m, costs=costs, memory=memory), holes)
+    return tuple(tuple((o.kind, o.stage, o.microbatch) for o in r) for r in s.ranks)
+
+
+def _lower_block(name: str, block: BuildingBlock, spec: ScheduleSpec, holes: bool = False) -> Schedule:
     """The best lowering of ``block`` for ``spec.costs``, by longest rank span, then
     makespan (ties keep the earlier): the building-block pipeline
     (:func:`.building_block.schedule_from_block`), the reference runtime's slot reorder
@@ -154,16 +172,16 @@ def _pick(timed: list, cap: float) -> int:
 def v_min(spec: ScheduleSpec) -> Schedule:
     """V-Min: peak ``(p+4)//3`` units (≈ ⅓ of 1F1B's), bubble ≈ ⅔ of 1F1B's."""
     _check(spec)
-    return _from_block("v-min", v_min_block(spec.p), spec, holes=True)
+    return _from_block("v-min", spec, holes=True)
 
 
 def v_half(spec: ScheduleSpec) -> Schedule:
     """V-Half: peak ``(p+2)//2`` units (≈ ½ of 1F1B's), bubble ≈ ½ of 1F1B's."""
     _check(spec)
-    return _from_block("v-half", v_half_block(spec.p), spec, holes=True)
+    return _from_block("v-half", spec, holes=True)
 
 
 def v_zb(spec: ScheduleSpec) -> Schedule:
     """V-ZB: 1F1B's peak (``p`` units), bubble ≈ 0."""
     _check(spec)
-    return _from_block("v-zb", v_zb_block(spec.p), spec)
+    return _from_block("v-zb", spec)
