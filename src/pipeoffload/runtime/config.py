@@ -402,7 +402,7 @@ def config_from_plan(result: Any, config: Any = None, *, steps: int | None = Non
                                 v=fam.v if fam.v > 1 else None, g=cfg_.g, mem_limit=mem_limit),
         parallel=ParallelConfig(dp=split.dp, tp=split.tp),
         offload=OffloadConfig(chunks=cfg_.offload_chunks if cfg_.offload_chunks else "none",
-                              recompute=bool(cfg_.recompute)),
+                              recompute=bool(cfg_.recompute), stash=bool(cfg_.offload_stash)),
         training=TrainingConfig(microbatch_size=spec.microbatch, **({"steps": steps} if steps else {})),
     )
     peaks = [float(x) for x in result.timeline(cfg_).peak_memory()]
