@@ -44,7 +44,7 @@ from ..ir import Placement, Schedule, build_schedule
 from ..passes.timing import KIND_CODE, CODE_KIND
 from .zb_auto import Infeasible, Tracker, replay
 
-__all__ = ["fill_holes", "WINDOW", "CHAIN", "BUDGET"]
+__all__ = ["fill_holes", "lex_better", "WINDOW", "CHAIN", "BUDGET"]
 
 #: How many later ops of the rank are candidates for one gap.
 WINDOW = 8
@@ -119,9 +119,9 @@ def _try(search: "_Search", trial: list[list[Code]], a: Code, key: tuple, caps: 
         except Infeasible:
             return None
         k2 = _key(tr)
-        if _better(k2, key):
+        if lex_better(k2, key):
             return trial, tr, k2
-        if _better(key[:2], k2[:2]):
+        if lex_better(key[:2], k2[:2]):
             return None
         x = _late_input(search, tr, a)
         if x is None:
@@ -155,8 +155,11 @@ def _key(tr: Tracker) -> tuple[float, float, float, float]:
     return (max(spans), tr.makespan(), sum(spans), ends)
 
 
-def _better(a: tuple, b: tuple) -> bool:
-    """Lexicographically smaller, each component with a relative tolerance."""
+def lex_better(a: tuple[float, ...], b: tuple[float, ...] | None) -> bool:
+    """``a`` before ``b`` lexicographically, each component equal within a relative 1e-9
+    (``b`` None: no rival yet). The one comparison of schedule keys the generators share."""
+    if b is None:
+        return True
     for x, y in zip(a, b):
         eps = 1e-9 * max(1.0, abs(y))
         if x < y - eps:

@@ -74,6 +74,7 @@ from ..timeline import Timeline
 from .building_block import BuildingBlock, schedule_from_block, steady_peak
 from .spec import ScheduleSpec
 from .v_grid_lowering import Cell, grid_orders, lower_grid, repeated_grid, time_grid
+from .hole_fill import lex_better
 from .v_reorder import reorder_orders
 from .vshape import PERIOD, unit_peak_bound, v_half, v_min, v_zb
 from .w_refill import refill_weights
@@ -176,19 +177,6 @@ def _key(tl: Timeline) -> tuple[float, float, float]:
     return (max(tl.spans()), tl.makespan, max(tl.peak_memory()))
 
 
-def _better(a: tuple[float, ...], b: tuple[float, ...] | None) -> bool:
-    """``a`` before ``b`` lexicographically, equal within a relative 1e-9."""
-    if b is None:
-        return True
-    for x, y in zip(a, b):
-        eps = 1e-9 * max(1.0, abs(y))
-        if x < y - eps:
-            return True
-        if x > y + eps:
-            return False
-    return False
-
-
 def v_auto(spec: ScheduleSpec) -> Schedule:
     """V-auto: the best V schedule of the block search (module docstring) within
     ``spec.mem_limit`` (units of ``spec.memory``; default V-Half's published peak)."""
@@ -219,7 +207,7 @@ def v_auto(spec: ScheduleSpec) -> Schedule:
 
     best: tuple[Schedule, tuple[float, float]] | None = None
     for s, tl in fixed:
-        if fits(tl) and (best is None or _better(_key(tl), best[1])):
+        if fits(tl) and (best is None or lex_better(_key(tl), best[1])):
             best = (s, _key(tl))
 
     # Chunk activations the limit holds; with few microbatches a block's steady peak is
@@ -249,13 +237,13 @@ def v_auto(spec: ScheduleSpec) -> Schedule:
                     continue
                 cands.append((r, simulate(r, costs, memory)))
         for c, ctl in cands:
-            if fits(ctl) and (best is None or _better(_key(ctl), best[1])):
+            if fits(ctl) and (best is None or lex_better(_key(ctl), best[1])):
                 best = (c, _key(ctl))
     grid = _grid_candidate(p, m, costs, memory, units, limit + tol)
     if grid is not None:
         s = build_schedule(spec.name, m, pl, grid, p=p, m=m, v=2)
         tl = simulate(s, costs, memory)
-        if fits(tl) and _better(_key(tl), None if best is None else best[1]):
+        if fits(tl) and lex_better(_key(tl), None if best is None else best[1]):
             best = (s, _key(tl))
     if best is None:
         raise ParameterError("mem_limit", f"no V-auto schedule keeps every rank within {limit:g}; "
@@ -312,6 +300,6 @@ def _grid_candidate(p: int, m: int, costs: Costs, memory: MemoryDeltas, units: f
                 continue
             span, makespan, peak = time_grid(grid, dur, costs.comm, delta)
             key = (span, makespan, peak)
-            if peak <= limit and _better(key, None if best is None else best[0]):
+            if peak <= limit and lex_better(key, None if best is None else best[0]):
                 best = (key, grid)
     return None if best is None else grid_orders(best[1])
