@@ -83,19 +83,24 @@ def _mlp_data():
 
 
 def _user_modules_world(ctx):
-    """A user's module list (all four given; each rank picks its own), loop and V placements."""
+    """A user's module list (all four given; each rank picks its own), loop and V
+    placements; under the suite's NCCL-rules emulation and on torch's own transport
+    (plain gloo), which the rest of the suite does not use."""
     res = {}
     for name in ("interleaved-1f1b", "zb-v"):
-        sched = generate(name, p=2, m=4)
-        mods = _mlp_stages()
-        runner = PipelineRunner(mods, torch.nn.functional.mse_loss, sched, timeout_s=60)
-        xs, ys = _mlp_data()
-        r = runner.step(xs, ys)
-        got = gather_results({"loss": r.loss, "grads": {f"{s}.{n}": p.grad.clone() for s in runner.my_stages
-                                                         for n, p in mods[s].named_parameters()}})
-        if ctx.rank == 0:
-            res[name] = {"loss": next(g["loss"] for g in got if g["loss"] is not None),
-                         "grads": {k: v for g in got for k, v in g["grads"].items()}}
+        for transport in (None, "torch"):
+            sched = generate(name, p=2, m=4)
+            mods = _mlp_stages()
+            runner = PipelineRunner(mods, torch.nn.functional.mse_loss, sched, timeout_s=60, transport=transport)
+            assert runner.p2p.transport.name == (transport or "nccl-rules")
+            xs, ys = _mlp_data()
+            r = runner.step(xs, ys)
+            got = gather_results({"loss": r.loss, "grads": {f"{s}.{n}": p.grad.clone() for s in runner.my_stages
+                                                             for n, p in mods[s].named_parameters()}})
+            if ctx.rank == 0:
+                res[f"{name}/{transport or 'nccl-rules'}"] = {
+                    "loss": next(g["loss"] for g in got if g["loss"] is not None),
+                    "grads": {k: v for g in got for k, v in g["grads"].items()}}
     return res
 
 
@@ -106,7 +111,7 @@ def test_user_modules_with_changing_shapes_and_dtype(tmp_path_factory):
     xs, ys = _mlp_data()
     loss = sum(torch.nn.functional.mse_loss(model(x), y) for x, y in zip(xs, ys)) / len(xs)
     loss.backward()
-    assert set(res) == {"interleaved-1f1b", "zb-v"}
+    assert set(res) == {f"{n}/{t}" for n in ("interleaved-1f1b", "zb-v") for t in ("nccl-rules", "torch")}
     for name, r in res.items():
         assert abs(r["loss"] - loss.item()) < 1e-12, name
         for s, mod in enumerate(mods):

@@ -99,13 +99,20 @@ class _T:
         self.shape, self.dtype, self.requires_grad = state
 
 
-def encode_header(flat: Flat, device: torch.device | str = "cpu") -> torch.Tensor:
-    """The header of a forward message: a uint8 tensor of :data:`HEADER_BYTES` holding
-    the value's skeleton (its containers and plain leaves, each tensor replaced by its
-    shape, dtype and whether it needs a gradient), pickled."""
+def header_body(flat: Flat) -> bytes:
+    """The value's skeleton (its containers and plain leaves, each tensor replaced by
+    its shape, dtype and whether it needs a gradient), pickled: what a header carries.
+    Equal bodies mean the receiver may reuse the buffers' shapes it knows."""
     skel = [_T(tuple(x.shape), str(x.dtype).removeprefix("torch."), bool(x.requires_grad))
             if isinstance(x, torch.Tensor) else x for x in flat.leaves]
-    body = pickle.dumps(pytree.tree_unflatten(skel, flat.spec), protocol=pickle.HIGHEST_PROTOCOL)
+    return pickle.dumps(pytree.tree_unflatten(skel, flat.spec), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def encode_header(flat: Flat, device: torch.device | str = "cpu", body: bytes | None = None) -> torch.Tensor:
+    """The header of a forward message: a uint8 tensor of :data:`HEADER_BYTES` holding
+    :func:`header_body` (``body`` when the caller computed it already)."""
+    if body is None:
+        body = header_body(flat)
     if len(body) + 8 > HEADER_BYTES:
         raise ParameterError("stage_modules", f"a boundary value's description takes {len(body)} bytes, more than "
                              f"the {HEADER_BYTES - 8} a header holds (too many leaves or long plain values)")
@@ -120,7 +127,12 @@ def decode_header(header: torch.Tensor) -> tuple[Any, list[tuple]]:
     ``("v", plain value)``."""
     raw = header.cpu().numpy().tobytes()
     n = int.from_bytes(raw[:8], "little")
-    leaves, spec = pytree.tree_flatten(pickle.loads(raw[8:8 + n]))
+    return decode_body(raw[8:8 + n])
+
+
+def decode_body(body: bytes) -> tuple[Any, list[tuple]]:
+    """``(spec, descriptions)`` from a :func:`header_body`."""
+    leaves, spec = pytree.tree_flatten(pickle.loads(body))
     out = [("t", LeafMeta(x.shape, getattr(torch, x.dtype), x.requires_grad)) if isinstance(x, _T) else ("v", x)
            for x in leaves]
     return spec, out

@@ -115,7 +115,7 @@ class RuntimeConfig:
     timeout_s: float = 120.0  #: every blocking wait (receives, sends at step end)
     init_timeout_s: float = 120.0  #: process-group init and collectives
     threads: int | None = None  #: torch threads per CPU rank (default cores / ranks)
-    recv_lookahead: int = 2  #: receives posted ahead of their consumer
+    recv_lookahead: int = 2  #: a receive is issued at most this many ops before its consumer
     memory_meter: str = "auto"  #: auto, saved, cuda, none
     output: str | None = None  #: output folder (default runs/<timestamp>)
     progress: bool = True  #: tqdm progress bar on rank 0

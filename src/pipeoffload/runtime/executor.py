@@ -49,9 +49,9 @@ measured, giving a per-rank list of :class:`~pipeoffload.timeline.TimedOp`.
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import datetime
+import hashlib
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -64,7 +64,8 @@ from torch.autograd.graph import get_gradient_edge, saved_tensors_hooks
 
 from ..errors import ParameterError
 from ..ir import Op, OpKind, Schedule
-from ..passes.comm import incoming_order, insert_comm, message_key
+from ..passes.comm import insert_comm, message_key
+from ..passes.issue_policy import IssuePlan, issue_plan
 from ..passes.lower import lower
 from ..timeline import TimedOp
 from . import boundary
@@ -81,6 +82,8 @@ from .weight_grad import WeightGradStore
 
 StageModules = Mapping[int, nn.Module] | Sequence[nn.Module] | Callable[[int], nn.Module]
 _COMPUTE = frozenset({OpKind.F, OpKind.B, OpKind.W, OpKind.BW})
+#: Send/receive markers: they do not advance the program's gap (passes/issue_policy.py).
+_MARKERS = frozenset({OpKind.SEND_F, OpKind.SEND_B, OpKind.RECV_F, OpKind.RECV_B})
 
 
 @dataclass(frozen=True)
@@ -110,20 +113,30 @@ class StepResult:
 
 @dataclass
 class _Plan:
-    """One program of this rank, indexed: its ops, where its receives are, the forwards
-    whose backward is split, and per peer the order it sends to this rank."""
+    """One program of this rank: its ops, the forwards whose backward is split, and the
+    issue policy of its messages (``passes/issue_policy.py``) per set of microbatches
+    whose forward messages carry headers."""
 
+    program: Schedule
+    rank: int
     ops: list[Op]
-    recv_pos: list[int]
     split: set[tuple[int, int]]
-    incoming: dict[int, list]
+    kind: str  #: "train" or "eval": which shape book entries its messages use
+    issues: dict[frozenset, IssuePlan] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, program: Schedule, rank: int) -> "_Plan":
+    def of(cls, program: Schedule, rank: int, kind: str) -> "_Plan":
         ops = program.ranks[rank]
-        recv = [i for i, op in enumerate(ops) if op.kind in (OpKind.RECV_F, OpKind.RECV_B)]
         split = {(op.stage, op.microbatch) for op in ops if op.kind is OpKind.B}
-        return cls(ops, recv, split, incoming_order(program, rank))
+        return cls(program, rank, ops, split, kind)
+
+    def issue(self, header_mbs: frozenset, lookahead: int) -> IssuePlan:
+        """The issue policy when the forward messages of ``header_mbs`` carry headers."""
+        got = self.issues.get(header_mbs)
+        if got is None:
+            got = self.issues[header_mbs] = issue_plan(self.program, headers=lambda mk: mk[2] in header_mbs,
+                                                       lookahead=lookahead)
+        return got
 
 
 @dataclass
@@ -151,7 +164,14 @@ class PipelineRunner:
     Parameters: ``rank`` (default ``dist.get_rank()``), ``device`` (default: where the
     first parameter lives), ``timeout_s`` for every blocking wait, ``activation_store``
     (offload hook point), ``meter`` ("auto", "saved", "cuda", "none" or a
-    :class:`MemoryMeter`), ``recv_lookahead`` receives posted ahead of their consumer,
+    :class:`MemoryMeter`), ``recv_lookahead`` (a receive is issued at most this many
+    ops before its consumer, earlier only where NCCL's issue order forces it;
+    ``passes/issue_policy.py``), ``dynamic_shapes`` (send a header with every forward
+    message instead of reusing the shapes an earlier step with the same input shapes
+    had; needed only when a stage's output shapes depend on values: the runtime raises
+    a ParameterError naming it otherwise), ``transport`` (None: ``PIPEOFFLOAD_P2P`` or
+    torch's own; "nccl-rules" emulates NCCL's point-to-point rules on gloo for tests;
+    ``runtime/transport.py``),
     ``sync_timing`` (synchronize the CUDA compute stream around each op for exact timings;
     default on CUDA), ``group`` (the pipeline's process group), ``tie`` (groups of
     parameter names that are one shared parameter), ``param_names`` ("auto", "module",
@@ -188,6 +208,8 @@ class PipelineRunner:
         activation_store: ActivationStore | None = None,
         meter: str | MemoryMeter = "auto",
         recv_lookahead: int = 2,
+        dynamic_shapes: bool = False,
+        transport: Any = None,
         sync_timing: bool | None = None,
         group: Any = None,
         tie: Sequence[Sequence[str]] | None = None,
@@ -226,7 +248,11 @@ class PipelineRunner:
         self.device = self._place_modules(device)
         self.loss_fn = loss_fn
         self.timeout_s = float(timeout_s)
-        self.p2p = P2P(self.rank, self.timeout_s, self.device, group, pipeline_ranks(group, mesh))
+        self.p2p = P2P(self.rank, self.timeout_s, self.device, group, pipeline_ranks(group, mesh), transport)
+        self.dynamic_shapes = bool(dynamic_shapes)
+        #: Where the step-start all-reduce's tensor lives (NCCL reduces device memory).
+        self._coll_device = self.device if dist.is_initialized() and dist.get_backend(group) == "nccl" \
+            else torch.device("cpu")
         kind = self._data_parallel(mesh, data_parallel)
         # FSDP wraps the modules before the parameter table names them (the optimizer
         # then gets the sharded parameters); the replicated reducer needs the table.
@@ -261,7 +287,7 @@ class PipelineRunner:
             raise ParameterError("autocast", f"expected a torch dtype such as torch.bfloat16, got {autocast!r}")
         self.autocast = autocast
         self.ops: list[Op] = self.program.ranks[self.rank]
-        self._plan = _Plan.of(self.program, self.rank)
+        self._plan = _Plan.of(self.program, self.rank, "train")
         #: position in the training program -> layer group whose last W/BW of the step it is
         self._last_w = {max(i for i, op in enumerate(self.ops) if op.stage == s and op.kind in (OpKind.W, OpKind.BW)): s
                         for s in self.my_stages
@@ -432,7 +458,7 @@ class PipelineRunner:
         """The forward-only program (the schedule's F ops in its order, with messages)."""
         if self._eval_plan is None:
             ranks = [[op for op in lst if op.kind is OpKind.F] for lst in self.schedule.ranks]
-            self._eval_plan = _Plan.of(insert_comm(self.schedule.with_ranks(ranks)), self.rank)
+            self._eval_plan = _Plan.of(insert_comm(self.schedule.with_ranks(ranks)), self.rank, "eval")
         return self._eval_plan
 
     @contextlib.contextmanager
@@ -458,9 +484,15 @@ class PipelineRunner:
         """Run ``plan`` once: barrier, every op, sends completed; the measured result."""
         self._run, self._cur_plan = run, plan
         self._amp = self._autocast_state()
-        self.mail.begin(plan.incoming)
         self._sync()
         self.barrier()
+        sigs = self._agree_signatures(run, plan)
+        m = self.schedule.num_microbatches
+        headers = frozenset(range(m)) if self.dynamic_shapes else \
+            frozenset(j for j in range(m) if not self.mail.book.knows(plan.kind, sigs[j]))
+        issue = plan.issue(headers, self.recv_lookahead)
+        mail = self.mail
+        mail.begin(issue.ranks[self.rank], issue.headers, plan.kind, sigs, run.to_send)
         self.meter.start_step()
         self._t0 = time.perf_counter()
         hook = self.before_op if run.train else None
@@ -471,6 +503,8 @@ class PipelineRunner:
         tp_timer = collective_timer() if self.coords_tp_size > 1 else None
         with self.rng.step() if self.rng is not None else contextlib.nullcontext(), \
                 tp_timer if tp_timer is not None else contextlib.nullcontext():
+            gap = 0
+            mail.issue_gap(0)
             for pos, op in enumerate(plan.ops):
                 self._pos = pos
                 if hook is not None:
@@ -481,6 +515,9 @@ class PipelineRunner:
                 if pos in last_w and dp is not None:
                     run.dp_started[last_w[pos]] = self._now()
                     dp.stage_done(last_w[pos])  # started now, overlapped with the rest of the step
+                if op.kind not in _MARKERS:  # the next gap: issue its groups (passes/issue_policy.py)
+                    gap += 1
+                    mail.issue_gap(gap)
             self.p2p.finish_sends()
             if run.train:
                 self._reduce_grads()
@@ -490,6 +527,7 @@ class PipelineRunner:
         if run.train:
             self.store.end_step()
         self._check_finished(run)
+        mail.book.commit(plan.kind, sigs)
         res = self._result(run, t_end)
         res.dp_comm_s = dp.comm_s if dp is not None else 0.0
         res.tp_comm_s = tp_timer.seconds if tp_timer is not None else 0.0
@@ -523,9 +561,9 @@ class PipelineRunner:
 
     def _check_finished(self, run: _Run) -> None:
         leftover = self.wg.pending()
-        if leftover or run.keep or self.p2p.pending_recvs():
+        if leftover or run.keep or self.mail.pending():
             raise RuntimeError(f"rank {self.rank}: step ended with {leftover} deferred weight gradients and "
-                               f"{len(run.keep)} forwards without backward and {self.p2p.pending_recvs()} receives "
+                               f"{len(run.keep)} forwards without backward and {self.mail.pending()} receives "
                                "not consumed (schedule incomplete?)")
 
     def _result(self, run: _Run, t_end: float) -> StepResult:
@@ -586,14 +624,12 @@ class PipelineRunner:
         else:
             self._forward_only(op)
         self._end(op, t0, lvl0, "F")
-        self._post_ahead()
 
     def _op_backward(self, op: Op) -> None:
         lvl0, t0 = self._begin()
         self._backward(op)
         self._end(op, t0, lvl0, "B")
         self._run.bw_time.setdefault(op.stage, [0.0, 0.0])[0] += self._run.samples[-1].duration
-        self._post_ahead()
 
     def _op_weight(self, op: Op) -> None:
         lvl0, t0 = self._begin()
@@ -615,7 +651,6 @@ class PipelineRunner:
         lvl2, t2 = self.meter.level(), self._now()
         self._run.samples.append(OpSample(op.stage, "W", t2 - t1, lvl2 - lvl1, self.meter.peak_since_mark() - lvl1))
         self._run.events.append(TimedOp(op, t0, t2, "compute", lvl2 - lvl0))
-        self._post_ahead()
 
     def _stage_input(self, s: int, j: int) -> boundary.Flat:
         run = self._run
@@ -739,18 +774,11 @@ class PipelineRunner:
         self._run.events.append(TimedOp(op, t0, self._now(), stream, self.meter.level() - lvl0))
 
     def _op_send(self, op: Op) -> None:
-        t0 = self._now()
-        key = message_key(op)
-        value = self._run.to_send.pop(key)
-        if op.kind is OpKind.SEND_F:
-            self.mail.send_value(op, key, value)
-        else:
-            self.mail.send_grads(op, key, value)
-        self.p2p.poll_sends()
-        self._run.events.append(TimedOp(op, t0, self._now(), "comm", 0.0))
+        # Issued with its group at the producer's gap (Mailbox.issue_gap); recorded here.
+        t = self._now()
+        self._run.events.append(TimedOp(op, t, t, "comm", 0.0))
 
     def _op_recv(self, op: Op) -> None:
-        self._post_ahead()
         t0 = self._now()
         key = message_key(op)
         got = self.mail.receive(op, key)
@@ -760,13 +788,25 @@ class PipelineRunner:
         else:
             self._run.grad_in[(op.stage, op.microbatch)] = got
 
-    def _post_ahead(self) -> None:
-        """Post (without blocking) the receives of the next ``recv_lookahead + 1``
-        receive ops, in each peer's send order."""
-        plan = self._cur_plan
-        k = bisect.bisect_left(plan.recv_pos, self._pos)
-        ahead = plan.recv_pos[k:k + self.recv_lookahead + 1]
-        self.mail.post_ahead([message_key(plan.ops[i]) for i in ahead])
+    def _agree_signatures(self, run: _Run, plan: _Plan) -> list[int]:
+        """The input signature of every microbatch (``runtime/messages.py``), agreed by
+        one all-reduce over the pipeline: the rank of the first layer group computes
+        them, the others contribute zeros."""
+        m = self.schedule.num_microbatches
+        if not dist.is_initialized() or self.schedule.num_ranks == 1 or self.dynamic_shapes:
+            return [0] * m
+        vals = [_signature(x) for x in run.inputs] if self.has_first_stage else [0] * m
+        t = torch.tensor(vals, dtype=torch.int64, device=self._coll_device)
+        work = dist.all_reduce(t, group=self.group, async_op=True)
+        try:
+            ok = work.wait(timeout=datetime.timedelta(seconds=self.timeout_s))
+        except RuntimeError as e:
+            raise CommTimeout(f"rank {self.rank}: the step-start agreement on the inputs' shapes (an all-reduce "
+                              f"over the pipeline's ranks) failed ({str(e).splitlines()[0][:300]})") from None
+        if ok is False:
+            raise CommTimeout(f"rank {self.rank}: timed out after {self.timeout_s:g} s in the step-start agreement "
+                              "on the inputs' shapes (an all-reduce over the pipeline's ranks)")
+        return [int(v) for v in t.tolist()]
 
     # ------------------------------------------------------------------ timing
     def _now(self) -> float:
@@ -871,6 +911,13 @@ class PipelineRunner:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _signature(x: Any) -> int:
+    """A microbatch's input signature: a 62-bit digest of its skeleton (structure,
+    shapes, dtypes, plain values); the same on every process."""
+    body = boundary.header_body(boundary.flatten(x, "an input microbatch"))
+    return int.from_bytes(hashlib.blake2b(body, digest_size=8).digest(), "little") >> 2
 
 
 def _is_dtensor(t: torch.Tensor) -> bool:

@@ -1,24 +1,26 @@
-"""Boundary values on the wire: a header, then one message per tensor.
+"""Boundary values on the wire, issued as the issue policy says (``passes/issue_policy.py``).
 
 A forward message ``("F", s, j)`` (the output of layer group ``s`` for microbatch
-``j``) is sent as part 0, the header (:func:`~pipeoffload.runtime.boundary.encode_header`:
-structure, shapes, dtypes, which tensors need a gradient, plain values), then one part
-per tensor leaf. A gradient message ``("B", s, j)`` has one part per leaf that needed a
-gradient, in leaf order, and no header: its receiver sent those leaves and knows their
-shapes (:meth:`Mailbox.expect_grads`). Part ``k`` of a message travels under tag
-``64·message_tag + k``.
+``j``) is its tensor leaves (the *payload*), preceded by a *header*
+(:func:`~pipeoffload.runtime.boundary.encode_header`: structure, shapes, dtypes, which
+tensors need a gradient, plain values) only when the receiver cannot know the shapes.
+A gradient message ``("B", s, j)`` is one tensor per leaf that needed a gradient, never
+with a header: its receiver sent those leaves and knows their shapes
+(:meth:`Mailbox.expect_grads`).
 
-Receives are posted in each peer's send order (NCCL matches by order, not tag): a
-header first, its tensors once the header is in, then the peer's next message.
-:meth:`Mailbox.post_ahead` does this without blocking for the next few receive ops
-(``lookahead``); at a receive op :meth:`Mailbox.receive` waits — for the headers of
-earlier messages from that peer too, which is safe: the peer sent them before the one
-this op needs. Every wait has the P2P timeout and names rank, op and peer.
+Shapes without headers. The runner agrees on a *signature* of each microbatch's inputs
+at the start of a run (one collective, ``PipelineRunner._agree_signatures``). A
+microbatch whose signature a completed run of the same kind (training or forward-only)
+has seen sends no headers: both ends take the skeleton from their :class:`ShapeBook`,
+filled from the headers of that earlier run. Anything else travels with headers. A
+sender whose value no longer matches what the book says for its inputs (shapes that
+depend on values, not on input shapes) raises a ParameterError naming the layer group
+and the remedy (``dynamic_shapes=True``: headers always).
 
-Cost of the headers (dynamic shapes): one extra message of
-:data:`~pipeoffload.runtime.boundary.HEADER_BYTES` per forward message, and a
-payload receive that can be posted only once its header has arrived (on gloo the
-payload then moves after a round trip instead of being pushed at once).
+Every part of a message is issued inside its group in the policy's canonical order
+(the same on both ends, as NCCL matches by order per peer); part ``k`` of a message
+travels under tag ``64·message_tag + k`` (used by gloo only). Every wait has the P2P
+timeout and names rank, op and peer.
 """
 
 from __future__ import annotations
@@ -27,12 +29,49 @@ from typing import Any
 
 import torch
 
+from ..errors import ParameterError
 from ..ir import Op
 from ..passes.comm import MessageKey, message_tag
-from .boundary import HEADER_BYTES, MAX_LEAVES, Flat, assemble, decode_header, encode_header
+from ..passes.issue_policy import HEADER, Group, RankIssue
+from .boundary import HEADER_BYTES, MAX_LEAVES, Flat, assemble, decode_body, decode_header, encode_header, header_body
 from .p2p import P2P
 
 _PARTS = MAX_LEAVES + 1
+
+
+class ShapeBook:
+    """What each forward message looked like, per kind of run and input signature.
+
+    ``entries[(kind, signature, stage)]`` is the header body of the output of layer
+    group ``stage`` for a microbatch with that input signature; ``seen`` holds the
+    ``(kind, signature)`` pairs of completed runs (their messages need no header)."""
+
+    #: Most signatures remembered per kind (variable-length batches make many).
+    LIMIT = 256
+
+    def __init__(self) -> None:
+        self.entries: dict[tuple[str, int, int], bytes] = {}
+        self.decoded: dict[bytes, tuple[Any, list]] = {}
+        self.seen: dict[tuple[str, int], None] = {}
+
+    def knows(self, kind: str, sig: int) -> bool:
+        return (kind, sig) in self.seen
+
+    def commit(self, kind: str, sigs: list[int]) -> None:
+        """A run of ``kind`` completed: its microbatches' signatures are known now."""
+        for sig in sigs:
+            self.seen[(kind, sig)] = None
+        while len(self.seen) > self.LIMIT:
+            old = next(iter(self.seen))
+            del self.seen[old]
+            for key in [k for k in self.entries if k[:2] == old]:
+                del self.entries[key]
+
+    def skeleton(self, body: bytes) -> tuple[Any, list]:
+        got = self.decoded.get(body)
+        if got is None:
+            got = self.decoded[body] = decode_body(body)
+        return got
 
 
 class Mailbox:
@@ -40,87 +79,145 @@ class Mailbox:
 
     def __init__(self, p2p: P2P, num_stages: int, num_microbatches: int, device: torch.device) -> None:
         self.p2p, self.S, self.m, self.device = p2p, num_stages, num_microbatches, device
-        self.begin({})
+        self.book = ShapeBook()
+        self.begin(RankIssue(), frozenset(), "train", [0] * num_microbatches, {})
 
-    def begin(self, incoming: dict[int, list[MessageKey]]) -> None:
-        """A new run: ``incoming[peer]`` lists the messages from ``peer`` in its send order."""
-        self.order = incoming
-        self.index = {key: (peer, i) for peer, keys in incoming.items() for i, key in enumerate(keys)}
-        self.posted = {peer: 0 for peer in incoming}  #: per peer: messages fully posted
-        self.headers: dict[MessageKey, tuple[Any, list]] = {}
-        self.parts: dict[MessageKey, int] = {}
+    def begin(self, issue: RankIssue, headers: frozenset, kind: str, sigs: list[int],
+              to_send: dict[MessageKey, Any]) -> None:
+        """A new run: this rank's issue policy, the messages that carry headers, the kind
+        of run and the microbatches' input signatures; ``to_send`` is where the runner
+        leaves each value to send (popped when its payload is issued)."""
+        self.issue, self.with_header, self.kind, self.sigs = issue, headers, kind, sigs
+        self.to_send = to_send
+        self.works: dict[tuple[MessageKey, str], list[tuple[Any, torch.Tensor, int]]] = {}
+        self.skeletons: dict[MessageKey, tuple[Any, list]] = {}
         self.grad_metas: dict[MessageKey, list[tuple[tuple[int, ...], torch.dtype]]] = {}
 
     def _tag(self, key: MessageKey, part: int) -> int:
         return _PARTS * message_tag(key, self.S, self.m) + part
 
-    # ------------------------------------------------------------------ sending
-    def send_value(self, op: Op, key: MessageKey, flat: Flat) -> None:
-        """A forward message: the header, then every tensor leaf."""
-        hdr = encode_header(flat, self.device if self.device.type != "cpu" else "cpu")
-        self.p2p.send(op, hdr, self._tag(key, 0))
-        for k, t in enumerate(flat.tensor_leaves()):
-            self.p2p.send(op, t, self._tag(key, 1 + k))
-
-    def send_grads(self, op: Op, key: MessageKey, grads: list[torch.Tensor]) -> None:
-        for k, g in enumerate(grads):
-            self.p2p.send(op, g, self._tag(key, 1 + k))
-
     def expect_grads(self, key: MessageKey, leaves: list[torch.Tensor]) -> None:
         """The gradient message ``key`` will carry gradients shaped like ``leaves``."""
         self.grad_metas[key] = [(tuple(t.shape), t.dtype) for t in leaves]
 
-    # ------------------------------------------------------------------ receiving
-    def post_ahead(self, keys: list[MessageKey]) -> None:
-        """Post, without blocking, what can be posted up to each of ``keys``."""
-        for key in keys:
-            peer, i = self.index[key]
-            self._post_upto(peer, i, None)
+    # ------------------------------------------------------------------ issuing
+    def issue_gap(self, k: int) -> None:
+        """Issue this rank's groups of gap ``k`` (after its ``k``-th non-communication op)."""
+        for group in self.issue.at.get(k, ()):
+            self._issue_group(group)
 
-    def receive(self, op: Op, key: MessageKey) -> Flat | list[torch.Tensor]:
-        """Wait for message ``key`` (at its receive op): a forward value as a
-        :class:`~pipeoffload.runtime.boundary.Flat`, a gradient message as a list."""
-        peer, i = self.index[key]
-        self._post_upto(peer, i, op)
-        tensors = [self.p2p.wait_recv((key, 1 + k), op) for k in range(self.parts.pop(key))]
+    def _issue_group(self, group: Group) -> None:
+        for key in group.after:  # the payload half: the headers of this round first
+            self._header_in(key, f"the header of {key}")
+        items: list[tuple[bool, torch.Tensor, int, int, str]] = []
+        parts: list[tuple[MessageKey, str]] = []
+        for x in group.xfers:
+            what = f"{'send' if x.send else 'receive'} of {_name(x.key)} {'header' if x.part == HEADER else 'payload'}"
+            n0 = len(items)
+            if x.send:
+                items.extend((True, t, x.peer, tag, what) for t, tag in self._outgoing(x.key, x.part))
+            else:
+                self.works.setdefault((x.key, x.part), [])  # registered even with no tensor to receive
+                items.extend((False, b, x.peer, tag, what) for b, tag in self._buffers(x.key, x.part))
+            parts.extend([(x.key, x.part)] * (len(items) - n0))
+        if not items:
+            return
+        works = self.p2p.issue(items)
+        for (key, part), (send, buf, peer, _, _), work in zip(parts, items, works):
+            if not send:
+                self.works.setdefault((key, part), []).append((work, buf, peer))
+        self.p2p.poll_sends()
+
+    def _outgoing(self, key: MessageKey, part: str) -> list[tuple[torch.Tensor, int]]:
+        """The tensors (with tags) of this rank's part ``part`` of message ``key``."""
         if key[0] == "B":
-            return tensors
-        spec, desc = self.headers.pop(key)
-        return assemble(spec, desc, tensors)
+            return [(g, self._tag(key, 1 + i)) for i, g in enumerate(self.to_send.pop(key))]
+        flat: Flat = self.to_send[key]
+        if part == HEADER:
+            body = header_body(flat)
+            self.book.entries[(self.kind, self.sigs[key[2]], key[1])] = body
+            return [(encode_header(flat, self.device if self.device.type != "cpu" else "cpu", body),
+                     self._tag(key, 0))]
+        del self.to_send[key]
+        if key not in self.with_header:
+            self._check_known(key, flat)
+        return [(t, self._tag(key, 1 + i)) for i, t in enumerate(flat.tensor_leaves())]
 
-    def _post_upto(self, peer: int, i: int, op: Op | None) -> None:
-        """Post the messages of ``peer`` up to its ``i``-th, in order; ``op`` set: block
-        for headers (with the timeout); None: stop at the first that is not ready."""
-        while self.posted[peer] <= i:
-            key = self.order[peer][self.posted[peer]]
-            if not self._post(peer, key, op):
-                return
-            self.posted[peer] += 1
+    def _check_known(self, key: MessageKey, flat: Flat) -> None:
+        """The value matches what the book says for its inputs (module docstring)."""
+        known = self.book.entries.get((self.kind, self.sigs[key[2]], key[1]))
+        body = header_body(flat)
+        if body != known:
+            was = self.book.skeleton(known)[1] if known is not None else []
+            now = decode_body(body)[1]
+            raise ParameterError(
+                "dynamic_shapes",
+                f"rank {self.p2p.rank}: the output of layer group {key[1]} for microbatch {key[2]} is "
+                f"{_describe(now)}, but an earlier step whose inputs had the same shapes gave {_describe(was)}: "
+                "its shapes (or plain values, or which tensors need a gradient) depend on more than the input "
+                "shapes. Build the PipelineRunner with dynamic_shapes=True to send a header with every message")
 
-    def _post(self, peer: int, key: MessageKey, op: Op | None) -> bool:
+    def _buffers(self, key: MessageKey, part: str) -> list[tuple[torch.Tensor, int]]:
+        """Fresh receive buffers (with tags) for part ``part`` of message ``key``."""
+        if part == HEADER:
+            return [(self.p2p.buffer((HEADER_BYTES,), torch.uint8), self._tag(key, 0))]
         if key[0] == "B":
             metas = self.grad_metas.pop(key, None)
             if metas is None:
-                if op is not None:
-                    raise RuntimeError(f"rank {self.p2p.rank}: gradient message {key} before its forward was sent")
-                return False
+                raise RuntimeError(f"rank {self.p2p.rank}: the gradient message {key} is due before its forward "
+                                   "was sent (issue policy broken)")
         else:
-            header = self._header(peer, key, op)
-            if header is None:
-                return False
-            metas = [(item.shape, item.dtype) for kind, item in header[1] if kind == "t"]
-        for k, (shape, dtype) in enumerate(metas):
-            self.p2p.post_recv((key, 1 + k), shape, dtype, peer, self._tag(key, 1 + k))
-        self.parts[key] = len(metas)
-        return True
+            if key not in self.skeletons:
+                body = self.book.entries.get((self.kind, self.sigs[key[2]], key[1]))
+                if body is None:
+                    raise RuntimeError(f"rank {self.p2p.rank}: no known shapes for {key} (issue policy broken)")
+                self.skeletons[key] = self.book.skeleton(body)
+            metas = [(item.shape, item.dtype) for kind, item in self.skeletons[key][1] if kind == "t"]
+        return [(self.p2p.buffer(shape, dtype), self._tag(key, 1 + i)) for i, (shape, dtype) in enumerate(metas)]
 
-    def _header(self, peer: int, key: MessageKey, op: Op | None) -> tuple[Any, list] | None:
-        if key in self.headers:
-            return self.headers[key]
-        hk = (key, 0)
-        if not self.p2p.is_posted(hk):
-            self.p2p.post_recv(hk, (HEADER_BYTES,), torch.uint8, peer, self._tag(key, 0))
-        if op is None and not self.p2p.is_done(hk):
-            return None
-        self.headers[key] = decode_header(self.p2p.wait_recv(hk, op if op is not None else f"header of {key}"))
-        return self.headers[key]
+    def _header_in(self, key: MessageKey, op: Any) -> None:
+        """Wait for the header of ``key`` (issued earlier) and record its skeleton."""
+        if key in self.skeletons:
+            return
+        (work, buf, peer), = self.works.pop((key, HEADER))
+        self.p2p.wait(work, op, peer, "for the header of its input")
+        raw = self.p2p.landed(buf)
+        spec_desc = decode_header(raw)
+        n = int.from_bytes(raw[:8].cpu().numpy().tobytes(), "little")
+        self.book.entries[(self.kind, self.sigs[key[2]], key[1])] = raw[8:8 + n].cpu().numpy().tobytes()
+        self.skeletons[key] = spec_desc
+
+    # ------------------------------------------------------------------ receiving
+    def receive(self, op: Op, key: MessageKey) -> Flat | list[torch.Tensor]:
+        """Wait for message ``key`` (at its receive op): a forward value as a
+        :class:`~pipeoffload.runtime.boundary.Flat`, a gradient message as a list."""
+        if key[0] == "F" and key in self.with_header:
+            self._header_in(key, op)
+        got = self.works.pop((key, "p"), None)
+        if got is None:
+            raise RuntimeError(f"rank {self.p2p.rank}: {op} waits for {_name(key)}, which was never issued "
+                               "(issue policy broken)")
+        tensors = []
+        for work, buf, peer in got:
+            self.p2p.wait(work, op, peer, "for its input")
+            tensors.append(self.p2p.landed(buf))
+        if key[0] == "B":
+            return tensors
+        spec, desc = self.skeletons.pop(key)
+        return assemble(spec, desc, tensors)
+
+    def pending(self) -> int:
+        """Receives issued and not consumed."""
+        return len(self.works)
+
+
+def _name(key: MessageKey) -> str:
+    d, s, j = key
+    return f"{'activation' if d == 'F' else 'gradient'} message of layer group {s}, microbatch {j}"
+
+
+def _describe(desc: list) -> str:
+    shapes = [f"{tuple(item.shape)} {str(item.dtype).removeprefix('torch.')}" + (" grad" if item.requires_grad else "")
+              for kind, item in desc if kind == "t"]
+    plain = [repr(item) for kind, item in desc if kind == "v"]
+    return "[" + ", ".join(shapes + plain) + "]"

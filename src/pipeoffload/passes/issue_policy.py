@@ -1,0 +1,250 @@
+"""The issue policy: which point-to-point ops each rank issues where, grouped, in which order.
+
+Pure Python (no torch). Input: a program from :func:`~pipeoffload.passes.comm.insert_comm`
+(compute ops, offload transfers, ``SEND_*``/``RECV_*`` markers). Output: an
+:class:`IssuePlan` that the runtime follows on every backend, and that
+:mod:`pipeoffload.passes.nccl_check` proves deadlock-free under NCCL's rules
+(docs/runtime.md, "Point-to-point on NCCL"):
+
+1. the P2P ops of one communicator run in issue order on one stream;
+2. a send may wait until its receive is running;
+3. sends and receives match by order per peer (tags are ignored);
+4. the ops of one group (``batch_isend_irecv``) progress together.
+
+Construction (*rounds*). Every cross-rank message gets a time: the end of its producer
+in the program timed with unit costs (any positive durations do; only the order
+matters). Messages are taken in that order and packed greedily into *rounds*. Each
+rank that takes part in a round issues all of that round's ops it is party to as one
+group, at one *gap* of its program (the point after its ``k``-th non-communication
+op): a send at the gap of its producer (right after it, never later), a receive at a
+gap no later than its consumer. A message joins the current round unless its sender
+already sends from another gap in the round, or would have to send after one of its
+own receives in the round is consumed; then a new round starts. Rounds keep their
+order on every rank, and both ends of a message are in the same round, so:
+
+*Guarantee* (by induction over rounds): if every round before ``t`` has completed on
+every rank, each rank reaches its gap of round ``t`` (its compute before that gap
+consumes only messages of earlier rounds), its earlier groups are done (rule 1), and
+each op of its round-``t`` group meets its match in the peer's round-``t`` group,
+issued too; the ops of a group progress together (rule 4), in the same canonical order
+per peer on both sides (rule 3). So round ``t`` completes: no deadlock, with one
+communicator for the pipeline or one per peer, whether sends block (rule 2) or not.
+
+*Headers* (dynamic shapes): a forward message whose shapes the receiver does not know
+yet travels as a header part, then a payload part. Round ``t`` is then issued as two
+groups: the headers (and everything else of the round), then — once the rank's own
+header receives of the round completed — the payloads of those messages. Both ends
+know statically which messages carry a header (``headers`` argument), so the induction
+holds per half-round. With known shapes (the runtime caches them by the step's input
+signature) a message is its payload alone.
+
+Receives are issued as late as the order allows, but ``lookahead`` gaps before their
+consumer at most (a receive posted early holds its buffer early), and never after the
+rank's next send in the order (that would delay the send).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..costs import Costs
+from ..errors import ScheduleError
+from ..ir import OpKind, Schedule
+from .comm import MessageKey, message_key
+from .timing import simulate
+
+__all__ = ["Xfer", "Group", "RankIssue", "IssuePlan", "issue_plan", "HEADER", "PAYLOAD"]
+
+#: Parts of a message: the header (shapes, for dynamic shapes) and the payload (its tensors).
+HEADER, PAYLOAD = "h", "p"
+
+_SEND = (OpKind.SEND_F, OpKind.SEND_B)
+_RECV = (OpKind.RECV_F, OpKind.RECV_B)
+
+
+@dataclass(frozen=True, order=True)
+class Xfer:
+    """One logical P2P op of a rank: a part of a message, sent to or received from ``peer``
+    (a pipeline rank). The runtime issues one torch op per tensor of the part."""
+
+    key: MessageKey
+    part: str  #: HEADER or PAYLOAD
+    send: bool
+    peer: int
+
+
+@dataclass(frozen=True)
+class Group:
+    """One ``batch_isend_irecv`` of one rank: issued together, progressing together.
+
+    ``after``: header receives (message keys) the rank waits for before issuing this
+    group (the payload half of a round with headers); empty for the others."""
+
+    round: int
+    half: int  #: 0: the round's first group; 1: its payloads after headers
+    xfers: tuple[Xfer, ...]
+    after: tuple[MessageKey, ...] = ()
+
+
+@dataclass
+class RankIssue:
+    """The issue policy of one rank.
+
+    ``at[k]``: the groups issued at gap ``k`` (after the rank's ``k``-th
+    non-communication op; ``k = 0`` before the first), in order. ``gap_of[i]``: the gap
+    of program position ``i`` (the number of non-communication ops before it)."""
+
+    at: dict[int, list[Group]] = field(default_factory=dict)
+    gap_of: list[int] = field(default_factory=list)
+
+    def groups(self) -> list[Group]:
+        """Every group of the rank in issue order."""
+        return [g for k in sorted(self.at) for g in self.at[k]]
+
+
+@dataclass
+class IssuePlan:
+    """The issue policy of every rank of one program (module docstring)."""
+
+    program: Schedule
+    ranks: list[RankIssue]
+    #: Message -> its round.
+    rounds: dict[MessageKey, int]
+    #: Forward messages that travel with a header.
+    headers: frozenset[MessageKey]
+    num_rounds: int = 0
+
+
+def issue_plan(
+    program: Schedule,
+    *,
+    headers: Callable[[MessageKey], bool] | bool = False,
+    lookahead: int = 2,
+) -> IssuePlan:
+    """The issue policy of ``program`` (module docstring).
+
+    Args:
+        program: a program with send/receive markers (``insert_comm``'s output).
+        headers: which forward messages carry a header part (True: all, False: none, or
+            a predicate on the message key). Gradient messages never do: their receiver
+            sent the forward and knows the shapes.
+        lookahead: a receive is issued at most this many gaps before its consumer
+            (and earlier only when the order forces it); >= 0.
+
+    Returns: the :class:`IssuePlan`.
+
+    Raises: ScheduleError when the program has no consistent order (it cannot happen
+    for a program ``insert_comm`` accepted; the check guards the construction).
+
+    Guarantees: every send and receive marker of the program is covered by exactly one
+    payload xfer on each side; a send is issued at its producer's gap; a receive at a
+    gap no later than its consumer's; on every rank the rounds appear in increasing
+    order; both ends of a message are in the same round and half.
+    """
+    if lookahead < 0:
+        raise ValueError(f"lookahead must be >= 0, got {lookahead}")
+    p = program.num_ranks
+    hdr = (lambda k: bool(headers)) if isinstance(headers, bool) else headers
+    gap_of: list[list[int]] = []
+    send_gap: dict[MessageKey, int] = {}
+    recv_gap: dict[MessageKey, int] = {}
+    ends: list[tuple[int, int]] = {}  # type: ignore[assignment]
+    ends = {}
+    for r, lst in enumerate(program.ranks):
+        gaps, k = [], 0
+        for op in lst:
+            gaps.append(k)
+            if op.kind in _SEND:
+                send_gap[message_key(op)] = k
+                ends[message_key(op)] = (r, op.peer)
+            elif op.kind in _RECV:
+                recv_gap[message_key(op)] = k
+            else:
+                k += 1
+        gaps.append(k)
+        gap_of.append(gaps)
+    t_end = _producer_end(program)
+    order = sorted(send_gap, key=lambda mk: (t_end[mk], mk[0] == "F", mk[1], mk[2]))
+
+    # Greedy rounds (module docstring).
+    rounds: dict[MessageKey, int] = {}
+    rnd = 0
+    r_send: dict[int, int] = {}  # rank -> its send gap in the current round
+    r_cons: dict[int, int] = {}  # rank -> the earliest consumer gap of its receives in the round
+    for mk in order:
+        a, b = ends[mk]
+        g = send_gap[mk]
+        if r_send.get(a, g) != g or r_cons.get(a, math.inf) < g:
+            rnd, r_send, r_cons = rnd + 1, {}, {}
+        r_send[a] = g
+        r_cons[b] = min(r_cons.get(b, math.inf), recv_gap[mk])
+        rounds[mk] = rnd
+    n_rounds = rnd + 1 if order else 0
+
+    with_header = frozenset(mk for mk in order if mk[0] == "F" and hdr(mk))
+    plans = [RankIssue(gap_of=gap_of[r]) for r in range(p)]
+    for r in range(p):
+        _place_rank(r, order, rounds, ends, send_gap, recv_gap, with_header, lookahead, plans[r])
+    return IssuePlan(program, plans, rounds, with_header, n_rounds)
+
+
+def _producer_end(program: Schedule) -> dict[MessageKey, float]:
+    """Per message, the end of its producer in the program timed with unit costs."""
+    tl = simulate(program.compute_only(), Costs())
+    out: dict[MessageKey, float] = {}
+    for e in tl.events:
+        op = e.op
+        if op.kind is OpKind.F:
+            out[("F", op.stage, op.microbatch)] = e.end
+        elif op.kind.is_backward:
+            out[("B", op.stage, op.microbatch)] = e.end
+    return out
+
+
+def _place_rank(r: int, order: list[MessageKey], rounds: dict[MessageKey, int],
+                ends: dict[MessageKey, tuple[int, int]], send_gap: dict[MessageKey, int],
+                recv_gap: dict[MessageKey, int], with_header: frozenset, lookahead: int,
+                out: RankIssue) -> None:
+    """Rank ``r``'s groups: one gap per round it takes part in (module docstring)."""
+    mine: dict[int, list[tuple[MessageKey, bool, int]]] = {}  # round -> (message, send?, peer)
+    for mk in order:
+        a, b = ends[mk]
+        if r == a:
+            mine.setdefault(rounds[mk], []).append((mk, True, b))
+        elif r == b:
+            mine.setdefault(rounds[mk], []).append((mk, False, a))
+    rs = sorted(mine)
+    # Bounds per round: a send fixes the gap; receives cap it at their earliest consumer.
+    fixed = [next((send_gap[mk] for mk, s, _ in mine[t] if s), None) for t in rs]
+    hi = [min((recv_gap[mk] for mk, s, _ in mine[t] if not s), default=math.inf) for t in rs]
+    # Upper bound of a receive-only round: no later than any later round before the next send.
+    upper = [0.0] * len(rs)
+    nxt = math.inf
+    for i in range(len(rs) - 1, -1, -1):
+        nxt = min(hi[i], nxt) if fixed[i] is None else fixed[i]
+        upper[i] = nxt if fixed[i] is None else fixed[i]
+    prev = 0
+    for i, t in enumerate(rs):
+        if fixed[i] is not None:
+            gap = fixed[i]
+            if gap > hi[i] or gap < prev:
+                raise ScheduleError(f"rank {r}: no consistent point-to-point order at round {t} "
+                                    f"(send gap {gap}, earliest consumer {hi[i]}, previous gap {prev})")
+        else:
+            cap = min(upper[i], hi[i])
+            if cap < prev:
+                raise ScheduleError(f"rank {r}: no consistent point-to-point order at round {t} "
+                                    f"(receives due by gap {cap}, previous gap {prev})")
+            gap = int(max(prev, cap - lookahead))
+        prev = gap
+        xs = sorted(mine[t])
+        first = tuple(Xfer(mk, HEADER, s, peer) for mk, s, peer in xs if mk in with_header) + \
+            tuple(Xfer(mk, PAYLOAD, s, peer) for mk, s, peer in xs if mk not in with_header)
+        second = tuple(Xfer(mk, PAYLOAD, s, peer) for mk, s, peer in xs if mk in with_header)
+        groups = out.at.setdefault(gap, [])
+        groups.append(Group(t, 0, tuple(sorted(first))))
+        if second:
+            waits = tuple(x.key for x in second if not x.send)
+            groups.append(Group(t, 1, tuple(sorted(second)), waits))
