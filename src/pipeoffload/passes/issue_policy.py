@@ -41,13 +41,16 @@ signature) a message is its payload alone.
 Receives are issued as late as the order allows, but ``lookahead`` gaps before their
 consumer at most (a receive posted early holds its buffer early), and never after the
 rank's next send in the order (that would delay the send).
+
+Cost: one timing of the program (``passes/timing.py``) plus ``O(M log M)`` for ``M``
+messages; placing one rank's groups is linear in its own messages.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterable
 
 from ..costs import Costs
 from ..errors import ScheduleError
@@ -122,6 +125,7 @@ def issue_plan(
     *,
     headers: Callable[[MessageKey], bool] | bool = False,
     lookahead: int = 2,
+    ranks: Iterable[int] | None = None,
 ) -> IssuePlan:
     """The issue policy of ``program`` (module docstring).
 
@@ -132,6 +136,8 @@ def issue_plan(
             sent the forward and knows the shapes.
         lookahead: a receive is issued at most this many gaps before its consumer
             (and earlier only when the order forces it); >= 0.
+        ranks: place only these ranks' groups (the runtime needs its own; the rounds
+            are global either way); None: every rank.
 
     Returns: the :class:`IssuePlan`.
 
@@ -150,8 +156,7 @@ def issue_plan(
     gap_of: list[list[int]] = []
     send_gap: dict[MessageKey, int] = {}
     recv_gap: dict[MessageKey, int] = {}
-    ends: list[tuple[int, int]] = {}  # type: ignore[assignment]
-    ends = {}
+    ends: dict[MessageKey, tuple[int, int]] = {}  # message -> (sender, receiver)
     for r, lst in enumerate(program.ranks):
         gaps, k = [], 0
         for op in lst:
@@ -184,9 +189,14 @@ def issue_plan(
     n_rounds = rnd + 1 if order else 0
 
     with_header = frozenset(mk for mk in order if mk[0] == "F" and hdr(mk))
+    mine: list[dict[int, list[tuple[MessageKey, bool, int]]]] = [{} for _ in range(p)]  # rank -> round -> ...
+    for mk in order:
+        a, b = ends[mk]
+        mine[a].setdefault(rounds[mk], []).append((mk, True, b))
+        mine[b].setdefault(rounds[mk], []).append((mk, False, a))
     plans = [RankIssue(gap_of=gap_of[r]) for r in range(p)]
-    for r in range(p):
-        _place_rank(r, order, rounds, ends, send_gap, recv_gap, with_header, lookahead, plans[r])
+    for r in (range(p) if ranks is None else ranks):
+        _place_rank(r, mine[r], send_gap, recv_gap, with_header, lookahead, plans[r])
     return IssuePlan(program, plans, rounds, with_header, n_rounds)
 
 
@@ -203,18 +213,11 @@ def _producer_end(program: Schedule) -> dict[MessageKey, float]:
     return out
 
 
-def _place_rank(r: int, order: list[MessageKey], rounds: dict[MessageKey, int],
-                ends: dict[MessageKey, tuple[int, int]], send_gap: dict[MessageKey, int],
+def _place_rank(r: int, mine: dict[int, list[tuple[MessageKey, bool, int]]], send_gap: dict[MessageKey, int],
                 recv_gap: dict[MessageKey, int], with_header: frozenset, lookahead: int,
                 out: RankIssue) -> None:
-    """Rank ``r``'s groups: one gap per round it takes part in (module docstring)."""
-    mine: dict[int, list[tuple[MessageKey, bool, int]]] = {}  # round -> (message, send?, peer)
-    for mk in order:
-        a, b = ends[mk]
-        if r == a:
-            mine.setdefault(rounds[mk], []).append((mk, True, b))
-        elif r == b:
-            mine.setdefault(rounds[mk], []).append((mk, False, a))
+    """Rank ``r``'s groups: one gap per round it takes part in (module docstring);
+    ``mine[round]`` lists the rank's ``(message, send?, peer)`` of that round."""
     rs = sorted(mine)
     # Bounds per round: a send fixes the gap; receives cap it at their earliest consumer.
     fixed = [next((send_gap[mk] for mk, s, _ in mine[t] if s), None) for t in rs]
@@ -237,14 +240,17 @@ def _place_rank(r: int, order: list[MessageKey], rounds: dict[MessageKey, int],
             if cap < prev:
                 raise ScheduleError(f"rank {r}: no consistent point-to-point order at round {t} "
                                     f"(receives due by gap {cap}, previous gap {prev})")
-            gap = int(max(prev, cap - lookahead))
+            gap = int(max(prev, min(cap, hi[i] - lookahead)))
         prev = gap
-        xs = sorted(mine[t])
-        first = tuple(Xfer(mk, HEADER, s, peer) for mk, s, peer in xs if mk in with_header) + \
-            tuple(Xfer(mk, PAYLOAD, s, peer) for mk, s, peer in xs if mk not in with_header)
-        second = tuple(Xfer(mk, PAYLOAD, s, peer) for mk, s, peer in xs if mk in with_header)
+        xs = sorted(mine[t])  # by message: the same order on both ends (rule 3)
         groups = out.at.setdefault(gap, [])
-        groups.append(Group(t, 0, tuple(sorted(first))))
+        if not with_header:
+            groups.append(Group(t, 0, tuple(Xfer(mk, PAYLOAD, s, peer) for mk, s, peer in xs)))
+            continue
+        first = []
+        for mk, s, peer in xs:  # a header sorts before its payload ("h" < "p")
+            first.append(Xfer(mk, HEADER if mk in with_header else PAYLOAD, s, peer))
+        groups.append(Group(t, 0, tuple(first)))
+        second = tuple(Xfer(mk, PAYLOAD, s, peer) for mk, s, peer in xs if mk in with_header)
         if second:
-            waits = tuple(x.key for x in second if not x.send)
-            groups.append(Group(t, 1, tuple(sorted(second)), waits))
+            groups.append(Group(t, 1, second, tuple(x.key for x in second if not x.send)))

@@ -66,6 +66,7 @@ from ..errors import ParameterError
 from ..ir import Op, OpKind, Schedule
 from ..passes.comm import insert_comm, message_key
 from ..passes.issue_policy import IssuePlan, issue_plan
+from ..passes.nccl_check import check_nccl
 from ..passes.lower import lower
 from ..timeline import TimedOp
 from . import boundary
@@ -82,6 +83,8 @@ from .weight_grad import WeightGradStore
 
 StageModules = Mapping[int, nn.Module] | Sequence[nn.Module] | Callable[[int], nn.Module]
 _COMPUTE = frozenset({OpKind.F, OpKind.B, OpKind.W, OpKind.BW})
+#: Largest program (ops over all ranks) whose issue policy the runner proves before running it.
+_CHECK_OPS = 20000
 #: Send/receive markers: they do not advance the program's gap (passes/issue_policy.py).
 _MARKERS = frozenset({OpKind.SEND_F, OpKind.SEND_B, OpKind.RECV_F, OpKind.RECV_B})
 
@@ -131,11 +134,20 @@ class _Plan:
         return cls(program, rank, ops, split, kind)
 
     def issue(self, header_mbs: frozenset, lookahead: int) -> IssuePlan:
-        """The issue policy when the forward messages of ``header_mbs`` carry headers."""
+        """The issue policy when the forward messages of ``header_mbs`` carry headers.
+
+        Programs of up to :data:`_CHECK_OPS` ops get every rank's policy, proved free of
+        deadlock under NCCL's rules (``passes/nccl_check.py``: one communicator for the
+        pipeline, sends that block) before any of it is issued; larger ones place this
+        rank's only (the construction's guarantee and the property tests stand)."""
         got = self.issues.get(header_mbs)
         if got is None:
-            got = self.issues[header_mbs] = issue_plan(self.program, headers=lambda mk: mk[2] in header_mbs,
-                                                       lookahead=lookahead)
+            small = sum(len(lst) for lst in self.program.ranks) <= _CHECK_OPS
+            got = issue_plan(self.program, headers=lambda mk: mk[2] in header_mbs, lookahead=lookahead,
+                             ranks=None if small else [self.rank])
+            if small:
+                check_nccl(got)
+            self.issues[header_mbs] = got
         return got
 
 
