@@ -11,6 +11,22 @@ without offload: step time, allocator activation memory (peak minus step-start
 allocated, the paper's metric), bytes moved, the achieved host-link GB/s per
 direction (copy time from CUDA events), and whether the gradients are bitwise equal.
 
+Pipeline waits (``--pipeline-waits``, on by default; ``--no-pipeline-waits`` keeps only
+the old mode): a rank inside a pipeline idles while it waits for its neighbours'
+messages, and the copies can use that time; the bubble-free replay above has no such
+idle time, so its overhead is the worst case. After the no-offload replay the measured
+F, B, W (or BW) medians of one layer group are fed to the simulator
+(:func:`pipeoffload.passes.timing.simulate`) for the full p-rank schedule, with
+``--wait-comm`` seconds per cross-rank message (default 0). Each op of the replayed
+rank whose input comes from another rank (an F after a layer group held elsewhere, a
+B/BW before one) is then held on the host until its message's simulated arrival time
+(the producer's simulated end + comm), counted from the step start: a plain sleep and
+spin on the host clock, no CUDA events, so on a GPU the op cannot start before that
+time and starts later if the GPU is still busy, as behind a real receive. Both
+replays (no offload, offload) run again with these waits, and the overhead is
+reported with and without them. The other ranks are open-loop: their messages arrive
+as simulated whatever the replayed rank does (its own delays do not propagate).
+
     python benchmarks/bench_offload_gpu.py                      # H100/H200-sized run
     python benchmarks/bench_offload_gpu.py --device cpu --tiny  # smoke test, seconds
     python benchmarks/bench_offload_gpu.py --offload-chunks 2 --recompute --json out.json
@@ -35,7 +51,9 @@ from torch.autograd.graph import get_gradient_edge, saved_tensors_hooks
 from pipeoffload.ir import OpKind
 from pipeoffload.models.config import ModelConfig
 from pipeoffload.models.transformer import Block, rotary_tables
+from pipeoffload.costs import Costs
 from pipeoffload.passes.offload import plan_offload
+from pipeoffload.passes.timing import completion_key, dependencies, simulate
 from pipeoffload.runtime.meter import make_meter
 from pipeoffload.runtime.offload_store import RELOAD_ALLOC, OffloadStore
 from pipeoffload.runtime.weight_grad import WeightGradStore, convert_linears
@@ -89,6 +107,11 @@ class Replay:
         self.split = {(o.stage, o.microbatch) for o in ops if o.kind is OpKind.B}
         self.op_events: list[tuple[str, Any, Any]] = []  #: (kind, start, end) CUDA events of the last step
         self.unit_bytes = 0.0  #: memory kept by one F (one layer group, one microbatch), last step
+        #: Pipeline waits: (kind, stage, microbatch) -> seconds after the step start before
+        #: which the op may not be issued (:func:`pipeline_releases`); None: no waits.
+        self.release: dict[tuple[OpKind, int, int], float] | None = None
+        self.held_s = 0.0  #: host seconds spent holding ops in the last step
+        self.holds = 0  #: ops that were actually held (issued later than the host reached them)
 
     def _mark(self) -> Any:
         if self.device.type != "cuda":
@@ -106,21 +129,34 @@ class Replay:
             by.setdefault(kind, []).append(dt)
         return {k: statistics.median(v) for k, v in by.items()}
 
+    def busy_seconds(self) -> float:
+        """Seconds the compute ops of the last step ran (sum of their event spans)."""
+        _sync(self.device)
+        return sum(a.elapsed_time(b) / 1000 if self.device.type == "cuda" else b - a for _, a, b in self.op_events)
+
     def step(self) -> float:
         keep: dict[tuple[int, int], Any] = {}
         store, meter = self.store, self.meter
         calls = {} if store is None else {
             OpKind.OFFLOAD_START: store.offload_start, OpKind.OFFLOAD_END: store.offload_end,
             OpKind.RELOAD_START: store.reload_start, OpKind.RELOAD_END: store.reload_end}
+        release = self.release or {}
         _sync(self.device)
         meter.start_step()
         self.op_events = []
+        self.held_s, self.holds = 0.0, 0
         first_f = True
         t0 = time.perf_counter()
         for op in self.ops:
             s, j = op.stage, op.microbatch
             compute = op.kind in (OpKind.F, OpKind.B, OpKind.W, OpKind.BW)
             if compute:
+                due = release.get((op.kind, s, j))
+                if due is not None:  # the pipeline's wait: its message arrives at t0 + due
+                    held = wait_until(t0 + due)
+                    if held > 0:
+                        self.held_s += held
+                        self.holds += 1
                 e0, lvl0 = self._mark(), meter.level()
             if op.kind is OpKind.F:
                 x = self.x0.clone().requires_grad_()  # a "received" activation
@@ -163,6 +199,58 @@ class Replay:
         return time.perf_counter() - t0
 
 
+def wait_until(deadline: float) -> float:
+    """Hold the host until ``time.perf_counter()`` reaches ``deadline``; return the
+    seconds held (0 when it already passed). Sleeps, then spins the last millisecond
+    (a sleep alone overshoots by up to ~0.1 ms). No CUDA events or synchronisation:
+    work already queued on the GPU keeps running."""
+    now = time.perf_counter()
+    if now >= deadline:
+        return 0.0
+    if deadline - now > 2e-3:
+        time.sleep(deadline - now - 1e-3)
+    while time.perf_counter() < deadline:
+        pass
+    return time.perf_counter() - now
+
+
+def group_costs(op_s: dict[str, float]) -> tuple[float, float, float]:
+    """``(F, B, W)`` seconds of one layer group from measured op medians (``Replay.op_seconds``);
+    a schedule without split backwards measured BW only: B = W = BW / 2."""
+    f = op_s["F"]
+    b, w = (op_s["B"], op_s.get("W", 0.0)) if "B" in op_s else (op_s["BW"] / 2, op_s["BW"] / 2)
+    return max(f, 1e-9), max(b, 1e-9), max(w, 1e-9)  # the simulator takes positive costs
+
+
+def pipeline_releases(schedule: Any, rank: int, costs: tuple[float, float, float],
+                      comm: float = 0.0) -> tuple[dict[tuple[OpKind, int, int], float], dict[str, Any]]:
+    """When each of ``rank``'s compute ops may start, as far as the other ranks are concerned.
+
+    The whole p-rank ``schedule`` (its compute ops; transfer ops are ignored) is timed by
+    the simulator with every layer group taking ``costs`` = (F, B, W) seconds and
+    ``comm`` seconds per cross-rank message. For each compute op of ``rank`` with an
+    input produced on another rank, the result maps ``(kind, stage, microbatch)`` to
+    that message's arrival: the producer's simulated end + ``comm`` (the latest, if
+    several). Ops with only local inputs are absent. Also returns the simulated
+    figures the replay is compared with."""
+    S = schedule.num_stages
+    pl = schedule.placement
+    tl = simulate(schedule, Costs(comm=comm, group_costs=tuple(tuple(costs) for _ in range(S))))
+    end = {completion_key(e.op): e.end for e in tl.events}
+    release: dict[tuple[OpKind, int, int], float] = {}
+    for op in schedule.ranks[rank]:
+        if not op.kind.is_compute:
+            continue
+        remote = [end[k] + comm for k in dependencies(op, S) if pl.rank_of(k[1]) != rank]
+        if remote:
+            release[(op.kind, op.stage, op.microbatch)] = max(remote)
+    mine = tl.rank_events(rank)
+    info = {"F_s": costs[0], "B_s": costs[1], "W_s": costs[2], "comm_s": comm, "makespan_s": tl.makespan,
+            "rank_end_s": max(e.end for e in mine), "rank_busy_s": sum(e.end - e.start for e in mine),
+            "remote_input_ops": len(release), "last_release_s": max(release.values(), default=0.0)}
+    return release, info
+
+
 class _null:
     def __enter__(self) -> None: ...
 
@@ -200,6 +288,12 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--steps", type=int, default=3, help="measured steps (after one warm-up step)")
     ap.add_argument("--profile", default=None, metavar="FILE",
                     help="CUDA: one more offload step under torch.profiler, Chrome trace written to FILE")
+    ap.add_argument("--pipeline-waits", action=argparse.BooleanOptionalAction, default=True,
+                    help="also replay both runs with the pipeline's waits (each op with an input from another "
+                         "rank held until the simulator, fed the measured op times, says its message arrives); "
+                         "--no-pipeline-waits: only the bubble-free replay (the worst case)")
+    ap.add_argument("--wait-comm", type=float, default=0.0, metavar="SECONDS",
+                    help="latency of one cross-rank message in the simulated pipeline (default 0)")
     ap.add_argument("--json", default=None, metavar="FILE")
     return ap
 
@@ -250,22 +344,32 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         "runs": {},
     }
     grads = {}
-    for label in ("no offload", "offload"):
+    labels = ["no offload", "offload"] + (["no offload, waits", "offload, waits"] if a.pipeline_waits else [])
+    for label in labels:
         store = None
+        offloaded = label.startswith("offload")
         if label == "offload":
             if measured:  # re-plan with this device's op times and host link (one rank per link)
                 plan, results["plan"] = _measured_plan(sched, results["runs"]["no offload"], device, chunks, auto)
                 results["predicted_peak_units"]["offload"] = plan.peak[rank]
                 results["offload_chunks"] = plan.chunks
             results["transfers"] = sum(1 for o in plan.schedule.ranks[rank] if o.kind is OpKind.OFFLOAD_START)
+        if offloaded:
             store = OffloadStore(recompute=a.recompute, timing=device.type == "cuda", reload_alloc=a.reload_alloc)
-        ops = (plan.schedule if store else sched).ranks[rank]
+        program = plan.schedule if offloaded else sched
+        release = None
+        if label.endswith("waits"):  # the pipeline's waits, from the measured op times of the no-offload replay
+            release, info = pipeline_releases(program, rank, group_costs(results["runs"]["no offload"]["op_s"]),
+                                              a.wait_comm)
+            results.setdefault("waits", {})["offload" if offloaded else "no offload"] = info
+        ops = program.ranks[rank]
         if device.type == "cuda":
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
             reserved0 = torch.cuda.memory_reserved(device)
         rep = Replay(ops, modules, shape, dtype, device, store)
-        times, peaks = [], []
+        rep.release = release
+        times, peaks, held, busy = [], [], [], []
         for k in range(a.steps + 1):
             for mod in modules.values():  # in place: the gradients are not activation memory
                 mod.zero_grad(set_to_none=False)
@@ -273,11 +377,16 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
             if k > 0:
                 times.append(t)
                 peaks.append(rep.meter.peak())
+                held.append(rep.held_s)
+                busy.append(rep.busy_seconds())
         grads[label] = {f"{st}.{n}": prm.grad.detach().clone() for st, mod in modules.items()
                         for n, prm in mod.named_parameters() if prm.grad is not None}
         row: dict[str, Any] = {"step_s": statistics.median(times), "step_s_all": times,
                                "activation_peak_bytes": max(peaks), "meter": rep.meter.name,
-                               "unit_bytes": rep.unit_bytes, "op_s": rep.op_seconds()}
+                               "unit_bytes": rep.unit_bytes, "op_s": rep.op_seconds(),
+                               "compute_busy_s": statistics.median(busy)}
+        if release is not None:
+            row.update({"held_ops": rep.holds, "held_host_s": statistics.median(held)})
         if device.type == "cuda":
             row["reserved_growth_bytes"] = torch.cuda.max_memory_reserved(device) - reserved0
         st = store.stats() if store else None
@@ -291,23 +400,36 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
             row["d2h_GBps"] = st["moved_bytes"] / d2h_s / 1e9 if d2h_s else None
             row["h2d_GBps"] = st["moved_bytes"] / h2d_s / 1e9 if h2d_s else None
             row["copy_time_from"] = "cuda events" if dev_d2h else "host clock"
-            if a.profile and device.type == "cuda":
+            if a.profile and device.type == "cuda" and label == "offload":
                 row["profile"] = _profile_step(rep, modules, a.profile)
         results["runs"][label] = row
         del rep
     a0, b0 = grads["no offload"], grads["offload"]
-    results["bitwise_equal_grads"] = a0.keys() == b0.keys() and all(torch.equal(a0[k], b0[k]) for k in a0)
+    results["bitwise_equal_grads"] = _bitwise(a0, b0)
     # GPU attention backward kernels accumulate with atomics (not bitwise reproducible run to
     # run), so the relative difference is reported too; gpu_check.py proves bitwise equality
     # under deterministic kernels.
-    results["max_rel_grad_diff"] = max(float((b0[k].double() - a0[k].double()).norm() / a0[k].double().norm())
-                                       for k in a0) if a0.keys() == b0.keys() else float("inf")
+    results["max_rel_grad_diff"] = _max_rel(b0, a0)
+    if a.pipeline_waits:  # holding ops changes no numbers: each waits run against no offload, no waits
+        results["bitwise_equal_grads_waits"] = all(_bitwise(a0, grads[k]) for k in labels[2:])
+        results["max_rel_grad_diff_waits"] = max(_max_rel(grads[k], a0) for k in labels[2:])
     _derive(results, cfg, a.microbatch_size, chunks_here)
     _print(results)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(results, f, indent=2)
     return results
+
+
+def _bitwise(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _max_rel(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> float:
+    if got.keys() != ref.keys():
+        return float("inf")
+    return max(float((got[k].double() - ref[k].double()).norm() / ref[k].double().norm().clamp_min(1e-30))
+               for k in ref)
 
 
 def host_link_seconds(nbytes: int, device: torch.device, repeats: int = 3) -> tuple[float, float]:
@@ -423,6 +545,13 @@ def _derive(r: dict[str, Any], cfg: ModelConfig, mb: int, chunks_here: int) -> N
     exposed = max(0.0, off["step_s"] - base["step_s"])
     r["copy_s_per_step"] = copy
     r["hidden_share_from_step_time"] = 1 - min(1.0, exposed / copy) if copy else None
+    if "offload, waits" in r["runs"]:
+        wb, wo = r["runs"]["no offload, waits"], r["runs"]["offload, waits"]
+        r["overhead_with_waits"] = wo["step_s"] / wb["step_s"] - 1
+        exposed = max(0.0, wo["step_s"] - wb["step_s"])
+        r["hidden_share_with_waits"] = 1 - min(1.0, exposed / copy) if copy else None
+        # how well the simulator's rank reproduces the replay with waits (no offload)
+        r["waits"]["replay_vs_simulated_rank_end"] = wb["step_s"] / r["waits"]["no offload"]["rank_end_s"]
     ops = base["op_s"]
     fbw = ops.get("F", 0) + ops.get("B", 0) + ops.get("W", 0) + ops.get("BW", 0)  # one layer group, one microbatch
     groups = off.get("groups") or 0
@@ -457,18 +586,24 @@ def _print(r: dict[str, Any]) -> None:
         print(f"plan from measurements: F {1000 * pl['F_s']:.2f} B {1000 * pl['B_s']:.2f} W {1000 * pl['W_s']:.2f} ms, "
               f"one transfer d2h {1000 * pl['transfer_d2h_s']:.2f} h2d {1000 * pl['transfer_h2d_s']:.2f} ms "
               f"= {pl['offload_time']:.2f} x (F+B+W)")
-    print(f"{'run':<11} {'step ms':>9} {'act peak MiB':>13} {'pred MiB':>9} {'reserved+ MiB':>14} {'moved MiB':>10} "
+    print(f"{'run':<17} {'step ms':>9} {'act peak MiB':>13} {'pred MiB':>9} {'reserved+ MiB':>14} {'moved MiB':>10} "
           f"{'host MiB':>9} {'d2h GB/s':>9} {'h2d GB/s':>9}")
     for label, row in r["runs"].items():
         f = lambda k: f"{row[k]:.2f}" if row.get(k) else "-"  # noqa: E731
         mib = lambda k: f"{row[k] / 2**20:.1f}" if k in row else "-"  # noqa: E731
-        pred = r["predicted_peak_bytes"]["offload" if label == "offload" else "no_offload"] / 2**20
-        print(f"{label:<11} {1000 * row['step_s']:>9.1f} {row['activation_peak_bytes'] / 2**20:>13.1f} {pred:>9.1f} "
+        pred = r["predicted_peak_bytes"]["offload" if label.startswith("offload") else "no_offload"] / 2**20
+        print(f"{label:<17} {1000 * row['step_s']:>9.1f} {row['activation_peak_bytes'] / 2**20:>13.1f} {pred:>9.1f} "
               f"{mib('reserved_growth_bytes'):>14} {mib('moved_bytes'):>10} {mib('host_peak_bytes'):>9} "
               f"{f('d2h_GBps'):>9} {f('h2d_GBps'):>9}")
     hs = r["hidden_share_from_step_time"]
-    print(f"overhead {100 * r['overhead']:+.2f}% of step time; copies {1000 * r['copy_s_per_step']:.1f} ms/step, "
-          f"hidden (from step times) {'-' if hs is None else f'{100 * hs:.1f}%'}")
+    print(f"overhead {100 * r['overhead']:+.2f}% of step time (no pipeline waits: the worst case); copies "
+          f"{1000 * r['copy_s_per_step']:.1f} ms/step, hidden (from step times) {'-' if hs is None else f'{100 * hs:.1f}%'}")
+    if "overhead_with_waits" in r:
+        w, hw = r["waits"]["no offload"], r["hidden_share_with_waits"]
+        print(f"with the pipeline's waits (simulated p={r['p']} pipeline, comm {1000 * w['comm_s']:.2f} ms, "
+              f"{w['remote_input_ops']} ops wait for a message): overhead {100 * r['overhead_with_waits']:+.2f}%, hidden "
+              f"{'-' if hw is None else f'{100 * hw:.1f}%'}; replayed rank {1000 * r['runs']['no offload, waits']['step_s']:.1f} ms "
+              f"against simulated {1000 * w['rank_end_s']:.1f} ms (pipeline makespan {1000 * w['makespan_s']:.1f} ms)")
     prof = r["runs"]["offload"].get("profile")
     if prof and prof.get("hidden_share") is not None:
         print(f"profiler: {prof['copies']} copies, {1000 * prof['copy_s']:.1f} ms, "
@@ -481,7 +616,9 @@ def _print(r: dict[str, Any]) -> None:
         print(f"bytes per layer: moved {bl['measured moved'] / 2**20:.1f} MiB, kept by F "
               f"{bl['measured kept by F'] / 2**20:.1f} MiB, cost model {bl['cost model saved'] / 2**20:.1f} MiB")
     print(f"gradients with and without offload: bitwise equal {r['bitwise_equal_grads']}, "
-          f"max relative difference {r['max_rel_grad_diff']:.1e}")
+          f"max relative difference {r['max_rel_grad_diff']:.1e}"
+          + (f"; with waits: bitwise equal {r['bitwise_equal_grads_waits']}, max relative difference "
+             f"{r['max_rel_grad_diff_waits']:.1e}" if "max_rel_grad_diff_waits" in r else ""))
 
 
 if __name__ == "__main__":
