@@ -34,7 +34,6 @@ tensors: DP replicas hold the same TP shard layout.
 
 from __future__ import annotations
 
-import datetime
 import time
 from typing import Any, Iterable, Mapping
 
@@ -42,7 +41,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .p2p import CommTimeout
+from .p2p import wait_collective
 
 #: Default bucket size of the replicated all-reduce (DDP's default).
 BUCKET_BYTES = 25 * 1024 * 1024
@@ -70,14 +69,7 @@ class _Reducer:
         self.comm_s = 0.0  #: seconds this rank spent issuing and waiting for reductions this step
 
     def _wait(self, work: Any, what: str) -> None:
-        try:
-            ok = work.wait(timeout=datetime.timedelta(seconds=self.timeout_s))
-        except RuntimeError as e:
-            raise CommTimeout(f"rank {self.rank}: data-parallel {what} failed or timed out after "
-                              f"{self.timeout_s:g} s ({str(e).splitlines()[0][:200]})") from None
-        if ok is False:
-            raise CommTimeout(f"rank {self.rank}: timed out after {self.timeout_s:g} s waiting for the "
-                              f"data-parallel {what}")
+        wait_collective(work, self.timeout_s, self.rank, f"the data-parallel {what}")
 
 
 class Replicate(_Reducer):

@@ -76,7 +76,7 @@ from .messages import Mailbox
 from .mesh import coords as mesh_coords, dim_size, pipeline_ranks, sub_group, sub_mesh
 from .tensor_parallel import collective_timer
 from .meter import MemoryMeter, make_meter
-from .p2p import P2P, CommTimeout
+from .p2p import P2P, CommTimeout, wait_collective
 from .params import ParamTable, build_table
 from .rng import KeyedRNG, module_names
 from .weight_grad import WeightGradStore
@@ -809,15 +809,8 @@ class PipelineRunner:
             return [0] * m
         vals = [_signature(x) for x in run.inputs] if self.has_first_stage else [0] * m
         t = torch.tensor(vals, dtype=torch.int64, device=self._coll_device)
-        work = dist.all_reduce(t, group=self.group, async_op=True)
-        try:
-            ok = work.wait(timeout=datetime.timedelta(seconds=self.timeout_s))
-        except RuntimeError as e:
-            raise CommTimeout(f"rank {self.rank}: the step-start agreement on the inputs' shapes (an all-reduce "
-                              f"over the pipeline's ranks) failed ({str(e).splitlines()[0][:300]})") from None
-        if ok is False:
-            raise CommTimeout(f"rank {self.rank}: timed out after {self.timeout_s:g} s in the step-start agreement "
-                              "on the inputs' shapes (an all-reduce over the pipeline's ranks)")
+        wait_collective(dist.all_reduce(t, group=self.group, async_op=True), self.timeout_s, self.rank,
+                        "the step-start agreement on the inputs' shapes (an all-reduce over the pipeline's ranks)")
         return [int(v) for v in t.tolist()]
 
     # ------------------------------------------------------------------ timing

@@ -152,5 +152,17 @@ class P2P:
         return self.landed(out)
 
 
+def wait_collective(work: Any, timeout_s: float, rank: int, what: str) -> None:
+    """Wait (at most ``timeout_s``) for a collective's ``work``; :class:`CommTimeout`
+    naming this rank and ``what`` (e.g. "the data-parallel all-reduce") otherwise."""
+    try:
+        ok = work.wait(timeout=datetime.timedelta(seconds=timeout_s))
+    except RuntimeError as e:
+        raise CommTimeout(f"rank {rank}: {what} failed or timed out after {timeout_s:g} s "
+                          f"({str(e).splitlines()[0][:300]})") from None
+    if ok is False:
+        raise CommTimeout(f"rank {rank}: timed out after {timeout_s:g} s waiting for {what}")
+
+
 def _peer_gone(text: str) -> bool:
     return any(s in text for s in ("Connection closed by peer", "Connection reset by peer", "Broken pipe"))
