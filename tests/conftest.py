@@ -3,7 +3,10 @@ also from the ranks that ``launch`` spawns).
 
 A test that takes a ``schedule_name`` argument runs once per registry schedule
 (``helpers.ALL_SCHEDULES``, ids = the names); tests that loop over the registry inside
-one process or world iterate ``helpers.ALL_SCHEDULES`` itself.
+one process or world iterate ``helpers.ALL_SCHEDULES`` itself. Where running every
+schedule is not the check itself, a test iterates ``helpers.REPRESENTATIVES`` (one
+schedule per class of ``helpers.SCHEDULE_CLASSES``; ``tests/test_schedule_classes.py``
+checks that every registry schedule falls in a declared class).
 
 Every multi-process test runs its point-to-point traffic under NCCL's rules, emulated
 on gloo (``runtime/transport.py``: in-order streams, sends that wait for their
@@ -12,6 +15,11 @@ fails with a timeout naming rank, op and peer. Spawned ranks and CLI subprocesse
 inherit the setting; ``tests/test_transport.py`` and a plain-gloo case in
 ``tests/test_runtime.py`` cover torch's own transport. ``PIPEOFFLOAD_P2P=torch`` in the
 environment runs the suite on plain gloo instead.
+
+Hypothesis: the ``ci`` profile (few examples, no deadline) is the default; ``thorough``
+(many more) is selected by ``-m bench`` (``make bench``) or ``HYPOTHESIS_PROFILE=thorough``.
+Tests give no example counts of their own; a property that is costly per example scales
+the profile's count with ``helpers.examples(fraction)``.
 """
 
 from __future__ import annotations
@@ -19,10 +27,25 @@ from __future__ import annotations
 import os
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 os.environ.setdefault("PIPEOFFLOAD_P2P", "nccl-rules")
 
-from helpers import ALL_SCHEDULES
+from helpers import ALL_SCHEDULES  # noqa: E402
+
+_QUIET = [HealthCheck.too_slow, HealthCheck.filter_too_much]
+settings.register_profile("ci", max_examples=20, deadline=None, suppress_health_check=_QUIET, print_blob=True)
+settings.register_profile("thorough", max_examples=300, deadline=None, suppress_health_check=_QUIET,
+                          print_blob=True)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Before the test modules are imported: their @settings read the loaded profile.
+    name = os.environ.get("HYPOTHESIS_PROFILE")
+    if not name:
+        markexpr = (config.getoption("markexpr", "") or "").replace(" ", "")
+        name = "thorough" if "bench" in markexpr and "notbench" not in markexpr else "ci"
+    settings.load_profile(name)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -30,3 +53,14 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         # An empty parameter set would be reported as one skip, not as the failure it is.
         assert ALL_SCHEDULES, "pipeoffload.schedules.SCHEDULES is empty"
         metafunc.parametrize("schedule_name", ALL_SCHEDULES, ids=ALL_SCHEDULES)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    # helpers.missing: a dependency CI must have is not installed. Fail (before any
+    # fixture runs), or skip where PIPEOFFLOAD_ALLOW_MISSING=1 says that is wanted.
+    mark = item.get_closest_marker("requires")
+    if mark is not None:
+        if os.environ.get("PIPEOFFLOAD_ALLOW_MISSING") == "1":
+            pytest.skip(mark.args[0])
+        pytest.fail(mark.args[0], pytrace=False)

@@ -25,6 +25,52 @@ from pipeoffload.schedules import SCHEDULES
 #: a generator that starts raising fails them, it is never filtered out.
 ALL_SCHEDULES: tuple[str, ...] = tuple(SCHEDULES)
 
+#: The structural classes of schedules, each with its declared representative. Where
+#: running every schedule is not itself the check (the runtime's own equivalence to
+#: single-process training, tests/test_runtime.py and test_runtime_offload.py, is), a
+#: test runs ``REPRESENTATIVES``: one schedule of each class. What a schedule's class is
+#: follows from the schedule itself (:func:`schedule_class`), and
+#: tests/test_schedule_classes.py fails for a registry schedule outside every class, so
+#: a new kind of schedule cannot go unsampled.
+SCHEDULE_CLASSES: dict[tuple[str, bool, bool], str] = {
+    # (placement kind, several layer groups per rank, backward split into B and W): representative
+    ("loop", False, False): "1f1b",                  # gpipe, 1f1b
+    ("loop", True, False): "interleaved-1f1b",       # interleaved-1f1b
+    ("loop", True, True): "group-interleaved",       # group-interleaved
+    ("loop", False, True): "zb-h2",                  # zb-h1, zb-h2, zb-auto
+    ("v", True, True): "v-half",                     # zb-v, v-min, v-half, v-zb, v-auto
+}
+REPRESENTATIVES: tuple[str, ...] = tuple(SCHEDULE_CLASSES.values())
+
+
+def schedule_class(sched) -> tuple[str, bool, bool]:
+    """The class of a generated schedule: (placement kind, more than one layer group on a
+    rank, B and W as separate ops)."""
+    from pipeoffload.ir import OpKind
+
+    kinds = {op.kind for ops in sched.ranks for op in ops}
+    return (sched.placement.kind, sched.chunks > 1, OpKind.W in kinds)
+
+
+def require(modname: str):
+    """Import and return ``modname``, or ``None`` when it is not installed. A test module
+    that needs it marks its tests with :func:`missing` when it is: conftest.py makes each
+    of them *fail* with that message (CI must run them, not skip them), unless
+    PIPEOFFLOAD_ALLOW_MISSING=1 (a developer's machine) turns the failures into skips."""
+    try:
+        return importlib.import_module(modname)
+    except ModuleNotFoundError as e:
+        if e.name != modname.split(".")[0]:
+            raise
+        return None
+
+
+def missing(what: str, how: str) -> pytest.MarkDecorator:
+    """The mark for tests that cannot run because ``what`` is not installed (``how``: how
+    to install it)."""
+    return pytest.mark.requires(f"{what} is not installed; these tests need it ({how}; `make test` installs it). "
+                                "PIPEOFFLOAD_ALLOW_MISSING=1 skips them instead")
+
 
 def import_torch(modname: str = "torch"):
     """Import and return ``modname`` (torch or one of its modules), or skip the calling test

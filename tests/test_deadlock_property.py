@@ -160,7 +160,7 @@ def setups(draw, name: str):
     return p, m, v, g, mem_limit, costs, offload
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.filter_too_much,
+@settings(deadline=None, suppress_health_check=[HealthCheck.filter_too_much,
                                                                  HealthCheck.too_slow])
 @given(data=st.data())
 def test_every_registry_schedule_with_offload_has_a_deadlock_free_program(schedule_name, data):
@@ -303,7 +303,7 @@ def nccl_setups(draw, name: str):
     return p, m, v, g, mem_limit, offload, headers, lookahead, dp, tp, tp_stages, shard
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
+@settings(deadline=None, suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
 @given(data=st.data())
 def test_every_registry_schedule_has_an_issue_plan_nccl_runs(schedule_name, data):
     """issue_plan's output completes under NCCL's rules on one communicator and on one per
@@ -467,7 +467,7 @@ def _split(plan: IssuePlan, r: int, first: str | None = None) -> IssuePlan:
     return IssuePlan(plan.program, ranks, plan.rounds, plan.headers, plan.num_rounds)
 
 
-@settings(max_examples=80, deadline=None)
+@settings(deadline=None)
 @given(name=st.sampled_from(["1f1b", "gpipe", "zb-h1", "zb-v", "interleaved-1f1b"]),
        p=st.integers(2, 4), extra=st.integers(0, 4), headers=st.booleans(), lookahead=st.integers(0, 3),
        edits=st.lists(st.tuples(st.sampled_from(["shift", "split"]), st.integers(0, 3), st.integers(0, 40),

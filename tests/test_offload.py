@@ -142,7 +142,7 @@ def _check_plan(sched, tl, res, C, comm, mode, postpone):
 _CLASSIC = ["gpipe", "1f1b", "interleaved-1f1b", "group-interleaved"]
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     name=st.sampled_from(_CLASSIC + ["zb-h1", "zb-h2", "zb-v", "v-min", "v-half", "v-zb"]),
     p=st.integers(2, 5),
@@ -200,7 +200,7 @@ def test_infeasible_names_largest_feasible_c():
     assert delay.delayed > 0 and delay.makespan >= tl.makespan
 
 
-@settings(max_examples=20, deadline=None)
+@settings(deadline=None)
 @given(
     name=st.sampled_from(_CLASSIC),
     p=st.integers(2, 6),
@@ -355,7 +355,7 @@ def test_without_stash_no_stash_ops(schedule_name):
     assert all(t.window == "activation" for t in res.transfers)
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     name=st.sampled_from(["zb-h1", "zb-h2", "zb-auto", "zb-v", "v-min", "v-half", "group-interleaved"]),
     p=st.integers(2, 5),

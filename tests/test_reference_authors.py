@@ -28,11 +28,11 @@ DATA = json.loads((Path(__file__).parent / "data" / "authors_reference.json").re
 ROWS = [dict(zip(DATA["columns"], r)) for r in DATA["rows"]]
 BUBBLE_SLACK = 0.003
 #: CI checks every SAMPLE-th row of each family, at most OFFLOAD_SAMPLE offload rows (all of them under -m bench).
-SAMPLE = 7  # coprime to the 16 cost × comm × memory rows of each (p, m): every combination is sampled
+SAMPLE = 11  # coprime to the 16 cost × comm × memory rows of each (p, m): every combination is sampled
 OFFLOAD_SAMPLE = 16
 #: Families whose generators run the costly cost-aware lowerings (W refill, hole filling, the
 #: grid lowering) are sampled one row in SLOW_SAMPLE (also coprime to 16) to keep CI short.
-SLOW_SAMPLE = 21
+SLOW_SAMPLE = 33
 SLOW_FAMILIES = frozenset({"v-min", "v-half", "v-auto"})
 
 

@@ -210,7 +210,7 @@ def _label(e: TimedOp) -> str:
     return ch.lower() if e.op.chunk > 0 else ch
 
 
-@settings(max_examples=25, deadline=None)
+@settings(deadline=None)
 @given(
     name=st.sampled_from(["gpipe", "1f1b", "interleaved-1f1b", "group-interleaved"]),
     p=st.integers(1, 4),

@@ -201,7 +201,7 @@ def test_zb_auto_uses_stage_costs_and_limit() -> None:
 cost = st.floats(0.5, 3.0, allow_nan=False)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     p=st.integers(2, 16),
     mult=st.floats(1.0, 4.0),
@@ -231,7 +231,7 @@ def test_properties(p: int, mult: float, f: float, b: float, w: float, comm: flo
     assert max(spans(two_p)) <= max(spans(run("zb-auto", p, m, costs))) + 1e-9
 
 
-@settings(max_examples=20, deadline=None)
+@settings(deadline=None)
 @given(p=st.integers(1, 6), m=st.integers(1, 14), f=cost, b=cost, w=cost, comm=st.floats(0.0, 0.5))
 def test_any_microbatch_count(p: int, m: int, f: float, b: float, w: float, comm: float) -> None:
     """Every generator works for any m ≥ 1 (also m < p) and stays valid."""
