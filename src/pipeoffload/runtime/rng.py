@@ -29,16 +29,23 @@ from torch import nn
 from torch.nn.modules.module import register_module_forward_pre_hook
 
 _MASK = (1 << 63) - 1
+_M64 = 0xFFFFFFFFFFFFFFFF
+_START = 0x9E3779B97F4A7C15
+
+
+def _round(x: int, p: int) -> int:
+    """One splitmix64 round of :func:`_mix`: the state ``x`` after mixing in ``p``."""
+    x = (x ^ (p & _M64)) * 0xBF58476D1CE4E5B9 & _M64
+    x ^= x >> 31
+    x = x * 0x94D049BB133111EB & _M64
+    return x ^ (x >> 29)
 
 
 def _mix(*parts: int) -> int:
     """A 63-bit seed from integers (splitmix64 over the parts)."""
-    x = 0x9E3779B97F4A7C15
+    x = _START
     for p in parts:
-        x = (x ^ (p & 0xFFFFFFFFFFFFFFFF)) * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
-        x ^= x >> 31
-        x = x * 0x94D049BB133111EB & 0xFFFFFFFFFFFFFFFF
-        x ^= x >> 29
+        x = _round(x, p)
     return x & _MASK
 
 
@@ -78,22 +85,33 @@ class KeyedRNG:
         """Around one forward: every module call reseeds from its key."""
         self._base = _mix(self.seed, step, microbatch)
         self._calls = {}
-        handle = register_module_forward_pre_hook(self._pre_hook)
+        handle = register_module_forward_pre_hook(self._hook())
         try:
             yield
         finally:
             handle.remove()
 
-    def _pre_hook(self, module: nn.Module, args: Any) -> None:
-        key = self._keys.get(id(module))
-        if key is None:
-            return
-        n = self._calls.get(id(module), 0)
-        self._calls[id(module)] = n + 1
-        seed = _mix(self._base, key, n)
-        torch.default_generator.manual_seed(seed)
+    def _hook(self) -> Any:
+        """The pre-hook of one forward: ``_mix(base, key, n)`` with the base's round done
+        once (the same seeds, fewer operations per module call)."""
+        keys, calls = self._keys, self._calls
+        start = _round(_START, self._base)
+        seeders = [torch.default_generator.manual_seed]
         if self.device.type == "cuda":
-            torch.cuda.default_generators[self.device.index or 0].manual_seed(seed)
+            seeders.append(torch.cuda.default_generators[self.device.index or 0].manual_seed)
+
+        def pre_hook(module: nn.Module, args: Any) -> None:
+            mid = id(module)
+            key = keys.get(mid)
+            if key is None:
+                return
+            n = calls.get(mid, 0)
+            calls[mid] = n + 1
+            seed = _round(_round(start, key), n) & _MASK
+            for seed_with in seeders:
+                seed_with(seed)
+
+        return pre_hook
 
 
 def module_names(modules: Mapping[int, nn.Module], prefix_of: Mapping[int, str]) -> dict[int, str]:

@@ -13,8 +13,11 @@ activation is *deferred*:
 - ``F.linear`` with a parameter weight (every ``nn.Linear``) goes through
   :class:`_LinearDefer`: B computes ``grad_input = gO·W``, W computes ``gOᵀ·X`` and
   ``Σ gO`` (under ``torch.autocast`` with the same casts autocast makes);
+- ``x * weight`` with a parameter (a norm's scale) goes through :class:`_ScaleDefer`:
+  B computes ``gO·w``, W ``Σ gO·x`` (the local graph's values, without its nested
+  backward calls), when both are plain tensors of one floating dtype;
 - any other call (``addmm`` of transformers' ``Conv1D``, ``matmul``/``bmm`` with expert
-  weights, ``embedding``, a norm's ``weight * x``, ``layer_norm``, a bare
+  weights, ``embedding``, ``layer_norm``, a product of mixed dtypes, a bare
   ``nn.Parameter`` in ``forward``) goes through :class:`_LocalGraph`: the call runs once,
   with grad, on leaves standing for its parameter-side tensors, giving a small local
   autograd graph; B runs that graph for the activations' gradients only
@@ -136,6 +139,7 @@ class WeightGradStore:
         with mode:
             yield
         mode.derived.clear()
+        mode.side.clear()
 
     @contextlib.contextmanager
     def forward(self, stage: int, microbatch: int) -> Iterator[None]:
@@ -294,8 +298,38 @@ class _DeferMode(TorchFunctionMode):
         super().__init__()
         self.store, self.key, self.params = store, key, params
         self.derived: dict[int, tuple[torch.Tensor, _Recipe]] = {}
+        #: ids of every parameter-side tensor: the parameters and the derived tensors
+        #: (one lookup per argument on the hot path, where most calls touch activations only)
+        self.side: dict[int, Any] = dict(params)
+        self._deferred = store.deferred[key[0]]
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        # Fast path, every torch call of the F: is any argument (one level deep)
+        # parameter-side? Most are not. (An id is unique among live objects, and every
+        # parameter-side tensor is kept alive, so a non-tensor never matches.)
+        side = self.side
+        for a in args:
+            if id(a) in side:
+                break
+            if isinstance(a, (list, tuple)) and any(id(t) in side for t in a):
+                break
+        else:
+            if not kwargs:
+                return func(*args)
+            for a in kwargs.values():
+                if id(a) in side:
+                    break
+                if isinstance(a, (list, tuple)) and any(id(t) in side for t in a):
+                    break
+            else:
+                return func(*args, **kwargs)
+        if func in _LINEARS and not kwargs and 2 <= len(args) <= 3:  # every nn.Linear: straight to its deferral
+            x, w, b = args[0], args[1], args[2] if len(args) == 3 else None
+            params = self.params
+            if (isinstance(x, torch.Tensor) and id(x) not in side and id(w) in params
+                    and (b is None or id(b) in params) and w.requires_grad):
+                self._targets([w] if b is None else [w, b])
+                return _LinearDefer.apply(x, w, b, self.store, self.key)
         kwargs = kwargs or {}
         side, act = self._scan(args, kwargs)
         if not side:
@@ -308,19 +342,25 @@ class _DeferMode(TorchFunctionMode):
             return func(*args, **kwargs)
         if func in _LINEARS and self._linear_fits(args, kwargs):
             return self._linear(args, kwargs)
+        if name in _SCALES and not kwargs and len(args) == 2:
+            w, x = (args[1], args[0]) if id(args[1]) in self.params else (args[0], args[1])
+            if _scale_fits(x, w) and id(w) in self.params:
+                self._targets([w])
+                return _ScaleDefer.apply(x, w, self.store, self.key)
         return self._local_graph(func, args, kwargs)
 
     def _is_side(self, t: Any) -> bool:
-        return isinstance(t, torch.Tensor) and (id(t) in self.params or id(t) in self.derived)
+        return isinstance(t, torch.Tensor) and id(t) in self.side
 
     def _scan(self, args: tuple, kwargs: dict) -> tuple[bool, bool]:
         """(any parameter-side tensor, any other tensor) among the call's arguments (one level deep)."""
         side = act = False
+        ids = self.side
         for a in (*args, *kwargs.values()):
             items = a if isinstance(a, (list, tuple)) else (a,)
             for t in items:
                 if isinstance(t, torch.Tensor):
-                    if id(t) in self.params or id(t) in self.derived:
+                    if id(t) in ids:
                         side = True
                     else:
                         act = True
@@ -343,19 +383,21 @@ class _DeferMode(TorchFunctionMode):
         for index, o in outs:
             if isinstance(o, torch.Tensor) and o.requires_grad and id(o) not in self.params:
                 self.derived[id(o)] = (o, _Recipe(func, leaves, spec, index))
+                self.side[id(o)] = o
         return out
 
     def _targets(self, tensors: list[torch.Tensor]) -> list[Any]:
         """Per parameter-side tensor: the parameter itself, or the recipe of a derived one."""
         out = []
+        deferred = self._deferred
         for t in tensors:
             if id(t) in self.params:
                 out.append(t)
-                self.store.deferred[self.key[0]].add(id(t))
+                deferred.add(id(t))
             else:
                 rec = self.derived[id(t)][1]
                 out.append(rec)
-                self.store.deferred[self.key[0]].update(id(p) for p in rec.params() if id(p) in self.params)
+                deferred.update(id(p) for p in rec.params() if id(p) in self.params)
         return out
 
     def _linear_fits(self, args: tuple, kwargs: dict) -> bool:
@@ -385,6 +427,69 @@ class _DeferMode(TorchFunctionMode):
         return call.rebuild_output(outs)
 
 
+#: Elementwise products deferred by :class:`_ScaleDefer` (a norm's ``x * weight``).
+_SCALES = frozenset({"mul", "__mul__", "__rmul__"})
+_PLAIN = (torch.Tensor, nn.Parameter)
+
+
+def _scale_fits(x: Any, w: Any) -> bool:
+    """``x * w`` with ``w`` a trainable parameter and ``x`` an activation: plain tensors
+    of one real floating dtype on one device (anything else takes the local graph)."""
+    return (type(x) in _PLAIN and type(w) in _PLAIN and w.requires_grad and x.dtype == w.dtype
+            and x.dtype.is_floating_point and x.device == w.device)
+
+
+class _ScaleDefer(torch.autograd.Function):
+    """``x * w`` (broadcasting) with a parameter ``w``: B computes ``gO·w`` for ``x``, W
+    ``Σ gO·x`` for ``w`` (reduced to its shape, as autograd does). The same values and
+    the same saved tensor as the local graph would give, without its nested backward
+    calls: ``x`` goes through the saved-tensor hooks, ``w`` is kept by reference."""
+
+    @staticmethod
+    def forward(ctx, x, w, store, key):  # type: ignore[override]
+        ctx.save_for_backward(x)
+        ctx.w, ctx.store, ctx.key = w, store, key
+        return torch.mul(x, w)
+
+    @staticmethod
+    def backward(ctx, grad_out):  # type: ignore[override]
+        (x,) = ctx.saved_tensors
+        w = ctx.w
+        grad_x = grad_out * w if ctx.needs_input_grad[0] else None  # reduced to x's shape by autograd
+        if ctx.store.is_deferring:
+            entry = _ScaleEntry(w, x, grad_out)
+            # Like a local graph: x is W's (counted until W, not moved by the stash window),
+            # the output gradient is the stash's.
+            entry.keep = ctx.store._hold(x) if ctx.store._hold is not None else None
+            ctx.store.add(ctx.key, entry, grad_out)
+            return grad_x, None, None, None
+        return grad_x, _scale_weight_grad(x, grad_out, w), None, None
+
+
+def _scale_weight_grad(x: torch.Tensor, grad_out: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    g = grad_out * x
+    return g.sum_to_size(w.shape) if g.shape != w.shape else g
+
+
+class _ScaleEntry:
+    """W of one :class:`_ScaleDefer` call: ``Σ gO·x`` into the parameter."""
+
+    __slots__ = ("weight", "x", "grad_out", "handle", "keep")
+
+    def __init__(self, weight, x, grad_out) -> None:
+        self.weight, self.x, self.grad_out, self.handle, self.keep = weight, x, grad_out, None, None
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.grad_out]
+
+    def swap(self, new: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        self.grad_out = new(self.grad_out)
+
+    def run(self) -> None:
+        with torch.no_grad():
+            _accumulate(self.weight, _scale_weight_grad(self.x, self.grad_out, self.weight))
+
+
 def _autocast_cast(t: torch.Tensor | None, dtype: torch.dtype | None) -> torch.Tensor | None:
     """What autocast does to an argument of a lower-precision op (``F.linear``)."""
     if t is None or dtype is None or not t.is_floating_point() or t.dtype in (torch.float64, dtype):
@@ -398,9 +503,13 @@ class _LinearDefer(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, store, key):  # type: ignore[override]
         dev = x.device.type
-        dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
-        xc = _autocast_cast(x, dt)
-        out = F.linear(xc, _autocast_cast(weight, dt), _autocast_cast(bias, dt))
+        if torch.is_autocast_enabled(dev):
+            dt = torch.get_autocast_dtype(dev)
+            xc = _autocast_cast(x, dt)
+            out = F.linear(xc, _autocast_cast(weight, dt), _autocast_cast(bias, dt))
+        else:
+            dt, xc = None, x
+            out = F.linear(x, weight, bias)
         ctx.save_for_backward(xc)  # through the saved-tensor hooks: offload and the meter see it
         ctx.weight, ctx.bias, ctx.dt, ctx.store, ctx.key = weight, bias, dt, store, key
         return out
