@@ -419,16 +419,7 @@ class _World:
             info.append(xs)
             partners.append([0] * len(xs))
             sa(i)
-            has_send = False
-            slot = 0
-            for x in xs:
-                if x.send:
-                    send_end[(x.key, x.part)] = (i, slot)
-                    has_send = True
-                else:
-                    recv_end[(x.key, x.part)] = (i, slot)
-                slot += 1
-            if has_send:
+            if _record_ends(xs, i, send_end, recv_end):
                 sends_of.append(i)
 
         def place_group(xs: tuple) -> None:
@@ -525,13 +516,7 @@ class _World:
                                     hdr.add(mk)
                             slot += 1
                     else:
-                        for x in xs:
-                            if x.send:
-                                send_end[(x.key, x.part)] = (i, slot)
-                                has_send = True
-                            else:
-                                recv_end[(x.key, x.part)] = (i, slot)
-                            slot += 1
+                        has_send = _record_ends(xs, i, send_end, recv_end)
                     if has_send:
                         sends_a(i)
                 if chk and held > self.max_ahead:
@@ -995,3 +980,16 @@ def _gaps(lst: list[Op]) -> list[int]:
             k += 1
     out.append(k)
     return out
+
+
+def _record_ends(xs: tuple, i: int, send_end: dict, recv_end: dict) -> bool:
+    """Record where each xfer of stream item ``i`` sits (its ``(item, slot)``) in
+    ``send_end`` / ``recv_end``; True when the item sends anything."""
+    has_send = False
+    for slot, x in enumerate(xs):
+        if x.send:
+            send_end[(x.key, x.part)] = (i, slot)
+            has_send = True
+        else:
+            recv_end[(x.key, x.part)] = (i, slot)
+    return has_send
