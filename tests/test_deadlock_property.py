@@ -139,15 +139,21 @@ def _compute_order(s: Schedule) -> list[list[tuple]]:
     return [[(o.kind, o.stage, o.microbatch) for o in lst if not o.kind.is_comm] for lst in s.ranks]
 
 
+def _shape(draw, name: str, *, p_min: int, v_max: int, m_extra: int) -> tuple:
+    """(p, v, m, g, mem_limit) of a random ``name`` schedule: p in [p_min, 6], v where it
+    applies, m in [1, m_extra·p + 2], g for group-interleaved, a memory limit for zb-auto."""
+    p = draw(st.integers(p_min, 6))
+    v = draw(st.integers(1, v_max)) if name in ANY_V else SCHEDULES[name].default_v
+    m = draw(st.integers(1, m_extra * p + 2))
+    g = draw(st.integers(-(-p // 2), p)) if name == "group-interleaved" else None
+    mem_limit = draw(st.sampled_from([None, float(p), 2.0 * p])) if name == "zb-auto" else None
+    return p, v, m, g, mem_limit
+
+
 # ----------------------------------------------------------------- the property
 @st.composite
 def setups(draw, name: str):
-    info = SCHEDULES[name]
-    p = draw(st.integers(1, 6))
-    v = draw(st.integers(1, 4)) if name in ANY_V else info.default_v
-    m = draw(st.integers(1, 3 * p + 2))
-    g = draw(st.integers(-(-p // 2), p)) if name == "group-interleaved" else None
-    mem_limit = draw(st.sampled_from([None, float(p), 2.0 * p])) if name == "zb-auto" else None
+    p, v, m, g, mem_limit = _shape(draw, name, p_min=1, v_max=4, m_extra=3)
     cost = st.sampled_from([0.5, 1.0, 1.5, 2.0, 3.0])
     costs = Costs(F=draw(cost), B=draw(cost), W=draw(cost), comm=draw(st.sampled_from([0.0, 0.1, 0.5])))
     offload = {
@@ -282,12 +288,7 @@ def _program(name: str, **kw) -> Schedule:
 
 @st.composite
 def nccl_setups(draw, name: str):
-    info = SCHEDULES[name]
-    p = draw(st.integers(2, 6))
-    v = draw(st.integers(1, 3)) if name in ANY_V else info.default_v
-    m = draw(st.integers(1, 2 * p + 2))
-    g = draw(st.integers(-(-p // 2), p)) if name == "group-interleaved" else None
-    mem_limit = draw(st.sampled_from([None, float(p), 2.0 * p])) if name == "zb-auto" else None
+    p, v, m, g, mem_limit = _shape(draw, name, p_min=2, v_max=3, m_extra=2)
     window = draw(st.sampled_from([None, "activation", "stash"]))
     offload = None if window is None else {
         "offload_chunks": draw(st.integers(1, v)),

@@ -33,7 +33,7 @@ from ..errors import ParameterError
 from ..ir import Op
 from ..passes.comm import MessageKey, message_tag
 from ..passes.issue_policy import HEADER, Group, RankIssue
-from .boundary import HEADER_BYTES, MAX_LEAVES, Flat, assemble, decode_body, decode_header, encode_header, header_body
+from .boundary import HEADER_BYTES, MAX_LEAVES, Flat, assemble, decode_body, encode_header, header_body
 from .p2p import P2P
 
 _PARTS = MAX_LEAVES + 1
@@ -181,11 +181,10 @@ class Mailbox:
             return
         (work, buf, peer), = self.works.pop((key, HEADER))
         self.p2p.wait(work, op, peer, "for the header of its input")
-        raw = self.p2p.landed(buf)
-        spec_desc = decode_header(raw)
-        n = int.from_bytes(raw[:8].cpu().numpy().tobytes(), "little")
-        self.book.entries[(self.kind, self.sigs[key[2]], key[1])] = raw[8:8 + n].cpu().numpy().tobytes()
-        self.skeletons[key] = spec_desc
+        raw = buf.numpy().tobytes() if buf.device.type == "cpu" else buf.cpu().numpy().tobytes()
+        body = raw[8:8 + int.from_bytes(raw[:8], "little")]  # encode_header's layout
+        self.book.entries[(self.kind, self.sigs[key[2]], key[1])] = body
+        self.skeletons[key] = self.book.skeleton(body)
 
     # ------------------------------------------------------------------ receiving
     def receive(self, op: Op, key: MessageKey) -> Flat | list[torch.Tensor]:
