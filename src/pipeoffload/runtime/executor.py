@@ -76,6 +76,7 @@ from .messages import Mailbox
 from .mesh import coords as mesh_coords, dim_size, pipeline_ranks, sub_group, sub_mesh
 from .tensor_parallel import collective_timer
 from .meter import MemoryMeter, make_meter
+from .op_errors import locate
 from .p2p import P2P, CommTimeout, wait_collective
 from .params import ParamTable, build_table
 from .rng import KeyedRNG, module_names
@@ -513,28 +514,36 @@ class PipelineRunner:
             dp.begin_step()
         last_w = self._last_w if run.train and plan is self._plan else {}
         tp_timer = collective_timer() if self.coords_tp_size > 1 else None
-        with self.rng.step() if self.rng is not None else contextlib.nullcontext(), \
-                tp_timer if tp_timer is not None else contextlib.nullcontext():
-            gap = 0
-            mail.issue_gap(0)
-            for pos, op in enumerate(plan.ops):
-                self._pos = pos
-                if hook is not None:
-                    hook(op)
-                if dp is not None and op.kind in _COMPUTE:
-                    self._before_compute(op.stage)
-                self._dispatch[op.kind](op)
-                if pos in last_w and dp is not None:
-                    run.dp_started[last_w[pos]] = self._now()
-                    dp.stage_done(last_w[pos])  # started now, overlapped with the rest of the step
-                if op.kind not in _MARKERS:  # the next gap: issue its groups (passes/issue_policy.py)
-                    gap += 1
-                    mail.issue_gap(gap)
-            self.p2p.finish_sends()
-            if run.train:
-                self._reduce_grads()
-            elif isinstance(dp, Sharded):
-                dp.finish()  # reshard what the forward-only run gathered
+        self._pos = -1
+        try:
+            with self.rng.step() if self.rng is not None else contextlib.nullcontext(), \
+                    tp_timer if tp_timer is not None else contextlib.nullcontext():
+                gap = 0
+                mail.issue_gap(0)
+                for pos, op in enumerate(plan.ops):
+                    self._pos = pos
+                    if hook is not None:
+                        hook(op)
+                    if dp is not None and op.kind in _COMPUTE:
+                        self._before_compute(op.stage)
+                    self._dispatch[op.kind](op)
+                    if pos in last_w and dp is not None:
+                        run.dp_started[last_w[pos]] = self._now()
+                        dp.stage_done(last_w[pos])  # started now, overlapped with the rest of the step
+                    if op.kind not in _MARKERS:  # the next gap: issue its groups (passes/issue_policy.py)
+                        gap += 1
+                        mail.issue_gap(gap)
+                self._pos = len(plan.ops)
+                self.p2p.finish_sends()
+                if run.train:
+                    self._reduce_grads()
+                elif isinstance(dp, Sharded):
+                    dp.finish()  # reshard what the forward-only run gathered
+        except Exception as e:  # name the rank, the op and its place (runtime/op_errors.py)
+            located = locate(e, self.rank, plan.ops, self._pos)
+            if located is e:
+                raise
+            raise located from e
         t_end = self._now()
         if run.train:
             self.store.end_step()

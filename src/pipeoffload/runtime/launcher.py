@@ -223,7 +223,7 @@ def _join_external_launch(fn: Callable[..., Any], world_size: int, args: tuple, 
     except (KeyboardInterrupt, SystemExit, ParameterError):
         raise
     except BaseException as e:
-        text = f"{type(e).__name__}: {str(e).strip()}"
+        text = error_text(e)
         msg = text if getattr(e, "all_ranks", False) else f"rank {rank} failed: {text}"
         if getattr(e, "lost_peer", None) is not None:  # torchrun's report names it too
             msg = f"rank {e.lost_peer} was lost ({str(e).strip()})"
@@ -448,10 +448,18 @@ def _rank_device(local_rank: int, backend: str, world_size: int, threads: int | 
     return torch.device("cpu")
 
 
+def error_text(error: BaseException) -> str:
+    """``Type: message`` of a rank's error, with where in the step it was raised when
+    the runner located it (``runtime/op_errors.py``) and the message does not say so."""
+    text = f"{type(error).__name__}: {str(error).strip()}"
+    where = getattr(error, "where", None)
+    return text if not where or where in text else f"{text} — raised at {where}"
+
+
 def _write_rank_error(err_dir: str, rank: int, error: BaseException) -> None:
     """``err_dir/rank<r>.json``: the error, when, and whether every rank reaches it
     (read by :func:`_root_cause`). Call inside the ``except`` block (traceback)."""
-    rec = {"rank": rank, "time": time.time(), "error": f"{type(error).__name__}: {str(error).strip()[:500]}",
+    rec = {"rank": rank, "time": time.time(), "error": error_text(error)[:700],
            "all_ranks": bool(getattr(error, "all_ranks", False)), "traceback": traceback.format_exc()}
     Path(err_dir, f"rank{rank}.json").write_text(json.dumps(rec))
 
