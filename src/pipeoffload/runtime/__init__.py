@@ -6,6 +6,8 @@ Modules (one job each):
   program (F, B, W, BW, sends/receives, offload hook ops);
 - ``p2p``: non-blocking sends, receives posted ahead, every wait with a timeout
   (:class:`CommTimeout` names rank, op and peer);
+- ``op_errors``: an error inside a step names the rank, the op and its place
+  (:class:`StepError`);
 - ``weight_grad``: deferred linear weight gradients (the B/W split);
 - ``meter``: activation-memory meters (saved tensors on CPU, allocator on CUDA);
 - ``activations``: the activation store, hook point for offload;
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 _LAZY = {
     "PipelineRunner": "executor", "run_pipeline": "executor", "StepResult": "executor", "OpSample": "executor",
-    "CommTimeout": "p2p", "CommError": "p2p",
+    "CommTimeout": "p2p", "CommError": "p2p", "StepError": "op_errors",
     "WeightGradStore": "weight_grad", "DeferredLinear": "weight_grad", "convert_linears": "weight_grad",
     "ActivationStore": "activations", "KeepActivations": "activations", "recomputable": "activations",
     "OffloadStore": "offload_store", "OffloadError": "offload_store",
