@@ -353,7 +353,7 @@ class PipelineRunner:
 
     def _setup_rng(self, seed: int, keyed: bool) -> None:
         prefix = {s: f"{s}." for s in self.my_stages} if self.table.naming == "stage" else {}
-        self.rng = KeyedRNG(seed, module_names(self.modules, prefix), self.device) if keyed else None
+        self.rng = KeyedRNG(seed, module_names(self.modules, prefix), self.device, self.modules) if keyed else None
 
     def _place_modules(self, device: torch.device | str | None) -> torch.device:
         """Move this rank's stages to ``device`` (default: where their first parameter
@@ -726,7 +726,7 @@ class PipelineRunner:
             stack.enter_context(self.wg.defer(s, j, self._params))
         stack.enter_context(store.capture(s, j, owned))
         if self.rng is not None:
-            stack.enter_context(self.rng.forward(self.steps_done, j))
+            stack.enter_context(self.rng.forward(self.steps_done, j, s))
         stack.enter_context(self._forward_amp())
         return stack
 
@@ -751,7 +751,7 @@ class PipelineRunner:
         """An F of an eval step or an inference: no graph, no hooks; loss or output kept."""
         s, j = op.stage, op.microbatch
         flat = self._stage_input(s, j)
-        ctx = self.rng.forward(self.steps_done, j) if self.rng is not None else contextlib.nullcontext()
+        ctx = self.rng.forward(self.steps_done, j, s) if self.rng is not None else contextlib.nullcontext()
         with ctx, self._forward_amp():
             y = self.modules[s](flat.rebuild())
             if s == self.num_stages - 1:
