@@ -311,6 +311,10 @@ class PipelineRunner:
         self.store.bind(device=self.device, meter=self.meter, exclude=self._resident_tensors(),
                         offloaded=[(op.stage, op.microbatch) for op in self.ops if op.kind is OpKind.OFFLOAD_START])
         self._dispatch, self._store_calls = self._op_handlers()
+        #: Saved tensors need neither the store (it keeps them as they are) nor the
+        #: DTensor path (no parameter of this rank is a DTensor): pack = detach + count.
+        self._plain_saves = type(self.store) is KeepActivations and \
+            not any(_is_dtensor(p) for p in self._params.values())
         self.steps_done = 0  #: training steps run (keys the random streams; in the state dict)
         self._warned_empty_w = False
         self._closed = False
@@ -708,6 +712,22 @@ class PipelineRunner:
         """Saved-tensor hooks (store + meter), deferral of a split backward's weight
         work, the activation store's capture, the keyed random streams, autocast."""
         store, meter = self.store, self.meter
+        stack = contextlib.ExitStack()
+        if self._plain_saves:  # the common case: two calls per saved tensor fewer
+            stack.enter_context(saved_tensors_hooks(lambda t: meter.wrap(t.detach(), t), meter.unwrap))
+        else:
+            stack.enter_context(saved_tensors_hooks(*self._store_hooks(s, j)))
+        if (s, j) in self._cur_plan.split:
+            stack.enter_context(self.wg.defer(s, j, self._params))
+        stack.enter_context(store.capture(s, j, owned))
+        if self.rng is not None:
+            stack.enter_context(self.rng.forward(self.steps_done, j, s))
+        stack.enter_context(self._forward_amp())
+        return stack
+
+    def _store_hooks(self, s: int, j: int) -> tuple[Callable, Callable]:
+        """Saved-tensor hooks through the activation store, DTensors by their local shards."""
+        store, meter = self.store, self.meter
 
         def pack(t: torch.Tensor) -> Any:
             if _is_dtensor(t):  # tensor parallelism: store and meter see the local shard
@@ -720,15 +740,7 @@ class PipelineRunner:
                 return obj.rebuild(store.unpack(s, j, meter.unwrap(obj.packed)))
             return store.unpack(s, j, meter.unwrap(obj))
 
-        stack = contextlib.ExitStack()
-        stack.enter_context(saved_tensors_hooks(pack, unpack))
-        if (s, j) in self._cur_plan.split:
-            stack.enter_context(self.wg.defer(s, j, self._params))
-        stack.enter_context(store.capture(s, j, owned))
-        if self.rng is not None:
-            stack.enter_context(self.rng.forward(self.steps_done, j, s))
-        stack.enter_context(self._forward_amp())
-        return stack
+        return pack, unpack
 
     def _loss(self, y: Any, j: int) -> torch.Tensor:
         """The last stage's loss for microbatch ``j``; returns the backward root (loss / m)."""
