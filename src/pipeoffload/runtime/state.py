@@ -25,20 +25,35 @@ parameters, held by several ranks, are written once), every rank calling them to
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping, Protocol
 
 import torch
 import torch.distributed as dist
 
 from ..errors import ParameterError
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .executor import PipelineRunner
+
+
+class Runner(Protocol):
+    """What this module reads of a :class:`~pipeoffload.runtime.executor.PipelineRunner`
+    (a protocol, so that the runner's module and this one do not import each other)."""
+
+    modules: dict
+    my_stages: tuple
+    table: Any
+    group: Any
+    steps_done: int
+
+    def parameters(self) -> list: ...
+
+    def state_dict(self, optimizer: Any = None) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: Mapping[str, Any], optimizer: Any = None) -> None: ...
 
 STEPS_KEY = "runner.steps_done"
 
 
-def runner_state_dict(runner: "PipelineRunner", optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
+def runner_state_dict(runner: Runner, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
     """This rank's state (module docstring): the model, the optimizer's state if given,
     and the step counter. Tensors are the live ones (detached), not copies."""
     out: dict[str, Any] = {f"model.{n}": p.detach() for n, p in runner.table.named}
@@ -49,7 +64,7 @@ def runner_state_dict(runner: "PipelineRunner", optimizer: torch.optim.Optimizer
     return out
 
 
-def _buffers(runner: "PipelineRunner") -> dict[str, torch.Tensor]:
+def _buffers(runner: Runner) -> dict[str, torch.Tensor]:
     """Persistent buffers of this rank's stage modules, by the runner's naming."""
     params = {id(p) for mod in runner.modules.values() for p in mod.parameters()}
     out: dict[str, torch.Tensor] = {}
@@ -62,11 +77,11 @@ def _buffers(runner: "PipelineRunner") -> dict[str, torch.Tensor]:
     return out
 
 
-def _buffer_name(runner: "PipelineRunner", stage: int, local: str) -> str:
+def _buffer_name(runner: Runner, stage: int, local: str) -> str:
     return f"{stage}.{local}" if runner.table.naming == "stage" else local
 
 
-def _param_names(runner: "PipelineRunner", optimizer: torch.optim.Optimizer) -> dict[int, str]:
+def _param_names(runner: Runner, optimizer: torch.optim.Optimizer) -> dict[int, str]:
     names = {id(p): n for n, p in runner.table.named}
     for g in optimizer.param_groups:
         for p in g["params"]:
@@ -76,7 +91,7 @@ def _param_names(runner: "PipelineRunner", optimizer: torch.optim.Optimizer) -> 
     return names
 
 
-def _optimizer_state(runner: "PipelineRunner", optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+def _optimizer_state(runner: Runner, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     names = _param_names(runner, optimizer)
     out: dict[str, Any] = {}
     for g in optimizer.param_groups:
@@ -111,7 +126,7 @@ def init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
             p.grad = gr
 
 
-def load_runner_state_dict(runner: "PipelineRunner", state: Mapping[str, Any],
+def load_runner_state_dict(runner: Runner, state: Mapping[str, Any],
                            optimizer: torch.optim.Optimizer | None) -> None:
     """Copy ``state`` into this rank's parameters, buffers, optimizer and step counter.
     Every key this rank needs must be present (ParameterError naming the missing ones);
@@ -135,12 +150,12 @@ def load_runner_state_dict(runner: "PipelineRunner", state: Mapping[str, Any],
     runner.steps_done = int(state[STEPS_KEY])
 
 
-def _template(runner: "PipelineRunner", optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+def _template(runner: Runner, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     init_optimizer_state(optimizer)
     return runner_state_dict(runner, optimizer)
 
 
-def _apply_optimizer_values(runner: "PipelineRunner", optimizer: torch.optim.Optimizer,
+def _apply_optimizer_values(runner: Runner, optimizer: torch.optim.Optimizer,
                             state: Mapping[str, Any]) -> None:
     """Non-tensor optimizer state and hyperparameters (tensors were copied in place)."""
     names = _param_names(runner, optimizer)
@@ -158,7 +173,7 @@ def _apply_optimizer_values(runner: "PipelineRunner", optimizer: torch.optim.Opt
                     st[k] = state[key]
 
 
-def save(runner: "PipelineRunner", path: str | Path, optimizer: torch.optim.Optimizer | None = None,
+def save(runner: Runner, path: str | Path, optimizer: torch.optim.Optimizer | None = None,
          extra: Mapping[str, Any] | None = None) -> None:
     """Write the pipeline's state (and ``extra`` keys, same on every rank or per-rank
     names) to the directory ``path`` with ``torch.distributed.checkpoint``. Collective."""
@@ -168,7 +183,7 @@ def save(runner: "PipelineRunner", path: str | Path, optimizer: torch.optim.Opti
     dcp.save(state, checkpoint_id=str(path), process_group=runner.group, no_dist=not dist.is_initialized())
 
 
-def load(runner: "PipelineRunner", path: str | Path, optimizer: torch.optim.Optimizer | None = None,
+def load(runner: Runner, path: str | Path, optimizer: torch.optim.Optimizer | None = None,
          extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Read what :func:`save` wrote — with any pipeline size, schedule or placement —
     into the runner (and the optimizer); ``extra``: further keys to read (filled in and
