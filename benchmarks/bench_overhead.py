@@ -62,7 +62,7 @@ def _worker(ctx: Any, key: str, steps: int, out: str) -> None:
     import torch.distributed as dist
 
     from pipeoffload.models.data import ByteCorpus, load_corpus
-    from pipeoffload.runtime.bench import PAIRS, BenchConfig, _contenders
+    from pipeoffload.bench.side_by_side import PAIRS, BenchConfig, _contenders
     from pipeoffload.schedules import generate
 
     cfg = BenchConfig(stages=[ctx.world_size])
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--schedule", default="1f1b", help="a key of `pipeoffload bench --schedules` (default 1f1b)")
     ap.add_argument("--steps", type=int, default=10, help="measured steps of each (default 10)")
     args = ap.parse_args(argv)
-    from pipeoffload.runtime.bench import PAIRS
+    from pipeoffload.bench.side_by_side import PAIRS
     from pipeoffload.runtime.launcher import launch
 
     if args.schedule not in PAIRS:

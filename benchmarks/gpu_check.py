@@ -216,7 +216,7 @@ def _mp_worker(ctx: Any, spec: dict[str, Any]) -> None:
     from pipeoffload.models.transformer import build_stage, lm_loss
     from pipeoffload.passes.offload import plan_offload
     from pipeoffload.runtime.executor import PipelineRunner
-    from pipeoffload.runtime.measure import gather_results
+    from pipeoffload.training.measure import gather_results
     from pipeoffload.runtime.offload_store import OffloadStore
     from pipeoffload.schedules import generate
 
@@ -429,7 +429,7 @@ def runner_timing(hidden: int = 4096, seq: int = 4096, heads: int = 32, kv_heads
     from pipeoffload.schedules import generate
 
     from bench_offload_gpu import host_link_seconds
-    from pipeoffload.runtime.measure import group_medians, predict_offload
+    from pipeoffload.training.measure import group_medians, predict_offload
 
     cfg = ModelConfig(layers=8, hidden=hidden, heads=heads, kv_heads=kv_heads, seq_len=seq, seed=0)
     m = 4

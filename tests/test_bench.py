@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from pipeoffload.runtime.bench import PAIRS, BenchConfig, markdown, summarize
+from pipeoffload.bench.side_by_side import PAIRS, BenchConfig, markdown, summarize
 from pipeoffload.errors import ParameterError
 from pipeoffload.models.config import ModelConfig
 from pipeoffload.schedules import generate
@@ -21,7 +21,7 @@ TINY = ModelConfig(layers=4, hidden=32, heads=4, kv_heads=2, seq_len=16)
 
 def test_pairs_name_real_schedules_with_the_same_placement():
     schedules = import_torch("torch.distributed.pipelining.schedules")
-    from pipeoffload.runtime.torch_baseline import TORCH_CLASSES
+    from pipeoffload.bench.torch_baseline import TORCH_CLASSES
 
     for pr in PAIRS.values():
         assert hasattr(schedules, pr.torch_class), pr.torch_class
@@ -79,7 +79,7 @@ def test_smoke_side_by_side_run(tmp_path):
     import too): files written, identical loss and gradients, both meters measured and
     ours no higher than torch's on every rank (torch also keeps each stage's output)."""
     import_torch("torch.distributed.pipelining")
-    from pipeoffload.runtime.bench import run_bench
+    from pipeoffload.bench.side_by_side import run_bench
 
     cfg = BenchConfig(stages=[2], schedules=["interleaved-1f1b"], pairs=1, microbatches=4, microbatch_size=2,
                       model=TINY, output=str(tmp_path), timeout_s=60)
@@ -100,7 +100,7 @@ def test_full_bench_meets_the_goal(tmp_path):
     """The documented benchmark (docs/bench.md): on every shared schedule at p = 2 and 4,
     not slower (median ratio, with 10% allowance for a shared machine's noise), activation
     memory no higher, same losses and gradients."""
-    from pipeoffload.runtime.bench import run_bench
+    from pipeoffload.bench.side_by_side import run_bench
 
     res = run_bench(BenchConfig(pairs=11, output=str(tmp_path)), progress=False)
     for row in res["rows"]:

@@ -18,7 +18,7 @@ from helpers import import_torch
 torch = import_torch()
 
 from pipeoffload.errors import ParameterError  # noqa: E402
-from pipeoffload.runtime.checkpoint import (  # noqa: E402
+from pipeoffload.training.checkpoint import (  # noqa: E402
     MANIFEST,
     CheckpointError,
     atomic_write,

@@ -125,7 +125,7 @@ def test_no_warning_when_offload_places_transfers_or_none_was_asked(args, capsys
 
 def test_train_warns_before_spawning_when_nothing_would_be_offloaded(capsys):
     from pipeoffload.commands.train import _warn_if_nothing_offloaded
-    from pipeoffload.runtime.config import TrainConfig
+    from pipeoffload.training.config import TrainConfig
 
     cfg = TrainConfig.load(None, {"schedule.name": "1f1b", "offload.chunks": 1, "offload.time": 50.0})
     _warn_if_nothing_offloaded(cfg, cfg.check())
@@ -164,7 +164,7 @@ def test_library_errors_name_library_parameters():
     """A Python caller reads the library's names, not the command line's."""
     from pipeoffload.costs import parse_costs
     from pipeoffload.errors import ParameterError
-    from pipeoffload.runtime.config import TrainConfig
+    from pipeoffload.training.config import TrainConfig
     from pipeoffload.schedules import generate
 
     with pytest.raises(ParameterError, match="^m: must be an integer >= 1"):

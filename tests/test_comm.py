@@ -201,4 +201,4 @@ def test_comm_pass_agrees_with_the_timing_pass_on_deadlocks(seed, p, v, m, split
 
 
 def test_pass_is_pure():
-    assert_imports_no_torch("pipeoffload.passes.comm", "pipeoffload.runtime.config")
+    assert_imports_no_torch("pipeoffload.passes.comm", "pipeoffload.training.config")

@@ -27,7 +27,7 @@ from pipeoffload.models.transformer import build_reference, build_stage, lm_loss
 from pipeoffload.passes.offload import plan_offload  # noqa: E402
 from pipeoffload.runtime.executor import PipelineRunner  # noqa: E402
 from pipeoffload.runtime.launcher import launch  # noqa: E402
-from pipeoffload.runtime.measure import gather_results  # noqa: E402
+from pipeoffload.training.measure import gather_results  # noqa: E402
 from pipeoffload.runtime.mesh import build_mesh, coords  # noqa: E402
 from pipeoffload.runtime.offload_store import OffloadStore  # noqa: E402
 from pipeoffload.runtime.tensor_parallel import parallelize_stage  # noqa: E402

@@ -21,7 +21,7 @@ from pipeoffload.models.data import ByteCorpus, load_corpus  # noqa: E402
 from pipeoffload.models.transformer import build_reference, build_stage, lm_loss  # noqa: E402
 from pipeoffload.runtime.executor import PipelineRunner  # noqa: E402
 from pipeoffload.runtime.launcher import LaunchError, launch  # noqa: E402
-from pipeoffload.runtime.measure import gather_results, group_medians, predict  # noqa: E402
+from pipeoffload.training.measure import gather_results, group_medians, predict  # noqa: E402
 from pipeoffload.runtime.p2p import CommError, CommTimeout  # noqa: E402
 from pipeoffload.schedules import generate  # noqa: E402
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from pipeoffload.errors import ParameterError
-from pipeoffload.runtime.config import TrainConfig
+from pipeoffload.training.config import TrainConfig
 
 TINY = ["--layers", "4", "--hidden", "32", "--seq-len", "16", "--microbatch-size", "2", "--no-progress",
         "--timeout", "60"]

@@ -29,7 +29,7 @@ import torch.nn.functional as F  # noqa: E402
 from pipeoffload.errors import ParameterError  # noqa: E402
 from pipeoffload.passes.offload import plan_offload  # noqa: E402
 from pipeoffload.runtime.executor import PipelineRunner  # noqa: E402
-from pipeoffload.runtime.measure import gather_results  # noqa: E402
+from pipeoffload.training.measure import gather_results  # noqa: E402
 from pipeoffload.runtime.offload_store import OffloadStore  # noqa: E402
 from pipeoffload.schedules import generate  # noqa: E402
 

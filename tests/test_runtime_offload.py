@@ -29,10 +29,10 @@ from pipeoffload.models import ModelConfig  # noqa: E402
 from pipeoffload.models.data import ByteCorpus, load_corpus  # noqa: E402
 from pipeoffload.models.transformer import build_stage, lm_loss  # noqa: E402
 from pipeoffload.passes.offload import plan_offload  # noqa: E402
-from pipeoffload.runtime.config import TrainConfig  # noqa: E402
+from pipeoffload.training.config import TrainConfig  # noqa: E402
 from pipeoffload.runtime.executor import PipelineRunner  # noqa: E402
 from pipeoffload.runtime.launcher import launch  # noqa: E402
-from pipeoffload.runtime.measure import gather_results, group_medians, group_peaks, predict_offload  # noqa: E402
+from pipeoffload.training.measure import gather_results, group_medians, group_peaks, predict_offload  # noqa: E402
 from pipeoffload.runtime.offload_store import OffloadError, OffloadStore  # noqa: E402
 from pipeoffload.schedules import generate  # noqa: E402
 

@@ -29,8 +29,8 @@ from pipeoffload.models.data import ByteCorpus, load_corpus  # noqa: E402
 from pipeoffload.models.transformer import build_stage, lm_loss  # noqa: E402
 from pipeoffload.runtime.executor import PipelineRunner  # noqa: E402
 from pipeoffload.runtime.launcher import launch  # noqa: E402
-from pipeoffload.runtime.measure import gather_results  # noqa: E402
-from pipeoffload.runtime.torch_baseline import torch_runtime_for  # noqa: E402
+from pipeoffload.training.measure import gather_results  # noqa: E402
+from pipeoffload.bench.torch_baseline import torch_runtime_for  # noqa: E402
 from pipeoffload.schedules import generate  # noqa: E402
 
 pytestmark = [

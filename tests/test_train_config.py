@@ -8,7 +8,7 @@ import math
 import pytest
 
 from pipeoffload.errors import ParameterError
-from pipeoffload.runtime.config import ParallelConfig, TrainConfig, config_from_plan
+from pipeoffload.training.config import ParallelConfig, TrainConfig, config_from_plan
 
 
 def test_dump_load_round_trip(tmp_path):

@@ -14,7 +14,7 @@ import sys
 import time
 
 from ..models.config import ModelConfig
-from ..runtime.bench import PAIRS, BenchConfig
+from ..bench.side_by_side import PAIRS, BenchConfig
 from .common import int_list, name_list, output_dir, print_json
 
 
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)  # parameter errors before torch is imported or any process starts
     output_dir("--output", cfg.output)
     try:
-        from ..runtime.bench import run_bench, text_report
+        from ..bench.side_by_side import run_bench, text_report
         from ..runtime.launcher import LaunchError
     except ModuleNotFoundError as e:  # pragma: no cover - torch missing
         if e.name == "torch":

@@ -40,7 +40,7 @@ CLI_FLAGS: dict[str, str] = {
     "microbatch_size": "--microbatch-size", "microbatches": "--microbatches",
     # schedule files (pipeoffload.interop.torch_csv)
     "path": "--from-csv",
-    # `pipeoffload train`'s configuration (pipeoffload.runtime.config): the keys its flags set
+    # `pipeoffload train`'s configuration (pipeoffload.training.config): the keys its flags set
     # where the message has always named the flag
     "config": "--config", "training.steps": "--steps", "training.corpus": "--corpus",
     "training.on_nonfinite": "--on-nonfinite", "runtime.timeout_s": "--timeout", "runtime.threads": "--threads",

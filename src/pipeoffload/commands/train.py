@@ -20,7 +20,7 @@ import sys
 from typing import Any
 
 from ..errors import ParameterError
-from ..runtime.config import TrainConfig, config_from_plan
+from ..training.config import TrainConfig, config_from_plan
 from .common import offload_warning, output_dir, write_output
 
 #: Each flag (by its argparse dest) and the configuration key it overrides.
@@ -202,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     sched = cfg.check()  # parameter errors before torch is imported or any process starts
     if cfg.checkpoint.resume:
-        from ..runtime.checkpoint import fingerprint, precheck
+        from ..training.checkpoint import fingerprint, precheck
 
         precheck(cfg.checkpoint.dir, sched.num_ranks, fingerprint(cfg, sched), param="checkpoint.dir")
     first_rank = os.environ.get("RANK", "0") == "0"  # the one process that reports (and writes)
@@ -210,7 +210,7 @@ def run(args: argparse.Namespace) -> int:
         output_dir("--output", cfg.runtime.output)
     try:
         from ..runtime.launcher import LaunchError, check_external_world
-        from ..runtime.train import run_training
+        from ..training.job import run_training
     except ModuleNotFoundError as e:
         if e.name == "torch":
             print("pipeoffload train: error: the runtime needs torch (pip install 'pipeoffload[runtime]')",
@@ -246,7 +246,7 @@ def runtime_can_run(config: Any) -> bool:
 def emit_config(result, path: str, *, quiet: bool = False) -> TrainConfig:
     """``pipeoffload plan --emit-config``: the plan's best configuration that the runtime
     can run (:func:`runtime_can_run`; a note says so when that is not the best) in this command's
-    ``--config`` format (:func:`~pipeoffload.runtime.config.config_from_plan`), written to
+    ``--config`` format (:func:`~pipeoffload.training.config.config_from_plan`), written to
     ``path`` (errors name ``--emit-config``); prints where and how to run it unless
     ``quiet``. Returns the configuration written."""
     chosen = next((c for c in result.configs if runtime_can_run(c)), None)

@@ -11,7 +11,7 @@ alternates (ours, torch's; torch's, ours; …) so slow drifts of the machine can
 ``step`` after a barrier. Reported per schedule: the median ratio over the pairs with
 its min–max, each side's peak activation memory per rank (both measured by
 :class:`~pipeoffload.runtime.meter.SavedTensorMeter`, see
-:mod:`pipeoffload.runtime.torch_baseline`), the largest loss difference over the pairs
+:mod:`pipeoffload.bench.torch_baseline`), the largest loss difference over the pairs
 and the largest relative gradient difference of the first step.
 
 Where torch's generated order differs from our generator's (``same_order``; checked for
@@ -179,7 +179,7 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict[str, Any]:
     cfg.check()
     import torch
 
-    from .launcher import launch
+    from ..runtime.launcher import launch
 
     t0 = time.perf_counter()
     rows: list[dict[str, Any]] = []
@@ -269,7 +269,7 @@ def _contenders(ctx: Any, cfg: BenchConfig, pr: Pair, ours_sched: Any) -> tuple[
     where the orders differ; and whether they are the same."""
     from ..interop.torch_csv import to_actions
     from ..models.transformer import build_stage, lm_loss
-    from .executor import PipelineRunner
+    from ..runtime.executor import PipelineRunner
     from .torch_baseline import TORCH_CLASSES, imported_order, stages_of, torch_pipeline
 
     p, num_stages = ctx.world_size, ours_sched.num_stages

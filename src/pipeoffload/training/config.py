@@ -119,12 +119,12 @@ class RuntimeConfig:
     memory_meter: str = "auto"  #: auto, saved, cuda, none
     output: str | None = None  #: output folder (default runs/<timestamp>)
     progress: bool = True  #: tqdm progress bar on rank 0
-    fault_injection: str | None = None  #: testing: "op=kill,rank=R,step=N[,at=B]" (see runtime.faults)
+    fault_injection: str | None = None  #: testing: "op=kill,rank=R,step=N[,at=B]" (see training.faults)
 
 
 @dataclass
 class CheckpointConfig:
-    """Checkpoints (``runtime.checkpoint``): one directory per saved step."""
+    """Checkpoints (``training.checkpoint``): one directory per saved step."""
 
     dir: str | None = None  #: where; None = no checkpoints
     every: int = 0  #: save every N steps (and after the last); 0 = only after the last

@@ -26,7 +26,7 @@ from ..passes.comm import message_key
 from ..passes.lower import Lowered, lower
 from ..passes.offload import OffloadOptions, OffloadResult
 from ..timeline import ALLOC, TimedOp, Timeline
-from .executor import OpSample, StepResult
+from ..runtime.executor import OpSample, StepResult
 
 _MIN_COST = 1e-9
 

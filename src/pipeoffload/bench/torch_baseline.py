@@ -41,7 +41,7 @@ from torch.distributed.pipelining import schedules as torch_schedules
 
 from ..errors import ParameterError
 from ..ir import Schedule
-from .meter import MemoryMeter, SavedTensorMeter
+from ..runtime.meter import MemoryMeter, SavedTensorMeter
 
 #: torch's schedule classes that ``pipeoffload bench`` compares against, and their
 #: placement: "loop" with v chunks per rank, or "v" (two chunks, V shape).
