@@ -174,39 +174,53 @@ class _Run:
 class PipelineRunner:
     """Runs a schedule on this rank's layer groups (see module docstring).
 
-    Parameters: ``rank`` (default ``dist.get_rank()``), ``device`` (default: where the
-    first parameter lives), ``timeout_s`` for every blocking wait, ``activation_store``
-    (offload hook point), ``meter`` ("auto", "saved", "cuda", "none" or a
-    :class:`MemoryMeter`), ``recv_lookahead`` (a receive is issued at most this many
-    ops before its consumer, earlier only where NCCL's issue order forces it;
-    ``passes/issue_policy.py``), ``dynamic_shapes`` (send a header with every forward
-    message instead of reusing the shapes an earlier step with the same input shapes
-    had; needed only when a stage's output shapes depend on values: the runtime raises
-    a ParameterError naming it otherwise), ``transport`` (None: ``PIPEOFFLOAD_P2P`` or
-    torch's own; "nccl-rules" emulates NCCL's point-to-point rules on gloo for tests;
-    ``runtime/transport.py``),
-    ``sync_timing`` (synchronize the CUDA compute stream around each op for exact timings;
-    default on CUDA), ``group`` (the pipeline's process group), ``tie`` (groups of
-    parameter names that are one shared parameter), ``param_names`` ("auto", "module",
-    "stage" or a callable; ``runtime/params.py``), ``seed`` and ``keyed_rng`` (random
-    streams keyed by seed, step, microbatch and module; ``runtime/rng.py``),
-    ``autocast`` (a dtype: run every forward under ``torch.autocast`` with it; the
-    autocast active around :meth:`step` is used otherwise; backward runs outside it).
+    Args:
+        stage_modules: this rank's layer groups: a callable ``stage -> nn.Module``, a
+            list of all ``num_stages`` modules, or a dict ``{stage: module}`` holding at
+            least this rank's (``schedule.placement`` says which).
+        loss_fn: ``loss_fn(last_stage_output, targets) -> scalar tensor`` per microbatch.
+        schedule: any registry or imported schedule; lowered and validated here.
+        rank: pipeline rank (default ``dist.get_rank()`` in ``group``, or the mesh's).
+        device: where the modules run (default: where their first parameter lives).
+        timeout_s: limit of every blocking wait.
+        activation_store: hook point for offload (:class:`OffloadStore`); default keeps.
+        meter: "auto", "saved", "cuda", "none" or a :class:`MemoryMeter`.
+        recv_lookahead: a receive is issued at most this many ops before its consumer,
+            earlier only where NCCL's issue order forces it (``passes/issue_policy.py``).
+        dynamic_shapes: send a header with every forward message instead of reusing the
+            shapes an earlier step with the same input shapes had; needed only when a
+            stage's output shapes depend on values (a ParameterError names it otherwise).
+        transport: None (``PIPEOFFLOAD_P2P`` or torch's own), "torch", "nccl-rules"
+            (NCCL's point-to-point rules emulated on gloo, for tests) or a Transport.
+        sync_timing: synchronize the CUDA compute stream around each op for exact
+            timings (default on CUDA).
+        group: the pipeline's process group (or give ``mesh``).
+        tie: groups of parameter names that are one shared parameter.
+        param_names: "auto", "module", "stage" or a callable (``runtime/params.py``).
+        seed, keyed_rng: random streams keyed by seed, step, microbatch and module
+            (``runtime/rng.py``), the same for every schedule and pipeline size.
+        autocast: a dtype: every forward under ``torch.autocast`` with it (default: the
+            autocast active around :meth:`step`); backward runs outside it.
+        mesh: a ``DeviceMesh`` with dimensions named from ``("dp", "pp", "tp")``: the
+            pipeline runs on ``mesh["pp"]``, replicas on ``mesh["dp"]`` reduce gradients
+            as ``data_parallel`` says ("auto", "replicate" with ``bucket_bytes`` buckets
+            started after each layer group's last W, "fsdp", "none";
+            docs/parallelism.md). Tensor parallelism is applied by the user before.
 
-    ``mesh`` (a :class:`~torch.distributed.device_mesh.DeviceMesh` with dimensions named
-    from ``("dp", "pp", "tp")``, any subset, any rank order; ``runtime/mesh.py``): the
-    pipeline runs on ``mesh["pp"]`` (instead of ``group``), replicas on ``mesh["dp"]``
-    reduce gradients as ``data_parallel`` says: ``"auto"`` (``"replicate"`` when the mesh
-    has dp > 1), ``"replicate"`` (bucketed asynchronous all-reduce started after each
-    layer group's last W, ``bucket_bytes``), ``"fsdp"`` (FSDP2 ``fully_shard`` per layer
-    group) or ``"none"``; see ``runtime/data_parallel.py`` and ``docs/parallelism.md``.
-    Tensor parallelism is applied by the user to the stage modules before
-    (``runtime/tensor_parallel.py``).
+    Raises:
+        ParameterError: naming the argument, for a schedule, module set, mesh, tie,
+            autocast or option that cannot work (before any communication where
+            possible).
+        CommTimeout / CommError: a peer did not take part in construction in time.
 
-    Construction is a collective over ``group`` when a process group is initialised
-    (parameter names and shared parameters are agreed): every rank builds its runner
-    at the same time. The runner never modifies the user's modules beyond moving them
-    to ``device``.
+    Guarantees:
+        - Construction is a collective over the pipeline's ranks when a process group
+          is initialised (parameter names and shared parameters are agreed): every rank
+          builds its runner at the same time, with the same schedule.
+        - The order in which this rank issues its point-to-point ops is proved
+          deadlock-free under NCCL's rules here (programs of up to 20,000 ops).
+        - The user's modules are not modified beyond moving them to ``device``; hooks
+          are attached only for the duration of a forward.
     """
 
     def __init__(
@@ -416,7 +430,35 @@ class PipelineRunner:
 
     # ------------------------------------------------------------------ steps
     def step(self, inputs: Any = None, targets: Any = None) -> StepResult:
-        """One training iteration of the schedule (all ``m`` microbatches) on this rank."""
+        """One training iteration of the schedule (all ``m`` microbatches) on this rank.
+
+        Args:
+            inputs: on the rank holding the first layer group, a list of ``m``
+                microbatches or one batch to split into ``m`` (a tensor, tuple or dict);
+                ignored elsewhere.
+            targets: likewise, on the rank holding the last layer group.
+
+        Returns:
+            :class:`StepResult`: the mean loss over microbatches (on the last layer
+            group's rank, else None), per-op measured times and memory, peak activation
+            memory above the step start.
+
+        Raises:
+            ParameterError: wrong inputs/targets for this rank, gradients disabled,
+                shapes that depend on values without ``dynamic_shapes=True``.
+            StepError: an error of the user's code or torch inside the step, naming the
+                rank, the op and its place (``runtime/op_errors.py``); a library error
+                keeps its type and gains ``.where``.
+            CommTimeout / CommError: a wait ran out of time or a peer was lost (names
+                rank, op and peer).
+
+        Guarantees:
+            - Gradients are accumulated into ``.grad`` exactly as single-process training
+              of the same model on the whole batch (loss averaged over microbatches),
+              for every schedule, with or without offload and the B/W split; shared
+              parameters are summed over their holders, data-parallel replicas averaged.
+            - Every rank must call it (a collective over the pipeline).
+        """
         self._check_open("step")
         if not torch.is_grad_enabled():
             raise ParameterError("step", "gradients are disabled here (torch.no_grad); use runner.eval_step(...) "

@@ -154,15 +154,35 @@ def launch(
     threads: int | None = None,
     grace_s: float = 5.0,
 ) -> None:
-    """Run ``fn(ctx, *args)`` on every rank (see module docstring). ``fn`` must be a
-    module-level function of an importable file (it is pickled by reference for
-    ``spawn``); under torchrun any callable works.
+    """Run ``fn(ctx, *args)`` on every rank (see module docstring).
 
-    Spawned ranks are supervised: as soon as one exits with an error or is killed, the
-    others get SIGTERM, then SIGKILL after ``grace_s``, and :class:`LaunchError` names
-    the rank that started it. Spawned ranks also die with this process (Linux
-    ``PR_SET_PDEATHSIG``), so none is left behind. Under an external launcher the
-    rank's error is re-raised as :class:`LaunchError` (its launcher stops the others)."""
+    Args:
+        fn: called on every rank with a :class:`DistContext` (rank, world size, device)
+            and ``args``. A module-level function of an importable file (it is pickled
+            by reference for ``spawn``); under torchrun any callable works.
+        world_size: number of ranks to spawn locally (checked against torchrun's world
+            when running under it).
+        backend: "auto" (NCCL when every rank can have its own GPU, else gloo), "gloo"
+            or "nccl".
+        init_timeout_s: limit of process-group initialisation and collectives.
+        threads: torch intra-op threads per rank (default: cores / local ranks).
+        grace_s: seconds between SIGTERM and SIGKILL of the other ranks after a failure.
+
+    Raises:
+        ParameterError: naming ``fn``, ``args``, ``world_size`` or ``backend`` when they
+            cannot work (a lambda, an unpicklable argument, a world torchrun disagrees
+            with).
+        LaunchError: a rank failed; its one-line message names the rank that started it
+            (lost, or its error with where in a step it was raised) and the ranks
+            stopped.
+
+    Guarantees:
+        - Spawned ranks are supervised: as soon as one exits with an error or is killed,
+          the others get SIGTERM, then SIGKILL after ``grace_s``; none is left behind,
+          also when this process dies (Linux ``PR_SET_PDEATHSIG``).
+        - Under an external launcher the rank's error is re-raised as
+          :class:`LaunchError` (its launcher stops the others).
+    """
     if external_world() is not None:
         _join_external_launch(fn, world_size, args, backend, init_timeout_s, threads)
     else:

@@ -318,17 +318,33 @@ class OffloadStore(ActivationStore):
     """Offload the activations of the ``(stage, microbatch)`` pairs the program
     offloads to host memory, and bring them back before their B (module docstring).
 
-    ``recompute``: honour :func:`~pipeoffload.runtime.activations.recomputable`
-    hints in offloaded groups (recompute instead of moving those bytes).
-    ``timing``: on CUDA, time every copy with events (:meth:`stats` then has the
-    device-side copy seconds; costs a synchronisation of the copy streams at the
-    end of each step). ``tiny``: storages of at most this many elements pass through.
-    ``reload_alloc``: which CUDA stream the reloaded storages are allocated on:
-    ``"compute"`` (default; the memory comes from, and returns to, the compute
-    stream's pool, so what an offload frees serves the reload; the h2d copy first
-    waits for the compute work issued before RELOAD_START) or ``"copy"`` (the h2d
-    stream's own pool: the copy need not wait for compute, but the caching allocator
-    keeps that pool apart, so reserved memory grows by the reloaded bytes).
+    Args:
+        recompute: honour :func:`~pipeoffload.runtime.activations.recomputable` hints
+            in offloaded groups (recompute instead of moving those bytes).
+        timing: on CUDA, time every copy with events (:meth:`stats` then has the
+            device-side copy seconds; costs a synchronisation of the copy streams at
+            the end of each step).
+        tiny: storages of at most this many elements pass through (not worth a copy).
+        reload_alloc: which CUDA stream the reloaded storages are allocated on:
+            "compute" (default; the memory comes from, and returns to, the compute
+            stream's pool, so what an offload frees serves the reload; the h2d copy
+            first waits for the compute work issued before RELOAD_START) or "copy" (the
+            h2d stream's own pool: the copy need not wait for compute, but reserved
+            memory grows by the reloaded bytes).
+
+    Raises:
+        ParameterError: an unknown ``reload_alloc``.
+        OffloadError: inside a step, when the program offloads a group that was never
+            captured, reloads one never offloaded, or ends with one never reloaded.
+
+    Guarantees:
+        - Every offloaded tensor comes back bit for bit before the backward that needs
+          it (the reload is awaited on the compute stream), so gradients equal those of
+          training without offload.
+        - Storages shared with what the runtime keeps (the stage input) or excluded
+          (parameters, gathered weights) are never offloaded.
+        - Copies run on their own CUDA streams, overlapped with compute; on CPU they
+          are memcpy's into a host pool.
     """
 
     def __init__(self, recompute: bool = False, *, timing: bool = False, tiny: int = TINY_ELEMENTS,
