@@ -37,6 +37,12 @@ Profile files use human units, one flat table::
     host_link_gpus = 2       # GPUs (consecutive ids) sharing one host link
     gemm_half_width = 128    # sharded GEMM width at which it runs at half its large-GEMM rate
     tp_overlap = 0.5         # fraction of the backward's TP collectives hidden
+    shape_efficiency = true  # compute_tflops is a large GEMM's; every GEMM at w/(w+gemm_half_width)
+    elementwise_f_passes = 4.6  # memory-bound passes over the bytes F writes, in F (needs hbm_gbs)
+    elementwise_b_passes = 4.0  # the same in B
+    p2p_exposed = 1.0        # fraction of a stage-to-stage hop an F or B holds its stage for
+    allocator_overhead = 0.05  # caching allocator's reserve on top of what is allocated
+    calibration = "..."      # how far the profile was from measurements (printed by `plan`)
 
 A missing required key, an unknown key, or a value that is not a positive number raises
 :class:`~pipeoffload.errors.ParameterError` (param ``hardware``) naming the key and the file.
@@ -79,7 +85,13 @@ class Hardware:
     consecutive device ids share one host link (a PCIe switch). Efficiency: ``gemm_half_width``
     (a GEMM whose sharded width is w runs at ``w / (w + gemm_half_width)`` of what it runs at
     unsharded; 0 = no loss), ``tp_overlap`` (fraction of the backward's TP collectives hidden behind
-    the weight-gradient GEMMs, as Megatron overlaps them).
+    the weight-gradient GEMMs, as Megatron overlaps them). Calibration (docs/planner.md §8):
+    ``shape_efficiency`` (``compute_rate`` is a large GEMM's rate and every GEMM runs at
+    ``w / (w + gemm_half_width)`` of it, ``w`` its smallest dimension), ``elementwise_f`` /
+    ``elementwise_b`` (memory-bound passes over the bytes F writes, at ``hbm_bw``, added to F / B),
+    ``p2p_exposed`` (fraction of a stage-to-stage hop an F or B holds its stage for: blocking P2P),
+    ``allocator_overhead`` (what the caching allocator reserves on top of the live bytes,
+    :meth:`reserved`), ``calibration`` (how far the profile was from measurements, a sentence).
     """
 
     name: str
