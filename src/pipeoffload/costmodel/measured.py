@@ -26,7 +26,8 @@ from typing import Any, Sequence
 from .hardware import GiB, Hardware, get_hardware
 from .presets import get_model
 
-__all__ = ["MeasuredRow", "Prediction", "MEASURED", "PROFILED_MS", "FIT_MODEL", "SCHEDULE_FAMILIES", "predict", "compare", "ranking_agrees"]
+__all__ = ["MeasuredRow", "Prediction", "MEASURED", "PROFILED_MS", "FIT_MODEL", "SCHEDULE_FAMILIES", "predict",
+           "compare", "ranking_agrees"]
 
 #: The paper's schedule names → (registry schedule, chunks v, memory limit in multiples of 1F1B's).
 SCHEDULE_FAMILIES: dict[str, tuple[str, int, float | None]] = {
@@ -164,12 +165,22 @@ class Prediction:
 
 
 def predict(row: MeasuredRow, hardware: str | Hardware = "a100-80g") -> Prediction:
-    """The planner's prediction of ``row`` on ``hardware``: the row's model and microbatch, pure PP
-    over its GPUs, its schedule and m, the paper's layer split (first and last stage one layer
-    shorter; 1F1B-I with one layer per chunk), no recompute, no offload; memory as the caching
-    allocator reserves it (:meth:`Hardware.reserved`).
+    """The planner's prediction of one measured configuration.
 
-    Raises ParameterError for an unknown model, schedule or hardware.
+    Args:
+        row: the measured run: model preset, GPUs (all pipeline stages), microbatch size, m, schedule.
+        hardware: a profile name, file or :class:`Hardware`.
+
+    Returns:
+        A :class:`Prediction`: throughput in samples per GPU per second, iteration, MFU, the
+        allocated and the reserved (:meth:`Hardware.reserved`) peak of the fullest rank.
+
+    Raises:
+        ParameterError: an unknown model, schedule or hardware.
+
+    Guarantees: the configuration is the paper's — pure PP (TP = DP = 1), the first and last stage
+    one layer shorter, 1F1B-I with one layer per chunk, no recompute, no offload — simulated at its
+    own m (no extrapolation).
     """
     from ..errors import ParameterError
     from ..planner.config import assemble
