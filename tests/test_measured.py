@@ -142,3 +142,11 @@ def test_profile_file_keys_and_their_errors():
 def test_predict_rejects_an_unknown_schedule():
     with pytest.raises(ParameterError, match="schedule"):
         predict(MeasuredRow("x", "1.5B", 8, 6, 24, "GPipe", 1.0))
+
+
+def test_plan_says_which_profiles_are_calibrated():
+    from pipeoffload.planner.report import calibration_note
+
+    assert calibration_note(A100) == A100.calibration and "ZB paper" in A100.calibration
+    for name in ("h100-80g", "h200", "cpu"):
+        assert "uncalibrated" in calibration_note(HARDWARE[name])
