@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -24,6 +25,9 @@ from pipeoffload.costmodel.presets import PO_RUNTIME, PRESETS, TINY, get_model, 
 
 GPT = ["1.5B", "6.2B", "14.6B", "28.3B", "9.6B", "21B", "38.5B", "98.5B"]
 A100 = HARDWARE["a100-80g"]
+#: The A100 profile with FLOPs alone (no shape efficiency, no elementwise passes): the closed forms'
+#: setting, where a time is FLOPs / compute_rate.
+A100_PLAIN = dataclasses.replace(A100, shape_efficiency=False, elementwise_f=0.0, elementwise_b=0.0)
 
 # A small GPT-3-like config in ZB's setting: h=8, a=2, s=4, b=1, ffn=4h=32, vocab 16, fp16 (d=2),
 # no flash attention, dropout on, nothing recomputed.
@@ -155,7 +159,7 @@ def test_k_from_model_matches_closed_form_in_its_setting(h, s, a):
     m = ModelSpec(layers=3, hidden=h, heads=a, seq=s, vocab=1000, **PO_RUNTIME)
     closed = k_closed_form(h, s, A100.compute_rate, A100.host_bw)
     # The only difference: flash attention's fp32 log-sum-exp, 4a bytes next to 20h.
-    assert k_from_model(m, A100) == pytest.approx(closed * (1 + 4 * a / (20 * h)), rel=1e-12)
+    assert k_from_model(m, A100_PLAIN) == pytest.approx(closed * (1 + 4 * a / (20 * h)), rel=1e-12)
 
 
 def test_k_independent_of_layers_and_microbatch_and_moves_with_bytes():
@@ -165,7 +169,10 @@ def test_k_independent_of_layers_and_microbatch_and_moves_with_bytes():
     assert k_from_model(m.replace(kv_groups=8), A100) < k  # GQA: smaller K, V
     assert k_from_model(m.replace(recompute_elementwise=False), A100) > k
     assert k_from_model(m.replace(flash_attention=False), A100) > k
-    assert k_from_model(m, HARDWARE["h100-80g"]) == pytest.approx(k * (440 / 50) / (220 / 24))
+    plain = k_from_model(m, A100_PLAIN)
+    assert k_from_model(m, HARDWARE["h100-80g"]) == pytest.approx(plain * (440 / 50) / (265 / 24))
+    # The calibrated profile's elementwise passes and thinner-GEMM rate add compute time: k falls.
+    assert k < plain
 
 
 # --- layer split and the simulator's inputs ------------------------------------------------------------
@@ -235,7 +242,7 @@ def test_pipeline_costs_consistent(name, p, v):
 
 
 def test_trim_edges_balances_head():
-    pc = pipeline_costs(PRESETS["6.2B"], A100, 4, 2, trim_edges=True)
+    pc = pipeline_costs(PRESETS["6.2B"], A100_PLAIN, 4, 2, trim_edges=True)
     assert pc.split == (3, 4, 4, 4, 4, 4, 4, 3)
     mid = pc.groups[1].F_ms
     # The head (2*T*h*V) costs about one layer's F here, so the last group is within 1% of the middle.
@@ -289,7 +296,7 @@ GOOD = {"compute_tflops": 300, "hbm_gib": 96, "host_link_gbs": 25, "interstage_g
 
 def test_builtin_hardware():
     assert set(HARDWARE) == {"a100-80g", "h100-80g", "h200", "cpu"}
-    assert (A100.compute_rate, A100.host_bw, A100.host_link_gpus) == (220e12, 24e9, 2)
+    assert (A100.compute_rate, A100.host_bw, A100.host_link_gpus) == (265e12, 24e9, 2)
     h100 = get_hardware("H100-80G")
     assert (h100.compute_rate, h100.host_bw) == (440e12, 50e9)  # one GPU alone on its link (docs/gpu.md)
     assert get_hardware("h200").hbm_bytes > h100.hbm_bytes
@@ -377,7 +384,8 @@ def test_cli_models_list(capsys):
 def test_cli_models_k(capsys):
     assert main(["models", "--k", "--hardware", "a100-80g", "--model", "llama-70b", "--json"]) == 0
     (row,) = json.loads(capsys.readouterr().out)
-    assert row["k_closed_form"] == pytest.approx(0.918 * 15 / 24, abs=0.001)  # PipeOffload's 0.918 at 15 GB/s
+    # PipeOffload's 0.918 at 15 GB/s and 220 TFLOP/s; the profile's B_c is now a large GEMM's 265
+    assert row["k_closed_form"] == pytest.approx(0.918 * 15 / 24 * 265 / 220, abs=0.001)
     assert row["k_model"] == pytest.approx(k_from_model(PRESETS["llama-70b"], A100))
     assert main(["models", "--k"]) == 0
     assert "k_closed" in capsys.readouterr().out

@@ -37,6 +37,12 @@ Profile files use human units, one flat table::
     host_link_gpus = 2       # GPUs (consecutive ids) sharing one host link
     gemm_half_width = 128    # sharded GEMM width at which it runs at half its large-GEMM rate
     tp_overlap = 0.5         # fraction of the backward's TP collectives hidden
+    shape_efficiency = true  # compute_tflops is a large GEMM's; every GEMM at w/(w+gemm_half_width)
+    elementwise_f_passes = 4.6  # memory-bound passes over the bytes F writes, in F (needs hbm_gbs)
+    elementwise_b_passes = 4.0  # the same in B
+    p2p_exposed = 1.0        # fraction of a stage-to-stage hop an F or B holds its stage for
+    allocator_overhead = 0.05  # caching allocator's reserve on top of what is allocated
+    calibration = "..."      # how far the profile was from measurements (printed by `plan`)
 
 A missing required key, an unknown key, or a value that is not a positive number raises
 :class:`~pipeoffload.errors.ParameterError` (param ``hardware``) naming the key and the file.
@@ -79,7 +85,13 @@ class Hardware:
     consecutive device ids share one host link (a PCIe switch). Efficiency: ``gemm_half_width``
     (a GEMM whose sharded width is w runs at ``w / (w + gemm_half_width)`` of what it runs at
     unsharded; 0 = no loss), ``tp_overlap`` (fraction of the backward's TP collectives hidden behind
-    the weight-gradient GEMMs, as Megatron overlaps them).
+    the weight-gradient GEMMs, as Megatron overlaps them). Calibration (docs/planner.md §8):
+    ``shape_efficiency`` (``compute_rate`` is a large GEMM's rate and every GEMM runs at
+    ``w / (w + gemm_half_width)`` of it, ``w`` its smallest dimension), ``elementwise_f`` /
+    ``elementwise_b`` (memory-bound passes over the bytes F writes, at ``hbm_bw``, added to F / B),
+    ``p2p_exposed`` (fraction of a stage-to-stage hop an F or B holds its stage for: blocking P2P),
+    ``allocator_overhead`` (what the caching allocator reserves on top of the live bytes,
+    :meth:`reserved`), ``calibration`` (how far the profile was from measurements, a sentence).
     """
 
     name: str
@@ -101,6 +113,12 @@ class Hardware:
     host_link_gpus: int = 1
     gemm_half_width: float = 0.0
     tp_overlap: float = 0.0
+    shape_efficiency: bool = False
+    elementwise_f: float = 0.0
+    elementwise_b: float = 0.0
+    allocator_overhead: float = 0.05
+    p2p_exposed: float = 0.0
+    calibration: str = ""
 
     def __post_init__(self) -> None:
         for key in ("compute_rate", "hbm_bytes", "host_bw", "link_bw"):
@@ -111,7 +129,8 @@ class Hardware:
             x = getattr(self, key)
             if x is not None and (not _is_number(x) or x <= 0):
                 raise ParameterError("hardware", f"{self.name}: {key} must be a positive number, got {x!r}")
-        for key in ("link_latency", "gemm_half_width"):
+        for key in ("link_latency", "gemm_half_width", "elementwise_f", "elementwise_b", "allocator_overhead",
+                    "p2p_exposed"):
             x = getattr(self, key)
             if not _is_number(x) or x < 0:
                 raise ParameterError("hardware", f"{self.name}: {key} must be a number >= 0, got {x!r}")
@@ -119,6 +138,14 @@ class Hardware:
                                                or self.reserve_bytes >= self.hbm_bytes):
             raise ParameterError("hardware", f"{self.name}: reserve must be >= 0 and below the device memory, "
                                              f"got {self.reserve_bytes!r}")
+        if (self.elementwise_f or self.elementwise_b) and self.hbm_bw is None:
+            raise ParameterError("hardware", f"{self.name}: elementwise passes need hbm_gbs (the HBM bandwidth "
+                                             "the memory-bound ops run at)")
+        if not isinstance(self.shape_efficiency, bool):
+            raise ParameterError("hardware", f"{self.name}: shape_efficiency must be true or false, "
+                                             f"got {self.shape_efficiency!r}")
+        if not isinstance(self.calibration, str):
+            raise ParameterError("hardware", f"{self.name}: calibration must be a string, got {self.calibration!r}")
         if not _is_number(self.tp_overlap) or not 0 <= self.tp_overlap <= 1:
             raise ParameterError("hardware", f"{self.name}: tp_overlap must be in [0, 1], got {self.tp_overlap!r}")
         for key in ("gpus_per_node", "host_link_gpus"):
@@ -132,7 +159,14 @@ class Hardware:
     @property
     def reserve(self) -> float:
         """Bytes of device memory the default budget leaves free (:func:`default_reserve`)."""
-        return self.reserve_bytes if self.reserve_bytes is not None else default_reserve(self.hbm_bytes)
+        if self.reserve_bytes is not None:
+            return self.reserve_bytes
+        return default_reserve(self.hbm_bytes, self.allocator_overhead)
+
+    def reserved(self, allocated: float) -> float:
+        """What the caching allocator holds (``torch.cuda.max_memory_reserved``) for ``allocated``
+        bytes of live tensors: ``allocated · (1 + allocator_overhead)`` (fragmentation)."""
+        return allocated * (1.0 + self.allocator_overhead)
 
     @property
     def default_budget(self) -> float:
@@ -153,6 +187,12 @@ class Hardware:
             "host_link_gpus": self.host_link_gpus,
             "gemm_half_width": self.gemm_half_width,
             "tp_overlap": self.tp_overlap,
+            "shape_efficiency": self.shape_efficiency,
+            "elementwise_f_passes": self.elementwise_f,
+            "elementwise_b_passes": self.elementwise_b,
+            "allocator_overhead": self.allocator_overhead,
+            "p2p_exposed": self.p2p_exposed,
+            "calibration": self.calibration,
         }
         for key, (file_key, unit) in _OPTIONAL_FILE.items():
             x = getattr(self, key)
@@ -174,17 +214,21 @@ _OPTIONAL_FILE: dict[str, tuple[str, float]] = {
 }
 _OPTIONAL_RATES = tuple(k for k in _OPTIONAL_FILE if k != "reserve_bytes")
 
-#: The default reserve (docs/cost-model.md#memory-reserve): a fixed part for the CUDA context and
-#: the communicators' buffers, and a share of the memory for the caching allocator's fragmentation.
+#: The default reserve (docs/cost-model.md#memory-reserve): a fixed part outside PyTorch's
+#: allocator (CUDA context, kernel images, the communicators' buffers), and the caching allocator's
+#: overhead on what is allocated (``Hardware.allocator_overhead``, 5 % by default).
 RESERVE_FIXED_BYTES = 2 * GiB
 RESERVE_FRACTION = 0.05
 
 
-def default_reserve(hbm_bytes: float) -> float:
-    """``2 GiB + 5 %`` of device memory (6 GiB of 80): CUDA context and kernels (~0.5–1 GiB),
-    NCCL buffers of the TP, PP and DP communicators (~1 GiB), and allocator fragmentation (a few
-    percent of what is allocated); capped at half the memory for small devices."""
-    return min(RESERVE_FIXED_BYTES + RESERVE_FRACTION * hbm_bytes, 0.5 * hbm_bytes)
+def default_reserve(hbm_bytes: float, allocator_overhead: float = RESERVE_FRACTION) -> float:
+    """Device memory the planner keeps free: the budget ``B`` for live tensors is what leaves the
+    allocator's overhead room in what the fixed part leaves, ``B · (1 + overhead) = HBM − 2 GiB``;
+    the reserve is ``HBM − B`` (5.7 GiB of 80 at 5 %): CUDA context and kernels (~0.5–1 GiB), NCCL
+    buffers of the TP, PP and DP communicators (~1 GiB), and the allocator's fragmentation.
+    Capped at half the memory for small devices."""
+    budget = (hbm_bytes - RESERVE_FIXED_BYTES) / (1.0 + allocator_overhead)
+    return min(hbm_bytes - budget, 0.5 * hbm_bytes)
 
 
 def _profile(name: str, tflops: float, hbm_gib: float, host_gbs: float, link_gbs: float,
@@ -205,6 +249,13 @@ def _hgx(peak_tflops: float, hbm_tbs: float, tp_busbw_gbs: float, nic_gbs: float
                 gemm_half_width=gemm_half_width, tp_overlap=0.5)
 
 
+#: What the A100 profile's figures were checked against (benchmarks/reproduce_measured.py,
+#: docs/planner.md#calibration): the largest relative error over the ZB paper's measured rows.
+A100_THROUGHPUT_ERROR = 0.096
+A100_MEMORY_ERROR = 0.069
+A100_CALIBRATION = (f"±{A100_THROUGHPUT_ERROR:.1%} throughput, ±{A100_MEMORY_ERROR:.1%} peak memory on the ZB "
+                    "paper's measured A100 rows")
+
 #: Built-in profiles (sources: docs/cost-model.md#hardware-profiles). Achieved compute for A100/H100 is
 #: PipeOffload's (docs/algorithms.md#51-the-offload-ratio-k). The host link is one GPU alone on its
 #: PCIe link: H100 measured 44-55 GB/s pinned each way (docs/gpu.md), A100 PCIe Gen4 x16 about half;
@@ -213,10 +264,14 @@ def _hgx(peak_tflops: float, hbm_tbs: float, tp_busbw_gbs: float, nic_gbs: float
 #: (6·1024·2304·2 B = 28.3 MB per hop: 50 GB/s + 10 µs gives 0.58 ms) and scaled 1.5× for NVLink 4.
 HARDWARE: dict[str, Hardware] = {
     "a100-80g": _profile(
-        "a100-80g", 220, 80, 24, 50, 10,
-        "A100 SXM 80GB (HGX): 220 TFLOP/s achieved bf16 (PipeOffload), PCIe Gen4 host link 24 GB/s "
-        "shared by 2 GPUs, NVLink 3 all-reduce bus bandwidth 230 GB/s, HDR InfiniBand 22 GB/s per GPU",
+        "a100-80g", 265, 80, 24, 50, 10,
+        "A100 SXM 80GB (HGX): 265 TFLOP/s on a large 16-bit GEMM, w/(w+128) of it at smallest GEMM "
+        "dimension w, elementwise ops 4.6 (F) and 4.0 (B) passes over the bytes F writes at 2.0 TB/s "
+        "(fit on the ZB paper's measured 1.5B op times), blocking P2P (an F or B holds its stage for "
+        "its hop), PCIe Gen4 host link 24 GB/s shared by 2 GPUs, NVLink 3 all-reduce bus bandwidth "
+        "230 GB/s, HDR InfiniBand 22 GB/s per GPU",
         **_hgx(312, 2.0, 230, 22, 128),
+        shape_efficiency=True, elementwise_f=4.6, elementwise_b=4.0, p2p_exposed=1.0, calibration=A100_CALIBRATION,
     ),
     "h100-80g": _profile(
         "h100-80g", 440, 80, 50, 75, 10,
@@ -243,7 +298,10 @@ HARDWARE: dict[str, Hardware] = {
 
 _REQUIRED = ("compute_tflops", "hbm_gib", "host_link_gbs", "interstage_gbs")
 _INT_KEYS = ("gpus_per_node", "host_link_gpus")
-_OPTIONAL = ("name", "link_latency_us", "note", "gemm_half_width", "tp_overlap") + _INT_KEYS + tuple(
+_FLOAT_KEYS = {"gemm_half_width": "gemm_half_width", "tp_overlap": "tp_overlap",
+               "elementwise_f_passes": "elementwise_f", "elementwise_b_passes": "elementwise_b",
+               "allocator_overhead": "allocator_overhead", "p2p_exposed": "p2p_exposed"}
+_OPTIONAL = ("name", "link_latency_us", "note", "calibration", "shape_efficiency") + tuple(_FLOAT_KEYS) + _INT_KEYS + tuple(
     k for k, _ in _OPTIONAL_FILE.values())
 
 
@@ -327,9 +385,19 @@ def hardware_from_dict(data: Mapping[str, Any], source: str = "<dict>", default_
     for attr, (key, unit) in _OPTIONAL_FILE.items():
         if key in data:
             extra[attr] = _number(data, key, source, minimum_exclusive=key != "reserve_gib") * unit
-    for key in ("gemm_half_width", "tp_overlap"):
+    for key, attr in _FLOAT_KEYS.items():
         if key in data:
-            extra[key] = _number(data, key, source, minimum_exclusive=False)
+            extra[attr] = _number(data, key, source, minimum_exclusive=False)
+    if "shape_efficiency" in data:
+        if not isinstance(data["shape_efficiency"], bool):
+            raise ParameterError("hardware", f"{source}: key 'shape_efficiency' must be true or false, "
+                                             f"got {data['shape_efficiency']!r}")
+        extra["shape_efficiency"] = data["shape_efficiency"]
+    if "calibration" in data:
+        if not isinstance(data["calibration"], str):
+            raise ParameterError("hardware", f"{source}: key 'calibration' must be a string, "
+                                             f"got {data['calibration']!r}")
+        extra["calibration"] = data["calibration"]
     for key in _INT_KEYS:
         if key in data:
             x = data[key]

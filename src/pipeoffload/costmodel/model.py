@@ -38,7 +38,7 @@ mixed-precision Adam, optionally sharded over ``dp`` replicas (``DP_SHARDING``: 
 Megatron's distributed optimizer, 6 + 12/d; full = ZeRO-3 / FSDP, 18/d).
 ``k_closed_form(hidden, seq, compute_rate, host_bw) -> float``: PipeOffload's ``10/(3(6h+s)) · B_c/B_o``.
 ``k_from_model(model, hardware) -> float``: ``(D2H + H2D) / (F + B + W)`` time of one layer's saved
-activations, from this model's own bytes and FLOPs.
+activations, from this model's own bytes and op times (FLOPs at the shape's GEMM rate, elementwise passes).
 
 Conventions (docs/cost-model.md explains them): FLOPs are *model* FLOPs of the matmuls (2 per
 multiply-add), attention counted over the full ``s×s`` score matrix (ZB Table 1: F = bsh(24h+4s),
@@ -117,6 +117,7 @@ class BlockCost:
     w_bytes: int = 0  # kept from B until W: inputs of the linears + gradients of their outputs
     params: int = 0  # parameters stored with the block
     recompute_flops: float = 0.0  # forward work B repeats (selective/full recompute); not model FLOPs
+    traffic_bytes: int = 0  # what the memory-bound ops (norms, softmax, dropout, activation) write in F
 
     def __add__(self, other: "BlockCost") -> "BlockCost":
         return BlockCost(*(a + b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
@@ -301,6 +302,10 @@ class ModelSpec:
         mm = 2 * T * self.layer_matmul_params()
         attn = 4 * b * s * s * h  # QK^T and A·V over the full s×s scores (ZB's convention)
         again = {"none": 0, "full": mm + attn, "selective": 0 if self.flash_attention else attn}[self.recompute]
+        # The elementwise ops run whatever is recomputed: their traffic is the layer's bytes as saved
+        # without any recompute (flash attention fuses the s×s ones away).
+        plain = self if self.recompute == "none" and not self.recompute_elementwise else \
+            self.replace(recompute="none", recompute_elementwise=False)
         return BlockCost(
             f_flops=mm + attn,
             b_flops=mm + 2 * attn,  # dQ, dK, dA, dV
@@ -309,6 +314,7 @@ class ModelSpec:
             w_bytes=self.layer_w_bytes(),
             params=self.layer_params(),
             recompute_flops=again,
+            traffic_bytes=sum(plain.layer_saved_breakdown().values()),
         )
 
     def embedding(self) -> BlockCost:
@@ -318,6 +324,7 @@ class ModelSpec:
             saved_bytes=TOKEN_ID_BYTES * T,
             w_bytes=TOKEN_ID_BYTES * T + self.dtype_bytes * T * self.hidden,
             params=self.vocab * self.hidden,
+            traffic_bytes=self.dtype_bytes * T * self.hidden,
         )
 
     def head(self) -> BlockCost:
@@ -337,6 +344,7 @@ class ModelSpec:
             saved_bytes=d * T * (h + (0 if self.recompute_elementwise else h)) + self.logits_bytes * T * V,
             w_bytes=d * T * (h + V),
             params=h + V * h,
+            traffic_bytes=2 * d * T * h,  # the fused cross-entropy's one pass over the logits: not counted
         )
 
     def summary(self) -> dict[str, Any]:
@@ -529,7 +537,7 @@ def _group_cost(model: ModelSpec, hardware: Hardware, blocks: tuple[BlockCost, B
                 index: int, layers: int, num_groups: int) -> GroupCost:
     """Layer group ``index`` of ``num_groups``: ``layers`` transformer layers, the embedding on
     the first group, the head and loss on the last (``blocks``: a layer, the embedding, the head)."""
-    rate_ms = hardware.compute_rate / 1e3  # FLOP per ms
+    rate_ms = hardware.compute_rate / 1e3 * gemm_shape_efficiency(model, hardware)  # FLOP per ms
     param_b, grad_b, optim_b = state_bytes_per_param(model.dtype)
     layer, embedding, head = blocks
     blk = layer * layers
@@ -539,13 +547,40 @@ def _group_cost(model: ModelSpec, hardware: Hardware, blocks: tuple[BlockCost, B
         blk = blk + head
     # An embedding-only edge chunk has no matmul FLOPs; its lookup and scatter still take time:
     # floor each pass at MIN_OP_MS so every op has a positive duration.
+    # Memory-bound elementwise work (docs/cost-model.md §2): F and B touch what F writes a few times
+    # over; W is GEMMs only. A full recompute re-runs the forward's share in B.
+    ew_f, ew_b = (elementwise_ms(blk.traffic_bytes, hardware, hardware.elementwise_f),
+                  elementwise_ms(blk.traffic_bytes, hardware, hardware.elementwise_b))
+    if model.recompute == "full":
+        ew_b += ew_f
     return GroupCost(
         index=index, layers=layers, has_embedding=index == 0, has_head=index == num_groups - 1, block=blk,
-        F_ms=_op_ms(blk.f_flops, rate_ms, layers), B_ms=_op_ms(blk.b_flops + blk.recompute_flops, rate_ms, layers),
+        F_ms=_op_ms(blk.f_flops, rate_ms, layers) + ew_f,
+        B_ms=_op_ms(blk.b_flops + blk.recompute_flops, rate_ms, layers) + ew_b,
         W_ms=_op_ms(blk.w_flops, rate_ms, layers),
         offload_ms=blk.saved_bytes / hardware.host_bw * 1e3,
         param_bytes=param_b * blk.params, grad_bytes=grad_b * blk.params, optimizer_bytes=optim_b * blk.params,
     )
+
+
+def gemm_shape_efficiency(model: ModelSpec, hardware: Hardware) -> float:
+    """Fraction of ``hardware.compute_rate`` (a large GEMM's rate) the layer's GEMMs reach: with
+    ``shape_efficiency``, ``w / (w + gemm_half_width)`` at their smallest dimension ``w`` = min(tokens
+    of a microbatch, hidden) — a thin GEMM fills fewer tiles per wave of the SMs; 1 otherwise (the
+    rate is then already an achieved one for the profile's typical shapes)."""
+    if not hardware.shape_efficiency or hardware.gemm_half_width <= 0:
+        return 1.0
+    w = min(model.tokens, model.hidden)
+    return w / (w + hardware.gemm_half_width)
+
+
+def elementwise_ms(traffic_bytes: float, hardware: Hardware, passes: float) -> float:
+    """ms of memory-bound work moving ``passes`` × ``traffic_bytes`` at the HBM bandwidth (0 when
+    the profile has no such term)."""
+    if passes <= 0 or not traffic_bytes:
+        return 0.0
+    assert hardware.hbm_bw is not None  # Hardware checks it when passes > 0
+    return passes * traffic_bytes / hardware.hbm_bw * 1e3
 
 
 def _op_ms(flops: float, rate_ms: float, layers: int) -> float:
@@ -600,5 +635,8 @@ def k_from_model(model: ModelSpec, hardware: Hardware) -> float:
     of the microbatch size and of the number of layers)."""
     lay = model.layer()
     transfer = 2 * lay.saved_bytes / hardware.host_bw
-    compute = (lay.flops + lay.recompute_flops) / hardware.compute_rate
-    return transfer / compute
+    # The layer's F + B + W as the cost model times them: GEMMs at the shape's rate, the
+    # memory-bound elementwise passes (a full recompute repeats the forward's).
+    gemm = (lay.flops + lay.recompute_flops) / (hardware.compute_rate * gemm_shape_efficiency(model, hardware))
+    passes = hardware.elementwise_f * (2 if model.recompute == "full" else 1) + hardware.elementwise_b
+    return transfer / (gemm + elementwise_ms(lay.traffic_bytes, hardware, passes) / 1e3)

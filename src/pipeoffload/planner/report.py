@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
-from ..costmodel.hardware import GiB
+from ..costmodel.hardware import GiB, Hardware
 
 if TYPE_CHECKING:  # pragma: no cover
     from .config import Config
@@ -134,7 +134,7 @@ def format_table(res: "PlanResult") -> str:
         f"{res.stats['seconds']:.1f} s",
     ]
     if res.configs:
-        lines += _config_rows(res.configs) + ["", _best_sentence(res.configs[0])]
+        lines += _config_rows(res.configs) + ["", _best_sentence(res.configs[0]), _prediction_line(res)]
     else:
         lines += ["", f"no configuration fits {res.budget / GiB:.3g} GiB per device"]
     if res.rejected or res.rejected_splits:
@@ -167,6 +167,21 @@ def _best_sentence(b: "Config") -> str:
             + (f"; DP all-reduce exposed {b.dp_exposed_ms:.1f} ms" if b.dp_exposed_ms else "")
             + (f"; simulated at m={b.simulated_m}, extrapolated" if b.extrapolated else "")
             + (f"; {'; '.join(b.notes)}" if b.notes else ""))
+
+
+def calibration_note(hardware: "Hardware") -> str:
+    """How far the profile's predictions were from measurements: its ``calibration`` text, or that
+    it was not checked against any."""
+    return hardware.calibration or "not checked against measurements (uncalibrated profile)"
+
+
+def _prediction_line(res: "PlanResult") -> str:
+    """The best plan's predicted iteration time, MFU and peak memory with the profile's calibration
+    error beside them."""
+    b, hw = res.configs[0], res.hardware
+    return (f"predicted on {hw.name}: iteration {b.iteration_ms / 1e3:.3f} s, MFU {b.mfu:.1%}, peak "
+            f"{b.memory.device / GiB:.1f} GiB allocated ({hw.reserved(b.memory.device) / GiB:.1f} GiB reserved "
+            f"by the caching allocator); calibration: {calibration_note(hw)}")
 
 
 def _rejection_lines(res: "PlanResult") -> list[str]:

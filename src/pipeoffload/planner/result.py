@@ -100,6 +100,7 @@ class PlanResult:
             "rejected": [r.to_dict() for r in self.rejected],
             "rejected_splits": [r.to_dict() for r in self.rejected_splits],
             "search": dict(self.stats),
+            "prediction": self._prediction(),
             "assumptions": {
                 "tp": "Megatron TP with sequence parallelism: FLOPs, activations, states /TP; GEMMs slowed by "
                       "the profile's efficiency curve; 2 collectives per layer in F and in B, the backward's "
@@ -117,6 +118,20 @@ class PlanResult:
                            "host link paired by topology (TP partners share when TP >= that), pinned host memory "
                            "checked per node",
             },
+        }
+
+    def _prediction(self) -> dict[str, Any]:
+        """The best plan's predicted figures with the profile's calibration error (or None fields
+        when nothing fits)."""
+        from .report import calibration_note
+
+        b = self.configs[0] if self.configs else None
+        return {
+            "iteration_s": b.iteration_ms / 1e3 if b else None, "mfu": b.mfu if b else None,
+            "peak_allocated_gib": b.memory.device / GiB if b else None,
+            "peak_reserved_gib": self.hardware.reserved(b.memory.device) / GiB if b else None,
+            "calibration": calibration_note(self.hardware), "calibrated": bool(self.hardware.calibration),
+            "calibration_source": "benchmarks/reproduce_measured.py, docs/planner.md#calibration",
         }
 
     def table(self) -> str:

@@ -130,22 +130,24 @@ def shard_costs(pc: PipelineCosts, tp: int, node: NodeProfile, recompute_ms_per_
     # Without sequence parallelism the tensors outside the TP region stay whole on every TP rank.
     rep_s, rep_w = (0, 0) if sequence_parallel or tp == 1 else model.layer_replicated_bytes()
     keep = 1.0 - 1.0 / tp
+    # The simulator has one hop cost: the slowest hop (inter-node when the pipeline spans nodes).
+    hop_bw = (hw.internode_bw or hw.link_bw) if crosses_nodes else hw.link_bw
+    hop_bytes = model.boundary_bytes() / (tp if sequence_parallel else 1)  # SP sends sequence shards
+    comm = (hop_bytes / hop_bw + hw.link_latency) * 1e3
+    # Megatron's blocking P2P: an F or B holds its stage's compute for part of its hop (docs/cost-model.md).
+    held = hw.p2p_exposed * comm
     triples, deltas, transfer = [], [], []
     for g in pc.groups:
         nf = 2 * g.layers + int(g.has_embedding) + int(g.has_head)
         nb = 2 * g.layers + int(g.has_head)
         b_coll = nb * coll * (1.0 - hidden_b)
-        triples.append((g.F_ms / tp * slow + nf * coll,
-                        g.B_ms / tp * slow + b_coll + g.layers * recompute_ms_per_layer / tp,
+        triples.append((g.F_ms / tp * slow + nf * coll + held,
+                        g.B_ms / tp * slow + b_coll + g.layers * recompute_ms_per_layer / tp + held,
                         g.W_ms / tp * slow))
         f, b, w = g.deltas
         fd, wd = f / tp + g.layers * rep_s * keep, w / tp - g.layers * rep_w * keep
         deltas.append((fd, -fd - wd, wd))
         transfer.append(g.offload_ms * fd / f if f else g.offload_ms / tp)
-    # The simulator has one hop cost: the slowest hop (inter-node when the pipeline spans nodes).
-    hop_bw = (hw.internode_bw or hw.link_bw) if crosses_nodes else hw.link_bw
-    hop_bytes = model.boundary_bytes() / (tp if sequence_parallel else 1)  # SP sends sequence shards
-    comm = (hop_bytes / hop_bw + hw.link_latency) * 1e3
     costs = Costs(F=sum(t[0] for t in triples) / pc.p, B=sum(t[1] for t in triples) / pc.p,
                   W=sum(t[2] for t in triples) / pc.p, comm=comm, group_costs=tuple(triples))
     df = sum(d[0] for d in deltas) / pc.p

@@ -1,0 +1,108 @@
+"""The planner against what the ZB paper measured on A100-80G: throughput and peak memory per row.
+
+For every measured configuration of the ZB paper (Table 4: 1.5B on 8 GPUs, m = 24; 6.2B on 8,
+14.6B on 16, 28.3B on 32 GPUs; arXiv Table 6: ZB-V against the others at equal memory, 6.2B / 16,
+14.6B / 24, 28.3B / 32 GPUs; arXiv Table 7: half the microbatch; the memory columns) it sets up the
+same model, microbatch, pure-PP split, schedule and m, and prints our prediction beside the published
+figure with the relative error; then the largest error on the fit rows and on the held-out rows, and
+whether each setting's schedules come out in the measured order. Rows, sources and caveats:
+``pipeoffload.costmodel.measured`` and docs/planner.md#calibration. Pure Python, a few seconds.
+
+    python benchmarks/reproduce_measured.py [--hardware a100-80g] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from pipeoffload.costmodel.hardware import get_hardware  # noqa: E402
+from pipeoffload.costmodel.measured import MEASURED, Prediction, compare, ranking_agrees  # noqa: E402
+
+
+def _pct(x: float | None) -> str:
+    return "–" if x is None else f"{x:+.1%}"
+
+
+def markdown(preds: list[Prediction]) -> str:
+    lines = ["| source | model | GPUs | b | m | schedule | fit/held out | measured samples/GPU/s | ours | error "
+             "| measured GiB | ours (reserved) | error | MFU |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for p in preds:
+        r = p.row
+        meas = "–" if p.throughput_error is None else f"{r.throughput:.3g}"
+        ours = "–" if p.throughput_error is None else f"{p.throughput:.3g}"
+        mem = "–" if r.memory_gib is None else f"{r.memory_gib:g}"
+        ours_mem = f"{p.reserved_gib:.1f}" + ("" if p.fits else " (over budget)")
+        sched = "ZB-2p*" if r.note.startswith("ZB-2p*") else r.schedule
+        lines.append(f"| {r.source} | {r.model} | {r.gpus} | {r.microbatch} | {r.m} | {sched} | "
+                     f"{'fit' if r.fit else 'held out'} | {meas} | {ours} | {_pct(p.throughput_error)} | {mem} | "
+                     f"{ours_mem} | {_pct(p.memory_error)} | {p.mfu:.1%} |")
+    return "\n".join(lines)
+
+
+def op_times(hardware: str = "a100-80g") -> str:
+    """The profiled per-stage F, B, W (ms) of the ZB paper beside the cost model's (a middle stage)."""
+    from pipeoffload.costmodel import get_hardware, get_model, pipeline_costs
+    from pipeoffload.costmodel.measured import FIT_MODEL, PROFILED_MS
+
+    hw = get_hardware(hardware)
+    lines = ["| model | p | fit/held out | T_F measured / ours | T_B | T_W |", "|---|---|---|---|---|---|"]
+    for name, (p, tf, tb, tw, _) in PROFILED_MS.items():
+        g = pipeline_costs(get_model(name), hw, p, trim_edges=True).groups[p // 2]
+        cells = [f"{m:.2f} / {o:.2f} ({o / m - 1:+.1%})" for m, o in ((tf, g.F_ms), (tb, g.B_ms), (tw, g.W_ms))]
+        lines.append(f"| {name} | {p} | {'fit' if name == FIT_MODEL else 'held out'} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def summary(preds: list[Prediction]) -> dict:
+    def worst(rows: list[Prediction], attr: str) -> float:
+        errs = [abs(getattr(p, attr)) for p in rows if getattr(p, attr) is not None]
+        return max(errs) if errs else 0.0
+
+    fit = [p for p in preds if p.row.fit]
+    held = [p for p in preds if not p.row.fit]
+    return {"fit_throughput": worst(fit, "throughput_error"), "fit_memory": worst(fit, "memory_error"),
+            "held_out_throughput": worst(held, "throughput_error"), "held_out_memory": worst(held, "memory_error"),
+            "all_throughput": worst(preds, "throughput_error"), "all_memory": worst(preds, "memory_error"),
+            "ranking": ranking_agrees(preds), "ranking_ties_2pct": ranking_agrees(preds, tie=0.02)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--hardware", default="a100-80g")
+    ap.add_argument("--json", help="write the rows and the summary as JSON to this file")
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                    help="override a profile field (a Hardware attribute, e.g. p2p_exposed=0.5): sensitivity")
+    args = ap.parse_args()
+    hw = get_hardware(args.hardware)
+    for item in args.set:
+        key, _, value = item.partition("=")
+        hw = dataclasses.replace(hw, **{key: type(getattr(hw, key))(value) if getattr(hw, key) is not None
+                                        else float(value)})
+    preds = compare(MEASURED, hw)
+    s = summary(preds)
+    print(markdown(preds))
+    print()
+    print(op_times())
+    print()
+    print(f"largest |error|: fit rows throughput {s['fit_throughput']:.1%}, memory {s['fit_memory']:.1%}; "
+          f"held-out rows throughput {s['held_out_throughput']:.1%}, memory {s['held_out_memory']:.1%}")
+    strict, loose = s["ranking"], s["ranking_ties_2pct"]
+    print(f"schedule ranking as measured in {sum(strict.values())} of {len(strict)} settings; "
+          f"{sum(loose.values())} of {len(loose)} counting measured differences under 2% as ties")
+    for setting, ok in strict.items():
+        if not ok:
+            print(f"  differs: {setting}{'' if not loose[setting] else ' (only within measured ties)'}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": [p.to_dict() for p in preds], "summary": s}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

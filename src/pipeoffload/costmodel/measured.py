@@ -1,0 +1,243 @@
+"""Published measurements on real GPUs, and the planner's prediction of each. Pure Python.
+
+API
+---
+``MEASURED``: the ZB paper's measured A100-80G rows (:class:`MeasuredRow`), fit rows first.
+``predict(row, hardware="a100-80g") -> Prediction``: the planner's cost model and simulator on the
+row's exact configuration (pure PP, TP = DP = 1, the row's schedule, m and microbatch).
+``compare(rows=MEASURED, hardware="a100-80g") -> list[Prediction]``; ``ranking_agrees(preds)``:
+per setting, whether the schedules come out in the measured order.
+
+Sources (docs/planner.md#calibration): Qi et al., "Zero Bubble Pipeline Parallelism" — the ICLR 2024
+version's Table 3 (settings), Table 4 (throughput and memory of 1F1B, 1F1B-I, ZB-1p, ZB-2p) and
+Table 6 (profiled T_F, T_B, T_W, T_comm), and the arXiv version (2401.10241) Table 6 (ZB-V against
+ZB-2p*, ZB-1p and 1F1B at equal memory; ZB-2p* runs half the microbatch size and twice the
+microbatches) and Table 7 (microbatch size halved). Read from two public Markdown conversions of the
+paper found with the project's search tool (their ids are in the docs); every figure below is the
+paper's. Throughput is samples per GPU per second; memory the paper's "GB", read as GiB (Megatron
+reports MiB; the docs explain why GiB fits).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from .hardware import GiB, Hardware, get_hardware
+from .presets import get_model
+
+__all__ = ["MeasuredRow", "Prediction", "MEASURED", "PROFILED_MS", "FIT_MODEL", "SCHEDULE_FAMILIES", "predict",
+           "compare", "ranking_agrees"]
+
+#: The paper's schedule names → (registry schedule, chunks v, memory limit in multiples of 1F1B's).
+SCHEDULE_FAMILIES: dict[str, tuple[str, int, float | None]] = {
+    "1F1B": ("1f1b", 1, None), "1F1B-I": ("interleaved-1f1b", 2, None), "ZB-1p": ("zb-auto", 1, 1.0),
+    "ZB-2p": ("zb-auto", 1, 2.0), "ZB-V": ("zb-v", 2, None),
+}
+
+
+@dataclass(frozen=True)
+class MeasuredRow:
+    """One measured run: ``model`` (a preset) with ``microbatch`` sequences per microbatch, ``m``
+    microbatches, pure PP over ``gpus`` A100-80G; ``throughput`` samples/GPU/s; ``memory_gib`` the peak
+    per GPU (None: not published for that row); ``fit``: the calibration used this setting."""
+
+    source: str
+    model: str
+    gpus: int
+    microbatch: int
+    m: int
+    schedule: str
+    throughput: float
+    memory_gib: float | None = None
+    fit: bool = False
+    note: str = ""
+    group_m: int | None = None  #: the m of the setting the row is compared within (ZB-2p*: half its own)
+
+    @property
+    def setting(self) -> str:
+        return f"{self.source}: {self.model}, {self.gpus} GPUs, m={self.group_m or self.m}"
+
+
+#: ZB (ICLR) Table 4: model -> (GPUs, microbatch size, m values, {schedule: throughputs}, {schedule: GB}).
+_TABLE4: dict[str, tuple[int, int, tuple[int, ...], dict[str, tuple[float, ...]], dict[str, float]]] = {
+    "1.5B": (8, 6, (24, 32, 64), {"ZB-2p": (14.5, 14.8, 14.9), "ZB-1p": (12.9, 13.4, 14.2),
+                                  "1F1B": (11.8, 12.5, 13.6), "1F1B-I": (13.1, 13.4, 13.9)},
+             {"ZB-2p": 59, "ZB-1p": 32, "1F1B": 30, "1F1B-I": 40}),
+    "6.2B": (8, 3, (24, 32, 64), {"ZB-2p": (4.32, 4.35, 4.39), "ZB-1p": (3.88, 4.00, 4.20),
+                                  "1F1B": (3.50, 3.70, 4.03), "1F1B-I": (4.01, 4.08, 4.19)},
+             {"ZB-2p": 70, "ZB-1p": 42, "1F1B": 39, "1F1B-I": 48}),
+    "14.6B": (16, 1, (48, 64, 128), {"ZB-2p": (1.81, 1.83, 1.85), "ZB-1p": (1.61, 1.67, 1.76),
+                                     "1F1B": (1.40, 1.49, 1.64), "1F1B-I": (1.54, 1.59, 1.66)},
+              {"ZB-2p": 51, "ZB-1p": 33, "1F1B": 32, "1F1B-I": 39}),
+    "28.3B": (32, 1, (96, 128, 256), {"ZB-2p": (0.99, 1.00, 1.00), "ZB-1p": (0.87, 0.90, 0.96),
+                                      "1F1B": (0.76, 0.80, 0.88), "1F1B-I": (0.82, 0.85, 0.90)},
+              {"ZB-2p": 74, "ZB-1p": 44, "1F1B": 43, "1F1B-I": 58}),
+}
+#: ZB (arXiv) Table 6, equal memory: ZB-2p* runs microbatch b/2 and 2m.
+_TABLE6: dict[str, tuple[int, int, tuple[int, ...], dict[str, tuple[float, ...]], dict[str, float]]] = {
+    "6.2B": (16, 6, (48, 64, 128), {"ZB-V": (4.15, 4.21, 4.35), "ZB-2p*": (4.36, 4.37, 4.45),
+                                    "ZB-1p": (3.87, 4.00, 4.29), "1F1B": (3.38, 3.57, 3.91)},
+             {"ZB-V": 64, "ZB-2p*": 64, "ZB-1p": 62, "1F1B": 61}),
+    "14.6B": (24, 2, (72, 96, 192), {"ZB-V": (1.85, 1.88, 1.93), "ZB-2p*": (1.84, 1.84, 1.85),
+                                     "ZB-1p": (1.72, 1.78, 1.89), "1F1B": (1.52, 1.61, 1.76)},
+              {"ZB-V": 45, "ZB-2p*": 46, "ZB-1p": 46, "1F1B": 44}),
+    "28.3B": (32, 2, (96, 128, 256), {"ZB-V": (1.01, 1.02, 1.06), "ZB-2p*": (1.00, 1.00, 1.01),
+                                      "ZB-1p": (0.94, 0.97, 1.03), "1F1B": (0.82, 0.87, 0.95)},
+              {"ZB-V": 71, "ZB-2p*": 72, "ZB-1p": 73, "1F1B": 69}),
+}
+#: ZB-2p*'s ZB-2p memory (Table 6 of 6.2B: 63 / 64 / 65 GB over the three m; the others are constant).
+_TABLE6_ZB2P_MEMORY = {"6.2B": (63, 64, 65)}
+#: ZB (arXiv) Table 7: the smaller microbatch of Table 6's middle m.
+_TABLE7: dict[str, tuple[int, int, int, dict[str, float]]] = {
+    "6.2B": (16, 3, 64, {"ZB-V": 4.13, "ZB-1p": 3.91, "1F1B": 3.48}),
+    "14.6B": (24, 1, 96, {"ZB-V": 1.75, "ZB-1p": 1.65, "1F1B": 1.47}),
+    "28.3B": (32, 1, 128, {"ZB-V": 0.95, "ZB-1p": 0.90, "1F1B": 0.80}),
+}
+#: ZB (ICLR) Table 6: profiled T_F, T_B, T_W, T_comm (ms) of one stage in the ZB-2p runs, first m.
+PROFILED_MS: dict[str, tuple[int, float, float, float, float]] = {
+    "1.5B": (8, 18.522, 18.086, 9.337, 0.601), "6.2B": (8, 29.718, 29.444, 19.927, 0.527),
+    "14.6B": (16, 11.347, 11.248, 8.132, 0.377), "28.3B": (32, 10.419, 10.207, 7.715, 0.408),
+}
+#: The setting whose profiled op times fixed the profile's three fitted constants.
+FIT_MODEL = "1.5B"
+
+
+def _rows() -> tuple[MeasuredRow, ...]:
+    rows: list[MeasuredRow] = []
+    for model, (gpus, b, ms, thr, mem) in _TABLE4.items():
+        for i, m in enumerate(ms):
+            for name, vals in thr.items():
+                rows.append(MeasuredRow("ZB Table 4", model, gpus, b, m, name, vals[i], float(mem[name]),
+                                        fit=model == FIT_MODEL))
+    for model, (gpus, b, ms, thr, mem) in _TABLE6.items():
+        for i, m in enumerate(ms):
+            for name, vals in thr.items():
+                gib = float(_TABLE6_ZB2P_MEMORY[model][i]) if name == "ZB-2p*" and model in _TABLE6_ZB2P_MEMORY \
+                    else float(mem[name])
+                if name == "ZB-2p*":  # half the microbatch, twice the microbatches
+                    rows.append(MeasuredRow("ZB Table 6", model, gpus, b // 2, 2 * m, "ZB-2p", vals[i], gib,
+                                            note=f"ZB-2p*, setting m={m}, b={b}", group_m=m))
+                else:
+                    rows.append(MeasuredRow("ZB Table 6", model, gpus, b, m, name, vals[i], gib))
+    for model, (gpus, b, m, thr) in _TABLE7.items():
+        for name, val in thr.items():
+            rows.append(MeasuredRow("ZB Table 7", model, gpus, b, m, name, val))
+    return tuple(rows)
+
+
+MEASURED: tuple[MeasuredRow, ...] = _rows()
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The planner's figures for one :class:`MeasuredRow`: throughput (samples/GPU/s), iteration
+    (s), MFU, allocated and reserved peak (GiB, the rank with the highest sum), and the relative
+    errors against the row (None where the row has no figure)."""
+
+    row: MeasuredRow
+    throughput: float
+    iteration_s: float
+    mfu: float
+    allocated_gib: float
+    reserved_gib: float
+    fits: bool
+
+    @property
+    def throughput_error(self) -> float | None:
+        t = self.row.throughput
+        return None if t != t else self.throughput / t - 1.0
+
+    @property
+    def memory_error(self) -> float | None:
+        m = self.row.memory_gib
+        return None if m is None else self.reserved_gib / m - 1.0
+
+    def to_dict(self) -> dict[str, Any]:
+        r = self.row
+        return {"source": r.source, "model": r.model, "gpus": r.gpus, "microbatch": r.microbatch, "m": r.m,
+                "schedule": r.schedule, "fit": r.fit, "measured_throughput": None if r.throughput != r.throughput
+                else r.throughput, "predicted_throughput": self.throughput,
+                "throughput_error": self.throughput_error, "measured_memory_gib": r.memory_gib,
+                "predicted_reserved_gib": self.reserved_gib, "predicted_allocated_gib": self.allocated_gib,
+                "memory_error": self.memory_error, "iteration_s": self.iteration_s, "mfu": self.mfu,
+                "fits": self.fits, "note": r.note}
+
+
+def predict(row: MeasuredRow, hardware: str | Hardware = "a100-80g") -> Prediction:
+    """The planner's prediction of one measured configuration.
+
+    Args:
+        row: the measured run: model preset, GPUs (all pipeline stages), microbatch size, m, schedule.
+        hardware: a profile name, file or :class:`Hardware`.
+
+    Returns:
+        A :class:`Prediction`: throughput in samples per GPU per second, iteration, MFU, the
+        allocated and the reserved (:meth:`Hardware.reserved`) peak of the fullest rank.
+
+    Raises:
+        ParameterError: an unknown model, schedule or hardware.
+
+    Guarantees: the configuration is the paper's — pure PP (TP = DP = 1), the first and last stage
+    one layer shorter, 1F1B-I with one layer per chunk, no recompute, no offload — simulated at its
+    own m (no extrapolation).
+    """
+    from ..errors import ParameterError
+    from ..planner.config import assemble
+    from ..planner.sharding import node_profile
+    from ..planner.space import Family, PlanOptions, Problem, Split
+
+    if row.schedule not in SCHEDULE_FAMILIES:
+        raise ParameterError("schedule", f"unknown schedule {row.schedule!r}; valid: {', '.join(SCHEDULE_FAMILIES)}")
+    hw = get_hardware(hardware)
+    model = get_model(row.model, microbatch=row.microbatch)
+    name, v, limit = SCHEDULE_FAMILIES[row.schedule]
+    if row.schedule == "1F1B-I":  # the paper: "each transformer layer serves as a chunk"
+        v = (model.layers + 2) // row.gpus
+    # The paper's split: the first and last stage (chunk) one layer shorter (embedding, loss).
+    problem = Problem(model, hw, node_profile(hw), hw.default_budget, row.m * row.microbatch, row.gpus,
+                      PlanOptions(dp_sharding="none", trim_edges=True))
+    sim = _simulate_exactly(problem, Split(1, row.gpus, 1), Family(name, v, limit=limit), row.m)
+    cfg = assemble(problem, sim)
+    it_s = cfg.iteration_ms / 1e3
+    return Prediction(row, row.m * row.microbatch / (it_s * row.gpus), it_s, cfg.mfu, cfg.memory.device / GiB,
+                      hw.reserved(cfg.memory.device) / GiB, cfg.fits)
+
+
+def _simulate_exactly(problem: Any, split: Any, family: Any, m: int) -> Any:
+    """The candidate simulated at its own m (the planner's search extrapolates from two smaller m;
+    a calibration must not carry that approximation's error)."""
+    from ..passes.lower import lower
+    from ..planner.simulate import Simulated, Simulator
+    from ..planner.space import placement_of
+
+    simulator = Simulator(problem)
+    sh = simulator.costs.sharded(False, split.pp, family.v, split.tp, split.sp)
+    schedule = simulator.schedule(family, split.pp, m, False, split.tp, split.sp, split.dp)
+    tl = lower(schedule, sh.costs, sh.memory, memory_unit="bytes", validated=True).timeline
+    return Simulated(split, family, m, False, schedule, tl, sh, placement_of(family, split.pp), tl.makespan,
+                     list(tl.busy()), list(tl.peak_memory()), 0.0, m, False)
+
+
+def compare(rows: Sequence[MeasuredRow] = MEASURED, hardware: str | Hardware = "a100-80g") -> list[Prediction]:
+    """:func:`predict` for every row."""
+    return [predict(r, hardware) for r in rows]
+
+
+def ranking_agrees(preds: Sequence[Prediction], tie: float = 0.0) -> dict[str, bool]:
+    """Per setting with two or more measured throughputs: whether the predicted order of its
+    schedules is the measured one. With ``tie`` > 0 a pair whose measured throughputs differ by
+    less than that fraction is a tie, and either predicted order agrees with it (the paper prints
+    two or three digits: 1.84 against 1.85 is no ranking)."""
+    by: dict[str, list[Prediction]] = {}
+    for p in preds:
+        if p.throughput_error is not None:
+            by.setdefault(p.row.setting, []).append(p)
+    out = {}
+    for setting, ps in by.items():
+        if len(ps) > 1:
+            out[setting] = all(
+                (a.throughput - b.throughput) * (a.row.throughput - b.row.throughput) > 0
+                or abs(a.row.throughput / b.row.throughput - 1) < tie
+                for i, a in enumerate(ps) for b in ps[i + 1:])
+    return out

@@ -1,0 +1,152 @@
+"""The A100 profile against what the ZB paper measured (benchmarks/reproduce_measured.py, issue 26).
+
+One profile, no per-row factors: every measured row within the profile's stated calibration error
+(throughput and peak memory), the fit rows' schedules in the measured order, and what ran in the
+paper fitting the planner's budget. Pure Python; all rows take a few seconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from pipeoffload.costmodel.hardware import (A100_MEMORY_ERROR, A100_THROUGHPUT_ERROR, GiB, HARDWARE,
+                                            default_reserve, hardware_from_dict)
+from pipeoffload.costmodel.measured import (FIT_MODEL, MEASURED, PROFILED_MS, MeasuredRow, Prediction, compare,
+                                            predict, ranking_agrees)
+from pipeoffload.costmodel.model import pipeline_costs
+from pipeoffload.costmodel.presets import get_model
+from pipeoffload.errors import ParameterError
+
+A100 = HARDWARE["a100-80g"]
+
+
+def _quick_rows() -> list:
+    """The first m of every Table 4 model and of 6.2B in Tables 6 and 7: every table and schedule
+    (the larger Table 6/7 pipelines take seconds each, they run under -m bench)."""
+    first: dict[tuple, int] = {}
+    for r in MEASURED:
+        first.setdefault((r.source, r.model, r.gpus), r.group_m or r.m)
+    return [r for r in MEASURED if (r.group_m or r.m) == first[(r.source, r.model, r.gpus)]
+            and (r.source == "ZB Table 4" or r.model == "6.2B")]
+
+
+@pytest.fixture(scope="module")
+def preds():
+    return compare(_quick_rows(), A100)
+
+
+def _check_errors(preds) -> None:
+    for p in preds:
+        if p.throughput_error is not None:
+            assert abs(p.throughput_error) <= A100_THROUGHPUT_ERROR + 1e-9, p.to_dict()
+        if p.memory_error is not None:
+            assert abs(p.memory_error) <= A100_MEMORY_ERROR + 1e-9, p.to_dict()
+
+
+def test_rows_within_the_stated_calibration_error(preds):
+    _check_errors(preds)
+    assert max(A100_THROUGHPUT_ERROR, A100_MEMORY_ERROR) <= 0.10  # the issue's bar
+    assert {p.row.source for p in preds} == {"ZB Table 4", "ZB Table 6", "ZB Table 7"}
+
+
+@pytest.mark.bench
+def test_every_row_within_the_stated_calibration_error():
+    # All 96 rows (benchmarks/reproduce_measured.py): the stated figures are the largest errors.
+    preds = compare(MEASURED, A100)
+    _check_errors(preds)
+    assert max(abs(p.throughput_error or 0) for p in preds) == pytest.approx(A100_THROUGHPUT_ERROR, abs=0.001)
+    assert max(abs(p.memory_error or 0) for p in preds) == pytest.approx(A100_MEMORY_ERROR, abs=0.001)
+
+
+def test_table4_rankings_as_measured(preds):
+    ranking = ranking_agrees(preds, tie=0.02)
+    for setting in ("ZB Table 4: 1.5B, 8 GPUs, m=24", "ZB Table 4: 6.2B, 8 GPUs, m=24",
+                    "ZB Table 4: 14.6B, 16 GPUs, m=48", "ZB Table 4: 28.3B, 32 GPUs, m=96"):
+        assert ranking[setting], setting
+
+
+def test_ranking_counts_close_measurements_as_ties():
+    row = MEASURED[0]
+    a = Prediction(dataclasses.replace(row, schedule="ZB-2p", throughput=1.85), 1.0, 1, 0.5, 1, 1, True)
+    b = Prediction(dataclasses.replace(row, schedule="ZB-V", throughput=1.84), 1.1, 1, 0.5, 1, 1, True)
+    assert ranking_agrees([a, b]) == {row.setting: False}
+    assert ranking_agrees([a, b], tie=0.02) == {row.setting: True}
+
+
+def test_what_ran_in_the_paper_fits_the_budget(preds):
+    # Every configuration ran on 80 GB: it must fit the planner's model of that device.
+    for p in preds:
+        assert p.fits, p.to_dict()
+        assert p.allocated_gib * GiB <= A100.default_budget
+
+
+def test_op_times_of_the_measured_stages():
+    # The ZB paper's profiled stages: the 1.5B one fixed the three fitted constants (within 0.5%);
+    # the other three models are held out (within 3.5%).
+    for name, (p, tf, tb, tw, _) in PROFILED_MS.items():
+        g = pipeline_costs(get_model(name), A100, p, trim_edges=True).groups[p // 2]
+        tol = 0.005 if name == FIT_MODEL else 0.035
+        for ours, measured in ((g.F_ms, tf), (g.B_ms, tb), (g.W_ms, tw)):
+            assert ours == pytest.approx(measured, rel=tol), name
+
+
+def test_blocking_p2p_holds_f_and_b_for_one_hop():
+    from pipeoffload.planner.sharding import node_profile, shard_costs
+
+    pc = pipeline_costs(get_model("1.5B"), A100, 8)
+    free = dataclasses.replace(A100, p2p_exposed=0.0)
+    held = shard_costs(pc, 1, node_profile(A100))
+    pc_free = pipeline_costs(get_model("1.5B"), free, 8)
+    loose = shard_costs(pc_free, 1, node_profile(free))
+    for (f, b, w), (f0, b0, w0) in zip(held.costs.group_costs, loose.costs.group_costs):
+        assert f - f0 == pytest.approx(held.comm) and b - b0 == pytest.approx(held.comm) and w == w0
+
+
+def test_w_is_gemms_only_and_flash_attention_cuts_elementwise_time():
+    m = get_model("6.2B")
+    g = pipeline_costs(m, A100, 4).groups[1]
+    plain = pipeline_costs(m, dataclasses.replace(A100, elementwise_f=0.0, elementwise_b=0.0), 4).groups[1]
+    assert g.W_ms == plain.W_ms and g.F_ms > plain.F_ms and g.B_ms > plain.B_ms
+    flash = pipeline_costs(m.replace(flash_attention=True, dropout=False), A100, 4).groups[1]
+    assert flash.F_ms < g.F_ms
+    # recompute does not remove the elementwise work: it is done whatever is saved
+    rc = pipeline_costs(m.replace(recompute_elementwise=True), A100, 4).groups[1]
+    assert rc.F_ms == pytest.approx(g.F_ms)
+
+
+def test_reserve_rule_and_allocator_overhead():
+    hbm = 80 * GiB
+    budget = hbm - default_reserve(hbm, 0.05)
+    assert budget * 1.05 == pytest.approx(hbm - 2 * GiB)
+    assert A100.reserved(10 * GiB) == pytest.approx(10.5 * GiB)
+    assert default_reserve(1 * GiB) == 0.5 * GiB  # capped at half of a small device
+
+
+def test_profile_file_keys_and_their_errors():
+    h = hardware_from_dict({"compute_tflops": 100, "hbm_gib": 16, "host_link_gbs": 10, "interstage_gbs": 10,
+                            "hbm_gbs": 1000, "shape_efficiency": True, "elementwise_f_passes": 2,
+                            "elementwise_b_passes": 1.5, "allocator_overhead": 0.1, "p2p_exposed": 0.5,
+                            "calibration": "±5% on X"})
+    assert (h.shape_efficiency, h.elementwise_f, h.elementwise_b, h.allocator_overhead, h.p2p_exposed,
+            h.calibration) == (True, 2.0, 1.5, 0.1, 0.5, "±5% on X")
+    with pytest.raises(ParameterError, match="shape_efficiency"):
+        hardware_from_dict({"compute_tflops": 1, "hbm_gib": 1, "host_link_gbs": 1, "interstage_gbs": 1,
+                            "shape_efficiency": "yes"})
+    with pytest.raises(ParameterError, match="hbm_gbs"):
+        hardware_from_dict({"compute_tflops": 1, "hbm_gib": 1, "host_link_gbs": 1, "interstage_gbs": 1,
+                            "elementwise_f_passes": 3})
+
+
+def test_predict_rejects_an_unknown_schedule():
+    with pytest.raises(ParameterError, match="schedule"):
+        predict(MeasuredRow("x", "1.5B", 8, 6, 24, "GPipe", 1.0))
+
+
+def test_plan_says_which_profiles_are_calibrated():
+    from pipeoffload.planner.report import calibration_note
+
+    assert calibration_note(A100) == A100.calibration and "ZB paper" in A100.calibration
+    for name in ("h100-80g", "h200", "cpu"):
+        assert "uncalibrated" in calibration_note(HARDWARE[name])
