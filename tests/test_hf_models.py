@@ -35,6 +35,8 @@ transformers = require("transformers")
 from hf_models import FAMILIES, batch, build, sequential  # noqa: E402
 from pipeoffload.models.hf import causal_lm_loss, split_causal_lm  # noqa: E402
 
+F = torch.nn.functional
+
 pytestmark = []
 if transformers is None:  # CI must run these: fail, do not skip (conftest.py)
     pytestmark.append(missing("transformers", "the hf extra: pip install -e '.[hf]'"))
@@ -145,3 +147,77 @@ def test_stages_in_sequence_give_hf_loss_exactly_padded_or_not(family):
             want = model(**x, labels=labels).loss
             got = causal_lm_loss(sequential(split_causal_lm(model, 3), x), y)
         assert torch.equal(got, want), f"{family} padded={padded}: {got.item()} vs HF's {want.item()}"
+
+
+def test_an_unknown_model_or_feature_is_refused_naming_what_is_missing():
+    from pipeoffload.errors import ParameterError
+
+    cfg = transformers.CohereConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                    num_attention_heads=4, num_key_value_heads=2, pad_token_id=0)
+    with pytest.raises(ParameterError, match=r"model: no splitting recipe for model_type 'cohere'"):
+        split_causal_lm(transformers.CohereForCausalLM(cfg), 2)
+    with pytest.raises(ParameterError, match=r"give the \.\.\.ForCausalLM"):
+        split_causal_lm(build("llama").model, 2)
+    gpt2 = build("gpt2")
+    gpt2.config.add_cross_attention = True
+    with pytest.raises(ParameterError, match="add_cross_attention"):
+        split_causal_lm(gpt2, 2)
+    llama = build("llama")
+    llama.model.extra = torch.nn.Linear(2, 2)
+    with pytest.raises(ParameterError, match="submodules the recipe does not know: extra"):
+        split_causal_lm(llama, 2)
+    with pytest.raises(ParameterError, match=r"layers_per_stage: expected 2 non-negative ints summing to the "
+                                             r"model's 4 decoder layers, got \[1, 2\]"):
+        split_causal_lm(build("llama"), 2, layers_per_stage=[1, 2])
+    with pytest.raises(ParameterError, match="4 decoder layers cannot fill 5 stages"):
+        split_causal_lm(build("llama"), 5)
+
+
+def test_partition_counts_embedding_and_head_and_can_be_given():
+    from pipeoffload.models.config import balanced_ranges
+    from pipeoffload.models.hf import stage_costs
+
+    model = build("llama", 8)
+    costs, first, last = stage_costs(model)
+    layer = sum(q.numel() for q in model.model.layers[0].parameters())
+    assert costs == [layer] * 8 and first == 64 * 32 and last == 64 * 32 + 32  # embedding; head + final norm
+    stages = split_causal_lm(model, 4)
+    want = balanced_ranges(costs, 4, first, last)
+    assert [list(s.model.layers) for s in stages] == [[str(i) for i in r] for r in want]
+    moe = build("qwen2_moe", 2)  # experts count by the share a token uses (2 of 4)
+    ex = sum(q.numel() for n, q in moe.model.layers[0].named_parameters() if ".experts." in f".{n}")
+    full = sum(q.numel() for q in moe.model.layers[0].parameters())
+    assert stage_costs(moe)[0][0] == full - ex / 2
+    given = split_causal_lm(model, 4, layers_per_stage=[0, 4, 4, 0])
+    assert [list(s.model.layers) for s in given] == [[], ["0", "1", "2", "3"], ["4", "5", "6", "7"], []]
+    x, y, labels = batch(2)
+    with torch.no_grad():
+        assert torch.equal(causal_lm_loss(sequential(given, x), y), model(**x, labels=labels).loss)
+
+
+def test_packed_sequences_cross_stages_and_stay_apart():
+    """Two sequences packed in one row (position ids restart, no mask): the loss of each
+    position equals the loss of its sequence run alone (the mask functions see the
+    positions in every stage)."""
+    model = build("mistral", 4)
+    x, y, _ = batch(3, rows=2, seq=12, padded=False)
+    ids = x["input_ids"]
+    packed = {"input_ids": ids.reshape(1, -1), "position_ids": torch.arange(12).repeat(2)[None]}
+    targets = y.reshape(1, -1)
+    with torch.no_grad():
+        got = F.cross_entropy(sequential(split_causal_lm(model, 2), packed)[0], targets[0], reduction="none",
+                              ignore_index=-100)
+        alone = F.cross_entropy(model(input_ids=ids).logits.reshape(24, -1), y.reshape(-1), reduction="none",
+                                ignore_index=-100)
+    torch.testing.assert_close(got, alone, rtol=1e-5, atol=1e-6)
+
+
+def test_causal_mask_for_eager_attention_is_additive():
+    from pipeoffload.models.hf_llama import causal_mask
+
+    pad = torch.tensor([[1, 1, 0]])
+    add = causal_mask(pad, 1, 3, torch.device("cpu"), dtype=torch.float32)
+    low = torch.finfo(torch.float32).min
+    assert add.dtype == torch.float32
+    assert add[0, 0].tolist() == [[0.0, low, low], [0.0, 0.0, low], [0.0, 0.0, low]]
+    assert causal_mask(pad, 1, 3, torch.device("cpu")).dtype == torch.bool

@@ -109,7 +109,7 @@ def balanced_ranges(layer_costs: list[float], num_stages: int, first: float = 0.
 
     Guarantees: no other contiguous split with at least one layer per group has a
     smaller maximum of (layers' costs + the group's extra); among the optimal splits,
-    the one whose groups start as early as possible. With ``first``/``last`` as large
+    one with evenly spread costs (a small sum of squares). With ``first``/``last`` as large
     as a layer, the first and last groups take a layer fewer than the others, as
     PipeOffload's partition does.
     """
@@ -125,17 +125,19 @@ def balanced_ranges(layer_costs: list[float], num_stages: int, first: float = 0.
     def cost(s: int, a: int, b: int) -> float:  # group s holding layers a..b-1
         return prefix[b] - prefix[a] + (first if s == 0 else 0.0) + (last if s == num_stages - 1 else 0.0)
 
-    # best[s][j]: the smallest max cost of groups 0..s covering layers 0..j-1
-    inf = float("inf")
+    # best[s][j]: (the smallest max cost, then the smallest sum of squared costs) of
+    # groups 0..s covering layers 0..j-1; the max is exact, the squares spread the rest
+    inf = (float("inf"), float("inf"))
     best = [[inf] * (n + 1) for _ in range(num_stages)]
     cut = [[0] * (n + 1) for _ in range(num_stages)]
     for j in range(1, n + 1):
-        best[0][j] = cost(0, 0, j)
+        best[0][j] = (cost(0, 0, j), cost(0, 0, j) ** 2)
     for s in range(1, num_stages):
         for j in range(s + 1, n + 1):
-            for i in range(s, j):  # the group's first layer; the earliest wins a tie
-                v = max(best[s - 1][i], cost(s, i, j))
-                if v < best[s][j] - 1e-12 * max(1.0, abs(v)):
+            for i in range(s, j):  # the group's first layer
+                c = cost(s, i, j)
+                v = (max(best[s - 1][i][0], c), best[s - 1][i][1] + c * c)
+                if v < best[s][j]:
                     best[s][j], cut[s][j] = v, i
     ends, j = [n], n
     for s in range(num_stages - 1, 0, -1):
