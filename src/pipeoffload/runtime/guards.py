@@ -92,7 +92,7 @@ _WARNED: set[tuple] = set()
 def _warn_once(key: tuple, message: str) -> None:
     if key not in _WARNED:
         _WARNED.add(key)
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
+        warnings.warn(message, RuntimeWarning, stacklevel=4)  # the user's call of the runner
 
 
 def check_table(entries: list, table: Any, rank: int, param_names: Any) -> None:
