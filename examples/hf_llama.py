@@ -9,11 +9,12 @@ heads) is built on every rank with the same seed, cut into ``p·v`` stages with
 :func:`pipeoffload.models.hf.split_causal_lm` (the stages *share* the model's modules,
 so parameter names stay the model's own), and trained for a few AdamW steps by
 :class:`~pipeoffload.runtime.PipelineRunner` under :func:`~pipeoffload.runtime.launch`
-(gloo on CPU). The batch is right-padded: the first stage builds the attention mask
-(causal and not padding) and it crosses every boundary with the hidden states and the
-position ids, without gradients. With ``--tie`` the head and the embedding are one
-tensor held by the first and the last stage: the runner finds it, lists it once and
-sums its two gradients among the ranks that hold it.
+(gloo on CPU). The batch is right-padded: its 0/1 mask and the position ids cross every
+boundary with the hidden states, without gradients, and each stage builds its attention
+mask from them with transformers' own mask function. With ``--tie`` the head and the
+embedding are one tensor held by the first and the last stage: the stages declare the tie
+(from the model's tied-weight list), the runner lists it once and sums its two gradients
+among the ranks that hold it.
 
 Needs ``pip install 'pipeoffload[hf]'`` (``transformers``).
 """

@@ -3,9 +3,9 @@ gloo ranks under NCCL's point-to-point rules, one world for every case:
 
 - ranks built with different microbatch counts: a ``ParameterError`` on every rank at
   construction, naming m and what each rank has (not a cross-entropy error mid-step);
-- a head tied to the embedding on another rank, not declared (the stages' own
-  declaration removed): a one-time warning naming both parameters; with the declaration
-  (what ``split_causal_lm`` stages carry) no warning and the tie holds (one name);
+- a head tied to the embedding on another rank (stages built per rank), not declared: a
+  one-time warning naming both parameters; declared by the stages themselves
+  (``tied_parameters``, as ``split_causal_lm``'s stages carry): no warning, one name;
 - a layer group whose output is detached: a warning naming layer group 0;
 - stage modules whose names collide (``nn.Linear`` per stage): a warning that names fell
   back to per-stage ones.
@@ -17,16 +17,13 @@ import warnings
 
 import pytest
 
-from helpers import import_torch, missing, require, run_world
+from helpers import import_torch, run_world
 
 torch = import_torch()
-transformers = require("transformers")
 
 from pipeoffload.errors import ParameterError  # noqa: E402
 
 pytestmark = [pytest.mark.multiproc]
-if transformers is None:
-    pytestmark.append(missing("transformers", "the hf extra: pip install -e '.[hf]'"))
 
 
 class _Detached(torch.nn.Module):
@@ -38,13 +35,33 @@ class _Detached(torch.nn.Module):
         return self.lin(x).detach()  # the mistake: nothing before this gets a gradient
 
 
+class _Embed(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(16, 4)
+
+    def forward(self, ids):
+        return self.embed(ids)
+
+
+class _Head(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = torch.nn.Linear(4, 16, bias=False)
+
+    def forward(self, h):
+        return self.head(h)
+
+
+def _ce(logits, y):
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, 16), y.reshape(-1))
+
+
 def _mse(out, y):
     return ((out - y) ** 2).mean()
 
 
 def _world(ctx, path: str) -> None:
-    from hf_models import batch, build
-    from pipeoffload.models.hf import causal_lm_loss, split_causal_lm
     from pipeoffload.runtime.executor import PipelineRunner
     from pipeoffload.schedules import generate
 
@@ -65,13 +82,15 @@ def _world(ctx, path: str) -> None:
                                        generate("1f1b", p=2, m=4 if ctx.rank == 0 else 2)))
 
     def tied(declared: bool):
-        stages = split_causal_lm(build("gpt2", 2), 2)
-        if not declared:
-            for s in stages:
-                s.tied_parameters = []
-        runner = PipelineRunner(lambda s: stages[s], causal_lm_loss, generate("1f1b", p=2, m=2))
-        x, y, _ = batch(0, rows=4)
-        runner.step(x, y)
+        torch.manual_seed(0)  # every rank builds the whole tied model, then keeps its own stage
+        emb, head = _Embed(), _Head()
+        head.head.weight = emb.embed.weight
+        stages = [emb, head]
+        for st in stages:
+            st.tied_parameters = [("embed.weight", "head.weight")] if declared else []
+        runner = PipelineRunner(lambda s: stages[s], _ce, generate("1f1b", p=2, m=2))
+        ids = torch.randint(0, 16, (4, 5))
+        runner.step(ids, ids)
         out.setdefault("names", {})[declared] = [n for n, _ in runner.named_parameters()]
 
     record("untied", lambda: tied(False))
@@ -105,12 +124,12 @@ def test_different_microbatch_counts_fail_at_construction_on_every_rank(world):
 
 def test_an_undeclared_tie_across_ranks_is_named_and_a_declared_one_holds(world):
     warned = world[0]["untied"]["warnings"]
-    assert any("transformer.wte.weight (rank 0)" in w and "lm_head.weight (rank 1)" in w for w in warned), warned
+    assert any("embed.weight (rank 0)" in w and "head.weight (rank 1)" in w for w in warned), warned
     for rank, out in enumerate(world):
         assert not any("not tied" in w for w in out["tied"]["warnings"]), out["tied"]["warnings"]
         assert out["tied"]["error"] is None and out["untied"]["error"] is None
-    assert "lm_head.weight" not in world[1]["names"][True]  # listed once, as the embedding
-    assert "lm_head.weight" in world[1]["names"][False]
+    assert world[1]["names"][True] == ["embed.weight"]  # the head is listed once, as the embedding
+    assert world[1]["names"][False] == ["head.weight"]
 
 
 def test_a_layer_group_without_gradients_is_named(world):

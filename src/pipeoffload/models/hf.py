@@ -3,8 +3,8 @@
     stages = split_causal_lm(model, sched.num_stages)
     runner = PipelineRunner(stages, causal_lm_loss, sched)
 
-Needs the optional ``transformers`` package (``pip install 'pipeoffload[hf]'``); written
-against transformers 5.x (tested with the version the ``hf`` extra installs).
+Needs the optional ``transformers`` package (``pip install 'pipeoffload[hf]'``) with its
+mask functions (``transformers.masking_utils``, 4.53+); written and tested against 5.x.
 
 What a stage is. :func:`split_causal_lm` cuts a ``...ForCausalLM`` into
 :class:`CausalLMStage` modules that *share* the model's submodules (no copy) and keep
@@ -269,6 +269,12 @@ def _layer_types(config: Any, recipe: Recipe) -> list[str]:
 def _check(model: nn.Module) -> tuple[Recipe, str]:
     """The model's recipe and its head's attribute name; ParameterError naming what is
     missing or unknown."""
+    try:
+        from transformers import masking_utils  # noqa: F401  (transformers >= 4.53)
+    except ImportError as e:
+        raise ParameterError("model", "split_causal_lm needs transformers' mask functions "
+                             "(transformers.masking_utils, transformers >= 4.53; tested with 5.x): "
+                             f"{e}") from None
     cfg = getattr(model, "config", None)
     kind = getattr(cfg, "model_type", None)
     if kind not in RECIPES:
