@@ -247,3 +247,11 @@ def test_causal_mask_for_eager_attention_is_additive():
     assert add.dtype == torch.float32
     assert add[0, 0].tolist() == [[0.0, low, low], [0.0, 0.0, low], [0.0, 0.0, low]]
     assert causal_mask(pad, 1, 3, torch.device("cpu")).dtype == torch.bool
+    # a bool 4D mask handed to a stage of an eager-attention model is refused, not added as 0/1
+    from pipeoffload.errors import ParameterError
+
+    model = build("gemma2", 2)
+    x, _, _ = batch(0, rows=1, seq=3)
+    x["attention_mask"] = causal_mask(pad, 1, 3, torch.device("cpu"))
+    with pytest.raises(ParameterError, match="inputs: attention_mask is a boolean .* eager"):
+        split_causal_lm(model, 2)[0](x)

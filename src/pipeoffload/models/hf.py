@@ -147,6 +147,7 @@ class CausalLMStage(nn.Module):
             if pos is None:  # as the model's forward: (1, s), not expanded
                 pos = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
             mask2d = x.get("attention_mask")
+            _check_mask(mask2d, self.config)
             router = self._router_start(hidden.device) if self._router else None
         else:
             hidden, pos, mask2d = x["hidden_states"], x["position_ids"], x.get("attention_mask")
@@ -231,6 +232,16 @@ class CausalLMStage(nn.Module):
                 probs = probs + (weights.float() * flat.unsqueeze(-1)).sum(dim=0)
                 rows = rows + flat.sum()
         return tokens, probs, rows
+
+
+def _check_mask(mask: torch.Tensor | None, config: Any) -> None:
+    """A boolean 4D mask given to eager attention would be *added* to the scores as 0/1."""
+    if (mask is not None and mask.dim() == 4 and mask.dtype == torch.bool
+            and getattr(config, "_attn_implementation", None) == "eager"):
+        raise ParameterError("inputs", "attention_mask is a boolean (b, 1, s, s) mask but the model uses eager "
+                             "attention, which adds the mask to its scores (0/1, not -inf): give the (b, s) 0/1 "
+                             "padding mask (the stages build the model's own mask from it) or an additive float "
+                             "mask")
 
 
 def _balance_loss(router: tuple, num_experts: int) -> torch.Tensor:

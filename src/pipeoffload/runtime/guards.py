@@ -17,6 +17,8 @@ Each names what it found (ranks, layer groups, parameters):
 - :class:`GradCheck` (end of each step, local): a one-time ``RuntimeWarning`` naming a
   layer group whose trainable parameters all got no gradient in a step (its output
   needed no gradient: built under ``no_grad``, or detached).
+
+(The eager-attention mask mistake is guarded where masks are made: ``models/hf.py``.)
 """
 
 from __future__ import annotations
