@@ -326,6 +326,10 @@ def _check(model: nn.Module) -> tuple[Recipe, str]:
     if unsupported:
         raise ParameterError("model", f"config has {', '.join(unsupported)}: not a decoder-only causal LM "
                              "this splitter reproduces")
+    if kind.startswith("gemma") and not hasattr(base.embed_tokens, "embed_scale"):
+        # older transformers scale Gemma's embedding in the model's forward, which the stages do not run
+        raise ParameterError("model", f"{kind}: the embedding module has no embed_scale (a transformers "
+                             "version that scales it in the model's forward); use transformers 5.x")
     other = sorted(set(_layer_types(cfg, recipe)) - {FULL, SLIDING})
     if other:
         raise ParameterError("model", f"config.layer_types has {', '.join(other)}; the splitter knows "
