@@ -10,7 +10,7 @@ auxiliary losses (``output_router_logits``) with a coefficient large enough to m
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 VOCAB, HIDDEN = 64, 32
 _COMMON = dict(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=64, num_attention_heads=4,
@@ -95,5 +95,3 @@ def sequential(stages: list, x: Any) -> Any:
         x = s(x)
     return x
 
-
-Builder = Callable[..., Any]
