@@ -6,14 +6,15 @@
 
 A small ``LlamaConfig`` (grouped-query attention: 4 query heads share 2 key/value
 heads) is built on every rank with the same seed, cut into ``p·v`` stages with
-:func:`pipeoffload.models.hf_llama.split_llama` (the stages *share* the model's modules,
+:func:`pipeoffload.models.hf.split_causal_lm` (the stages *share* the model's modules,
 so parameter names stay the model's own), and trained for a few AdamW steps by
 :class:`~pipeoffload.runtime.PipelineRunner` under :func:`~pipeoffload.runtime.launch`
-(gloo on CPU). The batch is right-padded: the first stage builds the attention mask
-(causal and not padding) and it crosses every boundary with the hidden states and the
-position ids, without gradients. With ``--tie`` the head and the embedding are one
-tensor held by the first and the last stage: the runner finds it, lists it once and
-sums its two gradients among the ranks that hold it.
+(gloo on CPU). The batch is right-padded: its 0/1 mask and the position ids cross every
+boundary with the hidden states, without gradients, and each stage builds its attention
+mask from them with transformers' own mask function. With ``--tie`` the head and the
+embedding are one tensor held by the first and the last stage: the stages declare the tie
+(from the model's tied-weight list), the runner lists it once and sums its two gradients
+among the ranks that hold it.
 
 Needs ``pip install 'pipeoffload[hf]'`` (``transformers``).
 """
@@ -25,7 +26,7 @@ import time
 
 import torch
 
-from pipeoffload.models.hf_llama import causal_lm_loss, split_llama
+from pipeoffload.models.hf import causal_lm_loss, split_causal_lm
 from pipeoffload.passes.offload import plan_offload
 from pipeoffload.runtime import PipelineRunner, launch
 from pipeoffload.runtime.offload_store import OffloadStore
@@ -63,7 +64,7 @@ def worker(ctx, args: argparse.Namespace) -> None:
         sched = plan_offload(sched, offload_chunks=sched.chunks).schedule  # activations to host between F and B
         store = OffloadStore()
     model = build_model(args.tie, layers=max(4, sched.num_stages))
-    runner = PipelineRunner(split_llama(model, sched.num_stages), causal_lm_loss, sched, activation_store=store)
+    runner = PipelineRunner(split_causal_lm(model, sched.num_stages), causal_lm_loss, sched, activation_store=store)
     opt = torch.optim.AdamW(runner.parameters(), lr=3e-3)
     # Shared parameters, by every name they have: ``lm_head.weight`` -> ``model.embed_tokens.weight`` when tied.
     shared = {n: c for n, c in runner.table.aliases.items() if n != c}

@@ -79,3 +79,8 @@ def test_every_relative_link_and_anchor_resolves(doc):
         if frag and dest.suffix == ".md" and frag not in anchors(dest):
             bad.append(f"{target}: no heading with anchor #{frag} in {dest.relative_to(ROOT)}")
     assert not bad, f"{doc.relative_to(ROOT)}: dead links:\n  " + "\n  ".join(bad)
+
+
+def test_the_readme_stays_short():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 150, f"README.md has {len(lines)} lines; results belong in docs/results.md"

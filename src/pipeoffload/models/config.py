@@ -88,3 +88,61 @@ def layer_ranges(layers: int, num_stages: int) -> list[range]:
         out.append(range(start, start + n))
         start += n
     return out
+
+
+def balanced_ranges(layer_costs: list[float], num_stages: int, first: float = 0.0,
+                    last: float = 0.0) -> list[range]:
+    """Contiguous layers of each layer group, minimising the largest group cost.
+
+    Args:
+        layer_costs: the cost of each layer, in order (any unit; non-negative).
+        num_stages: the number of layer groups (p·v).
+        first: the extra cost of the first group (the embedding).
+        last: the extra cost of the last group (the final norm and the output head).
+
+    Returns:
+        ``num_stages`` ranges covering ``range(len(layer_costs))`` in order, each with at
+        least one layer.
+
+    Raises:
+        ParameterError: ``num_stages`` < 1, fewer layers than groups, or a negative cost.
+
+    Guarantees: no other contiguous split with at least one layer per group has a
+    smaller maximum of (layers' costs + the group's extra); among the optimal splits,
+    one with evenly spread costs (a small sum of squares). With ``first``/``last`` as large
+    as a layer, the first and last groups take a layer fewer than the others, as
+    PipeOffload's partition does.
+    """
+    n = len(layer_costs)
+    require(num_stages >= 1, "num_stages", f"need at least one layer group, got {num_stages}")
+    require(n >= num_stages, "num_stages", f"{n} layers cannot fill {num_stages} layer groups (p·v)")
+    require(all(c >= 0 for c in layer_costs) and first >= 0 and last >= 0, "layer_costs",
+            "costs must be non-negative")
+    prefix = [0.0]
+    for c in layer_costs:
+        prefix.append(prefix[-1] + c)
+
+    def cost(s: int, a: int, b: int) -> float:  # group s holding layers a..b-1
+        return prefix[b] - prefix[a] + (first if s == 0 else 0.0) + (last if s == num_stages - 1 else 0.0)
+
+    # best[s][j]: (the smallest max cost, then the smallest sum of squared costs) of
+    # groups 0..s covering layers 0..j-1; the max is exact, the squares spread the rest
+    inf = (float("inf"), float("inf"))
+    best = [[inf] * (n + 1) for _ in range(num_stages)]
+    cut = [[0] * (n + 1) for _ in range(num_stages)]
+    for j in range(1, n + 1):
+        best[0][j] = (cost(0, 0, j), cost(0, 0, j) ** 2)
+    for s in range(1, num_stages):
+        for j in range(s + 1, n + 1):
+            for i in range(s, j):  # the group's first layer
+                c = cost(s, i, j)
+                v = (max(best[s - 1][i][0], c), best[s - 1][i][1] + c * c)
+                if v < best[s][j]:
+                    best[s][j], cut[s][j] = v, i
+    ends, j = [n], n
+    for s in range(num_stages - 1, 0, -1):
+        j = cut[s][j]
+        ends.append(j)
+    ends.append(0)
+    ends.reverse()
+    return [range(ends[s], ends[s + 1]) for s in range(num_stages)]

@@ -69,7 +69,7 @@ from ..passes.issue_policy import IssuePlan, issue_plan
 from ..passes.nccl_check import check_nccl
 from ..passes.lower import lower
 from ..timeline import TimedOp
-from . import boundary
+from . import boundary, guards
 from .activations import ActivationStore, KeepActivations
 from .data_parallel import BUCKET_BYTES, Replicate, Sharded, local
 from .messages import Mailbox
@@ -273,6 +273,9 @@ class PipelineRunner:
         self.my_stages = self.placement.stages_of(self.rank)
         self.modules = _pick_modules(stage_modules, self.my_stages, self.num_stages)
         self.device = self._place_modules(device)
+        # Same schedule on every rank (one collective); ties the stages declare join `tie`.
+        entries = guards.agree(schedule, self.modules, self.rank, group)
+        tie = guards.declared_ties(self.modules, tie)
         self.loss_fn = loss_fn
         self.timeout_s = float(timeout_s)
         self.p2p = P2P(self.rank, self.timeout_s, self.device, group, pipeline_ranks(group, mesh), transport)
@@ -290,6 +293,8 @@ class PipelineRunner:
                                              p2p=self.p2p if dist.is_initialized() else None,
                                              origin=self.dp.origin if self.dp is not None else None,
                                              replicas=self.dp.group if self.dp is not None else None)
+        guards.check_table(entries, self.table, self.rank, param_names)
+        self._grad_check = guards.GradCheck(self.modules, self.table)
         self._params = {id(p): p for mod in self.modules.values() for p in mod.parameters()}
         self._late = self._late_params()
         if kind == "replicate":
@@ -469,6 +474,7 @@ class PipelineRunner:
         res = self._execute(self._plan, run)
         self.steps_done += 1
         self._warn_if_w_empty(run)
+        self._grad_check.after_step()
         return res
 
     def eval_step(self, inputs: Any = None, targets: Any = None) -> StepResult:

@@ -1,0 +1,97 @@
+"""Tiny random-weight HuggingFace causal LMs, one per family :func:`pipeoffload.models.hf.split_causal_lm`
+knows (no downloads), and right-padded batches whose targets HF's own ``labels`` loss agrees with.
+
+Every config is small (hidden 32, vocab 64) and deterministic (seeded init, dropout 0), with the
+family's distinguishing features switched on: Mistral's sliding window shorter than the sequence,
+Qwen2-MoE's shared expert, Gemma2/3's soft-capping and alternating sliding layers (eager attention
+for Gemma2, as transformers requires), GPT-2's learned positions and tied head, MoE router
+auxiliary losses (``output_router_logits``) with a coefficient large enough to matter.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+VOCAB, HIDDEN = 64, 32
+_COMMON = dict(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=64, num_attention_heads=4,
+               num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+_MOE = dict(num_experts_per_tok=2, output_router_logits=True, router_aux_loss_coef=0.1)
+
+
+def _spec() -> dict[str, tuple[str, str, dict]]:
+    """family -> (config class, model class, config overrides)."""
+    return {
+        "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+        "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 4}),
+        "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
+        "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 8}),
+        "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",
+                      {**_MOE, "num_experts": 4, "moe_intermediate_size": 16, "shared_expert_intermediate_size": 32}),
+        "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+                      {**_MOE, "num_experts": 4, "moe_intermediate_size": 16, "head_dim": 8}),
+        "mixtral": ("MixtralConfig", "MixtralForCausalLM", {**_MOE, "num_local_experts": 4, "sliding_window": 6}),
+        "gemma": ("GemmaConfig", "GemmaForCausalLM", {"head_dim": 8}),
+        "gemma2": ("Gemma2Config", "Gemma2ForCausalLM",
+                   {"head_dim": 8, "sliding_window": 4, "final_logit_softcapping": 3.0, "attn_logit_softcapping": 5.0,
+                    "attn_implementation": "eager"}),
+        "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM",
+                   {"head_dim": 8, "sliding_window": 4, "final_logit_softcapping": 3.0,
+                    "layer_types": ["sliding_attention", "full_attention"] * 4}),
+        "phi3": ("Phi3Config", "Phi3ForCausalLM", {}),
+        "gpt2": ("GPT2Config", "GPT2LMHeadModel",
+                 {"n_embd": HIDDEN, "n_head": 4, "n_positions": 64, "resid_pdrop": 0.0, "embd_pdrop": 0.0,
+                  "attn_pdrop": 0.0}),
+        "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", {"hidden_dropout": 0.0, "attention_dropout": 0.0}),
+        "olmo": ("OlmoConfig", "OlmoForCausalLM", {}),
+        "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", {}),
+    }
+
+
+FAMILIES: tuple[str, ...] = tuple(_spec())
+
+
+def build(family: str, layers: int = 4, tie: bool | None = None) -> Any:
+    """The family's tiny model, seeded: the same weights on every rank."""
+    import torch
+    import transformers
+
+    cfg_name, model_name, extra = _spec()[family]
+    kw = {**_COMMON, **extra, "num_hidden_layers": layers}
+    if family == "gpt2":
+        kw = {k: v for k, v in kw.items() if k not in ("hidden_size", "intermediate_size", "num_attention_heads",
+                                                        "num_key_value_heads", "max_position_embeddings")}
+        kw["n_layer"] = kw.pop("num_hidden_layers")
+    if family == "gpt_neox":
+        kw.pop("num_key_value_heads")
+    if "layer_types" in kw:
+        kw["layer_types"] = kw["layer_types"][:layers]
+    kw.setdefault("attn_implementation", "sdpa")
+    if tie is not None:
+        kw["tie_word_embeddings"] = tie
+    cfg = getattr(transformers, cfg_name)(**kw)
+    torch.manual_seed(0)
+    return getattr(transformers, model_name)(cfg)
+
+
+def batch(step: int, rows: int = 8, seq: int = 10, padded: bool = True) -> tuple[dict, Any, Any]:
+    """``(inputs, targets, labels)``: right-padded ids and their mask; next-token targets
+    (-100 at padding and at the last position) for :func:`causal_lm_loss`; and the
+    unshifted ``labels`` giving HF's own loss the same tokens."""
+    import torch
+
+    g = torch.Generator().manual_seed(1000 + step)
+    ids = torch.randint(3, VOCAB, (rows, seq), generator=g)
+    lengths = torch.randint(seq // 2, seq + 1, (rows,), generator=g) if padded else torch.full((rows,), seq)
+    mask = (torch.arange(seq)[None, :] < lengths[:, None]).long()
+    labels = ids.masked_fill(mask == 0, -100)
+    targets = torch.cat([labels[:, 1:], torch.full((rows, 1), -100)], dim=1)
+    x = {"input_ids": ids, "attention_mask": mask} if padded else {"input_ids": ids}
+    return x, targets, labels
+
+
+def sequential(stages: list, x: Any) -> Any:
+    """The stages run one after the other in one process."""
+    for s in stages:
+        x = s(x)
+    return x
+
