@@ -48,7 +48,8 @@ Model (docs/planner.md has the long version)
 """
 
 from .config import Config, MemoryBreakdown
-from .report import Rejection, format_table
+from .refusals import Rejection
+from .report import format_table
 from .result import NoConfigurationFits, PlanResult
 from .search import plan
 from .sharding import NodeProfile, ShardedCosts, node_profile, shard_costs, tp_slowdown

@@ -8,7 +8,7 @@ one microbatch of its largest layer group's activation exceed the budget cannot 
 from __future__ import annotations
 
 from ..costmodel.hardware import GiB
-from .report import Refused
+from .refusals import Refused
 from .sharding import RECOMPUTE_ORDER, CostTable, rank_compute, rank_states
 from .space import Family, Problem, Split, placement_of
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from ..costmodel.hardware import GiB
 from .hostlink import check_pinned_host, effective_k, host_links
-from .report import Refused
+from .refusals import Refused
 from .sharding import rank_states
 from .space import BUDGET, Family, Problem, Split
 

@@ -1,63 +1,29 @@
-"""Why the planner rejected what it rejected, and the text of a plan. Pure Python.
+"""The text of a plan, and why the planner rejected what it rejected. Pure Python.
 
-:class:`Refused` is raised inside the search when a candidate cannot be evaluated;
-:class:`Rejection` is what a result reports per family (or split);
 :func:`family_rejections` turns a search's candidates into one rejection per family that
-produced no configuration; :func:`format_table` is the ``pipeoffload plan`` text.
+produced no configuration (:class:`~pipeoffload.planner.refusals.Rejection`);
+:func:`format_table` is the ``pipeoffload plan`` text. The arguments are the search's
+candidates and a ``PlanResult`` (``planner/result.py``), read by attribute: this module
+imports neither, so the modules that build a result never import the one that prints it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 from ..costmodel.hardware import GiB, Hardware
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .config import Config
-    from .result import PlanResult
-    from .space import Family
+from .refusals import Refused, Rejection
 
 __all__ = ["Rejection", "Refused", "family_rejections", "format_table"]
-
-
-@dataclass
-class Rejection:
-    """Why a family (or a split) produced no configuration. ``kind``: "split", "oom", "m",
-    "generator", "offload", "pruned" or "same" (the same schedule as another setting); ``over``:
-    bytes above the budget for "oom"."""
-
-    family: str
-    kind: str
-    reason: str
-    over: float | None = None
-    config: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"family": self.family, "kind": self.kind, "reason": self.reason,
-                "over_gib": None if self.over is None else self.over / GiB, "config": self.config}
-
-
-class Refused(Exception):
-    """A candidate that could not be evaluated (``kind`` as in :class:`Rejection`; ``config``
-    names the candidate once known)."""
-
-    def __init__(self, kind: str, reason: str, over: float | None = None, config: str | None = None) -> None:
-        super().__init__(reason)
-        self.kind, self.reason, self.over, self.config = kind, reason, over, config
-
-    def naming(self, config: str) -> "Refused":
-        """The same refusal, naming ``config``."""
-        return Refused(self.kind, self.reason, self.over, config)
 
 
 class _Searched(Protocol):
     """What :func:`family_rejections` reads of a search candidate."""
 
-    family: "Family"
-    attempts: list["Config"]
+    family: Any
+    attempts: list[Any]
     refusals: list[Refused]
-    fit: "Config | None"
+    fit: Any
     pruned: str | None
 
 
@@ -100,7 +66,7 @@ def _family_rejection(label: str, mine: Sequence[_Searched]) -> Rejection:
     return Rejection(label, "pruned", "; ".join(extra) or "not evaluated")
 
 
-def _closest_oom(label: str, tried: Sequence["Config"], refusals: Sequence[Refused], extra: list[str]) -> Rejection:
+def _closest_oom(label: str, tried: Sequence[Any], refusals: Sequence[Refused], extra: list[str]) -> Rejection:
     """The simulated configuration of the family that missed the budget by the least."""
     best = min(tried, key=lambda a: a.over)
     reason = f"OOM by {best.over / GiB:.2f} GiB at best ({best.describe()}: " \
@@ -121,7 +87,7 @@ def _closest_oom(label: str, tried: Sequence["Config"], refusals: Sequence[Refus
 # Text
 
 
-def format_table(res: "PlanResult") -> str:
+def format_table(res: Any) -> str:
     """The ``pipeoffload plan`` text: what was searched, the fitting configurations ranked (or
     that none fits), the best one in a sentence, and the rejections."""
     m = res.model
@@ -142,7 +108,7 @@ def format_table(res: "PlanResult") -> str:
     return "\n".join(lines)
 
 
-def _config_rows(configs: Sequence["Config"]) -> list[str]:
+def _config_rows(configs: Sequence[Any]) -> list[str]:
     hdr = (f"{'#':>2} {'schedule':<30} {'TP':>2} {'PP':>3} {'DP':>3} {'m':>5} {'rc':>3} {'off':>3} "
            f"{'params':>7} {'grad+opt':>8} {'act':>6} {'device':>7} {'host':>6} {'iter s':>8} "
            f"{'MFU':>6} {'bubble':>6}")
@@ -160,7 +126,7 @@ def _config_rows(configs: Sequence["Config"]) -> list[str]:
     return lines
 
 
-def _best_sentence(b: "Config") -> str:
+def _best_sentence(b: Any) -> str:
     return (f"best: {b.describe()}: {b.iteration_ms / 1e3:.3f} s per iteration "
             f"({b.tokens_per_s:,.0f} tokens/s), MFU {b.mfu:.1%}, bubble {b.bubble_rate:.1%}, "
             f"device peak {b.memory.device / GiB:.1f} GiB on rank {b.memory.rank}"
@@ -175,7 +141,7 @@ def calibration_note(hardware: "Hardware") -> str:
     return hardware.calibration or "not checked against measurements (uncalibrated profile)"
 
 
-def _prediction_line(res: "PlanResult") -> str:
+def _prediction_line(res: Any) -> str:
     """The best plan's predicted iteration time, MFU and peak memory with the profile's calibration
     error beside them."""
     b, hw = res.configs[0], res.hardware
@@ -184,7 +150,7 @@ def _prediction_line(res: "PlanResult") -> str:
             f"by the caching allocator); calibration: {calibration_note(hw)}")
 
 
-def _rejection_lines(res: "PlanResult") -> list[str]:
+def _rejection_lines(res: Any) -> list[str]:
     """Per family, then the splits rejected for a rule, then those whose states alone exceed
     the budget (on one line)."""
     lines = [f"  {r.family}: {r.reason}" for r in res.rejected]

@@ -16,7 +16,8 @@ from ..costmodel.model import ModelSpec
 from ..errors import ParameterError
 from ..timeline import Timeline
 from .config import Config
-from .report import Rejection, format_table
+from .refusals import Rejection
+from .report import format_table
 from .sharding import NodeProfile, ShardedCosts
 from .space import PlanOptions, Problem
 

@@ -37,7 +37,8 @@ from ..costmodel.presets import PO_RUNTIME, get_model
 from ..errors import ParameterError
 from .bounds import check_memory_bound, time_bound
 from .config import Config, assemble, assemble_offloaded
-from .report import Refused, Rejection, family_rejections
+from .refusals import Refused, Rejection
+from .report import family_rejections
 from .result import PlanResult
 from .sharding import RECOMPUTE_ORDER, node_profile
 from .simulate import Simulator

@@ -29,7 +29,7 @@ from ..passes.offload import OffloadOptions, OffloadResult
 from ..timeline import Timeline
 from .dp import dp_exposed
 from .hostlink import host_links
-from .report import Refused
+from .refusals import Refused
 from .sharding import CostTable, ShardedCosts, rank_states
 from .space import BUDGET, FIXED_ORDER, Family, Problem, Split, placement_of
 

@@ -21,7 +21,7 @@ from ..costmodel.model import ModelSpec
 from ..errors import ParameterError
 from ..ir import OpKind, Placement, Schedule
 from ..schedules import SCHEDULES
-from .report import Rejection
+from .refusals import Rejection
 from .sharding import NodeProfile
 
 __all__ = [
