@@ -29,7 +29,8 @@ def files(tmp_path):
         "syntax": "[training\nsteps = 3\n",
         "unknown": "[training]\nstepz = 3\n",
         "section": "[trainer]\nsteps = 3\n",
-        "wrong_type": '[schedule]\nstages = "four"\n',
+        "wrong_type": '[schedule]\nranks = "four"\n',
+        "wrong_type_old_key": '[schedule]\nstages = "four"\n',  # the old name of schedule.ranks
         "wrong_type_flag_key": '[training]\nsteps = "five"\n',  # a key a flag also sets
         "a_file": "",
     }
@@ -50,7 +51,7 @@ def files(tmp_path):
 
 CASES = [
     # more layer groups than layers
-    (["train", "--stages", "16"], "model.layers", "8 layers cannot fill 32 layer groups"),
+    (["train", "--ranks", "16"], "model.layers", "8 layers cannot fill 32 layer groups"),
     (["train", "-p", "4", "-v", "4"], "model.layers", "cannot fill 16 layer groups"),
     # m below what the schedule needs
     (["simulate", "interleaved-1f1b", "-m", "2", "-p", "4"], "-m", "needs m >= 4"),
@@ -90,7 +91,8 @@ CASES = [
     (["train", "--config", "{syntax}"], "--config", "not valid TOML"),
     (["train", "--config", "{unknown}"], "training.stepz", "valid keys of [training]"),
     (["train", "--config", "{section}"], "--config", "valid: model, schedule"),
-    (["train", "--config", "{wrong_type}"], "schedule.stages", "must be int"),
+    (["train", "--config", "{wrong_type}"], "schedule.ranks", "must be int"),
+    (["train", "--config", "{wrong_type_old_key}"], "schedule.stages", "must be int"),  # the key the file has
     (["train", "--config", "{wrong_type_flag_key}"], "training.steps: must be int", None),  # the file's key
     (["train", "--config", "{tmp}"], "--config", "cannot read"),
     (["train", "--config", "/nonexistent.toml"], "--config", "file not found"),
@@ -142,9 +144,9 @@ def _run(args, env_extra, timeout=60):
 
 @pytest.mark.parametrize("env,param,needle", [
     ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29555"},
-     "--stages", "started 2 processes (WORLD_SIZE=2) but the schedule needs 4"),
+     "--ranks", "started 2 processes (WORLD_SIZE=2) but the schedule needs 4"),
     ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29555"},
-     "--stages", "torchrun --nproc-per-node 4"),
+     "--ranks", "torchrun --nproc-per-node 4"),
     ({"RANK": "0", "WORLD_SIZE": "four"}, "WORLD_SIZE", "must be an integer"),
     ({"RANK": "4", "WORLD_SIZE": "4"}, "RANK", "0..3"),
     ({"RANK": "0", "WORLD_SIZE": "4"}, "MASTER_ADDR", "MASTER_PORT"),
@@ -167,7 +169,7 @@ def test_a_world_size_that_does_not_fit_fails_before_any_rendezvous(env, param, 
 def test_the_world_size_check_in_a_real_process():
     env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29555"}
     r, took = _run(["train", "-p", "4", "--steps", "1", "--no-progress"], env)
-    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--stages:" in r.stderr, r.stderr[-2000:]
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--ranks:" in r.stderr, r.stderr[-2000:]
     assert took < 30
 
 
@@ -185,7 +187,7 @@ OUTPUTS = [
     (["simulate", "1f1b", "-p", "4", "-m", "8", "--csv", "{out}"], "--csv"),
     (["compare", "-p", "4", "-m", "8", "--png", "{out}"], "--png"),
     (["plan", "--model", "1.5B", "--gpus", "8", "--png", "{out}"], "--png"),
-    (["scale", "--model", "1.5B", "--stages", "4", "--png", "{out}"], "--png"),
+    (["scale", "--model", "1.5B", "--ranks", "4", "--png", "{out}"], "--png"),
     (["train", "--steps", "1", "--output", "{out}"], "--output"),
     (["bench", "--output", "{out}"], "--output"),
 ]

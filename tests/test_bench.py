@@ -64,7 +64,7 @@ def test_markdown_has_a_row_per_result():
     assert "**0.950** (0.900–1.000)" in text and "1.00 / 0.50" in text and "2.00 / 0.50" in text
 
 
-@pytest.mark.parametrize("args, flag", [(["--schedules", "nope"], "--schedules"), (["-p", "2,x"], "--stages"),
+@pytest.mark.parametrize("args, flag", [(["--schedules", "nope"], "--schedules"), (["-p", "2,x"], "--ranks"),
                                         (["--pairs", "0"], "--pairs")])
 def test_cli_parameter_errors_are_one_line(args, flag):
     r = subprocess.run([sys.executable, "-m", "pipeoffload", "bench", *args], capture_output=True, text=True,

@@ -65,7 +65,7 @@ def test_simulate_text_report(capsys):
         (["simulate", "1f1b", "--costs", "F=abc"], "--costs: F must be a number"),
         (["simulate", "1f1b", "--stage-costs", "/nonexistent.json"], "--stage-costs: file not found"),
         (["simulate", "1f1b", "-p", "4", "--stage-costs", "BAD"], "--stage-costs"),
-        (["simulate", "1f1b", "-p", "x"], "argument -p/--stages: invalid int value"),
+        (["simulate", "1f1b", "-p", "x"], "argument -p/--ranks: invalid int value"),
     ],
 )
 def test_errors_are_one_line_exit_2(args, needle):
@@ -181,11 +181,11 @@ def test_comma_separated_integers():
     from pipeoffload.commands.common import int_list
     from pipeoffload.errors import ParameterError
 
-    assert int_list(" 2, 4,,8 ", "--stages") == (2, 4, 8) and int_list("", "--chunks") == ()
-    with pytest.raises(ParameterError, match="^--stages: expected comma-separated integers, got '2,x'"):
-        int_list("2,x", "--stages")
-    with pytest.raises(ParameterError, match="^--stages: needs at least one value"):
-        int_list(" , ", "--stages", required=True)
+    assert int_list(" 2, 4,,8 ", "--ranks") == (2, 4, 8) and int_list("", "--chunks") == ()
+    with pytest.raises(ParameterError, match="^--ranks: expected comma-separated integers, got '2,x'"):
+        int_list("2,x", "--ranks")
+    with pytest.raises(ParameterError, match="^--ranks: needs at least one value"):
+        int_list(" , ", "--ranks", required=True)
 
 
 # --- the front door: import pipeoffload ------------------------------------------------------------
@@ -223,3 +223,16 @@ def test_the_runtime_names_resolve_lazily():
     assert {"PipelineRunner", "launch", "OffloadStore"} <= set(dir(po))
     with pytest.raises(AttributeError):
         po.no_such_name  # noqa: B018
+
+
+def test_ranks_is_the_flag_and_stages_its_deprecated_spelling(capsys):
+    assert main(["simulate", "1f1b", "--ranks", "3", "-m", "6", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["stages"] == 3  # --json keys stay as they were
+    assert main(["simulate", "1f1b", "--stages", "3", "-m", "6", "--json"]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out)["stages"] == 3
+    assert "--stages is deprecated and will be removed; use --ranks (-p)" in out.err
+    with pytest.raises(SystemExit):
+        main(["simulate", "--help"])
+    help_text = capsys.readouterr().out
+    assert "-p P, --ranks P" in help_text and "--stages" not in help_text

@@ -309,7 +309,7 @@ def test_scale_reports_unbuildable_points():
 
 def test_scale_cli_json_and_png(capsys, tmp_path):
     png = tmp_path / "scale.png"
-    assert main(["scale", "--model", "6.2B", "--stages", "4,8", "-m", "16", "--series", "1f1b,po-full",
+    assert main(["scale", "--model", "6.2B", "--ranks", "4,8", "-m", "16", "--series", "1f1b,po-full",
                  "--json", "--png", str(png)]) == 0
     obj = json.loads(capsys.readouterr().out)
     assert obj["stages"] == [4, 8] and obj["microbatches"] == 16
@@ -320,7 +320,7 @@ def test_scale_cli_json_and_png(capsys, tmp_path):
     assert obj["series"][1]["offload_chunks"] == 2
     assert obj["model"]["recompute_elementwise"] is True  # PipeOffload's runtime setting by default
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert main(["scale", "--model", "6.2B", "--stages", "4,x"]) == 2
+    assert main(["scale", "--model", "6.2B", "--ranks", "4,x"]) == 2
     assert main(["scale", "--model", "6.2B", "--layers", "0"]) == 2
     assert PO_RUNTIME["flash_attention"] is True
 

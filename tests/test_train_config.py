@@ -43,7 +43,7 @@ def test_parallel_checks_name_the_key(parallel, model, key, words):
 
 
 def test_parallel_world_size():
-    cfg = TrainConfig.from_dict({"schedule": {"name": "1f1b", "stages": 2}, "parallel": {"dp": 2, "tp": 2}})
+    cfg = TrainConfig.from_dict({"schedule": {"name": "1f1b", "ranks": 2}, "parallel": {"dp": 2, "tp": 2}})
     cfg.check()
     assert cfg.world_size == 8
     with pytest.raises(ParameterError, match="parallel.tp"):
@@ -71,7 +71,7 @@ def test_plan_emits_a_runnable_train_config(tmp_path):
 
 
 def test_sequence_parallel_is_refused_until_the_runtime_has_it():
-    cfg = TrainConfig.from_dict({"schedule": {"name": "1f1b", "stages": 2}, "parallel": {"tp": 2, "sequence_parallel": True}})
+    cfg = TrainConfig.from_dict({"schedule": {"name": "1f1b", "ranks": 2}, "parallel": {"tp": 2, "sequence_parallel": True}})
     with pytest.raises(ParameterError, match="not implemented") as e:
         cfg.check()
     assert e.value.param == "parallel.sequence_parallel"
@@ -91,3 +91,12 @@ def test_emit_config_writes_the_best_plan_the_runtime_can_run(tmp_path, capsys):
     for c in res.configs:
         ok = c.recompute in (False, True) and (c.split.tp == 1 or not c.split.sp)
         assert runtime_can_run(c) == ok
+
+
+def test_the_old_key_schedule_stages_still_reads_with_a_warning():
+    with pytest.warns(DeprecationWarning, match="schedule.stages is deprecated; call it schedule.ranks"):
+        cfg = TrainConfig.from_dict({"schedule": {"name": "1f1b", "stages": 2}})
+    assert cfg.schedule.ranks == 2
+    with pytest.raises(ParameterError, match="^schedule.stages: is the old name of schedule.ranks"):
+        TrainConfig.from_dict({"schedule": {"stages": 2, "ranks": 2}})
+    assert "ranks = 2" in TrainConfig.from_dict({"schedule": {"ranks": 2}}).to_toml()

@@ -15,7 +15,7 @@ import time
 
 from ..models.config import ModelConfig
 from ..bench.side_by_side import PAIRS, BenchConfig
-from .common import int_list, name_list, output_dir, print_json
+from .common import add_ranks_arg, int_list, name_list, output_dir, print_json
 
 
 def register(sub) -> argparse.ArgumentParser:
@@ -30,7 +30,8 @@ def register(sub) -> argparse.ArgumentParser:
         "saved-tensor meter), and the loss and gradient differences. Where torch's generated order differs from "
         "ours, torch's order is also run on our runtime. Writes bench.json and bench.md to --output.",
     )
-    parser.add_argument("-p", "--stages", default="2,4", metavar="P[,P...]", help="pipeline sizes (default 2,4)")
+    add_ranks_arg(parser, dest="stages", default="2,4", type=str, metavar="P[,P...]",
+                  help="pipeline ranks p, one launch each (default 2,4)")
     parser.add_argument("--schedules", default=",".join(PAIRS), metavar="NAME[,NAME...]",
                         help=f"which shared schedules (default all: {', '.join(PAIRS)})")
     parser.add_argument("--pairs", type=int, default=5, help="timed (ours, torch) pairs per schedule (default 5)")
@@ -58,7 +59,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     model = ModelConfig(layers=args.layers, hidden=args.hidden, heads=args.heads, kv_heads=args.kv_heads,
                         seq_len=args.seq_len)
     cfg = BenchConfig(
-        stages=list(int_list(args.stages, "--stages", required=True)),
+        stages=list(int_list(args.stages, "--ranks", required=True)),
         schedules=list(name_list(args.schedules)),
         pairs=args.pairs, warmup=args.warmup, microbatches=args.m, microbatch_size=args.microbatch_size,
         model=model, same_order=not args.no_same_order, threads=args.threads, timeout_s=args.timeout,

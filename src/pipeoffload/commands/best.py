@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 
 from ..studies.best import BestResult, search
-from .common import add_costs_args, cli_text, costs_from_args, memory_from_args, memory_unit, name_list, print_json
+from .common import (add_costs_args, add_ranks_arg, cli_text, costs_from_args, memory_from_args, memory_unit, name_list,
+                     print_json)
 
 
 def register(sub) -> argparse.ArgumentParser:
@@ -18,7 +19,7 @@ def register(sub) -> argparse.ArgumentParser:
         "offloaded (chunks 0..C-1, then also the B->W window) when that makes it fit without lengthening the "
         "iteration. Prints the best fitting schedule and the runners-up.",
     )
-    parser.add_argument("-p", "--stages", dest="p", type=int, default=4, help="pipeline ranks (default 4)")
+    add_ranks_arg(parser)
     parser.add_argument("-m", "--microbatches", dest="m", type=int, default=8, help="microbatches (default 8)")
     add_costs_args(parser)
     parser.add_argument("--mem-limit", type=float, default=None,

@@ -36,7 +36,8 @@ CLI_FLAGS: dict[str, str] = {
     "recompute": "--recompute", "top": "--top", "tp_bw": "--tp-link-gbs", "hbm_bw": "--hbm-gbs",
     "peak_rate": "--peak-tflops",
     # studies (compare, scale) and the benchmark
-    "stages": "--stages", "world_size": "--stages", "series": "--series", "pairs": "--pairs", "warmup": "--warmup",
+    "stages": "--ranks", "ranks": "--ranks", "world_size": "--ranks", "series": "--series", "pairs": "--pairs",
+    "warmup": "--warmup",
     "microbatch_size": "--microbatch-size", "microbatches": "--microbatches",
     # schedule files (pipeoffload.interop.torch_csv)
     "path": "--from-csv",
@@ -48,7 +49,7 @@ CLI_FLAGS: dict[str, str] = {
     "checkpoint.every": "--checkpoint-every", "checkpoint.keep": "--checkpoint-keep",
     "checkpoint.resume": "--resume",
     "parallel.dp": "--dp", "parallel.tp": "--tp", "parallel.fsdp": "--fsdp",
-    "parallel.sequence_parallel": "--sequence-parallel", "parallel.world_size": "--stages x --dp x --tp",
+    "parallel.sequence_parallel": "--sequence-parallel", "parallel.world_size": "--ranks x --dp x --tp",
     "emit_config": "--emit-config",
 }
 
@@ -164,12 +165,35 @@ def add_costs_args(parser: argparse.ArgumentParser) -> None:
                              "default F=1,B=0,W=-1)")
 
 
+class _DeprecatedAlias(argparse.Action):
+    """A flag's old spelling: stores like the new one and says once, on stderr, to use it."""
+
+    def __init__(self, option_strings: list[str], dest: str, new: str = "", **kwargs: Any) -> None:
+        self.new = new
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        print(f"pipeoffload: warning: {option_string} is deprecated and will be removed; use {self.new}",
+              file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
+def add_ranks_arg(parser: Any, *, dest: str = "p", default: Any = 4, type: Any = int, metavar: str | None = None,
+                  help: str = "pipeline ranks p (default 4)") -> None:
+    """``-p/--ranks``: the number of pipeline ranks (docs/glossary.md); ``--stages``, its
+    old spelling, still works with a warning (hidden from --help)."""
+    parser.add_argument("-p", "--ranks", dest=dest, type=type, default=default, metavar=metavar, help=help)
+    parser.add_argument("--stages", dest=dest, type=type, default=argparse.SUPPRESS, action=_DeprecatedAlias,
+                        new="--ranks (-p)", help=argparse.SUPPRESS)
+
+
 def add_schedule_args(parser: argparse.ArgumentParser, positional: bool = True) -> None:
     """-p, -m, -v, -g: the papers' p (ranks), m (microbatches), v (chunks per rank) and
     g (group size of group-interleaved)."""
     if positional:
         parser.add_argument("schedule", help="schedule name (see `pipeoffload schedules`)")
-    parser.add_argument("-p", "--stages", dest="p", type=int, default=4, help="pipeline ranks (default 4)")
+    add_ranks_arg(parser)
     parser.add_argument("-m", "--microbatches", dest="m", type=int, default=8, help="microbatches (default 8)")
     parser.add_argument("-v", "--chunks", dest="v", type=int, default=None, help="chunks per rank (schedule default)")
     parser.add_argument("-g", "--group", dest="g", type=int, default=None,

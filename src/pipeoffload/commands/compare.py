@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+
 import argparse
 
 from ..costs import MemoryDeltas
 from ..errors import ParameterError
 from ..studies.compare import Comparison, compare
-from .common import (
+from .common import (add_ranks_arg, 
     add_costs_args,
     add_html_arg,
     check_output,
@@ -32,7 +33,7 @@ def register(sub) -> argparse.ArgumentParser:
         "messages, and mark the Pareto frontier of (peak memory, bubble rate). Schedules that refuse the "
         "parameters are listed with the reason.",
     )
-    parser.add_argument("-p", "--stages", dest="p", type=int, default=4, help="pipeline ranks (default 4)")
+    add_ranks_arg(parser)
     parser.add_argument("-m", "--microbatches", dest="m", type=int, default=8, help="microbatches (default 8)")
     add_costs_args(parser)
     parser.add_argument("--offload-time", type=float, default=0.5, metavar="R",

@@ -15,7 +15,7 @@ from ..costmodel.hardware import HARDWARE, get_hardware
 from ..costmodel.model import k_closed_form, k_from_model, pipeline_costs
 from ..costmodel.presets import PO_RUNTIME, PRESETS, get_model
 from ..errors import ParameterError
-from .common import print_json
+from .common import add_ranks_arg, print_json
 
 MB = 1e6
 
@@ -36,7 +36,7 @@ def register(sub) -> argparse.ArgumentParser:
     mode.add_argument("--k", action="store_true", help="print the offload ratio k per model")
     mode.add_argument("--hardware-list", action="store_true", help="list the hardware profiles")
     mode.add_argument("--groups", action="store_true", help="per-layer-group costs of --model for -p/-v")
-    parser.add_argument("-p", "--stages", dest="p", type=int, default=None, help="with --groups: pipeline ranks")
+    add_ranks_arg(parser, default=None, help="with --groups: pipeline ranks p")
     parser.add_argument("-v", "--chunks", dest="v", type=int, default=1,
                         help="with --groups: chunks per rank (default 1)")
     parser.add_argument("--trim-edges", action="store_true",

@@ -1,6 +1,6 @@
 """`pipeoffload scale`: per-device activation memory against the number of pipeline stages.
 
-    pipeoffload scale --model NAME --hardware NAME [--stages 4,8,16,32] [-m M] [--json] [--png FILE]
+    pipeoffload scale --model NAME --hardware NAME [--ranks 4,8,16,32] [-m M] [--json] [--png FILE]
 
 Compares 1F1B, interleaved 1F1B, V-Half, V-Min, group-interleaved and PipeOffload with half and full
 offload (PipeOffload's scalability claim: with offload, activation memory per device stays flat or
@@ -13,7 +13,7 @@ import argparse
 
 from ..costmodel.hardware import HARDWARE
 from ..errors import ParameterError
-from .common import check_output, cli_text, int_list, name_list, print_json, write_output
+from .common import add_ranks_arg, check_output, cli_text, int_list, name_list, print_json, write_output
 
 
 def register(sub) -> argparse.ArgumentParser:
@@ -29,7 +29,8 @@ def register(sub) -> argparse.ArgumentParser:
     parser.add_argument("--model", required=True, metavar="NAME|FILE", help="model preset or .toml/.json model file")
     parser.add_argument("--hardware", default="a100-80g", metavar="NAME|FILE",
                         help=f"hardware profile ({', '.join(HARDWARE)}) or a file (default a100-80g)")
-    parser.add_argument("--stages", default="4,8,16,32", metavar="P,..", help="stage counts (default 4,8,16,32)")
+    add_ranks_arg(parser, dest="stages", default="4,8,16,32", type=str, metavar="P,..",
+                  help="pipeline ranks p, one point each (default 4,8,16,32)")
     parser.add_argument("-m", "--microbatches", dest="m", type=int, default=None,
                         help="microbatches per iteration at every p (default 2 x the largest stage count)")
     parser.add_argument("--layers", type=int, default=None, metavar="L",
@@ -49,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     from ..studies.scale import scale
 
     check_output("--png", args.png)
-    stages = int_list(args.stages, "--stages")
+    stages = int_list(args.stages, "--ranks")
     if args.layers is not None and args.layers < 1:
         raise ParameterError("--layers", f"must be a positive integer, got {args.layers}")
     model = get_model(args.model, **({"layers": args.layers} if args.layers is not None else {}))

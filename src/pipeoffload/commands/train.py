@@ -21,11 +21,11 @@ from typing import Any
 
 from ..errors import ParameterError
 from ..training.config import TrainConfig, config_from_plan
-from .common import offload_warning, output_dir, write_output
+from .common import add_ranks_arg, offload_warning, output_dir, write_output
 
 #: Each flag (by its argparse dest) and the configuration key it overrides.
 _CONFIG_KEYS = {
-    "schedule": "schedule.name", "p": "schedule.stages", "m": "schedule.microbatches", "v": "schedule.v",
+    "schedule": "schedule.name", "p": "schedule.ranks", "m": "schedule.microbatches", "v": "schedule.v",
     "g": "schedule.g", "mem_limit": "schedule.mem_limit",
     "dp": "parallel.dp", "tp": "parallel.tp", "fsdp": "parallel.fsdp", "sequence_parallel": "parallel.sequence_parallel",
     "steps": "training.steps", "microbatch_size": "training.microbatch_size", "lr": "training.lr",
@@ -47,7 +47,7 @@ def register(sub) -> argparse.ArgumentParser:
     parser = sub.add_parser(
         "train",
         help="train the reference transformer on the bundled corpus with a pipeline schedule (the main job)",
-        description="Spawn P x D x T local ranks (--stages, --dp, --tp; gloo on CPU; or run under torchrun, NCCL "
+        description="Spawn P x D x T local ranks (--ranks, --dp, --tp; gloo on CPU; or run under torchrun, NCCL "
         "with CUDA), train the reference "
         "decoder-only transformer on a byte-level corpus (the stdlib documentation topics, or --corpus FILE) with "
         "the chosen schedule, and report per-rank step time, measured vs predicted bubble and peak activation "
@@ -63,7 +63,7 @@ def register(sub) -> argparse.ArgumentParser:
 def _schedule_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("schedule")
     g.add_argument("--schedule", "-s", default=None, help="schedule name (default group-interleaved)")
-    g.add_argument("-p", "--stages", dest="p", type=int, default=None, help="pipeline ranks (default 4)")
+    add_ranks_arg(g, default=None)
     g.add_argument("-m", "--microbatches", dest="m", type=int, default=None, help="microbatches per step (default 8)")
     g.add_argument("-v", "--chunks", dest="v", type=int, default=None, help="chunks per rank (schedule default)")
     g.add_argument("-g", "--group", dest="g", type=int, default=None, help="group size for group-interleaved")
@@ -71,7 +71,7 @@ def _schedule_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _parallel_args(parser: argparse.ArgumentParser) -> None:
-    par = parser.add_argument_group("data and tensor parallelism (a device mesh of --stages x --dp x --tp ranks)")
+    par = parser.add_argument_group("data and tensor parallelism (a device mesh of --ranks x --dp x --tp ranks)")
     par.add_argument("--dp", type=int, default=None, metavar="D",
                      help="data-parallel replicas of every pipeline rank (default 1): gradients all-reduced, "
                           "bucketed and overlapped with the rest of the pipeline")

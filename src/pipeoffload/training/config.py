@@ -12,7 +12,7 @@ Errors are :class:`~pipeoffload.errors.ParameterError` naming the configuration 
 (``training.steps``, ``offload.chunks``, ``model.layers``), or ``config`` for the
 file as a whole; the command line shows the keys its flags set as those flags.
 
->>> cfg = TrainConfig.load("run.toml", overrides={"schedule.stages": 2})
+>>> cfg = TrainConfig.load("run.toml", overrides={"schedule.ranks": 2})
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ class ScheduleConfig:
     """Which schedule to run (names as in ``pipeoffload schedules``)."""
 
     name: str = "group-interleaved"
-    stages: int = 4  #: p, pipeline ranks
+    ranks: int = 4  #: p, pipeline ranks (``stages`` in older files: accepted, deprecated)
     microbatches: int = 8  #: m
     v: int | None = None  #: chunks (layer groups) per rank (schedule default when None)
     g: int | None = None  #: group size for group-interleaved
@@ -49,7 +49,7 @@ class ScheduleConfig:
 class ParallelConfig:
     """The device mesh around the pipeline: ``dp`` data-parallel replicas of each
     pipeline rank and ``tp`` tensor-parallel ranks inside each stage, so the job runs
-    ``schedule.stages · dp · tp`` processes (mesh dims ``("dp", "pp", "tp")``)."""
+    ``schedule.ranks · dp · tp`` processes (mesh dims ``("dp", "pp", "tp")``)."""
 
     dp: int = 1  #: data-parallel degree (gradient all-reduce, or FSDP2 sharding with ``fsdp``)
     tp: int = 1  #: tensor-parallel degree inside every stage (DTensor colwise/rowwise); divides heads, kv_heads, ffn
@@ -154,7 +154,7 @@ class TrainConfig:
         from ..schedules import ScheduleSpec, build
 
         sc = self.schedule
-        p = build(ScheduleSpec(sc.name, sc.stages, sc.microbatches, v=sc.v, g=sc.g, mem_limit=sc.mem_limit)).num_ranks
+        p = build(ScheduleSpec(sc.name, sc.ranks, sc.microbatches, v=sc.v, g=sc.g, mem_limit=sc.mem_limit)).num_ranks
         return p * self.parallel.dp * self.parallel.tp
 
     @classmethod
@@ -167,7 +167,7 @@ class TrainConfig:
                 raise ParameterError("config", f"unknown section [{sec}]; valid: {', '.join(_SECTIONS)}")
             if not isinstance(sub, Mapping):
                 raise ParameterError("config", f"[{sec}] must be a table")
-            parts[sec] = _make(_SECTIONS[sec], sub, sec, source)
+            parts[sec] = _make(_SECTIONS[sec], _renamed(sec, sub, source), sec, source)
         return cls(**parts)
 
     @classmethod
@@ -227,7 +227,7 @@ class TrainConfig:
         require(self.runtime.timeout_s > 0, "runtime.timeout_s", f"must be > 0, got {self.runtime.timeout_s}")
         require(self.runtime.recv_lookahead >= 0, "runtime.recv_lookahead", "must be >= 0")
         self._check_parallel()
-        sched = build(ScheduleSpec(sc.name, sc.stages, sc.microbatches, v=sc.v, g=sc.g, mem_limit=sc.mem_limit))
+        sched = build(ScheduleSpec(sc.name, sc.ranks, sc.microbatches, v=sc.v, g=sc.g, mem_limit=sc.mem_limit))
         self.model.check_split(sched.num_stages)
         self._check_reliability(sched)
         self.plan_offload(sched)  # an infeasible or out-of-range C fails here, before any process starts
@@ -319,6 +319,31 @@ class TrainConfig:
             require(spec.step <= t.steps, spec.source, f"step={spec.step} is after the last step ({t.steps})")
 
 
+#: Keys renamed to the one vocabulary (docs/glossary.md): section -> {old: new}.
+RENAMED = {"schedule": {"stages": "ranks"}}
+
+
+def _renamed(section: str, values: Mapping[str, Any], source: str | None) -> Mapping[str, Any]:
+    """``values`` with old key names replaced by the new ones, with a DeprecationWarning;
+    both spellings at once is an error naming the old one."""
+    old_new = RENAMED.get(section, {})
+    if not any(k in old_new for k in values):
+        return values
+    out = dict(values)
+    for old, new in old_new.items():
+        if old in out:
+            if new in out:
+                raise ParameterError(f"{section}.{old}", f"is the old name of {section}.{new}; give only "
+                                     f"{section}.{new}", source=source)
+            import warnings
+
+            warnings.warn(f"{section}.{old} is deprecated; call it {section}.{new}", DeprecationWarning, stacklevel=4)
+            _check_type(f"{section}.{old}", out[old], next(f.type for f in fields(_SECTIONS[section]) if f.name == new),
+                        source)
+            out[new] = out.pop(old)
+    return out
+
+
 def _make(cls: type, values: Mapping[str, Any], section: str, source: str | None) -> Any:
     """One section's dataclass; errors name the key ``section.key`` read from ``source``."""
     names = {f.name for f in fields(cls)}
@@ -398,7 +423,7 @@ def config_from_plan(result: Any, config: Any = None, *, steps: int | None = Non
         model=ModelConfig(layers=spec.layers, hidden=spec.hidden, heads=spec.heads,
                           kv_heads=spec.kv_groups or spec.heads, ffn=spec.ffn, vocab_size=spec.vocab,
                           seq_len=spec.seq),
-        schedule=ScheduleConfig(name=fam.schedule, stages=split.pp, microbatches=cfg_.m,
+        schedule=ScheduleConfig(name=fam.schedule, ranks=split.pp, microbatches=cfg_.m,
                                 v=fam.v if fam.v > 1 else None, g=cfg_.g, mem_limit=mem_limit),
         parallel=ParallelConfig(dp=split.dp, tp=split.tp),
         offload=OffloadConfig(chunks=cfg_.offload_chunks if cfg_.offload_chunks else "none",

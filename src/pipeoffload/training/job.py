@@ -144,7 +144,7 @@ class Trainer:
         from ..models.transformer import build_stage, lm_loss
 
         cfg, ctx, sc, rt = self.cfg, self.ctx, self.cfg.schedule, self.cfg.runtime
-        self.sched = build(ScheduleSpec(sc.name, sc.stages, sc.microbatches, v=sc.v, g=sc.g, mem_limit=sc.mem_limit))
+        self.sched = build(ScheduleSpec(sc.name, sc.ranks, sc.microbatches, v=sc.v, g=sc.g, mem_limit=sc.mem_limit))
         num_stages = self.sched.num_stages
         # PipeOffload: the offload pass's transfer ops in every rank's program (None: offload off).
         self.plan = cfg.plan_offload(self.sched)

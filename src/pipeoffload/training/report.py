@@ -71,7 +71,7 @@ def mesh_block(cfg: TrainConfig, gathered: list[dict]) -> dict[str, Any]:
     ranks = [{"rank": i, **g["coords"], "step_time_s": _mean_after_first(g["step_times"]),
               "peak_memory": g["result"].peak_memory, "dp_comm_s": _mean_after_first(g["dp_comm_s"]),
               "tp_comm_s": _mean_after_first(g["tp_comm_s"])} for i, g in enumerate(gathered)]
-    return {"pp": cfg.schedule.stages if not ranks else 1 + max(r["pp"] for r in ranks), "dp": par.dp, "tp": par.tp,
+    return {"pp": cfg.schedule.ranks if not ranks else 1 + max(r["pp"] for r in ranks), "dp": par.dp, "tp": par.tp,
             "fsdp": par.fsdp, "sequence_parallel": par.sequence_parallel, "world_size": len(gathered),
             "step_time_s": max(r["step_time_s"] for r in ranks),
             "peak_memory_max": max(r["peak_memory"] for r in ranks),
