@@ -68,6 +68,7 @@ from ..passes.comm import insert_comm, message_key
 from ..passes.issue_policy import IssuePlan, issue_plan
 from ..passes.nccl_check import check_nccl
 from ..passes.lower import lower
+from ..passes.timing import fused_positions
 from ..timeline import TimedOp
 from . import boundary
 from .activations import ActivationStore, KeepActivations
@@ -126,12 +127,16 @@ class _Plan:
     split: set[tuple[int, int]]
     kind: str  #: "train" or "eval": which shape book entries its messages use
     issues: dict[frozenset, IssuePlan] = field(default_factory=dict)
+    #: Positions of the F of each overlapped F&B pair (DualPipeV) run as one op with the
+    #: backward right after it (passes/timing.py fused_positions).
+    fused: frozenset = frozenset()
 
     @classmethod
     def of(cls, program: Schedule, rank: int, kind: str) -> "_Plan":
         ops = program.ranks[rank]
         split = {(op.stage, op.microbatch) for op in ops if op.kind is OpKind.B}
-        return cls(program, rank, ops, split, kind)
+        fused = frozenset(i for r, i in fused_positions(program, program.ranks) if r == rank)
+        return cls(program, rank, ops, split, kind, fused=fused)
 
     def issue(self, header_mbs: frozenset, lookahead: int) -> IssuePlan:
         """The issue policy when the forward messages of ``header_mbs`` carry headers.
@@ -517,13 +522,19 @@ class PipelineRunner:
                 tp_timer if tp_timer is not None else contextlib.nullcontext():
             gap = 0
             mail.issue_gap(0)
+            fused, ran_ahead = plan.fused, -1
             for pos, op in enumerate(plan.ops):
                 self._pos = pos
-                if hook is not None:
-                    hook(op)
-                if dp is not None and op.kind in _COMPUTE:
-                    self._before_compute(op.stage)
-                self._dispatch[op.kind](op)
+                if pos != ran_ahead:  # else: the backward of an overlapped pair, run with its F
+                    if pos in fused:
+                        ran_ahead = pos + 1
+                        self._op_overlapped(op, plan.ops[ran_ahead], hook)
+                    else:
+                        if hook is not None:
+                            hook(op)
+                        if dp is not None and op.kind in _COMPUTE:
+                            self._before_compute(op.stage)
+                        self._dispatch[op.kind](op)
                 if pos in last_w and dp is not None:
                     run.dp_started[last_w[pos]] = self._now()
                     dp.stage_done(last_w[pos])  # started now, overlapped with the rest of the step
@@ -649,6 +660,19 @@ class PipelineRunner:
             self.wg.flush(op.stage, op.microbatch)
         self._end(op, t0, lvl0, "W")
         self._run.bw_time.setdefault(op.stage, [0.0, 0.0])[1] += self._run.samples[-1].duration
+
+    def _op_overlapped(self, f: Op, b: Op, hook: Callable[[Op], None] | None) -> None:
+        """An overlapped pair (DualPipe's F&B, torch's OVERLAP_F_B) as one op: both halves'
+        inputs were received before it (passes/comm.py) and both sends go out after it, so
+        the two run back to back on the device, the backward's kernels queued right behind
+        the forward's (as torch runs OVERLAP_F_B); each half keeps its own sample."""
+        for o in (f, b):
+            if hook is not None:
+                hook(o)
+            if self.dp is not None:
+                self._before_compute(o.stage)
+        self._op_forward(f)
+        self._dispatch[b.kind](b)
 
     def _op_backward_weight(self, op: Op) -> None:
         lvl0, t0 = self._begin()
