@@ -99,6 +99,8 @@ class OpSample:
     duration: float  #: seconds
     mem: float  #: activation-memory change, bytes
     peak: float = 0.0  #: highest level during the op above its start level, bytes (the in-op transient)
+    #: A half of a BW: a layer group that also runs split B/W ops (DualPipeV) is modelled by those
+    fused: bool = False
 
 
 @dataclass
@@ -679,13 +681,15 @@ class PipelineRunner:
         self._backward(op)
         self._sync()
         lvl1, t1 = self.meter.level(), self._now()
-        self._run.samples.append(OpSample(op.stage, "B", t1 - t0, lvl1 - lvl0, self.meter.peak_since_mark() - lvl0))
+        self._run.samples.append(OpSample(op.stage, "B", t1 - t0, lvl1 - lvl0, self.meter.peak_since_mark() - lvl0,
+                                          fused=True))
         self.meter.mark()
         with self._backward_amp():
             self.wg.flush(op.stage, op.microbatch)
         self._sync()
         lvl2, t2 = self.meter.level(), self._now()
-        self._run.samples.append(OpSample(op.stage, "W", t2 - t1, lvl2 - lvl1, self.meter.peak_since_mark() - lvl1))
+        self._run.samples.append(OpSample(op.stage, "W", t2 - t1, lvl2 - lvl1, self.meter.peak_since_mark() - lvl1,
+                                          fused=True))
         self._run.events.append(TimedOp(op, t0, t2, "compute", lvl2 - lvl0))
 
     def _stage_input(self, s: int, j: int) -> boundary.Flat:
