@@ -22,7 +22,7 @@ from pipeoffload.interop.torch_csv import (
 from pipeoffload.ir import OVERLAP, Op, OpKind, Placement, build_schedule
 from pipeoffload.schedules import generate
 
-from helpers import assert_imports_no_torch, import_torch
+from helpers import assert_imports_no_torch, import_torch, torch_dualpipev_csv
 
 torch_schedules = import_torch("torch.distributed.pipelining.schedules")
 _Action = torch_schedules._Action
@@ -379,22 +379,9 @@ def test_dualpipev_is_torchs_order(p: int) -> None:
             [[str(a) for a in order[r] if a is not None] for r in range(p)], (p, m)
 
 
-def _torch_dualpipev_comms_csv(p: int, m: int, path: Path) -> Path:
-    """torch's own lowering of its ScheduleDualPipeV (UNSHARD/RESHARD, REDUCE_GRAD, sends and
-    receives added by ``_prepare_schedule_with_comms``) dumped by its own writer: every
-    action of torch 2.13's grammar."""
-    obj = _bare(torch_schedules.ScheduleDualPipeV, p, m, 2 * p)
-    obj._defer_pp_recv = False
-    obj.stage_index_to_group_rank = torch_schedules.generate_stage_to_rank_mapping(p, 2 * p, style="v")
-    order = {r: obj._calculate_single_rank_operations(r) for r in range(p)}
-    obj._prepare_schedule_with_comms(order)
-    obj._dump_csv(str(path), format="compute_comms")
-    return path
-
-
 @pytest.mark.parametrize("p, m", [(2, 4), (2, 5), (3, 7)])
 def test_torch_dualpipev_csv_with_every_action_round_trips(p: int, m: int, tmp_path: Path) -> None:
-    path = _torch_dualpipev_comms_csv(p, m, tmp_path / "torch.csv")
+    path = torch_dualpipev_csv(p, m, tmp_path / "torch.csv")
     text = path.read_text()
     for action in ("OVERLAP_F_B", "UNSHARD", "RESHARD", "REDUCE_GRAD", "SEND_F", "RECV_B", "I", "W"):
         assert action in text, action  # the file really uses the whole grammar
