@@ -19,11 +19,14 @@ outputs after it, and the runtime issues the two back to back as one op. The tim
 pass runs the halves one after the other (``F&B = F + B + W``: torch's execution;
 kernels overlapped on a GPU can only shorten it).
 
-Guarantees (tested on a grid of p, m and costs, tests/test_dualpipev.py): valid and
-deadlock-free with the pairs fused, for every ``p ≥ 1`` and ``m ≥ 2p``; with per-chunk
-costs ``F, B, W`` (``B`` input-only, full backward ``B+W``) and no communication time,
-the busiest rank's bubble is DualPipe's published ``(p−1)(F&B + B_full − 3W)`` and its
-peak, in chunk activations, is the published ``2p+1`` (PP+1 with PP = 2p stages).
+Guarantees (tests/test_dualpipev.py: p 1..8 × four m, and random costs): valid and
+deadlock-free with the pairs run as one op, for every ``p ≥ 1`` and ``m ≥ 2p``; the
+peak of every rank is DeepSeek's published PP + 1 = ``2p+1`` chunk activations (unit
+accounting); with per-chunk costs ``F``, ``B`` (input gradient), ``W`` and no
+communication time, the busiest rank's bubble is at most the published
+``(p−1)(F&B + B_full − 3W)`` (``B_full = B + W``, ``F&B = F + B_full``) whenever
+``F ≤ B`` and ``W ≤ B``, with equality at ``F = B = W``. The order is torch 2.13's
+``ScheduleDualPipeV``, action for action (tests/test_interop.py).
 """
 
 from __future__ import annotations
