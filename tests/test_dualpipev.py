@@ -16,7 +16,7 @@ from pipeoffload.errors import ParameterError, ScheduleError
 from pipeoffload.ir import OVERLAP, OpKind, overlap_pairs
 from pipeoffload.passes.comm import insert_comm
 from pipeoffload.passes.offload import plan_offload
-from pipeoffload.passes.timing import fused_positions, simulate
+from pipeoffload.passes.timing import overlapped_positions, simulate
 from pipeoffload.passes.validate import validate
 from pipeoffload.schedules import generate
 
@@ -45,16 +45,16 @@ def bubble(p: int, m: int, f: float, b: float, w: float) -> tuple[float, list[fl
 
 
 @pytest.mark.parametrize("p,m", GRID)
-def test_valid_deadlock_free_and_every_pair_fused(p, m):
-    s = generate("dualpipev", p=p, m=m)  # validates: pairs adjacent, no deadlock with pairs fused
+def test_valid_deadlock_free_and_every_pair_one_op(p, m):
+    s = generate("dualpipev", p=p, m=m)  # validates: pairs adjacent, no deadlock with pairs run as one op
     pairs = overlap_pairs(s)
     assert len(pairs) == len(s.params[OVERLAP])
     # per rank r: (m - 2p + r + 1) main steps of two pairs, less the last rank's first, plus p - r - 1
     assert len(pairs) == sum(2 * (m - 2 * p + r + 1) - (r == p - 1) + (p - r - 1) for r in range(p))
     prog = insert_comm(s)  # proves the send/receive order deadlock-free
-    fused = fused_positions(prog, prog.ranks)
-    assert len(fused) == len(pairs)
-    for r, i in fused:
+    one_op = overlapped_positions(prog, prog.ranks)
+    assert len(one_op) == len(pairs)
+    for r, i in one_op:
         f, bw = prog.ranks[r][i], prog.ranks[r][i + 1]
         assert f.kind is OpKind.F and bw.kind is OpKind.BW and f.microbatch != bw.microbatch
         assert {f.chunk, bw.chunk} == {0, 1}  # one chunk's forward with the other's backward

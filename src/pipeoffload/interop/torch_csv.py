@@ -52,7 +52,7 @@ from typing import Sequence
 
 from ..errors import ParameterError, ScheduleError
 from ..ir import OVERLAP, Op, OpKind, Placement, Schedule
-from ..passes.timing import fused_positions
+from ..passes.timing import overlapped_positions
 from ..passes.validate import validate
 
 __all__ = [
@@ -151,7 +151,7 @@ def to_actions(schedule: Schedule, strict: bool = False, dp_actions: bool = Fals
     ``dp_actions``: add ``UNSHARD``/``REDUCE_GRAD``/``RESHARD`` where our runtime does them.
     """
     pl = schedule.placement
-    fused = fused_positions(schedule, schedule.ranks)
+    pairs = overlapped_positions(schedule, schedule.ranks)
     rows: list[list[str]] = []
     for r, lst in enumerate(schedule.ranks):
         first, last_w = _dp_points(lst) if dp_actions else ({}, {})
@@ -174,7 +174,7 @@ def to_actions(schedule: Schedule, strict: bool = False, dp_actions: bool = Fals
                     f"rank {r}, position {i}: {op} names a layer group rank {r} does not hold; torch "
                     f"expects a send/receive to name the sending/receiving rank's own stage",
                 )
-            group = lst[i:i + 2] if (r, i) in fused else [op]
+            group = lst[i:i + 2] if (r, i) in pairs else [op]
             row += [f"{o.stage}UNSHARD" for k, o in enumerate(group) if first.get(o.stage) == i + k]
             row.append(action_string(op) if len(group) == 1 else
                        f"({';'.join(action_string(o) for o in group)})OVERLAP_F_B")

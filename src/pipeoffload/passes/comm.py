@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from ..errors import ScheduleError
 from ..ir import Op, OpKind, Placement, Schedule
-from .timing import completion_key, dependencies, fused_positions
+from .timing import completion_key, dependencies, overlapped_positions
 
 #: (direction "F" or "B", sender stage, microbatch)
 MessageKey = tuple[str, int, int]
@@ -59,13 +59,13 @@ def message_tag(key: MessageKey, num_stages: int, num_microbatches: int) -> int:
 def insert_comm(schedule: Schedule) -> Schedule:
     """The program for ``schedule``: sends right after producers, receives right before
     consumers. Existing send/receive ops are dropped and re-derived. An overlapped pair
-    that runs as one op (:func:`~pipeoffload.passes.timing.fused_positions`) gets both
+    that runs as one op (:func:`~pipeoffload.passes.timing.overlapped_positions`) gets both
     halves' receives before it and both sends after it. Raises :class:`ScheduleError`
     if the result is not deadlock-free."""
     pl = schedule.placement
     S = pl.num_stages
     kept = [[op for op in lst if not op.kind.is_comm] for lst in schedule.ranks]
-    fused = fused_positions(schedule, kept)
+    pairs = overlapped_positions(schedule, kept)
     ranks: list[list[Op]] = []
     for r, lst in enumerate(kept):
         out: list[Op] = []
@@ -76,7 +76,7 @@ def insert_comm(schedule: Schedule) -> Schedule:
                 out.append(op)
                 i += 1
                 continue
-            group = lst[i:i + 2] if (r, i) in fused else [op]
+            group = lst[i:i + 2] if (r, i) in pairs else [op]
             for o in group:
                 out.extend(_receives(o, pl, S))
             out.extend(group)

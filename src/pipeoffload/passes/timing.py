@@ -300,11 +300,11 @@ def run_list_schedule(
     place_op = engine.place
     no_release = _NO_RELEASE
 
-    fused = fused_positions(schedule, schedule.ranks)  # in the full lists: a transfer between splits a pair
-    if fused:
-        firsts = {schedule.ranks[r][i] for r, i in fused}
-        fused = {(r, i) for r, lst in enumerate(ranks) for i, o in enumerate(lst) if o in firsts}
-    pair_start: dict[tuple[int, int], float] = {}  # F of a fused pair -> when its backward's inputs are in
+    pairs = overlapped_positions(schedule, schedule.ranks)  # in the full lists: a transfer between splits a pair
+    if pairs:
+        firsts = {schedule.ranks[r][i] for r, i in pairs}
+        pairs = {(r, i) for r, lst in enumerate(ranks) for i, o in enumerate(lst) if o in firsts}
+    pair_start: dict[tuple[int, int], float] = {}  # F of an overlapped pair -> when its backward's inputs are in
 
     def place(r: int, i: int) -> None:
         op = ranks[r][i]
@@ -315,14 +315,15 @@ def run_list_schedule(
         t = place_op(code, stage, mb, d, rel)
         events.append(TimedOp(op, t, t + d, "compute", memory(op) if memory else 0.0))
 
-    done = _place_fused(engine, codes, place, fused, pair_start) if fused else place_rank_lists(engine, codes, place)
+    done = _place_overlapped(engine, codes, place, pairs, pair_start) if pairs else \
+        place_rank_lists(engine, codes, place)
     stuck = [r for r in range(len(ranks)) if done[r] < len(ranks[r])]
     if stuck:
         raise ScheduleError(_deadlock_message(schedule, ranks, done, stuck))
     return events
 
 
-def fused_positions(schedule: Schedule, ranks: Sequence[Sequence[Op]]) -> set[tuple[int, int]]:
+def overlapped_positions(schedule: Schedule, ranks: Sequence[Sequence[Op]]) -> set[tuple[int, int]]:
     """Positions ``(rank, i)`` in ``ranks`` (per-rank op lists) of each overlapped pair's
     F (:func:`pipeoffload.ir.overlap_pairs`) that its backward immediately follows: the
     pairs that run as one op. A pair split by another op (an offload transfer) runs apart."""
@@ -339,14 +340,14 @@ def fused_positions(schedule: Schedule, ranks: Sequence[Sequence[Op]]) -> set[tu
     return out
 
 
-def _place_fused(
+def _place_overlapped(
     engine: ListScheduler,
     lists: Sequence[Sequence[tuple[int, int, int]]],
     place: Callable[[int, int], object],
-    fused: set[tuple[int, int]],
+    pairs: set[tuple[int, int]],
     pair_start: dict[tuple[int, int], float],
 ) -> list[int]:
-    """:func:`place_rank_lists` where each fused pair ``(r, i)``, ``(r, i+1)`` is one op:
+    """:func:`place_rank_lists` where each overlapped pair ``(r, i)``, ``(r, i+1)`` is one op:
     placed once the inputs of both halves are (the backward's input from its own F
     aside), its F not before the backward's inputs arrive (``pair_start``), its
     backward right after. Returns how many ops of each rank were placed."""
@@ -360,7 +361,7 @@ def _place_fused(
             i = done[r]
             while i < len(ops):
                 code, stage, mb = ops[i]
-                half = [(code, stage, mb)] + ([ops[i + 1]] if (r, i) in fused else [])
+                half = [(code, stage, mb)] + ([ops[i + 1]] if (r, i) in pairs else [])
                 own = engine.slot(code, stage, mb)
                 start, ready = _NO_RELEASE, True
                 for k, (c, s, j) in enumerate(half):

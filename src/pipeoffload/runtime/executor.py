@@ -68,7 +68,7 @@ from ..passes.comm import insert_comm, message_key
 from ..passes.issue_policy import IssuePlan, issue_plan
 from ..passes.nccl_check import check_nccl
 from ..passes.lower import lower
-from ..passes.timing import fused_positions
+from ..passes.timing import overlapped_positions
 from ..timeline import TimedOp
 from . import boundary
 from .activations import ActivationStore, KeepActivations
@@ -100,7 +100,7 @@ class OpSample:
     mem: float  #: activation-memory change, bytes
     peak: float = 0.0  #: highest level during the op above its start level, bytes (the in-op transient)
     #: A half of a BW: a layer group that also runs split B/W ops (DualPipeV) is modelled by those
-    fused: bool = False
+    from_bw: bool = False
 
 
 @dataclass
@@ -130,15 +130,15 @@ class _Plan:
     kind: str  #: "train" or "eval": which shape book entries its messages use
     issues: dict[frozenset, IssuePlan] = field(default_factory=dict)
     #: Positions of the F of each overlapped F&B pair (DualPipeV) run as one op with the
-    #: backward right after it (passes/timing.py fused_positions).
-    fused: frozenset = frozenset()
+    #: backward right after it (passes/timing.py overlapped_positions).
+    overlapped: frozenset = frozenset()
 
     @classmethod
     def of(cls, program: Schedule, rank: int, kind: str) -> "_Plan":
         ops = program.ranks[rank]
         split = {(op.stage, op.microbatch) for op in ops if op.kind is OpKind.B}
-        fused = frozenset(i for r, i in fused_positions(program, program.ranks) if r == rank)
-        return cls(program, rank, ops, split, kind, fused=fused)
+        pairs = frozenset(i for r, i in overlapped_positions(program, program.ranks) if r == rank)
+        return cls(program, rank, ops, split, kind, overlapped=pairs)
 
     def issue(self, header_mbs: frozenset, lookahead: int) -> IssuePlan:
         """The issue policy when the forward messages of ``header_mbs`` carry headers.
@@ -314,6 +314,9 @@ class PipelineRunner:
         self._eval_plan: _Plan | None = None
         #: Called with each op right before it runs (fault injection, tracing); None = off.
         self.before_op: Callable[[Op], None] | None = None
+        #: The backward of the overlapped pair that ran last with its F (skipped at its own turn).
+        self._ran_ahead: Op | None = None
+        self._backward_ops = {OpKind.B: self._op_backward, OpKind.BW: self._op_backward_weight}
         self.store.bind(device=self.device, meter=self.meter, exclude=self._resident_tensors(),
                         offloaded=[(op.stage, op.microbatch) for op in self.ops if op.kind is OpKind.OFFLOAD_START])
         self._dispatch, self._store_calls = self._op_handlers()
@@ -378,8 +381,8 @@ class PipelineRunner:
     def _op_handlers(self) -> tuple[dict[OpKind, Callable[[Op], None]], dict[OpKind, Callable[[int, int], None]]]:
         """The method that runs each op kind, and the store call of each transfer kind."""
         dispatch = {
-            OpKind.F: self._op_forward, OpKind.B: self._op_backward, OpKind.W: self._op_weight,
-            OpKind.BW: self._op_backward_weight,
+            OpKind.F: self._op_forward_or_pair, OpKind.B: self._op_backward_unless_ran, OpKind.W: self._op_weight,
+            OpKind.BW: self._op_backward_unless_ran,
             OpKind.SEND_F: self._op_send, OpKind.SEND_B: self._op_send,
             OpKind.RECV_F: self._op_recv, OpKind.RECV_B: self._op_recv,
             OpKind.OFFLOAD_START: self._op_transfer, OpKind.OFFLOAD_END: self._op_transfer,
@@ -524,19 +527,13 @@ class PipelineRunner:
                 tp_timer if tp_timer is not None else contextlib.nullcontext():
             gap = 0
             mail.issue_gap(0)
-            fused, ran_ahead = plan.fused, -1
             for pos, op in enumerate(plan.ops):
                 self._pos = pos
-                if pos != ran_ahead:  # else: the backward of an overlapped pair, run with its F
-                    if pos in fused:
-                        ran_ahead = pos + 1
-                        self._op_overlapped(op, plan.ops[ran_ahead], hook)
-                    else:
-                        if hook is not None:
-                            hook(op)
-                        if dp is not None and op.kind in _COMPUTE:
-                            self._before_compute(op.stage)
-                        self._dispatch[op.kind](op)
+                if hook is not None:
+                    hook(op)
+                if dp is not None and op.kind in _COMPUTE:
+                    self._before_compute(op.stage)
+                self._dispatch[op.kind](op)
                 if pos in last_w and dp is not None:
                     run.dp_started[last_w[pos]] = self._now()
                     dp.stage_done(last_w[pos])  # started now, overlapped with the rest of the step
@@ -663,18 +660,24 @@ class PipelineRunner:
         self._end(op, t0, lvl0, "W")
         self._run.bw_time.setdefault(op.stage, [0.0, 0.0])[1] += self._run.samples[-1].duration
 
-    def _op_overlapped(self, f: Op, b: Op, hook: Callable[[Op], None] | None) -> None:
-        """An overlapped pair (DualPipe's F&B, torch's OVERLAP_F_B) as one op: both halves'
-        inputs were received before it (passes/comm.py) and both sends go out after it, so
-        the two run back to back on the device, the backward's kernels queued right behind
-        the forward's (as torch runs OVERLAP_F_B); each half keeps its own sample."""
-        for o in (f, b):
-            if hook is not None:
-                hook(o)
-            if self.dp is not None:
-                self._before_compute(o.stage)
-        self._op_forward(f)
-        self._dispatch[b.kind](b)
+    def _op_forward_or_pair(self, op: Op) -> None:
+        """An F; when it opens an overlapped pair (DualPipe's F&B, torch's OVERLAP_F_B),
+        the pair as one op: both halves' inputs were received before it and both sends go
+        out after it (passes/comm.py), so the two run back to back on the device, the
+        backward's kernels queued right behind the forward's (as torch runs OVERLAP_F_B);
+        each half keeps its own sample. The backward's own turn in the loop (its hook
+        included, which comes after it) is skipped."""
+        plan, pos = self._cur_plan, self._pos
+        self._op_forward(op)
+        if pos in plan.overlapped:
+            b = plan.ops[pos + 1]
+            self._ran_ahead = b
+            self._backward_ops[b.kind](b)
+
+    def _op_backward_unless_ran(self, op: Op) -> None:
+        """A B or BW, unless it ran already with its overlapped pair's F."""
+        if op is not self._ran_ahead:
+            self._backward_ops[op.kind](op)
 
     def _op_backward_weight(self, op: Op) -> None:
         lvl0, t0 = self._begin()
@@ -682,14 +685,14 @@ class PipelineRunner:
         self._sync()
         lvl1, t1 = self.meter.level(), self._now()
         self._run.samples.append(OpSample(op.stage, "B", t1 - t0, lvl1 - lvl0, self.meter.peak_since_mark() - lvl0,
-                                          fused=True))
+                                          from_bw=True))
         self.meter.mark()
         with self._backward_amp():
             self.wg.flush(op.stage, op.microbatch)
         self._sync()
         lvl2, t2 = self.meter.level(), self._now()
         self._run.samples.append(OpSample(op.stage, "W", t2 - t1, lvl2 - lvl1, self.meter.peak_since_mark() - lvl1,
-                                          fused=True))
+                                          from_bw=True))
         self._run.events.append(TimedOp(op, t0, t2, "compute", lvl2 - lvl0))
 
     def _stage_input(self, s: int, j: int) -> boundary.Flat:

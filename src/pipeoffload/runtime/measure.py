@@ -87,8 +87,8 @@ def group_medians(samples: Sequence[OpSample], num_stages: int) -> tuple[list[tu
 def _split_first(samples: Sequence[OpSample]) -> list[OpSample]:
     """``samples`` without the halves of BW ops of the layer groups that also have samples
     of split B/W ops (the model's B and W are those of a split backward; BW = B + W)."""
-    split = {s.stage for s in samples if s.kind != "F" and not getattr(s, "fused", False)}
-    return [s for s in samples if not (getattr(s, "fused", False) and s.stage in split)]
+    split = {s.stage for s in samples if s.kind != "F" and not getattr(s, "from_bw", False)}
+    return [s for s in samples if not (getattr(s, "from_bw", False) and s.stage in split)]
 
 
 def estimate_comm(tl: Timeline) -> float:
