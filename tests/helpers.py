@@ -143,10 +143,11 @@ class Trained:
 
 
 def train_steps(sched, cfg, data: Callable[[int], tuple[list, list]], *, steps: int, lr: float,
-                store=None, timeout_s: float = 60.0) -> Trained:
+                store=None, timeout_s: float = 60.0, **runner_kw: Any) -> Trained:
     """``steps`` SGD steps (learning rate ``lr``) of the transformer ``cfg`` split into
-    ``sched``'s layer groups, on this rank, with microbatches ``data(step)`` and the
-    activation store ``store`` (None: the runner's default)."""
+    ``sched``'s layer groups, on this rank, with microbatches ``data(step)``, the
+    activation store ``store`` (None: the runner's default) and other PipelineRunner
+    options ``runner_kw``."""
     import torch
 
     from pipeoffload.models.transformer import build_stage, lm_loss
@@ -154,7 +155,7 @@ def train_steps(sched, cfg, data: Callable[[int], tuple[list, list]], *, steps: 
 
     S = sched.num_stages
     runner = PipelineRunner(lambda s: build_stage(cfg, s, S), lm_loss, sched, timeout_s=timeout_s,
-                            activation_store=store)
+                            activation_store=store, **runner_kw)
     opt = torch.optim.SGD(runner.parameters(), lr=lr)
     results, grads = [], {}
     for step in range(steps):

@@ -236,6 +236,15 @@ def overlap_pairs(schedule: Schedule) -> dict[tuple[int, int], tuple[int, int]]:
     return {(fs, fj): (bs, bj) for fs, fj, bs, bj in schedule.params.get(OVERLAP, ())}
 
 
+def without_overlap(schedule: Schedule) -> Schedule:
+    """``schedule`` with its overlapped pairs run as two ops (same order; a copy without
+    ``params[OVERLAP]``), or ``schedule`` itself when it has none."""
+    if OVERLAP not in schedule.params:
+        return schedule
+    return Schedule(schedule.name, schedule.num_microbatches, schedule.placement, schedule.ranks,
+                    {k: v for k, v in schedule.params.items() if k != OVERLAP})
+
+
 def make_op(placement: Placement, kind: OpKind, stage: int, microbatch: int) -> Op:
     """Build an op, deriving its rank and chunk from the placement."""
     return Op(kind, stage, microbatch, placement.rank_of(stage), placement.chunk_of(stage))

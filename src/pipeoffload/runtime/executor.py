@@ -63,7 +63,7 @@ from torch import nn
 from torch.autograd.graph import get_gradient_edge, saved_tensors_hooks
 
 from ..errors import ParameterError
-from ..ir import Op, OpKind, Schedule
+from ..ir import Op, OpKind, Schedule, without_overlap
 from ..passes.comm import insert_comm, message_key
 from ..passes.issue_policy import IssuePlan, issue_plan
 from ..passes.nccl_check import check_nccl
@@ -198,6 +198,13 @@ class PipelineRunner:
     streams keyed by seed, step, microbatch and module; ``runtime/rng.py``),
     ``autocast`` (a dtype: run every forward under ``torch.autocast`` with it; the
     autocast active around :meth:`step` is used otherwise; backward runs outside it).
+    ``overlap_pairs``: run each overlapped F&B pair of the schedule (DualPipeV's,
+    ``ir.overlap_pairs``) as one op — both inputs received first, the two halves back to
+    back, both outputs sent after — the form in which a device could overlap their
+    kernels; False (default): as two ops, each as soon as its own input is in and its
+    output sent at once. Nothing here overlaps the two halves' kernels yet (one CUDA
+    stream, CPU threads), so one op only waits longer (docs/schedules.md#dualpipev:
+    measured and simulated); the losses and gradients are the same either way.
 
     ``mesh`` (a :class:`~torch.distributed.device_mesh.DeviceMesh` with dimensions named
     from ``("dp", "pp", "tp")``, any subset, any rank order; ``runtime/mesh.py``): the
@@ -239,9 +246,11 @@ class PipelineRunner:
         mesh: Any = None,
         data_parallel: str = "auto",
         bucket_bytes: int = BUCKET_BYTES,
+        overlap_pairs: bool = False,
     ) -> None:
         self.schedule = schedule
-        self.program = lower(schedule, comm=True).schedule  # validated, sends/receives added
+        # validated, sends/receives added (around each overlapped pair, or each half alone)
+        self.program = lower(schedule if overlap_pairs else without_overlap(schedule), comm=True).schedule
         self.mesh = mesh
         if mesh is not None:
             if group is not None:

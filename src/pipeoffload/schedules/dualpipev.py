@@ -15,9 +15,11 @@ A full backward is a ``BW`` op, a split one ``B`` then ``W`` (W's in the order t
 B's ran). Each overlapped pair is an ``F`` immediately followed by its ``BW`` on the
 rank, named in ``schedule.params[OVERLAP]`` (:func:`pipeoffload.ir.overlap_pairs`):
 the communication pass receives both halves' inputs before the pair and sends both
-outputs after it, and the runtime issues the two back to back as one op. The timing
-pass runs the halves one after the other (``F&B = F + B + W``: torch's execution;
-kernels overlapped on a GPU can only shorten it).
+outputs after it, and the runtime can issue the two back to back as one op
+(``PipelineRunner(overlap_pairs=True)``; by default it runs them as two ops, which is
+never slower while nothing overlaps their kernels). The timing pass runs a pair as one
+op, the halves one after the other (``F&B = F + B + W``: torch's execution; kernels
+overlapped on a GPU can only shorten it).
 
 Guarantees (tests/test_dualpipev.py: p 1..8 × four m, and random costs): valid and
 deadlock-free with the pairs run as one op, for every ``p ≥ 1`` and ``m ≥ 2p``; the
