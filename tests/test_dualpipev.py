@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from pipeoffload.costs import Costs, MemoryDeltas
 from pipeoffload.errors import ParameterError, ScheduleError
-from pipeoffload.ir import OVERLAP, OpKind, overlap_pairs
+from pipeoffload.ir import OVERLAP, OpKind, overlap_pairs, without_overlap
 from pipeoffload.passes.comm import insert_comm
 from pipeoffload.passes.offload import plan_offload
 from pipeoffload.passes.timing import overlapped_positions, simulate
@@ -133,3 +133,12 @@ def test_offload_in_both_windows(stash):
 def test_imports_no_torch():
     assert_imports_no_torch("pipeoffload.schedules.dualpipev", then="from pipeoffload.schedules import generate\n"
                             "generate('dualpipev', p=3, m=6)")
+
+
+def test_without_overlap_runs_each_half_alone():
+    # the runtime's default program: each half with its own receive and send, no pair as one op
+    s = generate("dualpipev", p=3, m=6)
+    plain = without_overlap(s)
+    assert plain.ranks == s.ranks and OVERLAP not in plain.params and OVERLAP in s.params
+    assert not overlapped_positions(plain, insert_comm(plain).ranks)
+    assert without_overlap(plain) is plain
