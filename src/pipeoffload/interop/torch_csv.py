@@ -205,7 +205,8 @@ def write_csv(schedule: Schedule, path: str | Path, strict: bool = False, param:
     The file loads with ``PipelineScheduleMulti._load_csv`` (compute-only schedules) or
     ``_PipelineScheduleRuntime._load_csv(..., format="compute_comms")`` (with comm ops).
     Returns the path written. Unwritable paths raise :class:`ParameterError` for ``param``
-    (default ``path``, this function's argument; a command line passes its flag)."""
+    (default ``path``, this function's argument; a command line passes its flag).
+    ``strict``, ``dp_actions``: as for :func:`to_actions`."""
     rows = to_actions(schedule, strict=strict, dp_actions=dp_actions)
     out = Path(path)
     try:
