@@ -423,3 +423,14 @@ def test_overlap_of_other_sub_actions_runs_in_order(tmp_path: Path) -> None:
     assert [(o.kind, o.microbatch) for o in sched.ranks[0]] == [(OpKind.F, 0), (OpKind.F, 1), (OpKind.BW, 0),
                                                                  (OpKind.BW, 1)]
     assert OVERLAP not in sched.params
+
+
+def test_torch_dualpipev_actions_round_trip_in_memory() -> None:
+    from pipeoffload.interop.torch_actions import from_torch_actions, to_torch_actions
+
+    order = torch_order(torch_schedules.ScheduleDualPipeV, 3, 7, 2)
+    sched = from_torch_actions(order)
+    ours = generate("dualpipev", p=3, m=7)
+    assert sched.ranks == ours.ranks and set(sched.params[OVERLAP]) == set(ours.params[OVERLAP])
+    back = to_torch_actions(sched)  # OVERLAP_F_B actions with their sub-actions, as torch builds them
+    assert back == {r: [a for a in row if a is not None] for r, row in order.items()}
