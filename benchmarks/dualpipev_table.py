@@ -19,7 +19,8 @@ COSTS = [(1.0, 2.0, 1.0), (1.0, 3.0, 1.0), (1.0, 2.5, 0.5)]
 
 
 def main() -> None:
-    print("| p | m | F : B(full) : W | bubble ours | published (p−1)(F&B+B−3W) | peak ours (chunks) | published 2p+1 |")
+    print("| p | m | F : B(full) : W | bubble ours | published (p−1)(F&B+B−3W) | peak ours (chunks) "
+          "| published 2p+1 |")
     print("|---|---|---|---|---|---|---|")
     for p in (2, 4, 8):
         for m in (2 * p, 4 * p):

@@ -351,7 +351,7 @@ def _place_overlapped(
     placed once the inputs of both halves are (the backward's input from its own F
     aside), its F not before the backward's inputs arrive (``pair_start``), its
     backward right after. Returns how many ops of each rank were placed."""
-    S, m = engine.num_stages, engine.num_microbatches
+    S = engine.num_stages
     deps, end, unplaced = engine.deps, engine.end, _NOT_PLACED
     done = [0] * len(lists)
     progress = True
