@@ -143,10 +143,11 @@ class Trained:
 
 
 def train_steps(sched, cfg, data: Callable[[int], tuple[list, list]], *, steps: int, lr: float,
-                store=None, timeout_s: float = 60.0) -> Trained:
+                store=None, timeout_s: float = 60.0, **runner_kw: Any) -> Trained:
     """``steps`` SGD steps (learning rate ``lr``) of the transformer ``cfg`` split into
-    ``sched``'s layer groups, on this rank, with microbatches ``data(step)`` and the
-    activation store ``store`` (None: the runner's default)."""
+    ``sched``'s layer groups, on this rank, with microbatches ``data(step)``, the
+    activation store ``store`` (None: the runner's default) and other PipelineRunner
+    options ``runner_kw``."""
     import torch
 
     from pipeoffload.models.transformer import build_stage, lm_loss
@@ -154,7 +155,7 @@ def train_steps(sched, cfg, data: Callable[[int], tuple[list, list]], *, steps: 
 
     S = sched.num_stages
     runner = PipelineRunner(lambda s: build_stage(cfg, s, S), lm_loss, sched, timeout_s=timeout_s,
-                            activation_store=store)
+                            activation_store=store, **runner_kw)
     opt = torch.optim.SGD(runner.parameters(), lr=lr)
     results, grads = [], {}
     for step in range(steps):
@@ -176,3 +177,23 @@ def run_world(worker: Callable, p: int, path: Any, *args: Any) -> dict:
 
     launch(worker, p, (str(path), *args), backend="gloo", init_timeout_s=120)
     return torch.load(path, weights_only=False)
+
+
+def torch_dualpipev_csv(p: int, m: int, path) -> Any:
+    """torch 2.13's own ScheduleDualPipeV for ``p`` ranks and ``m`` microbatches, lowered by
+    torch (``_prepare_schedule_with_comms``: UNSHARD/RESHARD, REDUCE_GRAD, sends and
+    receives around its OVERLAP_F_B cells) and dumped by torch's own writer as a
+    compute_comms CSV at ``path``: every action of torch's grammar. The schedule object is
+    built without stages or a process group (the attributes its order computation and
+    lowering read, as torch's constructor sets them). Returns ``path``."""
+    from torch.distributed.pipelining import schedules as ts
+
+    obj = ts.ScheduleDualPipeV.__new__(ts.ScheduleDualPipeV)
+    obj.pp_group_size, obj._n_microbatches = p, m
+    obj._num_stages = obj.num_stages = 2 * p
+    obj.n_local_stages, obj._stages, obj._defer_pp_recv = 2, [], False
+    obj.stage_index_to_group_rank = ts.generate_stage_to_rank_mapping(p, 2 * p, style="v")
+    order = {r: obj._calculate_single_rank_operations(r) for r in range(p)}
+    obj._prepare_schedule_with_comms(order)
+    obj._dump_csv(str(path), format="compute_comms")
+    return path

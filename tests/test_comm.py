@@ -19,7 +19,7 @@ from pipeoffload.passes.comm import (
     message_key,
     message_tag,
 )
-from pipeoffload.passes.timing import dependencies, run_list_schedule, simulate
+from pipeoffload.passes.timing import dependencies, overlapped_positions, run_list_schedule, simulate
 from pipeoffload.schedules import SCHEDULES, generate
 
 from helpers import assert_imports_no_torch
@@ -33,31 +33,47 @@ RECV = (OpKind.RECV_F, OpKind.RECV_B)
 V_SCHEDULES = [name for name, info in SCHEDULES.items() if info.placement == "v"]
 
 
+def _next_compute(lst, i, step, kinds, pairs, r):
+    """The compute ops of the unit (one op, or an overlapped pair run as one) found by
+    walking from ``i`` over ``kinds`` (sends or receives) in direction ``step``."""
+    while lst[i].kind in kinds:
+        i += step
+    first = min(i, i + step)
+    return lst[first:first + 2] if (r, first) in pairs else [lst[i]]
+
+
 @pytest.mark.parametrize("p,m", [(2, 4), (3, 6), (4, 8)], ids=["p2", "p3", "p4"])
 def test_sends_follow_producers_and_receives_precede_consumers(schedule_name, p, m):
     sched = generate(schedule_name, p=p, m=m)
     prog = insert_comm(sched)
     pl = sched.placement
     S = pl.num_stages
+    pairs = overlapped_positions(prog, prog.ranks)
     assert prog.compute_only().ranks == sched.ranks  # compute order unchanged
     for r, lst in enumerate(prog.ranks):
         for i, op in enumerate(lst):
             assert op.rank == r
             if op.kind in SEND:
-                prod = lst[i - 1]
-                assert prod.kind.is_compute and (prod.stage, prod.microbatch) == (op.stage, op.microbatch)
+                prods = _next_compute(lst, i - 1, -1, SEND, pairs, r)
+                assert any(c.kind.is_compute and (c.stage, c.microbatch) == (op.stage, op.microbatch) for c in prods)
                 nxt = op.stage + 1 if op.kind is OpKind.SEND_F else op.stage - 1
                 assert op.peer == pl.rank_of(nxt) != r
             elif op.kind in RECV:
-                cons = lst[i + 1]
-                assert cons.kind.is_compute and (cons.stage, cons.microbatch) == (op.stage, op.microbatch)
+                cons = _next_compute(lst, i + 1, 1, RECV, pairs, r)
+                assert any(c.kind.is_compute and (c.stage, c.microbatch) == (op.stage, op.microbatch) for c in cons)
                 prev = op.stage - 1 if op.kind is OpKind.RECV_F else op.stage + 1
                 assert op.peer == pl.rank_of(prev) != r
             elif op.kind.is_compute:
-                # every cross-rank dependency has a receive right before the op
+                # every cross-rank dependency is received right before the op (or its pair)
+                first = i - 1 if (r, i - 1) in pairs else i
+                got = set()
+                k = first - 1
+                while k >= 0 and lst[k].kind in RECV:
+                    got.add(message_key(lst[k]))
+                    k -= 1
                 for dk in dependencies(op, S):
                     if pl.rank_of(dk[1]) != r:
-                        assert lst[i - 1].kind in RECV
+                        assert (dk[0], dk[1], dk[2]) in got, (op, dk)
     sends = [message_key(o) for o in prog.ops() if o.kind in SEND]
     recvs = [message_key(o) for o in prog.ops() if o.kind in RECV]
     assert sorted(sends) == sorted(recvs) and len(set(sends)) == len(sends)

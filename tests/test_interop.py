@@ -19,15 +19,21 @@ from pipeoffload.interop.torch_csv import (
     to_actions,
     write_csv,
 )
-from pipeoffload.ir import Op, OpKind, Placement, build_schedule
+from pipeoffload.ir import OVERLAP, Op, OpKind, Placement, build_schedule
 from pipeoffload.schedules import generate
 
-from helpers import assert_imports_no_torch, import_torch
+from helpers import assert_imports_no_torch, import_torch, torch_dualpipev_csv
 
 torch_schedules = import_torch("torch.distributed.pipelining.schedules")
 _Action = torch_schedules._Action
 
 GRID = [(p, m) for p in (2, 4) for m in (p, 2 * p + 1)]
+#: Schedules that need more microbatches than GRID's smallest (m >= 2p: DualPipeV): run at their minimum.
+MIN_M = {"dualpipev": lambda p: 2 * p}
+
+
+def grid_m(name: str, p: int, m: int) -> int:
+    return max(m, MIN_M[name](p)) if name in MIN_M else m
 
 
 # ----------------------------------------------------------------------------- action strings
@@ -77,12 +83,14 @@ def test_offload_ops_have_no_torch_action() -> None:
 
 @pytest.mark.parametrize("p, m", GRID)
 def test_registry_round_trip(schedule_name: str, p: int, m: int, tmp_path: Path) -> None:
+    m = grid_m(schedule_name, p, m)
     sched = generate(schedule_name, p=p, m=m)
     path = write_csv(sched, tmp_path / "s.csv")
     back = read_csv(path)
     assert back.placement == sched.placement  # same mapping *and* loop/v label
     assert back.num_microbatches == m
     assert back.ranks == sched.ranks
+    assert back.params.get(OVERLAP) == sched.params.get(OVERLAP)  # overlapped pairs kept
     assert to_actions(back) == to_actions(sched)
 
 
@@ -90,6 +98,7 @@ def test_registry_round_trip(schedule_name: str, p: int, m: int, tmp_path: Path)
 def test_torch_accepts_exported_schedule(schedule_name: str, p: int, m: int, tmp_path: Path) -> None:
     from pipeoffload.interop.torch_actions import to_torch_actions
 
+    m = grid_m(schedule_name, p, m)
     sched = generate(schedule_name, p=p, m=m)
     S = sched.num_stages
     actions = to_torch_actions(sched)
@@ -103,7 +112,8 @@ def test_torch_accepts_exported_schedule(schedule_name: str, p: int, m: int, tmp
     # ... and can lower it to a compute+comms schedule (it raises when sends/recvs cannot be ordered).
     lowered = torch_schedules._add_send_recv(loader.pipeline_order, mapping.__getitem__, S)
     n_comm = sum(1 for row in lowered.values() for a in row if not a.is_compute_op)
-    assert n_comm == sum(1 for row in lowered.values() for a in row) - sum(len(r) for r in sched.ranks)
+    cells = sum(len(r) for r in sched.ranks) - len(sched.params.get(OVERLAP, ()))  # a pair is one cell
+    assert n_comm == sum(1 for row in lowered.values() for a in row) - cells
 
 
 # ----------------------------------------------------------------------------- torch's schedules
@@ -156,12 +166,11 @@ def test_torch_schedule_csv_imports(cls_name: str, v: int, kind: str, p: int, m:
 
     sched = read_csv(path, name=cls_name)
     assert sched.placement.kind == kind and sched.chunks == v and sched.num_microbatches == m
-    overlaps = any(a is not None and a.sub_actions for row in order.values() for a in row)
-    if not overlaps:  # same actions in the same order, idle steps dropped
-        assert to_actions(sched) == [[str(a) for a in order[r] if a is not None] for r in range(p)]
-    else:  # DualPipeV: each OVERLAP_F_B cell expands to its sub-actions in order
-        expanded = [[str(s) for a in order[r] if a is not None for s in (a.sub_actions or (a,))] for r in range(p)]
-        assert to_actions(sched) == expanded
+    # same actions in the same order, idle steps dropped; DualPipeV's OVERLAP_F_B cells
+    # read as overlapped pairs and written back as such
+    assert to_actions(sched) == [[str(a) for a in order[r] if a is not None] for r in range(p)]
+    overlaps = sum(1 for row in order.values() for a in row if a is not None and a.sub_actions)
+    assert len(sched.params.get(OVERLAP, ())) == overlaps
     again = read_csv(write_csv(sched, tmp_path / "ours.csv"))
     assert again.placement == sched.placement and again.ranks == sched.ranks
 
@@ -356,3 +365,72 @@ def test_simulate_writes_csv_end_to_end(tmp_path: Path, capsys: pytest.CaptureFi
     assert cli_main(["simulate", "1f1b", "-p", "2", "-m", "2", "--csv", str(tmp_path / "no" / "x.csv")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--csv: cannot write" in err[0]
+
+
+# ----------------------------------------------------------------------------- DualPipeV and the whole grammar
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 4, 5])
+def test_dualpipev_is_torchs_order(p: int) -> None:
+    # our generator against torch 2.13's own ScheduleDualPipeV, action for action
+    for m in (2 * p, 2 * p + 1, 3 * p + 2):
+        order = torch_order(torch_schedules.ScheduleDualPipeV, p, m, 2)
+        assert to_actions(generate("dualpipev", p=p, m=m)) == \
+            [[str(a) for a in order[r] if a is not None] for r in range(p)], (p, m)
+
+
+@pytest.mark.parametrize("p, m", [(2, 4), (2, 5), (3, 7)])
+def test_torch_dualpipev_csv_with_every_action_round_trips(p: int, m: int, tmp_path: Path) -> None:
+    path = torch_dualpipev_csv(p, m, tmp_path / "torch.csv")
+    text = path.read_text()
+    for action in ("OVERLAP_F_B", "UNSHARD", "RESHARD", "REDUCE_GRAD", "SEND_F", "RECV_B", "I", "W"):
+        assert action in text, action  # the file really uses the whole grammar
+    ours = generate("dualpipev", p=p, m=m)
+    back = read_csv(path)  # placement inferred from the rows
+    assert back.placement == Placement.vshape(p) and back.placement.kind == "v"
+    assert back.ranks == ours.ranks and set(back.params[OVERLAP]) == set(ours.params[OVERLAP])
+    full = read_csv(path, keep_comm=True)
+    assert full.compute_only().ranks == ours.ranks
+    # written back: torch's rows without the bookkeeping actions, pairs as OVERLAP_F_B cells
+    rows = [[c for c in line.split(",") if c and not re.search(r"UNSHARD|RESHARD|REDUCE_GRAD", c)]
+            for line in text.splitlines()]
+    assert to_actions(full) == rows
+
+
+@pytest.mark.parametrize("name", ["dualpipev", "zb-v", "1f1b"])
+def test_dp_actions_are_written_where_the_runtime_does_them(name: str) -> None:
+    sched = generate(name, p=2, m=4)
+    rows = to_actions(sched, dp_actions=True)
+    for r, row in enumerate(rows):
+        for s in sched.placement.stages_of(r):
+            i = row.index(f"{s}UNSHARD")
+            first = next(k for k, a in enumerate(row) if re.search(rf"(^|[(;]){s}(F)\d", a))
+            assert i < first and all(not re.search(rf"(^|[(;]){s}[FIBW]\d", a) for a in row[:i])
+            red = row.index(f"{s}REDUCE_GRAD")
+            assert row[red + 1] == f"{s}RESHARD"
+            assert re.search(rf"(^|[(;]){s}[WB]\d", row[red - 1])  # right after its last W / BW
+            assert not any(re.search(rf"(^|[(;]){s}[FIBW]\d", a) for a in row[red:])
+    # torch reads them, and the compute part is the schedule's
+    acts = {r: [_Action.from_str(a) for a in row] for r, row in enumerate(rows)}
+    assert torch_schedules._validate_schedule(acts, 2, sched.num_stages, 4) == \
+        dict(enumerate(sched.placement.stage_to_rank))
+    assert from_actions(rows).ranks == sched.ranks
+
+
+def test_overlap_of_other_sub_actions_runs_in_order(tmp_path: Path) -> None:
+    # not one F then one backward: the sub-actions, one after the other, no pair
+    sched = read_csv(_write(tmp_path, "(0F0;0F1)OVERLAP_F_B,(0B0;0B1)OVERLAP_F_B\n"))
+    assert [(o.kind, o.microbatch) for o in sched.ranks[0]] == [(OpKind.F, 0), (OpKind.F, 1), (OpKind.BW, 0),
+                                                                 (OpKind.BW, 1)]
+    assert OVERLAP not in sched.params
+
+
+def test_torch_dualpipev_actions_round_trip_in_memory() -> None:
+    from pipeoffload.interop.torch_actions import from_torch_actions, to_torch_actions
+
+    order = torch_order(torch_schedules.ScheduleDualPipeV, 3, 7, 2)
+    sched = from_torch_actions(order)
+    ours = generate("dualpipev", p=3, m=7)
+    assert sched.ranks == ours.ranks and set(sched.params[OVERLAP]) == set(ours.params[OVERLAP])
+    back = to_torch_actions(sched)  # OVERLAP_F_B actions with their sub-actions, as torch builds them
+    assert back == {r: [a for a in row if a is not None] for r, row in order.items()}

@@ -9,13 +9,16 @@ To keep CI fast each world (p = 2, p = 4) is spawned once and runs every schedul
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
-from helpers import ALL_SCHEDULES, import_torch, train_steps
+from helpers import ALL_SCHEDULES, import_torch, torch_dualpipev_csv, train_steps
 
 torch = import_torch()
 
+from pipeoffload.interop.torch_csv import read_csv  # noqa: E402
+from pipeoffload.ir import OVERLAP  # noqa: E402
 from pipeoffload.models import ModelConfig  # noqa: E402
 from pipeoffload.models.data import ByteCorpus, load_corpus  # noqa: E402
 from pipeoffload.models.transformer import build_reference, build_stage, lm_loss  # noqa: E402
@@ -29,6 +32,7 @@ pytestmark = pytest.mark.multiproc
 
 CFG = ModelConfig(layers=8, hidden=32, heads=4, kv_heads=2, seq_len=16, seed=3)
 M, MB, STEPS, LR = 8, 2, 3, 0.5
+TORCH_CSV = "torch-csv:DualPipeV"  #: the world's result key of torch's own DualPipeV CSV, read and run
 
 
 def _data(step):
@@ -57,6 +61,17 @@ def _world(ctx, path):
                 "live": [g["live"] for g in got],
                 "pending": [g["pending"] for g in got],
             }
+    # torch's own DualPipeV, lowered and dumped by torch (every action of its grammar), read back
+    csv_path = Path(path).parent / f"torch-dualpipev-{ctx.rank}.csv"
+    sched = read_csv(torch_dualpipev_csv(ctx.world_size, M, csv_path))
+    t = train_steps(sched, CFG, _data, steps=STEPS, lr=LR, overlap_pairs=True)  # each pair as one op
+    got = gather_results({"losses": [r.loss for r in t.results], "grads": t.first_grads, "params": t.params(),
+                          "pairs": len(sched.params.get(OVERLAP, ())), "one_op": len(t.runner._plan.overlapped)})
+    if ctx.rank == 0:
+        out[TORCH_CSV] = {"losses": next(g["losses"] for g in got if g["losses"][0] is not None),
+                          "grads": {k: v for g in got for k, v in g["grads"].items()},
+                          "params": {k: v for g in got for k, v in g["params"].items()}, "pairs": got[0]["pairs"],
+                          "one_op": sum(g["one_op"] for g in got)}
     if ctx.world_size == 2:
         out["user-modules"] = _user_modules_world(ctx)
     if ctx.rank == 0:
@@ -150,7 +165,19 @@ def world(p, tmp_path_factory):
 
 
 def _schedule_results(res):
-    return {k: v for k, v in res.items() if k != "user-modules"}
+    return {k: v for k, v in res.items() if k not in ("user-modules", TORCH_CSV)}
+
+
+@pytest.mark.parametrize("p", [2, 4])
+def test_torchs_dualpipev_csv_runs_like_single_process_training(p, reference, tmp_path_factory):
+    r = world(p, tmp_path_factory)[TORCH_CSV]
+    assert r["one_op"] == r["pairs"] > 0  # its OVERLAP_F_B cells ran as overlapped pairs, each as one op
+    for a, b in zip(r["losses"], reference["losses"]):
+        assert abs(a - b) <= 1e-5 * abs(b), f"losses {r['losses']} vs {reference['losses']}"
+    for n, g in reference["grads"].items():
+        _close(r["grads"][n], g, f"torch DualPipeV CSV p={p} grad of {n}")
+    for n, w in reference["params"].items():
+        _close(r["params"][n], w, f"torch DualPipeV CSV p={p} parameter {n} after {STEPS} SGD steps")
 
 
 def _close(a, b, what):
@@ -252,3 +279,42 @@ def test_a_failed_rank_does_not_leave_the_others_hanging():
         launch(_failing_world, 2, backend="gloo", init_timeout_s=60)
     assert e.value.rank == 1 and "boom on purpose" in str(e.value)
     assert time.perf_counter() - t < 30  # rank 0 was stopped, not left waiting 60 s
+
+
+# ----------------------------------------------------------------------------- DualPipeV's overlapped pairs: speed
+
+BIG = ModelConfig(layers=8, hidden=256, heads=8, kv_heads=4, seq_len=128, seed=3)
+
+
+def _overlap_speed_world(ctx, path, rounds):
+    """DualPipeV with its pairs run as one op and as two (the runner's default),
+    alternating steps; each step's time is the slowest rank's."""
+    sched = generate("dualpipev", p=ctx.world_size, m=8)
+    S = sched.num_stages
+    runners = {k: PipelineRunner(lambda s: build_stage(BIG, s, S), lm_loss, sched, timeout_s=120,
+                                 overlap_pairs=k == "one op")
+               for k in ("one op", "apart")}
+    times = {k: [] for k in runners}
+    for i in range(rounds):
+        xs, ys = ByteCorpus(load_corpus(), BIG.seq_len, seed=1).microbatches(i, 8, 2)
+        for k in (("one op", "apart") if i % 2 else ("apart", "one op")):
+            r = runners[k].step(xs, ys)
+            if i >= 2:  # warm-up
+                times[k].append(r.step_time)
+    got = gather_results(times)
+    if ctx.rank == 0:
+        torch.save({k: [max(g[k][j] for g in got) for j in range(len(got[0][k]))] for k in times}, path)
+
+
+@pytest.mark.bench
+@pytest.mark.parametrize("p", [2])
+def test_overlapped_pairs_by_default_no_slower_than_one_op_on_cpu(p, tmp_path):
+    import statistics
+
+    path = tmp_path / "speed.pt"
+    launch(_overlap_speed_world, p, (str(path), 14), backend="gloo", init_timeout_s=120)
+    t = torch.load(path)
+    one, apart = statistics.median(t["one op"]), statistics.median(t["apart"])
+    print(f"dualpipev p={p} m=8 CPU step: pairs as one op {one * 1e3:.1f} ms, as two (default) {apart * 1e3:.1f} ms "
+          f"(medians of {len(t['apart'])})")
+    assert apart <= 1.05 * one, (apart, one)

@@ -119,8 +119,21 @@ def test_cli_simulate_optimal_text_and_errors(capsys):
     assert "optimal (proven)" in capsys.readouterr().out
     assert main(["simulate", "zb-h1", "--placement", "v"]) == 2
     assert "--placement" in capsys.readouterr().err
-    assert main(["simulate", "optimal", "-p", "3", "-m", "3", "--offload", "auto"]) == 2
+    assert main(["simulate", "optimal", "-p", "3", "-m", "3", "--offload", "auto", "--offload-chunks", "1"]) == 2
     assert "--offload" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("placement", ["loop", "v"])
+def test_cli_simulate_optimal_decides_offload_itself(placement, capsys):
+    # --offload auto: any chunk may leave; the solver picks which activations, when each copy
+    # starts and returns, under a limit below the no-offload peak, and proves it optimal
+    rc = main(["simulate", "optimal", "-p", "2", "-m", "4", "--placement", placement, "--mem-limit", "1.5",
+               "--offload", "auto", "--offload-time", "0.25", "--time-limit", "30", "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["solver"]["optimal"] is True
+    assert max(out["peak_memory"]) <= 1.5 + 1e-9
+    assert out["offload"]["transfers"] > 0
 
 
 def test_solver_imports_no_torch():

@@ -223,6 +223,28 @@ class Schedule:
         return Schedule(name or self.name, self.num_microbatches, self.placement, ranks, dict(self.params))
 
 
+#: ``Schedule.params`` key of the overlapped forward/backward pairs (DualPipe's ``F&B``,
+#: torch's ``OVERLAP_F_B``): a tuple of ``(F stage, F microbatch, backward stage, backward
+#: microbatch)``, the backward being the B or BW of that layer group and microbatch. Kept
+#: in ``params`` so that every pass's copy carries it (and reports print it as JSON).
+OVERLAP = "overlap_f_b"
+
+
+def overlap_pairs(schedule: Schedule) -> dict[tuple[int, int], tuple[int, int]]:
+    """The overlapped pairs of ``schedule``: ``(stage, mb)`` of the F -> ``(stage, mb)`` of
+    the backward that runs with it as one op. Empty for schedules without pairs."""
+    return {(fs, fj): (bs, bj) for fs, fj, bs, bj in schedule.params.get(OVERLAP, ())}
+
+
+def without_overlap(schedule: Schedule) -> Schedule:
+    """``schedule`` with its overlapped pairs run as two ops (same order; a copy without
+    ``params[OVERLAP]``), or ``schedule`` itself when it has none."""
+    if OVERLAP not in schedule.params:
+        return schedule
+    return Schedule(schedule.name, schedule.num_microbatches, schedule.placement, schedule.ranks,
+                    {k: v for k, v in schedule.params.items() if k != OVERLAP})
+
+
 def make_op(placement: Placement, kind: OpKind, stage: int, microbatch: int) -> Op:
     """Build an op, deriving its rank and chunk from the placement."""
     return Op(kind, stage, microbatch, placement.rank_of(stage), placement.chunk_of(stage))

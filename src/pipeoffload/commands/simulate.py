@@ -184,12 +184,16 @@ def run_optimal(args: argparse.Namespace) -> int:
 
     if getattr(args, "from_csv", None) or getattr(args, "model", None):
         raise ParameterError("schedule", "`optimal` takes --costs/--memory, not --from-csv or --model")
-    if getattr(args, "offload", None) == "auto":
-        raise ParameterError("--offload", "`optimal` decides offload itself: give --offload-chunks C instead of auto")
+    auto = getattr(args, "offload", None) == "auto"
+    if auto and args.offload_chunks is not None:
+        raise ParameterError("--offload", "`optimal --offload auto` may offload any chunk; give auto or "
+                             "--offload-chunks C, not both")
     offload_options(args)  # checks the offload flags
     offload = None
-    if args.offload_chunks is not None:
-        offload = SolverOffload(args.offload_chunks, args.offload_time, args.link_group)
+    if auto or args.offload_chunks is not None:
+        # auto: every chunk may go (the solver picks which activations, when each copy starts and returns)
+        chunks = 2 if args.placement == "v" else (args.v or 1)
+        offload = SolverOffload(chunks if auto else args.offload_chunks, args.offload_time, args.link_group)
     costs, memory = costs_from_args(args), memory_from_args(args)
     res = solve(args.p, args.m, v=args.v, placement=args.placement or "loop", costs=costs, memory=memory,
                 mem_limit=args.mem_limit, time_limit=args.time_limit, offload=offload)

@@ -23,10 +23,24 @@ a layer group held by the rank that runs it (``SEND_F`` of stage ``s`` goes to t
 whose ``RECV_B`` names ``s-1``). A compute-only schedule therefore exports to torch's
 ``"compute_only"`` format and one with communication ops to ``"compute_comms"``.
 
+The rest of torch 2.13's grammar:
+
+- ``OVERLAP_F_B`` (``(0F3;5B1)OVERLAP_F_B``, DualPipeV's overlapped pair) ↔ our
+  overlapped pair: the F and the backward as adjacent ops, named in
+  ``params[OVERLAP]`` (:func:`pipeoffload.ir.overlap_pairs`), which the runtime runs as
+  one op. A cell of other sub-actions (not one F then one backward) is read as its
+  sub-actions in order, run one after the other (as torch runs them).
+- ``UNSHARD``, ``RESHARD``, ``REDUCE_GRAD`` (FSDP's all-gather, its release, the
+  data-parallel gradient reduction of a stage): our runtime does each at fixed points
+  of its own (``runtime/data_parallel.py``): a layer group is unsharded before its first
+  op of the step, its gradients reduced and it resharded after its last ``W``/``BW``.
+  Import drops them (the file's placement of them is not followed: the runtime's is);
+  export writes them at exactly those points with ``dp_actions=True``.
+
 Import (:func:`read_csv`, :func:`from_actions`) skips empty cells (torch's idle steps, also
-the literal ``None``), drops torch's runtime bookkeeping actions (``UNSHARD``, ``RESHARD``,
-``REDUCE_GRAD``), expands ``OVERLAP_F_B`` cells ``(0F3;5B1)OVERLAP_F_B`` into their
-sub-actions in order, and drops communication actions unless ``keep_comm=True``.
+the literal ``None``), drops the three bookkeeping actions, reads ``OVERLAP_F_B`` cells as
+above, drops communication actions unless ``keep_comm=True``, and infers the placement
+from the rows the layer groups appear on (loop, V, or the custom mapping they imply).
 """
 
 from __future__ import annotations
@@ -37,7 +51,8 @@ from pathlib import Path
 from typing import Sequence
 
 from ..errors import ParameterError, ScheduleError
-from ..ir import Op, OpKind, Placement, Schedule
+from ..ir import OVERLAP, Op, OpKind, Placement, Schedule
+from ..passes.timing import overlapped_positions
 from ..passes.validate import validate
 
 __all__ = [
@@ -126,18 +141,24 @@ def _parse_cell(text: str) -> list[tuple[OpKind, int, int]]:
 # ----------------------------------------------------------------------------- export
 
 
-def to_actions(schedule: Schedule, strict: bool = False) -> list[list[str]]:
+def to_actions(schedule: Schedule, strict: bool = False, dp_actions: bool = False) -> list[list[str]]:
     """One list of torch action strings per rank, in the schedule's order.
 
     Offload/reload ops are skipped (torch has no such action) unless ``strict``, which
     raises :class:`ParameterError` naming the first one. A communication op whose stage is
     not held by its own rank breaks torch's convention (see the module docstring) and raises.
+    An overlapped pair the runtime runs as one op becomes one ``OVERLAP_F_B`` cell.
+    ``dp_actions``: add ``UNSHARD``/``REDUCE_GRAD``/``RESHARD`` where our runtime does them.
     """
     pl = schedule.placement
+    pairs = overlapped_positions(schedule, schedule.ranks)
     rows: list[list[str]] = []
     for r, lst in enumerate(schedule.ranks):
+        first, last_w = _dp_points(lst) if dp_actions else ({}, {})
         row = []
-        for i, op in enumerate(lst):
+        i = 0
+        while i < len(lst):
+            op = lst[i]
             if op.kind.is_transfer:
                 if strict:
                     raise ParameterError(
@@ -145,6 +166,7 @@ def to_actions(schedule: Schedule, strict: bool = False) -> list[list[str]]:
                         f"rank {r}, position {i}: {op} has no torch.distributed.pipelining action "
                         f"(export without strict to skip offload/reload ops)",
                     )
+                i += 1
                 continue
             if op.kind.is_comm and not (0 <= op.stage < pl.num_stages and pl.rank_of(op.stage) == r):
                 raise ParameterError(
@@ -152,19 +174,40 @@ def to_actions(schedule: Schedule, strict: bool = False) -> list[list[str]]:
                     f"rank {r}, position {i}: {op} names a layer group rank {r} does not hold; torch "
                     f"expects a send/receive to name the sending/receiving rank's own stage",
                 )
-            row.append(action_string(op))
+            group = lst[i:i + 2] if (r, i) in pairs else [op]
+            row += [f"{o.stage}UNSHARD" for k, o in enumerate(group) if first.get(o.stage) == i + k]
+            row.append(action_string(op) if len(group) == 1 else
+                       f"({';'.join(action_string(o) for o in group)})OVERLAP_F_B")
+            for k, o in enumerate(group):
+                if last_w.get(o.stage) == i + k:
+                    row += [f"{o.stage}REDUCE_GRAD", f"{o.stage}RESHARD"]
+            i += len(group)
         rows.append(row)
     return rows
 
 
-def write_csv(schedule: Schedule, path: str | Path, strict: bool = False, param: str = "path") -> Path:
+def _dp_points(ops: Sequence[Op]) -> tuple[dict[int, int], dict[int, int]]:
+    """Per layer group, the position of its first compute op and of its last W/BW."""
+    first: dict[int, int] = {}
+    last_w: dict[int, int] = {}
+    for i, op in enumerate(ops):
+        if op.kind.is_compute:
+            first.setdefault(op.stage, i)
+            if op.kind in (OpKind.W, OpKind.BW):
+                last_w[op.stage] = i
+    return first, last_w
+
+
+def write_csv(schedule: Schedule, path: str | Path, strict: bool = False, param: str = "path",
+              dp_actions: bool = False) -> Path:
     """Write ``schedule`` as torch's schedule CSV (one row per rank, one action per cell).
 
     The file loads with ``PipelineScheduleMulti._load_csv`` (compute-only schedules) or
     ``_PipelineScheduleRuntime._load_csv(..., format="compute_comms")`` (with comm ops).
     Returns the path written. Unwritable paths raise :class:`ParameterError` for ``param``
-    (default ``path``, this function's argument; a command line passes its flag)."""
-    rows = to_actions(schedule, strict=strict)
+    (default ``path``, this function's argument; a command line passes its flag).
+    ``strict``, ``dp_actions``: as for :func:`to_actions`."""
+    rows = to_actions(schedule, strict=strict, dp_actions=dp_actions)
     out = Path(path)
     try:
         with out.open("w", newline="") as f:
@@ -219,14 +262,17 @@ def from_actions(
         rows.pop()  # trailing blank lines are not ranks
     if not rows:
         raise fail("no actions; expected one row of actions per rank")
-    parsed, owner = _parse_rows(rows, keep_comm, fail)
+    parsed, owner, pairs = _parse_rows(rows, keep_comm, fail)
     for r, ops in enumerate(parsed):
         if not any(k.is_compute for k, *_ in ops):
             raise fail("no compute actions; every rank must run at least one layer group", r)
     pl = _placement_of(placement, len(rows), owner, fail)
     m = _microbatch_count(parsed, num_microbatches, fail)
     ranks, columns = _ops_of(parsed, pl, fail)
-    sched = Schedule(name, m, pl, ranks, {"p": len(rows), "m": m, "v": pl.max_chunks, "source": source})
+    params: dict = {"p": len(rows), "m": m, "v": pl.max_chunks, "source": source}
+    if pairs:
+        params[OVERLAP] = tuple(pairs)
+    sched = Schedule(name, m, pl, ranks, params)
     try:
         validate(sched)
     except ScheduleError as e:
@@ -254,11 +300,13 @@ class _CellError:
 _Parsed = tuple[OpKind, int, int, int]
 
 
-def _parse_rows(rows: list[list], keep_comm: bool,
-                fail: _CellError) -> tuple[list[list[_Parsed]], dict[int, tuple[int, int]]]:
-    """Every row's actions (comm ones only with ``keep_comm``), and where each layer
-    group is first seen (row, column); a layer group on two ranks or an action that
-    repeats is an error naming both cells."""
+def _parse_rows(rows: list[list], keep_comm: bool, fail: _CellError) -> tuple[
+        list[list[_Parsed]], dict[int, tuple[int, int]], list[tuple[int, int, int, int]]]:
+    """Every row's actions (comm ones only with ``keep_comm``), where each layer group is
+    first seen (row, column), and the overlapped pairs (``OVERLAP_F_B`` cells of one F then
+    one backward); a layer group on two ranks or an action that repeats is an error naming
+    both cells."""
+    pairs: list[tuple[int, int, int, int]] = []
     parsed: list[list[_Parsed]] = []
     owner: dict[int, tuple[int, int]] = {}  # stage -> (row, column) first seen
     seen: dict[tuple[OpKind, int, int], tuple[int, int]] = {}
@@ -270,6 +318,9 @@ def _parse_rows(rows: list[list], keep_comm: bool,
                 triples = _parse_cell(text)
             except ValueError as e:
                 raise fail(str(e), r, c) from None
+            if len(triples) == 2 and triples[0][0] is OpKind.F and triples[1][0].is_backward \
+                    and _OVERLAP.fullmatch(text):
+                pairs.append((triples[0][1], triples[0][2], triples[1][1], triples[1][2]))
             for kind, s, j in triples:
                 if kind.is_comm and not keep_comm:
                     continue
@@ -286,7 +337,7 @@ def _parse_rows(rows: list[list], keep_comm: bool,
                     seen[(kind, s, j)] = (r, c)
                 ops.append((kind, s, j, c))
         parsed.append(ops)
-    return parsed, owner
+    return parsed, owner, pairs
 
 
 def _placement_of(placement: str | Placement | None, p: int, owner: dict[int, tuple[int, int]],

@@ -26,8 +26,8 @@ for, if the program cannot complete. :func:`insert_comm` always runs it.
 from __future__ import annotations
 
 from ..errors import ScheduleError
-from ..ir import Op, OpKind, Schedule
-from .timing import completion_key, dependencies
+from ..ir import Op, OpKind, Placement, Schedule
+from .timing import completion_key, dependencies, overlapped_positions
 
 #: (direction "F" or "B", sender stage, microbatch)
 MessageKey = tuple[str, int, int]
@@ -58,33 +58,55 @@ def message_tag(key: MessageKey, num_stages: int, num_microbatches: int) -> int:
 
 def insert_comm(schedule: Schedule) -> Schedule:
     """The program for ``schedule``: sends right after producers, receives right before
-    consumers. Existing send/receive ops are dropped and re-derived. Raises
-    :class:`ScheduleError` if the result is not deadlock-free."""
+    consumers. Existing send/receive ops are dropped and re-derived. An overlapped pair
+    that runs as one op (:func:`~pipeoffload.passes.timing.overlapped_positions`) gets both
+    halves' receives before it and both sends after it. Raises :class:`ScheduleError`
+    if the result is not deadlock-free."""
     pl = schedule.placement
     S = pl.num_stages
+    kept = [[op for op in lst if not op.kind.is_comm] for lst in schedule.ranks]
+    pairs = overlapped_positions(schedule, kept)
     ranks: list[list[Op]] = []
-    for r, lst in enumerate(schedule.ranks):
+    for r, lst in enumerate(kept):
         out: list[Op] = []
-        for op in lst:
-            if op.kind.is_comm:
-                continue
+        i = 0
+        while i < len(lst):
+            op = lst[i]
             if not op.kind.is_compute:
                 out.append(op)
+                i += 1
                 continue
-            s, j, c = op.stage, op.microbatch, op.chunk
-            if op.kind is OpKind.F and s > 0 and pl.rank_of(s - 1) != r:
-                out.append(Op(OpKind.RECV_F, s, j, r, c, pl.rank_of(s - 1)))
-            if op.kind.is_backward and s < S - 1 and pl.rank_of(s + 1) != r:
-                out.append(Op(OpKind.RECV_B, s, j, r, c, pl.rank_of(s + 1)))
-            out.append(op)
-            if op.kind is OpKind.F and s < S - 1 and pl.rank_of(s + 1) != r:
-                out.append(Op(OpKind.SEND_F, s, j, r, c, pl.rank_of(s + 1)))
-            if op.kind.is_backward and s > 0 and pl.rank_of(s - 1) != r:
-                out.append(Op(OpKind.SEND_B, s, j, r, c, pl.rank_of(s - 1)))
+            group = lst[i:i + 2] if (r, i) in pairs else [op]
+            for o in group:
+                out.extend(_receives(o, pl, S))
+            out.extend(group)
+            for o in group:
+                out.extend(_sends(o, pl, S))
+            i += len(group)
         ranks.append(out)
     program = schedule.with_ranks(ranks)
     check_deadlock_free(program)
     return program
+
+
+def _receives(op: Op, pl: Placement, S: int) -> list[Op]:
+    """The receive compute op ``op`` needs before it (none when its input is local)."""
+    s, j, r, c = op.stage, op.microbatch, op.rank, op.chunk
+    if op.kind is OpKind.F and s > 0 and pl.rank_of(s - 1) != r:
+        return [Op(OpKind.RECV_F, s, j, r, c, pl.rank_of(s - 1))]
+    if op.kind.is_backward and s < S - 1 and pl.rank_of(s + 1) != r:
+        return [Op(OpKind.RECV_B, s, j, r, c, pl.rank_of(s + 1))]
+    return []
+
+
+def _sends(op: Op, pl: Placement, S: int) -> list[Op]:
+    """The send after compute op ``op`` (none when its consumer is on its rank)."""
+    s, j, r, c = op.stage, op.microbatch, op.rank, op.chunk
+    if op.kind is OpKind.F and s < S - 1 and pl.rank_of(s + 1) != r:
+        return [Op(OpKind.SEND_F, s, j, r, c, pl.rank_of(s + 1))]
+    if op.kind.is_backward and s > 0 and pl.rank_of(s - 1) != r:
+        return [Op(OpKind.SEND_B, s, j, r, c, pl.rank_of(s - 1))]
+    return []
 
 
 def check_deadlock_free(program: Schedule) -> None:

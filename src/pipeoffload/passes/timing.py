@@ -25,7 +25,7 @@ from typing import Callable, Mapping, Sequence
 
 from ..costs import Costs, MemoryDeltas
 from ..errors import ScheduleError
-from ..ir import Op, OpKind, Schedule
+from ..ir import Op, OpKind, Schedule, overlap_pairs
 from ..timeline import TimedOp, Timeline
 
 #: Completion key of an op: ("F"|"B"|"W", stage, microbatch). B and BW both
@@ -300,18 +300,89 @@ def run_list_schedule(
     place_op = engine.place
     no_release = _NO_RELEASE
 
+    pairs = overlapped_positions(schedule, schedule.ranks)  # in the full lists: a transfer between splits a pair
+    if pairs:
+        firsts = {schedule.ranks[r][i] for r, i in pairs}
+        pairs = {(r, i) for r, lst in enumerate(ranks) for i, o in enumerate(lst) if o in firsts}
+    pair_start: dict[tuple[int, int], float] = {}  # F of an overlapped pair -> when its backward's inputs are in
+
     def place(r: int, i: int) -> None:
         op = ranks[r][i]
         code, stage, mb = codes[r][i]
         d = duration(op)
-        t = place_op(code, stage, mb, d, release.get(op.key, no_release) if release else no_release)
+        rel = release.get(op.key, no_release) if release else no_release
+        rel = max(rel, pair_start.pop((r, i), no_release))
+        t = place_op(code, stage, mb, d, rel)
         events.append(TimedOp(op, t, t + d, "compute", memory(op) if memory else 0.0))
 
-    done = place_rank_lists(engine, codes, place)
+    done = _place_overlapped(engine, codes, place, pairs, pair_start) if pairs else \
+        place_rank_lists(engine, codes, place)
     stuck = [r for r in range(len(ranks)) if done[r] < len(ranks[r])]
     if stuck:
         raise ScheduleError(_deadlock_message(schedule, ranks, done, stuck))
     return events
+
+
+def overlapped_positions(schedule: Schedule, ranks: Sequence[Sequence[Op]]) -> set[tuple[int, int]]:
+    """Positions ``(rank, i)`` in ``ranks`` (per-rank op lists) of each overlapped pair's
+    F (:func:`pipeoffload.ir.overlap_pairs`) that its backward immediately follows: the
+    pairs that run as one op. A pair split by another op (an offload transfer) runs apart."""
+    pairs = overlap_pairs(schedule)
+    if not pairs:
+        return set()
+    out = set()
+    for r, lst in enumerate(ranks):
+        for i in range(len(lst) - 1):
+            a, b = lst[i], lst[i + 1]
+            if a.kind is OpKind.F and b.kind.is_backward and pairs.get((a.stage, a.microbatch)) == (b.stage,
+                                                                                                    b.microbatch):
+                out.add((r, i))
+    return out
+
+
+def _place_overlapped(
+    engine: ListScheduler,
+    lists: Sequence[Sequence[tuple[int, int, int]]],
+    place: Callable[[int, int], object],
+    pairs: set[tuple[int, int]],
+    pair_start: dict[tuple[int, int], float],
+) -> list[int]:
+    """:func:`place_rank_lists` where each overlapped pair ``(r, i)``, ``(r, i+1)`` is one op:
+    placed once the inputs of both halves are (the backward's input from its own F
+    aside), its F not before the backward's inputs arrive (``pair_start``), its
+    backward right after. Returns how many ops of each rank were placed."""
+    S = engine.num_stages
+    deps, end, unplaced = engine.deps, engine.end, _NOT_PLACED
+    done = [0] * len(lists)
+    progress = True
+    while progress:
+        progress = False
+        for r, ops in enumerate(lists):
+            i = done[r]
+            while i < len(ops):
+                code, stage, mb = ops[i]
+                half = [(code, stage, mb)] + ([ops[i + 1]] if (r, i) in pairs else [])
+                own = engine.slot(code, stage, mb)
+                start, ready = _NO_RELEASE, True
+                for k, (c, s, j) in enumerate(half):
+                    for base, lat in deps[c * S + s]:
+                        e = end[base + j]
+                        if k == 1 and base + j == own:
+                            continue  # the backward's input is its own pair's F: run in order
+                        if e == unplaced:
+                            ready = False
+                        elif k == 1:
+                            start = max(start, e + lat)
+                if not ready:
+                    break
+                if len(half) == 2:
+                    pair_start[(r, i)] = start
+                for k in range(len(half)):
+                    place(r, i + k)
+                i += len(half)
+                progress = True
+            done[r] = i
+    return done
 
 
 def _deadlock_message(schedule: Schedule, ranks: list[list[Op]], ptr: list[int], stuck: list[int]) -> str:

@@ -6,7 +6,10 @@ Rules checked, in order:
 2. completeness: every (layer group, microbatch) has exactly one F and either one BW
    or one B and one W;
 3. local order: on each rank an op comes after the ops it depends on that share its rank;
-4. deadlock freedom: cross-rank dependencies can be satisfied (no cycle).
+4. overlapped pairs (``params[OVERLAP]``, DualPipe's F&B): each names an F and the
+   backward (B or BW) that follows it directly among its rank's compute ops;
+5. deadlock freedom: cross-rank dependencies can be satisfied (no cycle), each
+   overlapped pair run as one op (its F waits for its backward's inputs).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 from collections import Counter
 
 from ..errors import ScheduleError
-from ..ir import OpKind, Schedule
+from ..ir import OpKind, Schedule, overlap_pairs
 from .timing import completion_key, dependencies, run_list_schedule
 
 
@@ -33,6 +36,7 @@ def validate(schedule: Schedule) -> None:
     counts = _check_shape(schedule)
     _check_complete(schedule, counts)
     _check_local_order(schedule)
+    _check_overlap(schedule)
     run_list_schedule(schedule, lambda o: 1.0, 0.0)
 
 
@@ -114,3 +118,25 @@ def _check_local_order(schedule: Schedule) -> None:
                         f"{dk[0]}(stage={dk[1]}, mb={dk[2]}) (rule: local order)"
                     )
             done.add(completion_key(op))
+
+
+def _check_overlap(schedule: Schedule) -> None:
+    """Rule 4: each overlapped pair is an F directly followed by its backward among the
+    compute ops of the F's rank."""
+    pairs = overlap_pairs(schedule)
+    if not pairs:
+        return
+    pl = schedule.placement
+    seen = set()
+    for r, lst in enumerate(schedule.ranks):
+        comp = [o for o in lst if o.kind.is_compute]
+        for a, b in zip(comp, comp[1:]):
+            if a.kind is OpKind.F and b.kind.is_backward and pairs.get((a.stage, a.microbatch)) == (b.stage,
+                                                                                                    b.microbatch):
+                seen.add((a.stage, a.microbatch))
+    for (fs, fj), (bs, bj) in pairs.items():
+        if (fs, fj) not in seen:
+            raise ScheduleError(
+                f"overlapped pair F(stage={fs}, mb={fj}) & backward(stage={bs}, mb={bj}) on rank "
+                f"{pl.rank_of(fs) if 0 <= fs < pl.num_stages else '?'}: the backward must directly follow the F "
+                f"among the rank's compute ops (rule: overlapped pairs)")

@@ -33,9 +33,9 @@ __all__ = [
 NODE_GPUS = 8
 TP_CHOICES = (1, 2, 4, 8)
 #: Schedules whose op order depends only on (p, m, v, g): generated once, shared across costs.
-FIXED_ORDER = frozenset({"gpipe", "1f1b", "interleaved-1f1b", "group-interleaved", "zb-h1", "zb-h2"})
+FIXED_ORDER = frozenset({"gpipe", "1f1b", "interleaved-1f1b", "group-interleaved", "zb-h1", "zb-h2", "dualpipev"})
 _REPORT_ORDER = ("1f1b", "gpipe", "zb-h1", "zb-h2", "zb-auto", "interleaved-1f1b", "group-interleaved",
-                 "zb-v", "v-half", "v-min", "v-zb", "v-auto")
+                 "zb-v", "v-half", "v-min", "v-zb", "v-auto", "dualpipev")
 #: Everything the planner may search, in the order it reports them: every registered schedule
 #: (``pipeoffload best`` searches them all, and so does the planner unless told otherwise).
 DEFAULT_SCHEDULES = tuple(n for n in _REPORT_ORDER if n in SCHEDULES) + tuple(n for n in SCHEDULES

@@ -63,11 +63,12 @@ from torch import nn
 from torch.autograd.graph import get_gradient_edge, saved_tensors_hooks
 
 from ..errors import ParameterError
-from ..ir import Op, OpKind, Schedule
+from ..ir import Op, OpKind, Schedule, without_overlap
 from ..passes.comm import insert_comm, message_key
 from ..passes.issue_policy import IssuePlan, issue_plan
 from ..passes.nccl_check import check_nccl
 from ..passes.lower import lower
+from ..passes.timing import overlapped_positions
 from ..timeline import TimedOp
 from . import boundary, guards
 from .activations import ActivationStore, KeepActivations
@@ -99,6 +100,8 @@ class OpSample:
     duration: float  #: seconds
     mem: float  #: activation-memory change, bytes
     peak: float = 0.0  #: highest level during the op above its start level, bytes (the in-op transient)
+    #: A half of a BW: a layer group that also runs split B/W ops (DualPipeV) is modelled by those
+    from_bw: bool = False
 
 
 @dataclass
@@ -127,12 +130,16 @@ class _Plan:
     split: set[tuple[int, int]]
     kind: str  #: "train" or "eval": which shape book entries its messages use
     issues: dict[frozenset, IssuePlan] = field(default_factory=dict)
+    #: Positions of the F of each overlapped F&B pair (DualPipeV) run as one op with the
+    #: backward right after it (passes/timing.py overlapped_positions).
+    overlapped: frozenset = frozenset()
 
     @classmethod
     def of(cls, program: Schedule, rank: int, kind: str) -> "_Plan":
         ops = program.ranks[rank]
         split = {(op.stage, op.microbatch) for op in ops if op.kind is OpKind.B}
-        return cls(program, rank, ops, split, kind)
+        pairs = frozenset(i for r, i in overlapped_positions(program, program.ranks) if r == rank)
+        return cls(program, rank, ops, split, kind, overlapped=pairs)
 
     def issue(self, header_mbs: frozenset, lookahead: int) -> IssuePlan:
         """The issue policy when the forward messages of ``header_mbs`` carry headers.
@@ -206,6 +213,10 @@ class PipelineRunner:
             as ``data_parallel`` says ("auto", "replicate" with ``bucket_bytes`` buckets
             started after each layer group's last W, "fsdp", "none";
             docs/parallelism.md). Tensor parallelism is applied by the user before.
+        overlap_pairs: run each overlapped F&B pair of the schedule (DualPipeV's,
+            ``ir.overlap_pairs``) as one op: both inputs received first, the two halves
+            back to back, both outputs sent after; False (default): as two ops (never
+            slower while nothing overlaps their kernels; docs/schedules.md#dualpipev).
 
     Raises:
         ParameterError: naming the argument, for a schedule, module set, mesh, tie,
@@ -247,9 +258,11 @@ class PipelineRunner:
         mesh: Any = None,
         data_parallel: str = "auto",
         bucket_bytes: int = BUCKET_BYTES,
+        overlap_pairs: bool = False,
     ) -> None:
         self.schedule = schedule
-        self.program = lower(schedule, comm=True).schedule  # validated, sends/receives added
+        # validated, sends/receives added (around each overlapped pair, or each half alone)
+        self.program = lower(schedule if overlap_pairs else without_overlap(schedule), comm=True).schedule
         self.mesh = mesh
         if mesh is not None:
             if group is not None:
@@ -327,6 +340,9 @@ class PipelineRunner:
         self._eval_plan: _Plan | None = None
         #: Called with each op right before it runs (fault injection, tracing); None = off.
         self.before_op: Callable[[Op], None] | None = None
+        #: The backward of the overlapped pair that ran last with its F (skipped at its own turn).
+        self._ran_ahead: Op | None = None
+        self._backward_ops = {OpKind.B: self._op_backward, OpKind.BW: self._op_backward_weight}
         self.store.bind(device=self.device, meter=self.meter, exclude=self._resident_tensors(),
                         offloaded=[(op.stage, op.microbatch) for op in self.ops if op.kind is OpKind.OFFLOAD_START])
         self._dispatch, self._store_calls = self._op_handlers()
@@ -395,8 +411,8 @@ class PipelineRunner:
     def _op_handlers(self) -> tuple[dict[OpKind, Callable[[Op], None]], dict[OpKind, Callable[[int, int], None]]]:
         """The method that runs each op kind, and the store call of each transfer kind."""
         dispatch = {
-            OpKind.F: self._op_forward, OpKind.B: self._op_backward, OpKind.W: self._op_weight,
-            OpKind.BW: self._op_backward_weight,
+            OpKind.F: self._op_forward_or_pair, OpKind.B: self._op_backward_unless_ran, OpKind.W: self._op_weight,
+            OpKind.BW: self._op_backward_unless_ran,
             OpKind.SEND_F: self._op_send, OpKind.SEND_B: self._op_send,
             OpKind.RECV_F: self._op_recv, OpKind.RECV_B: self._op_recv,
             OpKind.OFFLOAD_START: self._op_transfer, OpKind.OFFLOAD_END: self._op_transfer,
@@ -711,18 +727,39 @@ class PipelineRunner:
         self._end(op, t0, lvl0, "W")
         self._run.bw_time.setdefault(op.stage, [0.0, 0.0])[1] += self._run.samples[-1].duration
 
+    def _op_forward_or_pair(self, op: Op) -> None:
+        """An F; when it opens an overlapped pair (DualPipe's F&B, torch's OVERLAP_F_B),
+        the pair as one op: both halves' inputs were received before it and both sends go
+        out after it (passes/comm.py), so the two run back to back on the device, the
+        backward's kernels queued right behind the forward's (as torch runs OVERLAP_F_B);
+        each half keeps its own sample. The backward's own turn in the loop (its hook
+        included, which comes after it) is skipped."""
+        plan, pos = self._cur_plan, self._pos
+        self._op_forward(op)
+        if pos in plan.overlapped:
+            b = plan.ops[pos + 1]
+            self._ran_ahead = b
+            self._backward_ops[b.kind](b)
+
+    def _op_backward_unless_ran(self, op: Op) -> None:
+        """A B or BW, unless it ran already with its overlapped pair's F."""
+        if op is not self._ran_ahead:
+            self._backward_ops[op.kind](op)
+
     def _op_backward_weight(self, op: Op) -> None:
         lvl0, t0 = self._begin()
         self._backward(op)
         self._sync()
         lvl1, t1 = self.meter.level(), self._now()
-        self._run.samples.append(OpSample(op.stage, "B", t1 - t0, lvl1 - lvl0, self.meter.peak_since_mark() - lvl0))
+        self._run.samples.append(OpSample(op.stage, "B", t1 - t0, lvl1 - lvl0, self.meter.peak_since_mark() - lvl0,
+                                          from_bw=True))
         self.meter.mark()
         with self._backward_amp():
             self.wg.flush(op.stage, op.microbatch)
         self._sync()
         lvl2, t2 = self.meter.level(), self._now()
-        self._run.samples.append(OpSample(op.stage, "W", t2 - t1, lvl2 - lvl1, self.meter.peak_since_mark() - lvl1))
+        self._run.samples.append(OpSample(op.stage, "W", t2 - t1, lvl2 - lvl1, self.meter.peak_since_mark() - lvl1,
+                                          from_bw=True))
         self._run.events.append(TimedOp(op, t0, t2, "compute", lvl2 - lvl0))
 
     def _stage_input(self, s: int, j: int) -> boundary.Flat:

@@ -52,6 +52,9 @@ SCHEDULES: dict[str, ScheduleInfo] = {
         ScheduleInfo("v-zb", "vshape", "v_zb", "V-ZB: 1F1B's memory, bubble ~0 (building-block method)", "v", 2, True),
         ScheduleInfo("v-auto", "v_auto", "v_auto",
            "V-auto: building-block search for the best V schedule within --mem-limit (default V-Half's peak)", "v", 2, True),
+        ScheduleInfo("dualpipev", "dualpipev", "dualpipev",
+           "DualPipeV (DeepSeek): V placement, overlapped F&B pairs; bubble (p-1)(F&B+B-3W), peak 2p+1 chunks; m >= 2p",
+           "v", 2, True),
     ]
 }
 

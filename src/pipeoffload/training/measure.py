@@ -65,10 +65,12 @@ def group_medians(samples: Sequence[OpSample], num_stages: int) -> tuple[list[tu
                                                                           list[tuple[float, float, float]]]:
     """Per layer group: median ``(F, B, W)`` durations (s) and memory deltas (bytes).
 
-    A group with no W sample (never happens with the runtime) gets W = 0 time/memory."""
+    A group with no W sample (never happens with the runtime) gets W = 0 time/memory. A
+    group that runs both BW and split B/W ops (DualPipeV) is measured by its split ops
+    (:func:`_split_first`): a BW's B part frees what a split B keeps for its W."""
     dur: dict[tuple[int, str], list[float]] = {}
     mem: dict[tuple[int, str], list[float]] = {}
-    for s in samples:
+    for s in _split_first(samples):
         dur.setdefault((s.stage, s.kind), []).append(s.duration)
         mem.setdefault((s.stage, s.kind), []).append(s.mem)
     costs, deltas = [], []
@@ -80,6 +82,13 @@ def group_medians(samples: Sequence[OpSample], num_stages: int) -> tuple[list[tu
         costs.append(tuple(c))
         deltas.append(tuple(d))
     return costs, deltas  # type: ignore[return-value]
+
+
+def _split_first(samples: Sequence[OpSample]) -> list[OpSample]:
+    """``samples`` without the halves of BW ops of the layer groups that also have samples
+    of split B/W ops (the model's B and W are those of a split backward; BW = B + W)."""
+    split = {s.stage for s in samples if s.kind != "F" and not getattr(s, "from_bw", False)}
+    return [s for s in samples if not (getattr(s, "from_bw", False) and s.stage in split)]
 
 
 def estimate_comm(tl: Timeline) -> float:
@@ -132,7 +141,7 @@ def group_peaks(samples: Sequence[OpSample], num_stages: int) -> list[tuple[floa
     level during the op above its start level (≥ the op's delta; e.g. inside a B the
     first weight-gradient stash appears before saved tensors are freed)."""
     vals: dict[tuple[int, str], list[float]] = {}
-    for s in samples:
+    for s in _split_first(samples):
         vals.setdefault((s.stage, s.kind), []).append(max(getattr(s, "peak", 0.0), s.mem, 0.0))
     return [tuple(statistics.median(vals[(g, k)]) if (g, k) in vals else 0.0 for k in "FBW")  # type: ignore[misc]
             for g in range(num_stages)]
