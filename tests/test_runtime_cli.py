@@ -28,8 +28,8 @@ def _train(args, tmp_path, launcher=None, timeout=240):
 def test_config_precedence_defaults_toml_flags(tmp_path):
     f = tmp_path / "run.toml"
     f.write_text('[schedule]\nname = "zb-h1"\nstages = 2\n[training]\nsteps = 7\n[model]\nhidden = 64\n')
-    cfg = TrainConfig.load(f, {"schedule.stages": 3, "training.lr": None})
-    assert cfg.schedule.name == "zb-h1" and cfg.schedule.stages == 3  # flag beats TOML
+    cfg = TrainConfig.load(f, {"schedule.ranks": 3, "training.lr": None})
+    assert cfg.schedule.name == "zb-h1" and cfg.schedule.ranks == 3  # flag beats TOML
     assert cfg.training.steps == 7 and cfg.model.hidden == 64  # TOML beats defaults
     assert cfg.training.lr == TrainConfig().training.lr  # None = flag not given
     assert TrainConfig.from_dict(cfg.to_dict()) == cfg
@@ -139,7 +139,7 @@ def test_plan_emit_config_trains_on_a_mesh(tmp_path):
                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert plan.returncode == 0, plan.stderr
     cfg = TrainConfig.load(tmp_path / "run.toml")
-    assert (cfg.schedule.name, cfg.schedule.stages, cfg.parallel.dp, cfg.parallel.tp) == ("zb-h1", 2, 2, 1)
+    assert (cfg.schedule.name, cfg.schedule.ranks, cfg.parallel.dp, cfg.parallel.tp) == ("zb-h1", 2, 2, 1)
     assert cfg.plan.step_time_s > 0 and len(cfg.plan.peak_activation_bytes) == 2
     common = ["--steps", "2", "--eval-every", "0", "--no-progress", "--timeout", "60", "--config", "run.toml"]
     r = _train(common + ["-o", "mesh"], tmp_path)

@@ -184,12 +184,17 @@ class TrainConfig:
                 raise ParameterError("config", f"cannot read {p}: {e.strerror or e}") from None
             except tomllib.TOMLDecodeError as e:
                 raise ParameterError("config", f"{p} is not valid TOML: {e}") from None
+        # Old key names read as the new ones before the overrides apply: a flag beats the
+        # file whichever name either uses.
+        src = None if path is None else str(path)
+        data = {sec: dict(_renamed(sec, sub, src)) if isinstance(sub, Mapping) else sub for sec, sub in data.items()}
         for key, val in (overrides or {}).items():
             if val is None:
                 continue
             sec, _, name = key.partition(".")
+            name = RENAMED.get(sec, {}).get(name, name)
             data.setdefault(sec, {})[name] = val
-        return cls.from_dict(data, None if path is None else str(path))
+        return cls.from_dict(data, src)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
