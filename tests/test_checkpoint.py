@@ -250,3 +250,23 @@ def test_resume_skips_a_corrupt_latest_checkpoint(straight, tmp_path):
     # step 4 was written again, complete
     man = json.loads((step_dir(ck, 4) / MANIFEST).read_text())
     assert sha256_file(f) == man["files"][f.name]["sha256"]
+
+
+def test_loading_per_stage_names_into_model_names_says_why(tmp_path):
+    """A checkpoint whose parameter names are per layer group, loaded by a runner that
+    uses the model's names: a ParameterError naming keys and the naming mismatch, not the
+    reader's long trace."""
+    from pipeoffload.models import ModelConfig
+    from pipeoffload.models.transformer import build_stage, lm_loss
+    from pipeoffload.runtime.executor import PipelineRunner
+    from pipeoffload.schedules import generate
+
+    cfg = ModelConfig(layers=2, hidden=16, heads=2, kv_heads=1, seq_len=8)
+    sched = generate("1f1b", p=1, m=2)
+    saved = PipelineRunner(lambda s: build_stage(cfg, s, 1), lm_loss, sched, rank=0, param_names="stage")
+    saved.save(tmp_path / "ck")
+    loader = PipelineRunner(lambda s: build_stage(cfg, s, 1), lm_loss, sched, rank=0, param_names="module")
+    with pytest.raises(ParameterError, match=r"^path: the checkpoint at .* lacks \d+ of the \d+ keys this rank "
+                                             r"needs, e\.g\. .*the checkpoint's parameter names are per layer group"):
+        loader.load(tmp_path / "ck")
+    saved.load(tmp_path / "ck")  # the same naming loads

@@ -192,6 +192,38 @@ def load(runner: Runner, path: str | Path, optimizer: torch.optim.Optimizer | No
 
     template = {**(_template(runner, optimizer) if optimizer is not None else runner_state_dict(runner, None)),
                 **(extra or {})}
+    _check_keys(template, path)
     dcp.load(template, checkpoint_id=str(path), process_group=runner.group, no_dist=not dist.is_initialized())
     runner.load_state_dict(template, optimizer)
     return {k: template[k] for k in (extra or {})}
+
+
+def _check_keys(template: Mapping[str, Any], path: str | Path) -> None:
+    """Before reading: every key this rank needs is in the checkpoint at ``path`` (a
+    directory written by :func:`save`), else a ParameterError naming a few and, when the
+    two sides name parameters differently (per-stage ``"<stage>.<name>"`` against the
+    model's own names), saying so — instead of the reader's long trace."""
+    import re
+
+    import torch.distributed.checkpoint as dcp
+
+    if not Path(path).is_dir():
+        return  # not a local directory: the reader itself reports what is wrong
+    try:
+        have = set(dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata)
+    except Exception:  # noqa: BLE001 - unreadable metadata: the reader's own error is clearer
+        return
+    missing = [k for k in template if k not in have]
+    if not missing:
+        return
+    staged = re.compile(r"^(model\.)?\d+\.")
+    ours = sum(bool(staged.match(k)) for k in template if not k.startswith(("optim.", "runner.")))
+    theirs = sum(bool(staged.match(k)) for k in have if not k.startswith(("optim.", "runner.")))
+    hint = ""
+    if (ours == 0) != (theirs == 0):
+        which = "the checkpoint's" if theirs else "this runner's"
+        hint = (f"; {which} parameter names are per layer group (\"<stage>.<name>\", which change with the "
+                "split), the other side's are the model's own: build the stages so that they keep the model's "
+                "names (split_causal_lm, split_by_name) on both sides, or load with the split that saved it")
+    raise ParameterError("path", f"the checkpoint at {path} lacks {len(missing)} of the {len(template)} keys this "
+                         f"rank needs, e.g. {', '.join(missing[:3])}{hint}")
