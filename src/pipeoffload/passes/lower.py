@@ -46,21 +46,33 @@ def lower(
     comm: bool = False,
     validated: bool = False,
 ) -> Lowered:
-    """Validate ``schedule``, time its compute ops with ``costs``/``memory`` (defaults:
-    unit costs, +1/0/−1 memory), plan activation offload with ``offload`` (None: no
-    offload; transfer ops the schedule already holds are kept) and, with ``comm``, add
-    the sends and receives (proved deadlock-free).
+    """The one pass pipeline: validate, time, plan offload, add communication.
 
-    ``validated``: the caller vouches that ``schedule`` passed
-    :func:`~pipeoffload.passes.validate.validate` already (every generator's output does:
-    :func:`~pipeoffload.schedules.generate` validates), so it is not checked again; the
-    timing pass still raises ScheduleError on a deadlock. The planner times thousands of
-    generated schedules and skips the second check (about the cost of timing them again).
+    Args:
+        schedule: compute ops per rank (a generator's output, an imported CSV, ...).
+        costs, memory: per-op durations and memory deltas (defaults: unit costs,
+            +1/0/−1 memory), in ``memory_unit``.
+        offload: the offload pass's settings (None: no offload; transfer ops the
+            schedule already holds are kept).
+        comm: add the sends and receives (proved deadlock-free).
+        validated: the caller vouches that ``schedule`` passed
+            :func:`~pipeoffload.passes.validate.validate` already (every generator's
+            output does), so it is not checked again; the timing pass still raises
+            ScheduleError on a deadlock. The planner times thousands of generated
+            schedules and skips the second check.
 
-    Guarantees: the input is not modified; ``timeline`` times exactly the compute ops
-    of ``schedule`` (plus the transfers the pass placed); raises
-    :class:`~pipeoffload.errors.ScheduleError` for an invalid or deadlocking schedule and
-    :class:`~pipeoffload.errors.ParameterError` for bad offload settings.
+    Returns:
+        :class:`Lowered`: ``schedule`` (the program: with transfers and, with ``comm``,
+        messages), ``timeline`` (timed with offload), ``base_timeline`` (timed without),
+        ``offload`` (the pass's result or None).
+
+    Raises:
+        ScheduleError: an invalid or deadlocking schedule.
+        ParameterError: bad offload settings (naming the keyword argument).
+
+    Guarantees:
+        The input is not modified; ``timeline`` times exactly the compute ops of
+        ``schedule`` (plus the transfers the pass placed).
     """
     costs = costs or Costs()
     if not validated:

@@ -220,37 +220,50 @@ def plan_offload(
     comm: float | None = None,
     stash: bool = False,
 ) -> OffloadResult:
-    """Plan selective activation offload on a timed schedule.
+    """Plan selective activation offload (PipeOffload) on a timed schedule.
 
-    ``timeline``: the schedule timed by :func:`~pipeoffload.passes.timing.simulate`;
-    when omitted, the schedule's compute ops are timed here with ``costs`` and
-    ``memory`` (defaults: unit costs, +1/0/−1) in ``memory_unit``, and ``comm``
-    defaults to ``costs.comm``.
+    Args:
+        schedule: compute ops per rank (a validated schedule).
+        timeline: ``schedule`` timed by :func:`~pipeoffload.passes.timing.simulate`; when
+            omitted, timed here with ``costs`` and ``memory`` (defaults: unit costs,
+            +1/0/−1) in ``memory_unit``, and ``comm`` defaults to ``costs.comm``.
+        offload_chunks: C, offload chunk ``c`` of every rank for ``c < C`` (default: all
+            chunks; with ``auto``, the most to consider).
+        auto: choose C (module docstring) within a makespan ``tolerance`` (a fraction).
+        offload_time: one one-way transfer of one chunk's activations for one
+            microbatch, as a multiple of that chunk's F+B+W time (0 = instantaneous).
+        transfer_times: per layer group, absolute, in the timeline's time unit
+            (overrides ``offload_time``).
+        link_group: ranks per host link; ``solo_factor``: duration multiplier of a
+            transfer whose link's other direction is idle.
+        on_infeasible: "error" (default with explicit C), "skip" (default with
+            ``auto``) or "delay".
+        postpone_warmup: True postpones warm-up forwards, False does not, None
+            (default) plans both ways and keeps the better plan (postponing only when
+            re-timing with ``comm`` reproduces the timeline).
+        comm: the cross-rank latency the timeline was simulated with, needed to
+            re-time ("delay", ``postpone_warmup``).
+        stash: also offload, between each B and its W, what only W still needs (the
+            stash window, STASH_* ops; split-backward schedules only); off by default,
+            and the program is then exactly as without it.
 
-    ``offload_chunks`` (C): offload chunk ``c`` of every rank for ``c < C`` (default: all
-    chunks; with ``auto``, the most to consider). ``auto``: choose C (see the module
-    docstring) within a makespan ``tolerance`` (a fraction). ``offload_time``: one
-    one-way transfer of one chunk's activations for one microbatch, as a multiple of
-    that chunk's F+B+W time (0 = instantaneous); ``transfer_times`` (per layer group,
-    absolute, in the timeline's time unit) overrides it. ``link_group``: ranks per
-    host link; ``solo_factor``: duration multiplier of a transfer whose link's other
-    direction is idle. ``on_infeasible``: "error" (default with explicit C), "skip"
-    (default with ``auto``) or "delay". ``comm``: the cross-rank latency the timeline
-    was simulated with, needed to re-time ("delay", ``postpone_warmup``).
-    ``postpone_warmup``: True postpones warm-up forwards, False does not, None (default)
-    plans both ways and keeps the better plan (postponing only when re-timing with
-    ``comm`` reproduces the timeline). ``stash``: also offload, between each B and its
-    W, what only W still needs (the second window, STASH_* ops; split-backward
-    schedules only); off by default, and the program is then exactly as without it.
+    Returns:
+        :class:`OffloadResult`: the schedule with its transfer ops, its timeline, the
+        chosen C, the transfers, per-rank peaks with and without offload, host memory
+        and makespans.
 
-    Guarantees: the inputs are not modified; compute ops keep their times unless a
-    B is delayed ("delay") or warm-up forwards are postponed (later F starts only);
-    every offloaded (chunk, microbatch) has exactly one of each transfer op, with
-    OFFLOAD_START ≤ OFFLOAD_END ≤ RELOAD_START ≤ RELOAD_END ≤ its B's start (strict
-    when the transfer time is positive); only chunks ``c < C`` are offloaded;
-    copies of one direction never overlap on one link; unless a B was delayed,
-    every rank's peak ≤ its no-offload peak. Raises ParameterError naming the
-    keyword argument (e.g. ``offload_chunks``) for bad settings or an infeasible C.
+    Raises:
+        ParameterError: naming the keyword argument (e.g. ``offload_chunks``) for bad
+            settings or an infeasible C (with the largest feasible one).
+
+    Guarantees:
+        The inputs are not modified; compute ops keep their times unless a B is delayed
+        ("delay") or warm-up forwards are postponed (later F starts only); every
+        offloaded (chunk, microbatch) has exactly one of each transfer op, with
+        OFFLOAD_START ≤ OFFLOAD_END ≤ RELOAD_START ≤ RELOAD_END ≤ its B's start (strict
+        when the transfer time is positive); only chunks ``c < C`` are offloaded; copies
+        of one direction never overlap on one link; unless a B was delayed, every
+        rank's peak ≤ its no-offload peak.
     """
     schedule, timeline, comm = _timed_inputs(schedule, timeline, costs, memory, memory_unit, comm)
     ctx = _Context.make(schedule, timeline, offload_time, transfer_times, link_group, solo_factor, comm)

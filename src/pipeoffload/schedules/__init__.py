@@ -81,5 +81,27 @@ def build(spec: ScheduleSpec, check: bool = True) -> Schedule:
 
 
 def generate(name: str, p: int, m: int, **kwargs) -> Schedule:
-    """Shorthand: ``generate("zb-v", p=4, m=8)``; kwargs as in :class:`ScheduleSpec`."""
+    """The schedule ``name`` for ``p`` ranks and ``m`` microbatches, validated.
+
+    Args:
+        name: a registry name (``pipeoffload schedules`` lists them, e.g. "zb-v").
+        p: pipeline ranks.
+        m: microbatches per step.
+        **kwargs: as in :class:`ScheduleSpec`: ``v`` (chunks per rank), ``g`` (group
+            size of group-interleaved), ``mem_limit`` (zb-auto, zb-v, v-auto), ...
+
+    Returns:
+        A :class:`~pipeoffload.ir.Schedule`: every rank's compute ops in order and the
+        placement of its p·v stages.
+
+    Raises:
+        ParameterError: naming ``name``, ``p``, ``m``, ``v``, ``g`` or ``mem_limit`` and
+            what the family accepts (e.g. m ≥ 2p for dualpipev).
+        ScheduleError: the generated order breaks a rule (never expected; a bug).
+
+    Guarantees:
+        The result passed :func:`~pipeoffload.passes.validate.validate`: each (stage,
+        microbatch) has its F, B and W (or BW) exactly once on the rank the placement
+        gives, in dependency order, and the pipeline cannot deadlock.
+    """
     return build(ScheduleSpec(name, p, m, **kwargs))
