@@ -314,6 +314,27 @@ def run_list_schedule(
     return events
 
 
+def prove_deadlock_free(schedule: Schedule) -> None:
+    """Raise ScheduleError naming the cycle of waiting ranks if ``schedule``'s compute ops
+    cannot all run in each rank's order; :func:`run_list_schedule`'s proof without the
+    timing (only whether each op's inputs are placed matters).
+
+    Cost: O(number of ops)."""
+    ranks = [[o for o in lst if o.kind.is_compute] for lst in schedule.ranks]
+    codes, m = _op_codes(schedule, ranks)
+    engine = ListScheduler(schedule.placement.stage_to_rank, m, 0.0)
+    end, S = engine.end, engine.num_stages
+
+    def place(r: int, i: int) -> None:
+        code, stage, mb = codes[r][i]
+        end[(code * S + stage) * m + mb] = 0.0
+
+    done = place_rank_lists(engine, codes, place)
+    stuck = [r for r in range(len(ranks)) if done[r] < len(ranks[r])]
+    if stuck:
+        raise ScheduleError(_deadlock_message(schedule, ranks, done, stuck))
+
+
 def _deadlock_message(schedule: Schedule, ranks: list[list[Op]], ptr: list[int], stuck: list[int]) -> str:
     S = schedule.num_stages
     runs = {completion_key(o): o for lst in ranks for o in lst}
