@@ -179,14 +179,36 @@ class Timeline:
         return [_clean(max([0.0] + [level for _, _, level in sweep])) for sweep in self.memory_sweeps()]
 
     def summary(self) -> dict:
-        """The JSON-ready core metrics."""
+        """The JSON-ready core metrics: those of the properties above, from one pass over
+        the events (each property alone makes its own pass)."""
+        n = self.num_ranks
+        start, end = float("inf"), float("-inf")
+        first, last, busy = [float("inf")] * n, [float("-inf")] * n, [0.0] * n
+        for e in self.events:
+            if e.stream != "compute":
+                continue
+            r, a, b = e.op.rank, e.start, e.end
+            if a < start:
+                start = a
+            if b > end:
+                end = b
+            if a < first[r]:
+                first[r] = a
+            if b > last[r]:
+                last[r] = b
+            busy[r] += b - a
+        if start > end:  # no compute event: as the properties' defaults
+            start = end = 0.0
+        makespan = end - start
+        it = max([y - x if y >= x else 0.0 for x, y in zip(first, last)], default=0.0)
+        top = max(busy)
         return {
-            "makespan": _clean(self.makespan),
-            "iteration_time": _clean(self.iteration_time),
-            "bubble_rate": _clean(self.bubble_rate),
-            "bubble_rate_makespan": _clean(self.bubble_rate_makespan),
+            "makespan": _clean(makespan),
+            "iteration_time": _clean(it),
+            "bubble_rate": _clean(1.0 - top / it if it > 0 else 0.0),
+            "bubble_rate_makespan": _clean(1.0 - top / makespan if makespan > 0 else 0.0),
             "peak_memory": self.peak_memory(),
-            "busy": [_clean(b) for b in self.busy()],
+            "busy": [_clean(b) for b in busy],
         }
 
 
