@@ -18,6 +18,7 @@ and group-interleaved schedules, whose rank 0 both starts first and ends last.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Iterable
 
 from .ir import Op
@@ -40,10 +41,14 @@ def memory_sweep(changes: Iterable[Change]) -> list[Change]:
     memory curve and peak (simulated, measured, host) is computed with it."""
     level = 0.0
     out = []
-    for t, order, delta in sorted(changes, key=lambda c: (c[0], c[1])):
+    append = out.append
+    for t, order, delta in sorted(changes, key=_TIME_ORDER):
         level += delta
-        out.append((t, order, level))
+        append((t, order, level))
     return out
+
+
+_TIME_ORDER = itemgetter(0, 1)  #: a change's sort key (time, FREE|ALLOC), in C
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,10 +156,11 @@ class Timeline:
         a positive ``mem`` at the event's start, a negative one at its end."""
         points: list[list[Change]] = [[] for _ in range(self.num_ranks)]
         for e in self.events:
-            if e.mem > 0:
-                points[e.rank].append((e.start, ALLOC, e.mem))
-            elif e.mem < 0:
-                points[e.rank].append((e.end, FREE, e.mem))
+            mem = e.mem
+            if mem > 0:
+                points[e.op.rank].append((e.start, ALLOC, mem))
+            elif mem < 0:
+                points[e.op.rank].append((e.end, FREE, mem))
         return points
 
     def memory_sweeps(self) -> list[list[Change]]:
