@@ -170,18 +170,36 @@ def _pick(timed: list, cap: float) -> int:
 
 
 def v_min(spec: ScheduleSpec) -> Schedule:
-    """V-Min: peak ``(p+4)//3`` units (≈ ⅓ of 1F1B's), bubble ≈ ⅔ of 1F1B's."""
+    """V-Min: peak ``(p+4)//3`` units (≈ ⅓ of 1F1B's), bubble ≈ ⅔ of 1F1B's.
+
+    Cost: the lowering (:func:`_lower_block`, memoised by its inputs) repeats the block
+    m times and builds six candidate orders over O(p·m) ops: the slot reorders scan a
+    rank's memory levels between an op's inputs and its slot (O(m) per op, O(p·m²) in
+    the worst case, in C), the W refills and the timings are O(p·m); hole filling
+    is capped by its work budget."""
     _check(spec)
     return _from_block("v-min", spec, holes=True)
 
 
 def v_half(spec: ScheduleSpec) -> Schedule:
-    """V-Half: peak ``(p+2)//2`` units (≈ ½ of 1F1B's), bubble ≈ ½ of 1F1B's."""
+    """V-Half: peak ``(p+2)//2`` units (≈ ½ of 1F1B's), bubble ≈ ½ of 1F1B's.
+
+    Cost: the lowering (:func:`_lower_block`, memoised by its inputs) repeats the block
+    m times and builds six candidate orders over O(p·m) ops: the slot reorders scan a
+    rank's memory levels between an op's inputs and its slot (O(m) per op, O(p·m²) in
+    the worst case, in C), the W refills and the timings are O(p·m); hole filling
+    is capped by its work budget."""
     _check(spec)
     return _from_block("v-half", spec, holes=True)
 
 
 def v_zb(spec: ScheduleSpec) -> Schedule:
-    """V-ZB: 1F1B's peak (``p`` units), bubble ≈ 0."""
+    """V-ZB: 1F1B's peak (``p`` units), bubble ≈ 0.
+
+    Cost: the lowering (:func:`_lower_block`, memoised by its inputs) repeats the block
+    m times and builds six candidate orders over O(p·m) ops: the slot reorders scan a
+    rank's memory levels between an op's inputs and its slot (O(m) per op, O(p·m²) in
+    the worst case, in C), the W refills and the timings are O(p·m); no hole
+    filling."""
     _check(spec)
     return _from_block("v-zb", spec)
