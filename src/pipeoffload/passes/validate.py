@@ -10,7 +10,7 @@ Rules checked, in order:
 
 Cost: O(number of ops) for p ranks, v chunks and m microbatches, i.e. O(p·v·m), each
 rule one pass with flat per-(layer group, microbatch) tables (rule 2 is a byte scan in
-C); rule 4 is the timing pass's engine without the timing (docs/algorithms.md#speed).
+C); rule 4 is the timing pass's engine without the timing (docs/algorithms.md#9-speed).
 """
 
 from __future__ import annotations
