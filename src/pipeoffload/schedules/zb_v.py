@@ -114,7 +114,7 @@ class _GreedyRun:
         pending, clock, dur = self.pending[rank], self.tracker.clock, self.tracker.dur
         while pending and arrive >= clock[rank] + dur[pending[0][0]][W_CODE]:
             self.put_weight(rank)
-        if pending and arrive - clock[rank] > self.allowance(rank) and partial:
+        if partial and pending and arrive - clock[rank] > self.allowance(rank):  # allowance is O(p): asked last
             self.put_weight(rank)
 
     def can_forward(self, rank: int, chunk: int) -> bool:
