@@ -128,7 +128,8 @@ def zb_auto(spec: ScheduleSpec) -> Schedule:
     same costs whenever those fit the limit (at p·F they do when B frees ≥ 0);
     at 2p·F it reaches ZB-2p's near-zero bubble (docs/algorithms.md#82-unit-cost-grid-for-four-stages).
 
-    Cost: 8 greedy variants, ZB-H1, ZB-H2 and up to p narrowed 1F1B replays, each
+    Cost: 8 greedy variants (those whose runs cannot differ share one run,
+    :func:`.zb_auto.auto_candidates`), ZB-H1, ZB-H2 and up to p narrowed 1F1B replays, each
     O(p·m) ops timed incrementally as they are placed: O(p·m) per candidate, O(p²·m) in
     the worst case (every 1F1B window tried).
     """
@@ -226,10 +227,11 @@ def zb_v(spec: ScheduleSpec) -> Schedule:
     any m ≥ 1; bubble 0 when T_F = T_B = T_W and comm = 0 (m ≥ 2p); below p units,
     never worse than V-Half or V-Min when their peak fits the limit.
 
-    Cost: up to 28 greedy runs (4 variants × ≤ 7 re-runs) of O(p·m) ops, each op
+    Cost: up to 28 greedy runs (4 variants × ≤ 7 re-runs; variants whose runs cannot
+    differ share them, :func:`.zb_v.v_candidates`) of O(p·m) ops, each op
     timed incrementally and its round costing O(p) for the idle allowance (O(p²·m) per
     run at worst), the fixed order and, below p units, V-Half's and V-Min's lowerings;
-    in practice 8 runs, linear in p·m.
+    in practice 2 runs at p = 64, m = 512, linear in p·m.
     """
     spec.no_group()
     spec.resolve_v(2, allowed=(2,))
