@@ -260,5 +260,7 @@ def build_schedule(
     """Make a :class:`Schedule` from per-rank ``(kind, stage, microbatch)`` triples.
 
     ``params`` (e.g. p, m, v, g) are recorded for reports."""
-    ranks = [[make_op(placement, k, s, j) for (k, s, j) in lst] for lst in per_rank]
+    # make_op, inlined (one call per op of every generated schedule)
+    rank_of, chunk_of = placement.stage_to_rank, placement._chunk_of
+    ranks = [[Op(k, s, j, rank_of[s], chunk_of[s]) for (k, s, j) in lst] for lst in per_rank]
     return Schedule(name, num_microbatches, placement, ranks, dict(params))

@@ -18,6 +18,7 @@ and group-interleaved schedules, whose rank 0 both starts first and ends last.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Iterable
 
 from .ir import Op
@@ -40,10 +41,14 @@ def memory_sweep(changes: Iterable[Change]) -> list[Change]:
     memory curve and peak (simulated, measured, host) is computed with it."""
     level = 0.0
     out = []
-    for t, order, delta in sorted(changes, key=lambda c: (c[0], c[1])):
+    append = out.append
+    for t, order, delta in sorted(changes, key=_TIME_ORDER):
         level += delta
-        out.append((t, order, level))
+        append((t, order, level))
     return out
+
+
+_TIME_ORDER = itemgetter(0, 1)  #: a change's sort key (time, FREE|ALLOC), in C
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,10 +156,11 @@ class Timeline:
         a positive ``mem`` at the event's start, a negative one at its end."""
         points: list[list[Change]] = [[] for _ in range(self.num_ranks)]
         for e in self.events:
-            if e.mem > 0:
-                points[e.rank].append((e.start, ALLOC, e.mem))
-            elif e.mem < 0:
-                points[e.rank].append((e.end, FREE, e.mem))
+            mem = e.mem
+            if mem > 0:
+                points[e.op.rank].append((e.start, ALLOC, mem))
+            elif mem < 0:
+                points[e.op.rank].append((e.end, FREE, mem))
         return points
 
     def memory_sweeps(self) -> list[list[Change]]:
@@ -179,14 +185,36 @@ class Timeline:
         return [_clean(max([0.0] + [level for _, _, level in sweep])) for sweep in self.memory_sweeps()]
 
     def summary(self) -> dict:
-        """The JSON-ready core metrics."""
+        """The JSON-ready core metrics: those of the properties above, from one pass over
+        the events (each property alone makes its own pass)."""
+        n = self.num_ranks
+        start, end = float("inf"), float("-inf")
+        first, last, busy = [float("inf")] * n, [float("-inf")] * n, [0.0] * n
+        for e in self.events:
+            if e.stream != "compute":
+                continue
+            r, a, b = e.op.rank, e.start, e.end
+            if a < start:
+                start = a
+            if b > end:
+                end = b
+            if a < first[r]:
+                first[r] = a
+            if b > last[r]:
+                last[r] = b
+            busy[r] += b - a
+        if start > end:  # no compute event: as the properties' defaults
+            start = end = 0.0
+        makespan = end - start
+        it = max([y - x if y >= x else 0.0 for x, y in zip(first, last)], default=0.0)
+        top = max(busy)
         return {
-            "makespan": _clean(self.makespan),
-            "iteration_time": _clean(self.iteration_time),
-            "bubble_rate": _clean(self.bubble_rate),
-            "bubble_rate_makespan": _clean(self.bubble_rate_makespan),
+            "makespan": _clean(makespan),
+            "iteration_time": _clean(it),
+            "bubble_rate": _clean(1.0 - top / it if it > 0 else 0.0),
+            "bubble_rate_makespan": _clean(1.0 - top / makespan if makespan > 0 else 0.0),
             "peak_memory": self.peak_memory(),
-            "busy": [_clean(b) for b in self.busy()],
+            "busy": [_clean(b) for b in busy],
         }
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from ..costs import Costs, MemoryDeltas
 from ..errors import ScheduleError
@@ -33,6 +33,7 @@ from ..timeline import TimedOp, Timeline
 Key = tuple[str, int, int]
 
 _F, _B, _W = OpKind.F, OpKind.B, OpKind.W
+_COMPUTE = frozenset((OpKind.F, OpKind.B, OpKind.W, OpKind.BW))  #: OpKind.is_compute, as a set
 
 #: The completion kinds as small ints, the engine's op address ``(code, stage, mb)``
 #: (list indices in the hot loops): forward, backward (B or BW: the input gradient),
@@ -293,17 +294,117 @@ def run_list_schedule(
     and never overlap; an op starts at the earliest time its rank, its inputs and its
     release allow. Raises ScheduleError naming the cycle of waiting ranks on deadlock.
     """
-    ranks = [[o for o in lst if o.kind.is_compute] for lst in schedule.ranks]
+    ranks = [[o for o in lst if o.kind in _COMPUTE] for lst in schedule.ranks]
     codes, m = _op_codes(schedule, ranks)
     engine = ListScheduler(schedule.placement.stage_to_rank, m, comm, origin)
+    pairs = overlapped_positions(schedule, schedule.ranks)  # in the full lists: a transfer between splits a pair
+    if pairs:  # DualPipeV's overlapped F&B pairs: each pair placed as one op
+        return _run_with_pairs(schedule, ranks, codes, engine, pairs, duration, memory, release)
+    # Each op's duration, memory delta and release, asked once per op up front.
+    durs = [[duration(op) for op in lst] for lst in ranks]
+    mems = [[memory(op) for op in lst] for lst in ranks] if memory else [[0.0] * len(lst) for lst in ranks]
+    rels = [[release.get(op.key, _NO_RELEASE) for op in lst] for lst in ranks] if release else None
+    done, placed = _time_rank_lists(engine, codes, durs, rels)
+    stuck = [r for r in range(len(ranks)) if done[r] < len(ranks[r])]
+    if stuck:
+        raise ScheduleError(_deadlock_message(schedule, ranks, done, stuck))
+    return [TimedOp(ranks[r][i], t, t + durs[r][i], "compute", mems[r][i]) for r, i, t in placed]
+
+
+def _time_rank_lists(
+    engine: ListScheduler,
+    lists: Sequence[Sequence[tuple[int, int, int]]],
+    durs: Sequence[Sequence[float]],
+    releases: Sequence[Sequence[float]] | None,
+) -> tuple[list[int], list[tuple[int, int, float]]]:
+    """:func:`place_rank_lists` driving :meth:`ListScheduler.place` (rank ``r``'s op ``i``
+    runs for ``durs[r][i]``, not before ``releases[r][i]``), both loops fused: the timing
+    pass's hot loop, one visit of each op's inputs (they are checked and timed at once).
+
+    Returns how many ops of each rank were placed, and ``(rank, index, start)`` of each
+    placed op in placement order. Cost: O(number of ops)."""
+    p = len(lists)
+    S, m = engine.num_stages, engine.num_microbatches
+    deps, end, clock, rank_of, origin = engine.deps, engine.end, engine.clock, engine.rank_of, engine.origin
+    unplaced = _NOT_PLACED
+    done = [0] * p
+    placed: list[tuple[int, int, float]] = []
+    append = placed.append
+    waiting: dict[int, list[int]] = {}
+    ready = deque(range(p))
+    while ready:
+        r = ready.popleft()
+        ops, dur = lists[r], durs[r]
+        rel = releases[r] if releases is not None else None
+        i, n = done[r], len(ops)
+        while i < n:
+            code, stage, mb = ops[i]
+            own = code * S + stage
+            t = origin
+            missing = -1
+            for base, latency in deps[own]:
+                e = end[base + mb]
+                if e == unplaced:
+                    missing = base + mb
+                    break
+                e += latency
+                if e > t:
+                    t = e
+            if missing >= 0:
+                waiting.setdefault(missing, []).append(r)
+                break
+            q = rank_of[stage]
+            if clock[q] > t:
+                t = clock[q]
+            if rel is not None and rel[i] > t:
+                t = rel[i]
+            slot = own * m + mb
+            end[slot] = clock[q] = t + dur[i]
+            append((r, i, t))
+            i += 1
+            woken = waiting.pop(slot, None)
+            if woken:
+                ready.extend(woken)
+        done[r] = i
+    return done, placed
+
+
+def prove_deadlock_free(schedule: Schedule) -> None:
+    """Raise ScheduleError naming the cycle of waiting ranks if ``schedule``'s compute ops
+    cannot all run in each rank's order; :func:`run_list_schedule`'s proof without the
+    timing (only whether each op's inputs are placed matters).
+
+    Cost: O(number of ops)."""
+    ranks = [[o for o in lst if o.kind in _COMPUTE] for lst in schedule.ranks]
+    codes, m = _op_codes(schedule, ranks)
+    engine = ListScheduler(schedule.placement.stage_to_rank, m, 0.0)
+    end, S = engine.end, engine.num_stages
+    if overlapped_positions(schedule, schedule.ranks):  # pairs run as one op: the timing pass decides
+        run_list_schedule(schedule, lambda op: 1.0, 0.0)
+        return
+
+    def place(r: int, i: int) -> None:
+        code, stage, mb = codes[r][i]
+        end[(code * S + stage) * m + mb] = 0.0
+
+    done = place_rank_lists(engine, codes, place)
+    stuck = [r for r in range(len(ranks)) if done[r] < len(ranks[r])]
+    if stuck:
+        raise ScheduleError(_deadlock_message(schedule, ranks, done, stuck))
+
+
+def _run_with_pairs(schedule: Schedule, ranks: list[list[Op]], codes: Any, engine: ListScheduler,
+                    pairs: set[tuple[int, int]], duration: Callable[[Op], float],
+                    memory: Callable[[Op], float] | None,
+                    release: Mapping[tuple[OpKind, int, int], float] | None) -> list[TimedOp]:
+    """:func:`run_list_schedule` for a schedule with overlapped F&B pairs (positions
+    ``pairs`` in the full per-rank lists): each pair placed as one op, its F not before
+    its backward's inputs are in (:func:`_place_overlapped`)."""
     events: list[TimedOp] = []
     place_op = engine.place
     no_release = _NO_RELEASE
-
-    pairs = overlapped_positions(schedule, schedule.ranks)  # in the full lists: a transfer between splits a pair
-    if pairs:
-        firsts = {schedule.ranks[r][i] for r, i in pairs}
-        pairs = {(r, i) for r, lst in enumerate(ranks) for i, o in enumerate(lst) if o in firsts}
+    firsts = {schedule.ranks[r][i] for r, i in pairs}
+    pairs = {(r, i) for r, lst in enumerate(ranks) for i, o in enumerate(lst) if o in firsts}
     pair_start: dict[tuple[int, int], float] = {}  # F of an overlapped pair -> when its backward's inputs are in
 
     def place(r: int, i: int) -> None:
@@ -315,8 +416,7 @@ def run_list_schedule(
         t = place_op(code, stage, mb, d, rel)
         events.append(TimedOp(op, t, t + d, "compute", memory(op) if memory else 0.0))
 
-    done = _place_overlapped(engine, codes, place, pairs, pair_start) if pairs else \
-        place_rank_lists(engine, codes, place)
+    done = _place_overlapped(engine, codes, place, pairs, pair_start)
     stuck = [r for r in range(len(ranks)) if done[r] < len(ranks[r])]
     if stuck:
         raise ScheduleError(_deadlock_message(schedule, ranks, done, stuck))

@@ -10,15 +10,25 @@ Rules checked, in order:
    backward (B or BW) that follows it directly among its rank's compute ops;
 5. deadlock freedom: cross-rank dependencies can be satisfied (no cycle), each
    overlapped pair run as one op (its F waits for its backward's inputs).
+
+Cost: O(number of ops) for p ranks, v chunks and m microbatches, i.e. O(p·v·m), each
+rule one pass with flat per-(layer group, microbatch) tables (rule 2 is a byte scan in
+C); rule 5 is the timing pass's engine without the timing (docs/algorithms.md#9-speed).
 """
 
 from __future__ import annotations
 
-from collections import Counter
-
 from ..errors import ScheduleError
 from ..ir import OpKind, Schedule, overlap_pairs
-from .timing import completion_key, dependencies, run_list_schedule
+from .timing import KIND_CODE, _code_dependencies, prove_deadlock_free
+
+#: Index of each compute kind in the validator's per-kind tables.
+_F, _B, _W, _BW = 0, 1, 2, 3
+_KIND_INDEX = {OpKind.F: _F, OpKind.B: _B, OpKind.W: _W, OpKind.BW: _BW}
+_KIND_OF_INDEX = (OpKind.F, OpKind.B, OpKind.W, OpKind.BW)
+#: Rule 2 on one (layer group, microbatch) as the byte F | B<<1 | W<<2 | BW<<3: complete
+#: is one F with one BW (9) or one B and one W (7); rule 1 already rejected BW mixed with B/W.
+_INCOMPLETE = bytes(0 if b in (7, 9) else 1 for b in range(256))
 
 
 def validate(schedule: Schedule) -> None:
@@ -37,20 +47,22 @@ def validate(schedule: Schedule) -> None:
     _check_complete(schedule, counts)
     _check_local_order(schedule)
     _check_overlap(schedule)
-    run_list_schedule(schedule, lambda o: 1.0, 0.0)
+    prove_deadlock_free(schedule)
 
 
-def _check_shape(schedule: Schedule) -> Counter:
-    """Rule 1, and no op twice: each compute op agrees with the placement. Returns how
-    often each op key occurs."""
+def _check_shape(schedule: Schedule) -> list[bytearray]:
+    """Rule 1, and no op twice: each compute op agrees with the placement. Returns, per
+    kind (F, B, W, BW), a 0/1 table over ``stage·m + microbatch`` of the ops present."""
     pl = schedule.placement
     S, m = pl.num_stages, schedule.num_microbatches
-    counts: Counter = Counter()
-    rank_of, chunk_of = pl.stage_to_rank, pl.chunk_of
+    counts = [bytearray(S * m) for _ in range(4)]
+    have_b, have_w, have_bw = counts[_B], counts[_W], counts[_BW]
+    rank_of, chunk_of = pl.stage_to_rank, pl._chunk_of
+    kind_index = _KIND_INDEX
     for r, lst in enumerate(schedule.ranks):
         for i, op in enumerate(lst):
-            kind = op.kind
-            if not kind.is_compute:
+            k = kind_index.get(op.kind)
+            if k is None:  # not a compute op
                 continue
             stage, j = op.stage, op.microbatch
             bad = None
@@ -61,63 +73,75 @@ def _check_shape(schedule: Schedule) -> Counter:
             elif op.rank != r or rank_of[stage] != r:
                 bad = (f"layer group {stage} is placed on rank {rank_of[stage]}, "
                        f"not rank {r} (rule: placement consistent)")
-            elif op.chunk != chunk_of(stage):
+            elif op.chunk != chunk_of[stage]:
                 bad = (f"chunk {op.chunk} but layer group {stage} is chunk "
-                       f"{chunk_of(stage)} of rank {r} (rule: placement consistent)")
+                       f"{chunk_of[stage]} of rank {r} (rule: placement consistent)")
             else:
-                bad = _count(counts, kind, stage, j)
+                idx = stage * m + j
+                table = counts[k]
+                if table[idx]:
+                    bad = "duplicate op (rule: each op runs exactly once)"
+                else:
+                    table[idx] = 1
+                    if k == _BW and (have_b[idx] or have_w[idx]):
+                        bad = "BW together with B/W for the same layer group and microbatch"
+                    elif (k == _B or k == _W) and have_bw[idx]:
+                        bad = "B/W together with BW for the same layer group and microbatch"
             if bad:
                 raise ScheduleError(f"rank {r}, position {i}: {op}: {bad}")
     return counts
 
 
-def _count(counts: Counter, kind: OpKind, stage: int, j: int) -> str | None:
-    """Count op ``(kind, stage, j)``; what is wrong when it repeats or mixes BW with B/W."""
-    key = (kind, stage, j)
-    c = counts[key] = counts[key] + 1
-    if c > 1:
-        return "duplicate op (rule: each op runs exactly once)"
-    if kind is OpKind.BW and (counts[(OpKind.B, stage, j)] or counts[(OpKind.W, stage, j)]):
-        return "BW together with B/W for the same layer group and microbatch"
-    if kind in (OpKind.B, OpKind.W) and counts[(OpKind.BW, stage, j)]:
-        return "B/W together with BW for the same layer group and microbatch"
-    return None
-
-
-def _check_complete(schedule: Schedule, counts: Counter) -> None:
-    """Rule 2: every (layer group, microbatch) has one F and one BW, or one B and one W."""
+def _check_complete(schedule: Schedule, counts: list[bytearray]) -> None:
+    """Rule 2: every (layer group, microbatch) has one F and one BW, or one B and one W.
+    The first incomplete one in (layer group, microbatch) order is found by a byte scan."""
     pl = schedule.placement
-    for s in range(pl.num_stages):
-        for j in range(schedule.num_microbatches):
-            if not counts[(OpKind.F, s, j)]:
-                raise ScheduleError(f"missing F(stage={s}, mb={j}) on rank {pl.rank_of(s)} (rule: every F runs once)")
-            has_bw = counts[(OpKind.BW, s, j)]
-            has_b, has_w = counts[(OpKind.B, s, j)], counts[(OpKind.W, s, j)]
-            if not has_bw and not (has_b and has_w):
-                miss = "B and W (or BW)" if not (has_b or has_w) else ("W" if has_b else "B")
-                raise ScheduleError(
-                    f"missing {miss} for (stage={s}, mb={j}) on rank {pl.rank_of(s)} "
-                    f"(rule: one BW, or one B and one W)"
-                )
+    m = schedule.num_microbatches
+    n = len(counts[_F])
+    code = 0
+    for shift, table in enumerate(counts):  # each byte 0/1, so the shifted sums stay per byte
+        code |= int.from_bytes(table, "little") << shift
+    first = code.to_bytes(n, "little").translate(_INCOMPLETE).find(1)
+    if first < 0:
+        return
+    s, j = divmod(first, m)
+    if not counts[_F][first]:
+        raise ScheduleError(f"missing F(stage={s}, mb={j}) on rank {pl.rank_of(s)} (rule: every F runs once)")
+    has_b, has_w = counts[_B][first], counts[_W][first]
+    miss = "B and W (or BW)" if not (has_b or has_w) else ("W" if has_b else "B")
+    raise ScheduleError(
+        f"missing {miss} for (stage={s}, mb={j}) on rank {pl.rank_of(s)} "
+        f"(rule: one BW, or one B and one W)"
+    )
 
 
 def _check_local_order(schedule: Schedule) -> None:
-    """Rule 3: on each rank an op comes after its dependencies that share its rank."""
+    """Rule 3: on each rank an op comes after its dependencies that share its rank.
+    (Rule 1 holds: every op sits on its layer group's rank, so one table of completed
+    ops over all ranks answers each rank's question.)"""
     pl = schedule.placement
-    S = pl.num_stages
+    S, m = pl.num_stages, schedule.num_microbatches
+    rank_of = pl.stage_to_rank
+    # Per (code, stage): the same-rank inputs as (slot of microbatch 0, code, stage).
+    local = [
+        tuple(((dc * S + ds) * m, dc, ds) for dc, ds in _code_dependencies(c, s, S) if rank_of[ds] == rank_of[s])
+        for c in range(3) for s in range(S)
+    ]
+    done = bytearray(3 * S * m)
+    kind_code = KIND_CODE
     for r, lst in enumerate(schedule.ranks):
-        done: set = set()
         for i, op in enumerate(lst):
-            if not op.kind.is_compute:
+            code = kind_code.get(op.kind)
+            if code is None:  # not a compute op
                 continue
-            for dk in dependencies(op, S):
-                stage = dk[1]
-                if pl.rank_of(stage) == r and dk not in done:
+            own, mb = code * S + op.stage, op.microbatch
+            for base, dc, ds in local[own]:
+                if not done[base + mb]:
                     raise ScheduleError(
                         f"rank {r}, position {i}: {op} comes before its same-rank dependency "
-                        f"{dk[0]}(stage={dk[1]}, mb={dk[2]}) (rule: local order)"
+                        f"{'FBW'[dc]}(stage={ds}, mb={mb}) (rule: local order)"
                     )
-            done.add(completion_key(op))
+            done[own * m + mb] = 1
 
 
 def _check_overlap(schedule: Schedule) -> None:

@@ -30,6 +30,7 @@ The method is generic over the placement: dependencies are the timing pass's
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Mapping, Sequence
 
 from ..errors import ScheduleError
@@ -218,11 +219,18 @@ def _delta(kind: OpKind) -> int:
 
 def _dep_cells(cell: Cell, num_stages: int) -> list[Cell]:
     k, s, j = cell
-    # dependencies() reads only kind, stage and microbatch of the op it is given.
-    out = [(OpKind(dk[0]), dk[1], dk[2]) for dk in dependencies(Op(k, s, j, 0, 0), num_stages)]
+    out = [(dk, ds, j) for dk, ds in _dep_kinds(k, s, num_stages)]
     if j > 0:
         out.append((k, s, j - 1))  # keep each (kind, layer group)'s microbatches in order
     return out
+
+
+@lru_cache(maxsize=4096)
+def _dep_kinds(kind: OpKind, stage: int, num_stages: int) -> tuple[tuple[OpKind, int], ...]:
+    """(kind, layer group) of each input of op ``(kind, stage, ·)``: the same for every
+    microbatch, so :func:`dependencies` is asked once per op kind and layer group."""
+    # dependencies() reads only kind, stage and microbatch of the op it is given.
+    return tuple((OpKind(dk[0]), dk[1]) for dk in dependencies(Op(kind, stage, 0, 0, 0), num_stages))
 
 
 def repeat(block: BuildingBlock, m: int) -> SlotGrid:
@@ -239,11 +247,18 @@ def repeat(block: BuildingBlock, m: int) -> SlotGrid:
 def reorder(grid: SlotGrid, peaks: Sequence[int] | None = None) -> SlotGrid:
     """Step 2, in place: each op, in time order, to its earliest free slot after its
     dependencies, unless moving an F there would take its rank above ``peaks``
-    (default: the grid's own per-rank peaks). Never raises a rank's peak."""
+    (default: the grid's own per-rank peaks). Never raises a rank's peak.
+
+    Cost: O(p·v·m) ops, each moved with a scan of its rank's memory levels between its
+    inputs and its slot, O(m) in the worst case: O(p·v·m²) byte operations, done in C
+    (the levels are a bytearray per rank, searched with ``rfind`` and shifted with
+    ``translate``) when every level fits a byte; in Python otherwise."""
     pl = grid.placement
     S = pl.num_stages
     peaks = list(peaks) if peaks is not None else grid.peaks()
     mem = [grid.memory(r) for r in range(pl.num_ranks)]
+    if max(peaks, default=0) < 255 and all(0 <= min(lvl, default=0) and max(lvl, default=0) < 255 for lvl in mem):
+        return _reorder_bytes(grid, peaks, [bytearray(lvl) for lvl in mem])
     for t in range(grid.length):
         for r in range(pl.num_ranks):
             cell = grid.cells[r][t]
@@ -270,6 +285,53 @@ def reorder(grid: SlotGrid, peaks: Sequence[int] | None = None) -> SlotGrid:
                     lvl = mem[r]
                     for u in range(q, t):
                         lvl[u] += d
+    return grid
+
+
+#: Byte maps for :func:`_reorder_bytes`: each level one up / one down.
+_UP = bytes((b + 1) & 255 for b in range(256))
+_DOWN = bytes((b - 1) & 255 for b in range(256))
+
+
+def _reorder_bytes(grid: SlotGrid, peaks: list[int], mem: list[bytearray]) -> SlotGrid:
+    """:func:`reorder`'s loop with each rank's levels as bytes (all in 0..254): the
+    stretch below the peak is found with one ``rfind`` over a map of "at or above the
+    peak", a move's level change is one ``translate`` of the slots it crosses. The
+    moves never raise a level above its rank's peak nor lower it below 0 (a W follows its
+    F), so the levels stay bytes; the decisions are :func:`reorder`'s."""
+    pl = grid.placement
+    S, p = pl.num_stages, pl.num_ranks
+    at_peak = [bytes(1 if b >= min(max(pk, 0), 256) else 0 for b in range(256)) for pk in peaks]
+    cells, pos = grid.cells, grid.pos
+    for t in range(grid.length):
+        for r in range(p):
+            row = cells[r]
+            cell = row[t]
+            if cell is None:
+                continue
+            lb = 0
+            for d in _dep_cells(cell, S):
+                u = pos[d] + 1
+                if u > lb:
+                    lb = u
+            kind = cell[0]
+            if kind is _F:
+                q = t
+                if lb < t:
+                    # Earliest start of the stretch just before t where memory stays below the peak.
+                    high = mem[r][lb:t].translate(at_peak[r]).rfind(1)
+                    q = lb + high + 1 if high >= 0 else lb
+            else:
+                q = lb if lb < t else t
+            while q < t and row[q] is not None:
+                q += 1
+            if q < t:
+                grid.take(cell)
+                grid.put(cell, q)
+                if kind is _F:
+                    mem[r][q:t] = mem[r][q:t].translate(_UP)
+                elif kind is _W:
+                    mem[r][q:t] = mem[r][q:t].translate(_DOWN)
     return grid
 
 

@@ -12,7 +12,9 @@ F, B, W, BW = OpKind.F, OpKind.B, OpKind.W, OpKind.BW
 
 
 def gpipe(spec: ScheduleSpec) -> Schedule:
-    """All forwards (chunk by chunk), then all fused backwards in reverse. Peak m units."""
+    """All forwards (chunk by chunk), then all fused backwards in reverse. Peak m units.
+
+    Cost: O(p·v·m), one step per op."""
     spec.no_group()
     p, m = spec.p, spec.m
     v = spec.resolve_v(1)
@@ -26,7 +28,9 @@ def gpipe(spec: ScheduleSpec) -> Schedule:
 
 
 def one_f_one_b(spec: ScheduleSpec) -> Schedule:
-    """1F1B: rank i warms up with p−i−1 forwards, then alternates F and BW."""
+    """1F1B: rank i warms up with p−i−1 forwards, then alternates F and BW.
+
+    Cost: O(p·m), one step per op."""
     spec.no_group()
     spec.resolve_v(1, allowed=(1,))
     p, m = spec.p, spec.m
@@ -79,6 +83,8 @@ def interleaved_1f1b(spec: ScheduleSpec) -> Schedule:
     rank i warms up with 2(p−i−1) + (v−1)·G forwards (G the first group's size),
     then alternates F and BW. Bubble (p−1)(T_F+T_B+T_W)/v; peak (v+1)p−1 chunk
     units when p divides m (a little more when groups are larger than p).
+
+    Cost: O(p·v·m), one step per op.
     """
     spec.no_group()
     p, m = spec.p, spec.m
@@ -110,6 +116,8 @@ def group_interleaved(spec: ScheduleSpec) -> Schedule:
     Built from the reference code's cyclic block of 3gv unit slots per rank
     (docs/algorithms.md#24-group-interleaved-1f1b), repeated ⌈m/g⌉ times, microbatches past m dropped; the
     timing pass then squeezes it. Unit-cost peak: g·v + p − g chunk units.
+
+    Cost: O(p·v·m), one step per op.
     """
     p, m = spec.p, spec.m
     v = spec.resolve_v(2)

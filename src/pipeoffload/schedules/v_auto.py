@@ -179,7 +179,11 @@ def _key(tl: Timeline) -> tuple[float, float, float]:
 
 def v_auto(spec: ScheduleSpec) -> Schedule:
     """V-auto: the best V schedule of the block search (module docstring) within
-    ``spec.mem_limit`` (units of ``spec.memory``; default V-Half's published peak)."""
+    ``spec.mem_limit`` (units of ``spec.memory``; default V-Half's published peak).
+
+    Cost: the fixed V lowerings (see :func:`.vshape.v_half`) plus, per block of the family
+    scanned (at most SCAN, REFINE of them refined), one slot reorder and timing over
+    O(p·m) ops, i.e. the V lowering's O(p·m) to O(p·m²) times a constant number of blocks."""
     spec.no_group()
     spec.resolve_v(2, allowed=(2,))
     p, m, costs, memory = spec.p, spec.m, spec.costs, spec.memory

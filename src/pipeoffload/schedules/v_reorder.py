@@ -22,6 +22,8 @@ one with the shorter longest span for the costs at hand. Pure Python.
 
 from __future__ import annotations
 
+from bisect import bisect_left
+
 from ..ir import OpKind, Placement
 from .building_block import BuildingBlock
 
@@ -83,22 +85,28 @@ def _with_weights(rows: Times, split: bool = False) -> Times:
 
 def _peak(rows: Times) -> int:
     """Most chunk activations alive on a rank; without W lists, each W is counted in
-    the first free slot after its backward."""
-    events = sorted((t, k) for k in range(len(rows)) for t in rows[k])
+    the first free slot after its backward.
+
+    Cost: O(n log n) in the rank's n ops (one sort; the free slots between two ops are
+    counted at once instead of visited one by one)."""
+    events = sorted([t * 8 + k for k in range(len(rows)) for t in rows[k]])  # slot, then type
     implicit = len(rows) == 4
     level = peak = pending = 0
-    t, i = 0, 0
-    while i < len(events):
-        if events[i][0] == t:
-            k = events[i][1]
-            level += _MEM[k]
-            pending += k in (_B1, _B0)
-            i += 1
-        elif implicit and pending:
-            level -= 1
-            pending -= 1
-        peak = max(peak, level)
-        t += 1
+    prev = -1
+    for e in events:
+        t, k = e >> 3, e & 7
+        if implicit and pending:
+            free = t - prev - 1  # each free slot since the previous op runs one waiting W
+            if free > 0:
+                run = free if free < pending else pending
+                level -= run
+                pending -= run
+        level += _MEM[k]
+        if k == _B1 or k == _B0:
+            pending += 1
+        if level > peak:
+            peak = level
+        prev = t
     return peak
 
 
@@ -157,9 +165,9 @@ def _first_fit(rows: Times, k: int, j: int, t: int, free: list[int], cap: int) -
         return free[0]
     lo = free[0]
     deltas = sorted((u, _MEM[kk]) for kk in range(len(rows)) for u in rows[kk] if _MEM[kk] and u < t)
-    level = sum(d for u, d in deltas if u < lo)
+    i = bisect_left(deltas, (lo,))  # the first change at or after lo
+    level = sum(d for _, d in deltas[:i])
     highest = []  # level after each slot lo..t-1
-    i = next((n for n, (u, _) in enumerate(deltas) if u >= lo), len(deltas))
     for u in range(lo, t):
         while i < len(deltas) and deltas[i][0] == u:
             level += deltas[i][1]

@@ -141,27 +141,34 @@ def _lower_block(name: str, block: BuildingBlock, spec: ScheduleSpec, holes: boo
                 cands.append(refill_weights(s, spec.costs, MemoryDeltas(), [unit_peak_bound(name, p)] * p, partial))
             except Infeasible:
                 continue
-    timed = [simulate(s, spec.costs, spec.memory) for s in cands]
-    cap = max(max(tl.peak_memory()) for tl in timed[:2])
+    # Only three figures of each candidate's timeline are compared: keep those, not the
+    # timelines (six of them per lowering, a TimedOp per op each).
+    timed = [_figures(simulate(s, spec.costs, spec.memory)) for s in cands]
+    cap = max(peak for peak, _, _ in timed[:2])
     best = _pick(timed, cap)
     if holes:
         # The pass only keeps strictly better orders, so the winner can only improve.
         filled = fill_holes(cands[best], spec.costs, MemoryDeltas(), [unit_peak_bound(name, p)] * p)
         if filled is not cands[best]:
             cands.append(filled)
-            timed.append(simulate(filled, spec.costs, spec.memory))
+            timed.append(_figures(simulate(filled, spec.costs, spec.memory)))
             best = _pick(timed, cap)
     return cands[best]
 
 
-def _pick(timed: list, cap: float) -> int:
-    """Index of the timeline with the shortest longest span, then makespan (ties keep
-    the earlier), among those whose peak is within ``cap``."""
+def _figures(tl) -> tuple[float, float, float]:
+    """What :func:`_pick` compares of a timeline: highest peak, longest span, makespan."""
+    return max(tl.peak_memory()), max(tl.spans()), tl.makespan
+
+
+def _pick(timed: list[tuple[float, float, float]], cap: float) -> int:
+    """Index of the candidate (:func:`_figures` of its timeline) with the shortest longest
+    span, then makespan (ties keep the earlier), among those whose peak is within ``cap``."""
     best, best_key = 0, None
-    for i, tl in enumerate(timed):
-        if max(tl.peak_memory()) > cap * (1 + 1e-9) + 1e-12:
+    for i, (peak, span, makespan) in enumerate(timed):
+        if peak > cap * (1 + 1e-9) + 1e-12:
             continue
-        key = (max(tl.spans()), tl.makespan)
+        key = (span, makespan)
         eps = 1e-9 * max(1.0, key[0])
         if best_key is None or key[0] < best_key[0] - eps or (abs(key[0] - best_key[0]) <= eps
                                                                and key[1] < best_key[1] - eps):
@@ -170,18 +177,36 @@ def _pick(timed: list, cap: float) -> int:
 
 
 def v_min(spec: ScheduleSpec) -> Schedule:
-    """V-Min: peak ``(p+4)//3`` units (≈ ⅓ of 1F1B's), bubble ≈ ⅔ of 1F1B's."""
+    """V-Min: peak ``(p+4)//3`` units (≈ ⅓ of 1F1B's), bubble ≈ ⅔ of 1F1B's.
+
+    Cost: the lowering (:func:`_lower_block`, memoised by its inputs) repeats the block
+    m times and builds six candidate orders over O(p·m) ops: the slot reorders scan a
+    rank's memory levels between an op's inputs and its slot (O(m) per op, O(p·m²) in
+    the worst case, in C), the W refills and the timings are O(p·m); hole filling
+    is capped by its work budget."""
     _check(spec)
     return _from_block("v-min", spec, holes=True)
 
 
 def v_half(spec: ScheduleSpec) -> Schedule:
-    """V-Half: peak ``(p+2)//2`` units (≈ ½ of 1F1B's), bubble ≈ ½ of 1F1B's."""
+    """V-Half: peak ``(p+2)//2`` units (≈ ½ of 1F1B's), bubble ≈ ½ of 1F1B's.
+
+    Cost: the lowering (:func:`_lower_block`, memoised by its inputs) repeats the block
+    m times and builds six candidate orders over O(p·m) ops: the slot reorders scan a
+    rank's memory levels between an op's inputs and its slot (O(m) per op, O(p·m²) in
+    the worst case, in C), the W refills and the timings are O(p·m); hole filling
+    is capped by its work budget."""
     _check(spec)
     return _from_block("v-half", spec, holes=True)
 
 
 def v_zb(spec: ScheduleSpec) -> Schedule:
-    """V-ZB: 1F1B's peak (``p`` units), bubble ≈ 0."""
+    """V-ZB: 1F1B's peak (``p`` units), bubble ≈ 0.
+
+    Cost: the lowering (:func:`_lower_block`, memoised by its inputs) repeats the block
+    m times and builds six candidate orders over O(p·m) ops: the slot reorders scan a
+    rank's memory levels between an op's inputs and its slot (O(m) per op, O(p·m²) in
+    the worst case, in C), the W refills and the timings are O(p·m); no hole
+    filling."""
     _check(spec)
     return _from_block("v-zb", spec)

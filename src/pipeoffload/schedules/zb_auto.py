@@ -152,8 +152,7 @@ def auto_variant(
     Raises :class:`Infeasible` when this variant cannot respect ``limit``.
     """
     variant = (allow_bubble_before_first_b, prioritize_b, greedy_fill)
-    greedy = _AutoGreedy(p, m, costs, memory, limit, variant)
-    return greedy.run()
+    return _AutoGreedy(p, m, costs, memory, limit, variant).run()
 
 
 class _AutoGreedy:
@@ -162,7 +161,7 @@ class _AutoGreedy:
 
     __slots__ = (
         "p", "m", "limit", "tracker", "allow_bubble_before_first_b", "prioritize_b", "greedy_fill",
-        "dur_f", "dur_b", "dur_w", "mem_f", "mem_w", "placed", "n_f", "n_b", "n_w", "clock", "idle",
+        "dur_f", "dur_b", "dur_w", "mem_f", "mem_w", "placed", "n_f", "n_b", "n_w", "clock", "idle", "consulted",
     )
 
     def __init__(self, p: int, m: int, costs: Costs, memory: MemoryDeltas, limit: float,
@@ -182,6 +181,9 @@ class _AutoGreedy:
         #: Ops placed so far per stage, by code (F, B, W).
         self.placed = self.n_f, self.n_b, self.n_w = [0] * p, [0] * p, [0] * p
         self.clock, self.idle = tr.clock, tr.idle
+        #: The variant flags (indices into the variant) whose value this run's decisions
+        #: depended on; a variant differing only in the others makes the same run.
+        self.consulted: set[int] = set()
 
     def run(self) -> Tracker:
         self._first_iteration()
@@ -215,6 +217,7 @@ class _AutoGreedy:
             self._put(stage, W_CODE)
         if n_w[stage] < n_b[stage] and clock[stage] < arrive:
             if arrive - clock[stage] <= max(idle) - idle[stage]:
+                self.consulted.add(2)
                 if self.greedy_fill:
                     self._put(stage, W_CODE)
             else:
@@ -246,6 +249,8 @@ class _AutoGreedy:
         for j in range(p - 2, -1, -1):
             level, t = tr.level[j], tr.clock[j]
             while n_f[j] + extra[j] < m and level + self.mem_f[j] <= limit + tol:
+                if (t + self.dur_f[j] > last_t + comm) != (t >= last_t + comm):
+                    self.consulted.add(0)  # the two warm-up rules part here
                 if self.allow_bubble_before_first_b:
                     if t + self.dur_f[j] > last_t + comm:
                         break
@@ -295,6 +300,8 @@ class _AutoGreedy:
         n_f, n_b, n_w = self.n_f, self.n_b, self.n_w
         if n_f[j] >= self.m:
             return 0
+        if j + 1 < self.p and n_f[j] >= n_f[j + 1] + 2:
+            self.consulted.add(1)
         if not (self.prioritize_b and j + 1 < self.p and n_f[j] >= n_f[j + 1] + 2):
             return 1
         tr = self.tracker
@@ -325,11 +332,26 @@ VARIANTS: Sequence[tuple[bool, bool, bool]] = tuple(product((True, False), repea
 def auto_candidates(
     p: int, m: int, costs: Costs, memory: MemoryDeltas, limit: float
 ) -> list[Tracker]:
-    """Every variant of the heuristic that respects ``limit`` (possibly none)."""
+    """Every variant of the heuristic that respects ``limit`` (possibly none), in the
+    order of :data:`VARIANTS`.
+
+    A run records which of its variant's flags its decisions consulted; a later variant
+    that differs from a finished run only in flags that run never consulted makes exactly
+    the same decisions, so that run's tracker stands for it instead of a second run (the
+    list is the same as running every variant; the same object may appear twice)."""
     out = []
-    for allow_bubble, prioritize_b, greedy_fill in VARIANTS:
+    done: list[tuple[tuple[bool, bool, bool], set[int], Tracker]] = []
+    for variant in VARIANTS:
+        same = next((tr for v, consulted, tr in done
+                     if all(v[i] == variant[i] for i in consulted)), None)
+        if same is not None:
+            out.append(same)
+            continue
+        greedy = _AutoGreedy(p, m, costs, memory, limit, variant)
         try:
-            out.append(auto_variant(p, m, costs, memory, limit, allow_bubble, prioritize_b, greedy_fill))
+            tr = greedy.run()
         except Infeasible:
             continue
+        done.append((variant, greedy.consulted, tr))
+        out.append(tr)
     return out

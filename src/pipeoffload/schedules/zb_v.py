@@ -47,11 +47,7 @@ def v_variant(
     ``fill_f``/``fill_b``: fill partial gaps with a W before forwards / chunk-1
     backwards; ``approved``: per-rank idle allowances from a previous run. Raises
     :class:`Infeasible` if it cannot keep its rules."""
-    run = _GreedyRun(p, m, costs, memory, limit, approved)
-    run.warm_up()
-    run.steady_state(fill_f, fill_b)
-    run.drain_weights()
-    return run.tracker
+    return _GreedyRun(p, m, costs, memory, limit, approved).run(fill_f, fill_b)
 
 
 class _GreedyRun:
@@ -69,6 +65,16 @@ class _GreedyRun:
         self.pending: list[deque[tuple[int, int]]] = [deque() for _ in range(p)]
         self.approved = approved
         self.approved_max = max(approved) if approved else 0.0
+        #: Whether a partial-gap decision ever depended on the fill_f / fill_b flag (a run
+        #: of the other value then makes exactly the same decisions).
+        self.consulted = [False, False]
+
+    def run(self, fill_f: bool, fill_b: bool) -> Tracker:
+        """Warm-up, steady state, remaining W's; raises :class:`Infeasible`."""
+        self.warm_up()
+        self.steady_state(fill_f, fill_b)
+        self.drain_weights()
+        return self.tracker
 
     # ------------------------------------------------------------------ primitives
     def stage(self, rank: int, chunk: int) -> int:
@@ -107,15 +113,18 @@ class _GreedyRun:
         self.backwards[chunk][rank] += 1
         self.pending[rank].append((stage, mb))
 
-    def fill(self, rank: int, arrive: float, partial: bool) -> None:
+    def fill(self, rank: int, arrive: float, partial: bool, flag: int = -1) -> None:
         # Whole W's that fit before the input arrives; a partial one when the gap
         # exceeds this rank's idle allowance (always before a chunk-0 B, and
-        # before others when the variant asks).
+        # before others when the variant asks: ``flag`` 0 for fill_f, 1 for fill_b).
         pending, clock, dur = self.pending[rank], self.tracker.clock, self.tracker.dur
         while pending and arrive >= clock[rank] + dur[pending[0][0]][W_CODE]:
             self.put_weight(rank)
-        if pending and arrive - clock[rank] > self.allowance(rank) and partial:
-            self.put_weight(rank)
+        if (partial or flag >= 0) and pending and arrive - clock[rank] > self.allowance(rank):
+            if flag >= 0:
+                self.consulted[flag] = True
+            if partial:
+                self.put_weight(rank)
 
     def can_forward(self, rank: int, chunk: int) -> bool:
         mb, stage = self.forwards[chunk][rank], self.stage(rank, chunk)
@@ -208,7 +217,7 @@ class _GreedyRun:
                     continue
             self.make_room(rank, B_CODE, chunk)
             arrive = self.tracker.arrival(B_CODE, self.stage(rank, chunk), self.backwards[chunk][rank])
-            self.fill(rank, arrive, partial=(chunk == 0 or fill_b))
+            self.fill(rank, arrive, partial=(chunk == 0 or fill_b), flag=-1 if chunk == 0 else 1)
             self.put_backward(rank, chunk)
             progressed = True
         return progressed
@@ -228,7 +237,8 @@ class _GreedyRun:
             if not self.pending[rank] and not tr.fits(self.stage(rank, chunk), F_CODE):
                 continue  # memory full until a backward runs
             self.make_room(rank, F_CODE, chunk)
-            self.fill(rank, tr.arrival(F_CODE, self.stage(rank, chunk), self.forwards[chunk][rank]), partial=fill_f)
+            self.fill(rank, tr.arrival(F_CODE, self.stage(rank, chunk), self.forwards[chunk][rank]), partial=fill_f,
+                      flag=0)
             self.put_forward(rank, chunk)
             progressed = True
         return progressed
@@ -242,21 +252,39 @@ class _GreedyRun:
 
 
 def v_candidates(p: int, m: int, costs: Costs, memory: MemoryDeltas, limit: float) -> list[Tracker]:
-    """All greedy runs that succeed (variants × re-runs with idle allowances)."""
+    """All greedy runs that succeed (variants × re-runs with idle allowances).
+
+    A variant's chain of re-runs records whether any of its runs' decisions depended on
+    fill_f or fill_b; a later variant differing from a finished chain only in flags that
+    chain never consulted makes exactly the same runs, so that chain's trackers stand for
+    its own (the list is the same as running every variant)."""
     out: list[Tracker] = []
+    chains: list[tuple[tuple[bool, bool], list[bool], list[Tracker]]] = []
     for fill_b in (True, False):
         for fill_f in (True, False):
+            flags = (fill_f, fill_b)
+            same = next((got for v, consulted, got in chains
+                         if all(v[i] == flags[i] for i in range(2) if consulted[i])), None)
+            if same is not None:
+                out += same
+                continue
+            consulted, got = [False, False], []
             approved: list[float] | None = None
             best = None
             for _ in range(MAX_RERUNS + 1):
+                run = _GreedyRun(p, m, costs, memory, limit, approved)
                 try:
-                    tr = v_variant(p, m, costs, memory, limit, fill_f, fill_b, approved)
+                    tr = run.run(fill_f, fill_b)
                 except Infeasible:
                     break
-                out.append(tr)
+                finally:
+                    consulted = [a or b for a, b in zip(consulted, run.consulted)]
+                got.append(tr)
                 bubble = tr.max_idle()
                 if best is not None and bubble >= best:
                     break
                 best = bubble
                 approved = list(tr.idle)
+            chains.append((flags, consulted, got))
+            out += got
     return out

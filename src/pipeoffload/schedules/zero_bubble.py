@@ -68,6 +68,8 @@ def zb_h1(spec: ScheduleSpec) -> Schedule:
     Guarantees: peak p units with the default deltas (1F1B's). With ``comm = 0``
     and m ≥ p the iteration bubble is (p−1)(T_F+T_B−T_W) whenever T_W ≤ T_F, and
     (p−1)·T_B otherwise (rank 0 waits (p−1)·T_B for its first B with nothing to do).
+
+    Cost: O(p·m), one step per op.
     """
     _loop_v1(spec)
     p, m = spec.p, spec.m
@@ -82,6 +84,8 @@ def zb_h2(spec: ScheduleSpec) -> Schedule:
     (p−1)·max(0, T_F+T_B−2T_W, T_B−T_F): the paper's (p−1)(T_F+T_B−2T_W) floored
     at 0, for T_B ≤ T_F. Worth its memory only with the unsynchronised optimizer
     step (docs/algorithms.md#32-iteration-time-and-the-optimizer-step).
+
+    Cost: O(p·m), one step per op.
     """
     _loop_v1(spec)
     p, m = spec.p, spec.m
@@ -123,6 +127,11 @@ def zb_auto(spec: ScheduleSpec) -> Schedule:
     any m ≥ 1; the longest rank span is no longer than ZB-H1's or 1F1B's with the
     same costs whenever those fit the limit (at p·F they do when B frees ≥ 0);
     at 2p·F it reaches ZB-2p's near-zero bubble (docs/algorithms.md#82-unit-cost-grid-for-four-stages).
+
+    Cost: 8 greedy variants (those whose runs cannot differ share one run,
+    :func:`.zb_auto.auto_candidates`), ZB-H1, ZB-H2 and up to p narrowed 1F1B replays, each
+    O(p·m) ops timed incrementally as they are placed: O(p·m) per candidate, O(p²·m) in
+    the worst case (every 1F1B window tried).
     """
     _loop_v1(spec)
     p, m = spec.p, spec.m
@@ -217,6 +226,12 @@ def zb_v(spec: ScheduleSpec) -> Schedule:
     with the shortest longest-rank span. Guarantees: every rank's peak ≤ the limit;
     any m ≥ 1; bubble 0 when T_F = T_B = T_W and comm = 0 (m ≥ 2p); below p units,
     never worse than V-Half or V-Min when their peak fits the limit.
+
+    Cost: up to 28 greedy runs (4 variants × ≤ 7 re-runs; variants whose runs cannot
+    differ share them, :func:`.zb_v.v_candidates`) of O(p·m) ops, each op
+    timed incrementally and its round costing O(p) for the idle allowance (O(p²·m) per
+    run at worst), the fixed order and, below p units, V-Half's and V-Min's lowerings;
+    in practice 2 runs at p = 64, m = 512, linear in p·m.
     """
     spec.no_group()
     spec.resolve_v(2, allowed=(2,))
