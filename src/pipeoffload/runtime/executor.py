@@ -308,6 +308,7 @@ class PipelineRunner:
                                              replicas=self.dp.group if self.dp is not None else None)
         guards.check_table(entries, self.table, self.rank, param_names)
         self._grad_check = guards.GradCheck(self.modules, self.table)
+        self._mask_check = guards.EagerMaskCheck(self.modules)
         self._params = {id(p): p for mod in self.modules.values() for p in mod.parameters()}
         self._late = self._late_params()
         if kind == "replicate":
@@ -774,6 +775,8 @@ class PipelineRunner:
         run, last = self._run, s == self.num_stages - 1
         flat = self._stage_input(s, j)
         leaves = flat.tensor_leaves()
+        if self._mask_check.todo:
+            self._mask_check.before_forward(s, leaves)
         holder = self.meter.hold(*leaves)  # the runtime keeps the stage input until B
         # The runtime's own references until B: the received/handed-off inputs that need a
         # gradient (kept in ``wants``). The others (masks, ids) are dropped after F, so they

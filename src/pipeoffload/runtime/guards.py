@@ -18,7 +18,12 @@ Each names what it found (ranks, layer groups, parameters):
   layer group whose trainable parameters all got no gradient in a step (its output
   needed no gradient: built under ``no_grad``, or detached).
 
-(The eager-attention mask mistake is guarded where masks are made: ``models/hf.py``.)
+- :class:`EagerMaskCheck` (first forward of each layer group, local): a one-time
+  ``RuntimeWarning`` when a layer group whose HF model computes attention "eager" gets a
+  boolean 4-D tensor among its inputs: eager attention *adds* its mask to the scores, so
+  a boolean mask is added as 0/1 and masks nothing (stages written by hand with a
+  boolean mask; ``split_causal_lm`` builds the right form itself and refuses a boolean
+  4-D mask for an eager model, ``models/hf.py``).
 """
 
 from __future__ import annotations
@@ -151,3 +156,32 @@ class GradCheck:
                        "a gradient in this step. Its output (or a later stage's) needs no gradient: built under "
                        "torch.no_grad, detached, or not depending on them; these parameters will not train")
             del self.todo[s]
+
+
+class EagerMaskCheck:
+    """Before the first forward of each layer group: a one-time warning when its model
+    attends "eager" and a boolean 4-D tensor is among its inputs (module docstring)."""
+
+    def __init__(self, modules: Mapping[int, nn.Module]) -> None:
+        self.todo = {s for s, m in modules.items() if _eager_attention(m)}
+
+    def before_forward(self, stage: int, leaves: Sequence[Any]) -> None:
+        if stage not in self.todo:
+            return
+        self.todo.discard(stage)
+        masks = [t for t in leaves if isinstance(t, torch.Tensor) and t.dtype == torch.bool and t.dim() == 4]
+        if masks:
+            _warn_once(("eager-mask", stage), f"layer group {stage}: its model computes attention \"eager\", which "
+                       "adds the attention mask to its scores, but it receives a boolean 4-D tensor "
+                       f"{tuple(masks[0].shape)}: a boolean mask is added as 0/1 and masks nothing. Pass the "
+                       "additive form (pipeoffload.models.hf_llama.causal_mask(..., dtype=the model's dtype), or "
+                       "transformers' create_causal_mask), or use attn_implementation=\"sdpa\"")
+
+
+def _eager_attention(module: nn.Module) -> bool:
+    """Whether a HF config among ``module``'s submodules asks for eager attention."""
+    for m in module.modules():
+        cfg = getattr(m, "config", None)
+        if cfg is not None and getattr(cfg, "_attn_implementation", None) == "eager":
+            return True
+    return False
