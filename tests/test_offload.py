@@ -479,3 +479,18 @@ def test_warmup_offloads_are_packed_at_the_solo_rate():
     solo = 0.7 * 0.25 * 1.5
     first = sorted((e for e in res.timeline.events if e.op.kind is OS and e.rank in (0, 1)), key=lambda e: e.start)[:4]
     assert all(e.end - e.start == pytest.approx(solo) for e in first)
+
+
+def test_options_is_the_one_settings_value_and_keywords_beside_it_are_refused():
+    from pipeoffload.errors import ParameterError
+    from pipeoffload.passes.offload import OffloadOptions, plan_offload
+    from pipeoffload.schedules import generate
+
+    sched = generate("group-interleaved", p=4, m=8, v=2)
+    opts = OffloadOptions(offload_chunks=1, offload_time=0.25, link_group=1)
+    by_options = plan_offload(sched, options=opts)
+    by_keywords = plan_offload(sched, offload_chunks=1, offload_time=0.25, link_group=1)
+    assert by_options.peak == by_keywords.peak and by_options.settings == by_keywords.settings
+    assert by_options.settings["link_group"] == 1 and by_options.settings["on_infeasible"] == "error"
+    with pytest.raises(ParameterError, match=r"^options: give the settings either .* \(also given: stash\)"):
+        plan_offload(sched, options=opts, stash=True)

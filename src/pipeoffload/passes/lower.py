@@ -81,7 +81,7 @@ def lower(
     base = simulate(compute, costs, memory, memory_unit=memory_unit)
     program, timeline, result = schedule, base, None
     if offload is not None:
-        result = plan_offload(compute, base, comm=costs.comm, **offload.kwargs())
+        result = plan_offload(compute, base, comm=costs.comm, options=offload)
         program, timeline = result.schedule, result.timeline
     if comm:
         program = insert_comm(program)

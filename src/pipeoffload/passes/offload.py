@@ -160,6 +160,17 @@ class OffloadOptions:
             out["transfer_times"] = list(out["transfer_times"])
         return out
 
+    def summary(self, on_infeasible: str) -> dict:
+        """What a result reports of these settings (``OffloadResult.settings``):
+        ``on_infeasible`` as resolved, ``offload_time`` None where ``transfer_times``
+        overrides it; ``offload_chunks`` is the result's own ``chunks``."""
+        out = self.kwargs()
+        del out["offload_chunks"]
+        out["auto"], out["stash"], out["on_infeasible"] = bool(self.auto), bool(self.stash), on_infeasible
+        if self.transfer_times is not None:
+            out["offload_time"] = None
+        return out
+
 
 @dataclass
 class OffloadResult:
@@ -219,6 +230,7 @@ def plan_offload(
     postpone_warmup: bool | None = None,
     comm: float | None = None,
     stash: bool = False,
+    options: OffloadOptions | None = None,
 ) -> OffloadResult:
     """Plan selective activation offload (PipeOffload) on a timed schedule.
 
@@ -246,6 +258,9 @@ def plan_offload(
         stash: also offload, between each B and its W, what only W still needs (the
             stash window, STASH_* ops; split-backward schedules only); off by default,
             and the program is then exactly as without it.
+        options: all of the settings above as one :class:`OffloadOptions` (what the
+            CLI, the runtime's configuration and :func:`~pipeoffload.passes.lower.lower`
+            pass); given, the individual keywords must keep their defaults.
 
     Returns:
         :class:`OffloadResult`: the schedule with its transfer ops, its timeline, the
@@ -265,26 +280,27 @@ def plan_offload(
         of one direction never overlap on one link; unless a B was delayed, every
         rank's peak ≤ its no-offload peak.
     """
-    schedule, timeline, comm = _timed_inputs(schedule, timeline, costs, memory, memory_unit, comm)
-    ctx = _Context.make(schedule, timeline, offload_time, transfer_times, link_group, solo_factor, comm)
-    ctx.stash = bool(stash)
-    mode = _infeasible_mode(tolerance, on_infeasible, auto)
-    if auto:
-        res = _plan_auto(ctx, offload_chunks, mode, postpone_warmup, tolerance)
+    given = OffloadOptions(offload_chunks=offload_chunks, auto=auto, offload_time=offload_time,
+                           transfer_times=transfer_times,
+                           link_group=link_group, solo_factor=solo_factor, tolerance=tolerance,
+                           on_infeasible=on_infeasible, postpone_warmup=postpone_warmup, stash=stash)
+    if options is None:
+        o = given
+    elif given != OffloadOptions():
+        changed = [f for f in OffloadOptions.__dataclass_fields__ if getattr(given, f) != getattr(OffloadOptions(), f)]
+        raise ParameterError("options", f"give the settings either as `options` or as keywords, not both "
+                             f"(also given: {', '.join(changed)})")
     else:
-        res = _plan_exactly(ctx, offload_chunks, mode, postpone_warmup)
-    settings = {
-        "auto": bool(auto),
-        "offload_time": offload_time if transfer_times is None else None,
-        "transfer_times": list(transfer_times) if transfer_times is not None else None,
-        "link_group": link_group,
-        "solo_factor": solo_factor,
-        "tolerance": tolerance,
-        "on_infeasible": mode,
-        "postpone_warmup": postpone_warmup,
-        "stash": bool(stash),
-    }
-    res.settings = {**settings, **res.settings}
+        o = options
+    schedule, timeline, comm = _timed_inputs(schedule, timeline, costs, memory, memory_unit, comm)
+    ctx = _Context.make(schedule, timeline, o.offload_time, o.transfer_times, o.link_group, o.solo_factor, comm)
+    ctx.stash = bool(o.stash)
+    mode = _infeasible_mode(o.tolerance, o.on_infeasible, o.auto)
+    if o.auto:
+        res = _plan_auto(ctx, o.offload_chunks, mode, o.postpone_warmup, o.tolerance)
+    else:
+        res = _plan_exactly(ctx, o.offload_chunks, mode, o.postpone_warmup)
+    res.settings = {**o.summary(mode), **res.settings}
     return res
 
 

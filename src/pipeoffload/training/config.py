@@ -94,6 +94,17 @@ class OffloadConfig:
     on_infeasible: str = "skip"  #: skip, delay or error
     stash: bool = False  #: also offload the W stash between B and W (the pass's second window)
 
+    def options(self) -> Any:
+        """These settings as the offload pass's one settings value
+        (:class:`~pipeoffload.passes.offload.OffloadOptions`); ``chunks`` must be "auto"
+        or a number (``none`` plans no offload and has no options)."""
+        from ..passes.offload import OffloadOptions
+
+        auto = self.chunks == "auto"
+        return OffloadOptions(offload_chunks=None if auto else int(self.chunks), auto=auto,
+                              offload_time=float(self.time), link_group=self.link_group,
+                              on_infeasible=self.on_infeasible, stash=bool(self.stash))
+
 
 @dataclass
 class TrainingConfig:
@@ -256,9 +267,7 @@ class TrainConfig:
                 f"must be a finite number >= 0, got {o.time!r}")
         from ..passes.offload import plan_offload
 
-        auto = c == "auto"
-        return plan_offload(sched, offload_chunks=None if auto else c, auto=auto, offload_time=float(o.time),
-                            link_group=o.link_group, on_infeasible=o.on_infeasible, stash=bool(o.stash))
+        return plan_offload(sched, options=o.options())
 
     def _check_parallel(self) -> None:
         """dp, tp >= 1; tp splits the model's heads, kv heads and SwiGLU width evenly (each
