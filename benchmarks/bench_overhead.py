@@ -39,7 +39,7 @@ def _plain_cpu(ctx: Any, cfg: Any, stages: list[int], num_stages: int, xs: list,
     from pipeoffload.runtime.meter import SavedTensorMeter
 
     meter = SavedTensorMeter([])
-    hooks = (lambda t: meter.wrap(t.detach(), t), meter.unwrap)
+    hooks = meter.saved_tensor_hooks()
     mods = {s: build_stage(cfg.model, s, num_stages) for s in stages}
     m = len(xs)
     c0 = time.thread_time()

@@ -167,7 +167,7 @@ def test_saved_tensor_meter_counts_storages_once_and_returns_to_zero():
     meter = SavedTensorMeter(list(mod.parameters()) + list(mod.buffers()))
     x, y = _batch()
     meter.start_step()
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: meter.wrap(t.detach(), t), meter.unwrap):
+    with torch.autograd.graph.saved_tensors_hooks(*meter.saved_tensor_hooks()):
         loss = lm_loss(mod(x), y)
     saved = meter.level()
     assert saved > 0 and meter.peak() == saved
@@ -185,7 +185,7 @@ def test_saved_tensor_meter_counts_storages_once_and_returns_to_zero():
     # a bigger batch saves proportionally more
     x4, y4 = _batch(4)
     meter.start_step()
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: meter.wrap(t.detach(), t), meter.unwrap):
+    with torch.autograd.graph.saved_tensors_hooks(*meter.saved_tensor_hooks()):
         loss = lm_loss(mod(x4), y4)
     assert 1.8 * saved < meter.level() < 2.2 * saved
     del loss

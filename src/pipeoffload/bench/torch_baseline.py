@@ -77,7 +77,7 @@ class MeteredStage(PipelineStage):
         if self._meter is None:
             out = super().forward_one_chunk(fwd_chunk_id, args, kwargs, save_forward_output)
         else:
-            with saved_tensors_hooks(*_hooks(self._meter)):
+            with saved_tensors_hooks(*self._meter.saved_tensor_hooks()):
                 out = super().forward_one_chunk(fwd_chunk_id, args, kwargs, save_forward_output)
             outputs, inputs = self.fwd_cache[fwd_chunk_id]
             self._holds[fwd_chunk_id] = self._meter.hold(*_tensors(outputs), *_tensors(inputs))
@@ -105,18 +105,6 @@ class MeteredStage(PipelineStage):
         super().clear_runtime_states()
         self._holds.clear()
         self.compute_s = 0.0
-
-
-def _hooks(meter: SavedTensorMeter) -> tuple[Callable, Callable]:
-    """Pack/unpack hooks counting saved tensors like the executor's (detached alias + holder)."""
-
-    def pack(t: torch.Tensor) -> Any:
-        return meter.wrap(t.detach(), t)
-
-    def unpack(obj: Any) -> torch.Tensor:
-        return meter.unwrap(obj)
-
-    return pack, unpack
 
 
 def _tensors(obj: Any) -> list[torch.Tensor]:
@@ -209,7 +197,7 @@ def metered_loss(loss_fn: Callable[..., torch.Tensor], meter: MemoryMeter,
     last stage's ``compute_s`` (torch computes the loss outside the stage forward; our
     runtime counts it in the last stage's F)."""
     last = next((st for st in stages if st.is_last), None)
-    hooks = _hooks(meter) if isinstance(meter, SavedTensorMeter) else None
+    hooks = meter.saved_tensor_hooks() if isinstance(meter, SavedTensorMeter) else None
 
     def loss(output: torch.Tensor, target: Any) -> torch.Tensor:
         t0 = time.perf_counter()

@@ -60,8 +60,8 @@ def __getattr__(name: str):
 
     if name in _LAZY:
         where = _LAZY[name]
-        return getattr(importlib.import_module(where if where.startswith(".") and where[1] == "." else f".{where}",
-                                               __name__), name)
+        # "executor": a module of the engine; "..training.config": one that moved out
+        return getattr(importlib.import_module(where if where.startswith("..") else f".{where}", __name__), name)
     if f"{__name__}.{name}" in MOVED:
         return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(name)

@@ -802,7 +802,7 @@ class PipelineRunner:
         store, meter = self.store, self.meter
         stack = contextlib.ExitStack()
         if self._plain_saves:  # the common case: two calls per saved tensor fewer
-            stack.enter_context(saved_tensors_hooks(lambda t: meter.wrap(t.detach(), t), meter.unwrap))
+            stack.enter_context(saved_tensors_hooks(*meter.saved_tensor_hooks()))
         else:
             stack.enter_context(saved_tensors_hooks(*self._store_hooks(s, j)))
         if (s, j) in self._cur_plan.split:

@@ -23,7 +23,7 @@ Levels and peaks are relative to the level at :meth:`MemoryMeter.start_step`.
 from __future__ import annotations
 
 import threading
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -52,6 +52,14 @@ class MemoryMeter:
 
     def unwrap(self, obj: Any) -> Any:
         return obj
+
+    def saved_tensor_hooks(self) -> tuple[Callable[[torch.Tensor], Any], Callable[[Any], torch.Tensor]]:
+        """``(pack, unpack)`` for ``torch.autograd.graph.saved_tensors_hooks`` that keep
+        each saved tensor as it is (a detached alias: holding the tensor itself would tie
+        it to its grad_fn in a reference cycle) and count it: what the runner uses when no
+        activation store moves anything, and what torch's side of the bench uses."""
+        wrap = self.wrap
+        return (lambda t: wrap(t.detach(), t)), self.unwrap
 
     def hold(self, *tensors: torch.Tensor) -> Any:
         """Count ``tensors`` until the returned handle is dropped (or released)."""
