@@ -383,3 +383,15 @@ def test_v_auto_block_family_holds_the_fixed_rhythms():
         assert len(fam) > 10
         assert fam[0][1] <= max(steady_peak(v_min_block(p)))
         assert all(max(steady_peak(b)) == pk for b, pk in fam[:20])
+
+
+def test_fill_holes_never_trades_a_longer_makespan_for_a_shorter_span():
+    """The case hypothesis found: V-Half at p = 6, m = 6, F:B:W = 5:2:7 — a move that
+    shortened the longest span (103 -> 102) but ended the step later (103 -> 103.5)."""
+    from pipeoffload.schedules.hole_fill import fill_holes
+
+    costs = Costs(F=5.0, B=2.0, W=7.0)
+    sched = generate("v-half", p=6, m=6, costs=costs)
+    out = fill_holes(sched, costs, MemoryDeltas(), [unit_peak_bound("v-half", 6)] * 6)
+    before, after = simulate(sched, costs), simulate(out, costs)
+    assert after.makespan <= before.makespan and max(after.spans()) <= max(before.spans())

@@ -119,7 +119,9 @@ def _try(search: "_Search", trial: list[list[Code]], a: Code, key: tuple, caps: 
         except Infeasible:
             return None
         k2 = _key(tr)
-        if lex_better(k2, key):
+        # Strictly better, and never a longer makespan: a shorter longest span alone could
+        # still end the step later (v-half, p = 6, F:B:W = 5:2:7 did: 103 -> 103.5).
+        if lex_better(k2, key) and not lex_better(key[1:2], k2[1:2]):
             return trial, tr, k2
         if lex_better(key[:2], k2[:2]):
             return None
