@@ -18,6 +18,7 @@ from pipeoffload.passes.comm import (
     insert_comm,
     message_key,
     message_tag,
+    send_retirements,
 )
 from pipeoffload.passes.timing import dependencies, overlapped_positions, run_list_schedule, simulate
 from pipeoffload.schedules import SCHEDULES, generate
@@ -218,3 +219,55 @@ def test_comm_pass_agrees_with_the_timing_pass_on_deadlocks(seed, p, v, m, split
 
 def test_pass_is_pure():
     assert_imports_no_torch("pipeoffload.passes.comm", "pipeoffload.training.config")
+
+
+def _retirements_brute_force(program, rank):
+    """``send_retirements`` by its definition, quadratically: X (rank → q) retires with
+    the first Y (q → rank) that rank receives among those whose producer on q runs after
+    q's receive op of X."""
+    lst = program.ranks[rank]
+    out = {}
+    for i, op in enumerate(lst):
+        if op.kind not in SEND:
+            continue
+        x, q = message_key(op), op.peer
+        theirs = program.ranks[q]
+        k = next(n for n, o in enumerate(theirs) if o.kind in RECV and message_key(o) == x)
+        best = None
+        for n, o in enumerate(theirs):
+            if o.kind not in SEND or o.peer != rank:
+                continue
+            producer = max(j for j in range(n) if theirs[j].kind.is_compute)
+            if producer <= k:
+                continue
+            y = message_key(o)
+            at = next(j for j, r in enumerate(lst) if r.kind in RECV and message_key(r) == y)
+            if best is None or at < best[0]:
+                best = (at, y)
+        if best is not None:
+            out.setdefault(best[1], []).append(x)
+    return {y: tuple(xs) for y, xs in out.items()}
+
+
+@settings(max_examples=60, deadline=None)
+@given(name=st.sampled_from(sorted(SCHEDULES)), p=st.integers(2, 4), extra=st.integers(0, 6))
+def test_send_retirements_match_their_definition(name, p, extra):
+    """Every registry schedule: the sends freed early are exactly those whose receiver
+    had them before it produced a message this rank then receives (the runtime frees
+    their buffers there; a wrong entry would wait early, a missing one holds memory)."""
+    least = {"dualpipev": 2 * p, "interleaved-1f1b": p}.get(name, 1)  # what each family takes
+    program = insert_comm(generate(name, p=p, m=least + extra))
+    for r in range(p):
+        assert send_retirements(program, r) == _retirements_brute_force(program, r)
+
+
+def test_send_retirements_free_one_f_one_b_sends_as_gradients_return():
+    """1F1B, p = 2: rank 0's forward send of microbatch j is known received when the
+    gradient of microbatch j comes back; rank 1's gradient sends once a later forward
+    arrives; GPipe's forwards all with the first gradient."""
+    one = insert_comm(generate("1f1b", p=2, m=4))
+    assert send_retirements(one, 0) == {("B", 1, j): (("F", 0, j),) for j in range(4)}
+    assert send_retirements(one, 1) == {("F", 0, 2): (("B", 1, 0),), ("F", 0, 3): (("B", 1, 1),)}
+    gpipe = insert_comm(generate("gpipe", p=2, m=4))
+    assert send_retirements(gpipe, 0) == {("B", 1, 0): tuple(("F", 0, j) for j in range(4))}
+    assert send_retirements(gpipe, 1) == {}

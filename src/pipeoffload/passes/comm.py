@@ -25,6 +25,8 @@ for, if the program cannot complete. :func:`insert_comm` always runs it.
 
 from __future__ import annotations
 
+import bisect
+
 from ..errors import ScheduleError
 from ..ir import Op, OpKind, Placement, Schedule
 from .timing import completion_key, dependencies, overlapped_positions
@@ -216,6 +218,60 @@ def incoming_order(program: Schedule, rank: int) -> dict[int, list[MessageKey]]:
             if op.kind in _SEND and op.peer == rank:
                 out.setdefault(r, []).append(message_key(op))
     return out
+
+
+def send_retirements(program: Schedule, rank: int) -> dict[MessageKey, tuple[MessageKey, ...]]:
+    """When each send of ``rank`` is known to be complete, from the program alone.
+
+    Returns a map from a message ``rank`` *receives* (``Y``, from peer ``q``) to the
+    messages ``rank`` *sent* to ``q`` (``X``) that have surely been received once ``Y``
+    has: ``q`` produces ``Y`` after the receive op of ``X`` on ``q`` (where ``q`` waits
+    for ``X``), so ``Y`` is sent only after ``X`` arrived. Each ``X`` appears under the
+    ``Y`` that ``rank`` receives first; a send with no such ``Y`` (the last ones of a
+    step) is absent.
+
+    Guarantees: once ``rank`` has waited for ``Y``, every send under it has been matched
+    and its data has arrived, so waiting for it returns at once on every backend (gloo,
+    whose ``is_completed()`` stays False until ``wait()``, and NCCL); the runtime uses it
+    to free send buffers early (``runtime/messages.py``). Cost: linear in the program
+    plus ``O(M log M)`` for ``M`` messages of ``rank``.
+    """
+    recv_pos = {message_key(op): i for i, op in enumerate(program.ranks[rank]) if op.kind in _RECV}
+    sent_to: dict[int, list[MessageKey]] = {}
+    for op in program.ranks[rank]:
+        if op.kind in _SEND:
+            sent_to.setdefault(op.peer, []).append(message_key(op))
+    out: dict[MessageKey, list[MessageKey]] = {}
+    for q, xs in sent_to.items():
+        # On q: where it waits for each X, and, for each Y it sends to rank, where Y's
+        # producer runs (the last compute op before the send marker).
+        waits: dict[MessageKey, int] = {}
+        made: list[tuple[int, MessageKey]] = []
+        last_compute = -1
+        for i, op in enumerate(program.ranks[q]):
+            if op.kind in _RECV and op.peer == rank:
+                waits[message_key(op)] = i
+            elif op.kind in _SEND and op.peer == rank:
+                made.append((last_compute, message_key(op)))
+            elif op.kind.is_compute:
+                last_compute = i
+        # Suffix minimum over the Ys by producer position: the Y that rank receives
+        # first among those produced after position k.
+        best: list[tuple[int, MessageKey] | None] = [None] * (len(made) + 1)
+        for n in range(len(made) - 1, -1, -1):
+            y = made[n][1]
+            cand = (recv_pos[y], y) if y in recv_pos else None
+            nxt = best[n + 1]
+            best[n] = cand if nxt is None or (cand is not None and cand[0] < nxt[0]) else nxt
+        starts = [pos for pos, _ in made]
+        for x in xs:
+            k = waits.get(x)
+            if k is None:
+                continue
+            got = best[bisect.bisect_right(starts, k)]
+            if got is not None:
+                out.setdefault(got[1], []).append(x)
+    return {y: tuple(x) for y, x in out.items()}
 
 
 def comm_volume(program: Schedule) -> dict[str, int]:

@@ -64,7 +64,7 @@ from torch.autograd.graph import get_gradient_edge, saved_tensors_hooks
 
 from ..errors import ParameterError
 from ..ir import Op, OpKind, Schedule, without_overlap
-from ..passes.comm import insert_comm, message_key
+from ..passes.comm import insert_comm, message_key, send_retirements
 from ..passes.issue_policy import IssuePlan, issue_plan
 from ..passes.nccl_check import check_nccl
 from ..passes.lower import lower
@@ -133,13 +133,17 @@ class _Plan:
     #: Positions of the F of each overlapped F&B pair (DualPipeV) run as one op with the
     #: backward right after it (passes/timing.py overlapped_positions).
     overlapped: frozenset = frozenset()
+    #: Received message -> this rank's sends known received with it (their buffers are
+    #: freed then: passes/comm.py send_retirements).
+    retire: dict = field(default_factory=dict)
 
     @classmethod
     def of(cls, program: Schedule, rank: int, kind: str) -> "_Plan":
         ops = program.ranks[rank]
         split = {(op.stage, op.microbatch) for op in ops if op.kind is OpKind.B}
         pairs = frozenset(i for r, i in overlapped_positions(program, program.ranks) if r == rank)
-        return cls(program, rank, ops, split, kind, overlapped=pairs)
+        return cls(program, rank, ops, split, kind, overlapped=pairs,
+                   retire=send_retirements(program, rank))
 
     def issue(self, header_mbs: frozenset, lookahead: int) -> IssuePlan:
         """The issue policy when the forward messages of ``header_mbs`` carry headers.
@@ -574,7 +578,7 @@ class PipelineRunner:
             frozenset(j for j in range(m) if not self.mail.book.knows(plan.kind, sigs[j]))
         issue = plan.issue(headers, self.recv_lookahead)
         mail = self.mail
-        mail.begin(issue.ranks[self.rank], issue.headers, plan.kind, sigs, run.to_send)
+        mail.begin(issue.ranks[self.rank], issue.headers, plan.kind, sigs, run.to_send, plan.retire)
         self.meter.start_step()
         self._t0 = time.perf_counter()
         hook = self.before_op if run.train else None

@@ -83,11 +83,15 @@ class Mailbox:
         self.begin(RankIssue(), frozenset(), "train", [0] * num_microbatches, {})
 
     def begin(self, issue: RankIssue, headers: frozenset, kind: str, sigs: list[int],
-              to_send: dict[MessageKey, Any]) -> None:
+              to_send: dict[MessageKey, Any],
+              retire: dict[MessageKey, tuple[MessageKey, ...]] | None = None) -> None:
         """A new run: this rank's issue policy, the messages that carry headers, the kind
         of run and the microbatches' input signatures; ``to_send`` is where the runner
-        leaves each value to send (popped when its payload is issued)."""
+        leaves each value to send (popped when its payload is issued); ``retire``: the
+        sends known received once a message is
+        (:func:`~pipeoffload.passes.comm.send_retirements`), whose buffers are then freed."""
         self.issue, self.with_header, self.kind, self.sigs = issue, headers, kind, sigs
+        self.retire = retire or {}
         self.to_send = to_send
         self.works: dict[tuple[MessageKey, str], list[tuple[Any, torch.Tensor, int]]] = {}
         self.skeletons: dict[MessageKey, tuple[Any, list]] = {}
@@ -111,6 +115,7 @@ class Mailbox:
             self._header_in(key, f"the header of {key}")
         items: list[tuple[bool, torch.Tensor, int, int, str]] = []
         parts: list[tuple[MessageKey, str]] = []
+        keys: list[MessageKey] = []
         for x in group.xfers:
             what = f"{'send' if x.send else 'receive'} of {_name(x.key)} {'header' if x.part == HEADER else 'payload'}"
             n0 = len(items)
@@ -120,9 +125,10 @@ class Mailbox:
                 self.works.setdefault((x.key, x.part), [])  # registered even with no tensor to receive
                 items.extend((False, b, x.peer, tag, what) for b, tag in self._buffers(x.key, x.part))
             parts.extend([(x.key, x.part)] * (len(items) - n0))
+            keys.extend([x.key] * (len(items) - n0))
         if not items:
             return
-        works = self.p2p.issue(items)
+        works = self.p2p.issue(items, keys)
         for (key, part), (send, buf, peer, _, _), work in zip(parts, items, works):
             if not send:
                 self.works.setdefault((key, part), []).append((work, buf, peer))
@@ -200,6 +206,7 @@ class Mailbox:
         for work, buf, peer in got:
             self.p2p.wait(work, op, peer, "for its input")
             tensors.append(self.p2p.landed(buf))
+        self.p2p.retire(self.retire.get(key, ()), op)
         if key[0] == "B":
             return tensors
         spec, desc = self.skeletons.pop(key)

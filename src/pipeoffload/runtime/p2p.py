@@ -5,7 +5,10 @@ receives issued together (one ``batch_isend_irecv``: on NCCL they progress toget
 on the pipeline's one communicator, in the order the issue policy
 (``passes/issue_policy.py``) gives — the same on every backend. Sends are never waited
 for where they are issued: their buffers are kept until :meth:`P2P.poll_sends` sees
-them done or :meth:`P2P.finish_sends` (end of step) waits for them. Receives are
+them done, :meth:`P2P.retire` is told that their receiver has them (the program says
+when: :func:`~pipeoffload.passes.comm.send_retirements`; needed on gloo, whose
+``is_completed()`` stays False until ``wait()``), or :meth:`P2P.finish_sends` (end of
+step) waits for them. Receives are
 waited for by their consumer (:meth:`P2P.wait`).
 
 The transport (``runtime/transport.py``) is torch's own (``batch_isend_irecv``) or, for
@@ -61,7 +64,7 @@ class P2P:
         self._timeout = datetime.timedelta(seconds=self.timeout_s)
         self.device = device
         self.group = group
-        self._sends: list[tuple[Any, int, Any, torch.Tensor]] = []  # (what, peer, work, buffer)
+        self._sends: list[tuple[Any, int, Any, torch.Tensor, Any]] = []  # (what, peer, work, buffer, key)
         self._stage = device.type != "cpu" and dist.is_initialized() and dist.get_backend(group) == "gloo"
         if isinstance(transport, Transport):
             self.transport = transport
@@ -90,11 +93,13 @@ class P2P:
         return buf.to(self.device) if self._stage else buf
 
     # --- issuing ---------------------------------------------------------------------
-    def issue(self, items: list[tuple[bool, torch.Tensor, int, int, str]]) -> list[Any]:
+    def issue(self, items: list[tuple[bool, torch.Tensor, int, int, str]],
+              keys: list[Any] | None = None) -> list[Any]:
         """Issue one group: ``items`` are ``(send?, tensor, peer, tag, what)`` with
         ``peer`` a pipeline rank; a send's tensor is put on the wire (host copy when
         staging), a receive's tensor is a :meth:`buffer`. Returns one work per item.
-        The sends' buffers are kept until they complete."""
+        The sends' buffers are kept until they complete; ``keys`` (one per item) name
+        them for :meth:`retire`."""
         specs = []
         for send, t, peer, tag, what in items:
             specs.append(P2PSpec(send, self._wire(t) if send else t, self._global(peer), tag, what))
@@ -104,10 +109,24 @@ class P2P:
             first = specs[0].what if specs else "?"
             raise CommError(f"rank {self.rank}: could not issue the group of {first} "
                             f"({str(e).splitlines()[0][:200]})") from None
-        for (send, _, peer, _, what), spec, work in zip(items, specs, works):
+        for n, ((send, _, peer, _, what), spec, work) in enumerate(zip(items, specs, works)):
             if send:
-                self._sends.append((what, peer, work, spec.tensor))
+                self._sends.append((what, peer, work, spec.tensor, None if keys is None else keys[n]))
         return works
+
+    def retire(self, keys: tuple[Any, ...], op: Any) -> None:
+        """The sends of ``keys`` have been received (the caller knows it from the
+        program): wait for them — at once on every backend — and drop their buffers."""
+        if not keys or not self._sends:
+            return
+        done = set(keys)
+        keep = []
+        for s in self._sends:
+            if s[4] in done:
+                self.wait(s[2], op, s[1], f"for its send {s[0]} (received, by the program)")
+            else:
+                keep.append(s)
+        self._sends = keep
 
     def poll_sends(self) -> None:
         """Drop the buffers of sends that completed (keeps memory bounded)."""
@@ -117,7 +136,7 @@ class P2P:
     def finish_sends(self) -> None:
         """Wait for every outstanding send (end of step), each with the timeout."""
         sends, self._sends = self._sends, []
-        for what, peer, work, _ in sends:
+        for what, peer, work, _, _ in sends:
             self.wait(work, what, peer, "for its send to be received")
 
     # --- waiting -------------------------------------------------------------------
