@@ -40,10 +40,10 @@ def test_simulate_json(capsys):
     assert obj["peak_memory"] == [4, 3, 2, 1]
 
 
-def test_simulate_ops_and_stage_costs(tmp_path, capsys):
+def test_simulate_ops_and_rank_costs(tmp_path, capsys):
     f = tmp_path / "stages.json"
     f.write_text(json.dumps([{"F": 1, "B": 1, "W": 1}] * 3 + [{"F": 2, "B": 2, "W": 2}]))
-    assert main(["simulate", "1f1b", "-p", "4", "-m", "4", "--stage-costs", str(f), "--json", "--ops"]) == 0
+    assert main(["simulate", "1f1b", "-p", "4", "-m", "4", "--rank-costs", str(f), "--json", "--ops"]) == 0
     obj = json.loads(capsys.readouterr().out)
     assert obj["busy"] == [12, 12, 12, 24]
     assert len(obj["ops"]) == 4 * 4 * 2 and len(obj["memory_curves"]) == 4
@@ -63,8 +63,8 @@ def test_simulate_text_report(capsys):
         (["simulate", "group-interleaved", "-p", "8", "-g", "2"], "-g: group size must satisfy"),
         (["simulate", "1f1b", "--costs", "F=0"], "--costs: F must be a positive"),
         (["simulate", "1f1b", "--costs", "F=abc"], "--costs: F must be a number"),
-        (["simulate", "1f1b", "--stage-costs", "/nonexistent.json"], "--stage-costs: file not found"),
-        (["simulate", "1f1b", "-p", "4", "--stage-costs", "BAD"], "--stage-costs"),
+        (["simulate", "1f1b", "--rank-costs", "/nonexistent.json"], "--rank-costs: file not found"),
+        (["simulate", "1f1b", "-p", "4", "--rank-costs", "BAD"], "--rank-costs"),
         (["simulate", "1f1b", "-p", "x"], "argument -p/--ranks: invalid int value"),
     ],
 )

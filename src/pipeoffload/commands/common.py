@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from ..costs import Costs, MemoryDeltas, load_stage_costs, parse_costs, parse_memory
+from ..costs import Costs, MemoryDeltas, load_rank_costs, parse_costs, parse_memory
 from ..errors import ParameterError, PipeoffloadError, rename_mentions
 
 # --- library parameter names -> command-line flags -------------------------------------
@@ -22,7 +22,8 @@ CLI_FLAGS: dict[str, str] = {
     # schedules (pipeoffload.schedules.ScheduleSpec), the papers' letters
     "p": "-p", "m": "-m", "v": "-v", "g": "-g", "p/v": "-p/-v", "mem_limit": "--mem-limit",
     # costs and memory deltas (pipeoffload.costs)
-    "costs": "--costs", "stage_costs": "--stage-costs", "group_costs": "--stage-costs", "memory": "--memory",
+    "costs": "--costs", "rank_costs": "--rank-costs", "stage_costs": "--rank-costs", "group_costs": "--rank-costs",
+    "memory": "--memory",
     # the offload pass (pipeoffload.passes.offload)
     "offload_chunks": "--offload-chunks", "offload_time": "--offload-time", "link_group": "--link-group",
     "solo_factor": "--solo-factor", "tolerance": "--offload-tolerance", "on_infeasible": "--offload-infeasible",
@@ -157,11 +158,13 @@ def print_json(obj: Any) -> None:
 
 def add_costs_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--costs", default="F=1,B=1,W=1,comm=0", metavar="F=..,B=..,W=..,comm=..",
-                        help="op durations per device-stage and comm latency per hop (default: unit costs)")
-    parser.add_argument("--stage-costs", metavar="FILE",
-                        help="JSON: a list of {F,B,W} per rank, or {'layer_groups': [...]} per layer group")
+                        help="op durations per rank (all its chunks) and comm latency per hop (default: unit costs)")
+    parser.add_argument("--rank-costs", metavar="FILE",
+                        help="JSON: a list of {F,B,W} per rank, or {'layer_groups': [...]} per layer group (stage)")
+    parser.add_argument("--stage-costs", dest="rank_costs", default=argparse.SUPPRESS, action=_DeprecatedAlias,
+                        new="--rank-costs", help=argparse.SUPPRESS)
     parser.add_argument("--memory", default="F=1,B=0,W=-1", metavar="F=..,B=..,W=..",
-                        help="activation memory change per op kind per device-stage (units or bytes; "
+                        help="activation memory change per op kind per rank (units or bytes; "
                              "default F=1,B=0,W=-1)")
 
 
@@ -203,8 +206,8 @@ def add_schedule_args(parser: argparse.ArgumentParser, positional: bool = True) 
 
 
 def costs_from_args(args: argparse.Namespace) -> Costs:
-    stage = load_stage_costs(args.stage_costs) if getattr(args, "stage_costs", None) else None
-    return parse_costs(args.costs, stage)
+    per_rank = load_rank_costs(args.rank_costs) if getattr(args, "rank_costs", None) else None
+    return parse_costs(args.costs, per_rank)
 
 
 def memory_from_args(args: argparse.Namespace) -> MemoryDeltas:

@@ -84,7 +84,7 @@ def report_text(cmp: Comparison, unit: str) -> str:
     c = cmp.costs
     lines = [
         f"compare: p={cmp.p} m={cmp.m}  costs F={c.F:g} B={c.B:g} W={c.W:g} comm={c.comm:g}"
-        + (" (per-stage overrides)" if c.stage_costs or c.group_costs else "")
+        + (" (per-stage overrides)" if c.rank_costs or c.group_costs else "")
         + f"  memory unit: {unit}",
         f"P2P relative to 1F1B's 2(p-1)m = {cmp.p2p_baseline} messages; * = Pareto frontier (peak memory, bubble)",
     ]

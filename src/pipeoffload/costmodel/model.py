@@ -463,8 +463,8 @@ class GroupCost:
 class PipelineCosts:
     """The simulator's inputs for one model split into ``p·v`` layer groups on one hardware.
 
-    ``costs``: times in **ms**; ``group_costs[g]`` is group g's (F, B, W); ``F/B/W`` are a device-stage's
-    mean (v groups). ``memory``: **bytes**; ``group_deltas[g]`` per group; ``F/B/W`` a device-stage's mean.
+    ``costs``: times in **ms**; ``group_costs[g]`` is group g's (F, B, W); ``F/B/W`` are a rank's
+    mean (v groups). ``memory``: **bytes**; ``group_deltas[g]`` per group; ``F/B/W`` a rank's mean.
     """
 
     model: ModelSpec
@@ -485,7 +485,7 @@ class PipelineCosts:
         return max(g.offload_ratio for g in self.groups)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready; ``layer_groups`` is also accepted by ``--stage-costs``."""
+        """JSON-ready; ``layer_groups`` is also accepted by ``--rank-costs``."""
         return {
             "model": self.model.name, "hardware": self.hardware.name, "p": self.p, "v": self.v,
             "time_unit": self.time_unit, "memory_unit": self.memory_unit, "split": list(self.split),
@@ -591,7 +591,7 @@ def _op_ms(flops: float, rate_ms: float, layers: int) -> float:
 
 def _simulator_inputs(groups: Sequence[GroupCost], v: int, comm_ms: float) -> tuple[Costs, MemoryDeltas]:
     """``Costs`` (ms) and ``MemoryDeltas`` (bytes) with per-group values; the uniform fields are a
-    device-stage's mean (``v`` groups)."""
+    rank's mean (``v`` groups)."""
     n = len(groups)
     mean = [v * sum(x) / n for x in zip(*((g.F_ms, g.B_ms, g.W_ms) for g in groups))]
     costs = Costs(F=mean[0], B=mean[1], W=mean[2], comm=comm_ms,

@@ -107,7 +107,7 @@ class Comparison:
             "p": self.p,
             "m": self.m,
             "costs": {"F": c.F, "B": c.B, "W": c.W, "comm": c.comm,
-                      "stage_costs": [list(t) for t in c.stage_costs] if c.stage_costs else None,
+                      "stage_costs": [list(t) for t in c.rank_costs] if c.rank_costs else None,
                       "group_costs": [list(t) for t in c.group_costs] if c.group_costs else None},
             "memory": {"F": mem.F, "B": mem.B, "W": mem.W},
             "p2p_baseline": self.p2p_baseline,

@@ -276,7 +276,7 @@ def _compare_payload(cmp: Any, timelines: Mapping[str, Timeline]) -> dict:
             "frontier": r.on_frontier, "timeline": r.label in timelines,
         })
     subtitle = f"costs per stage F={c.F:g} B={c.B:g} W={c.W:g} comm={c.comm:g}"
-    if c.stage_costs or c.group_costs:
+    if c.rank_costs or c.group_costs:
         subtitle += " (per-stage overrides)"
     return {
         "rows": rows,

@@ -1,0 +1,76 @@
+"""One vocabulary (docs/glossary.md, issue 25): every renamed public name keeps working
+for one release with a DeprecationWarning, and gives the same result as the new name."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipeoffload.cli import main
+from pipeoffload.costs import Costs, load_rank_costs, load_stage_costs, parse_costs
+from pipeoffload.errors import ParameterError
+from pipeoffload.ir import Placement
+
+TRIPLES = ((1.0, 1.0, 1.0), (2.0, 2.0, 2.0))
+
+
+# --- stage_costs -> rank_costs --------------------------------------------------------
+
+
+def test_costs_stage_costs_keyword_warns_and_means_rank_costs():
+    with pytest.warns(DeprecationWarning, match="stage_costs=...\\) is deprecated; call it rank_costs"):
+        old = Costs(comm=0.5, stage_costs=TRIPLES)
+    assert old == Costs(comm=0.5, rank_costs=TRIPLES)
+    assert old.rank_costs == TRIPLES
+    assert old.duration_table(Placement.loop(2)) == Costs(comm=0.5, rank_costs=TRIPLES).duration_table(
+        Placement.loop(2))
+
+
+def test_costs_stage_costs_attribute_warns():
+    c = Costs(rank_costs=TRIPLES)
+    with pytest.warns(DeprecationWarning, match="Costs.stage_costs is deprecated; use Costs.rank_costs"):
+        assert c.stage_costs == TRIPLES
+
+
+def test_costs_both_names_is_an_error_naming_rank_costs():
+    with pytest.warns(DeprecationWarning), pytest.raises(ParameterError, match="^rank_costs: given twice"):
+        Costs(rank_costs=TRIPLES, stage_costs=TRIPLES)
+
+
+def test_rank_costs_errors_name_rank_costs():
+    with pytest.raises(ParameterError, match="^rank_costs: gives 1 ranks' costs but the schedule has 2 ranks"):
+        Costs(rank_costs=((1, 1, 1),)).check_fits(Placement.loop(2))
+    with pytest.raises(ParameterError, match="^rank_costs: F must be a positive"):
+        Costs(rank_costs=((0, 1, 1),))
+
+
+def test_parse_costs_old_keyword_and_old_file_key_warn(tmp_path):
+    new = parse_costs("comm=0.1", {"ranks": [list(t) for t in TRIPLES]})
+    assert new == parse_costs("comm=0.1", [list(t) for t in TRIPLES])
+    with pytest.warns(DeprecationWarning, match="parse_costs\\(stage_costs=...\\) is deprecated"):
+        assert parse_costs("comm=0.1", stage_costs=[list(t) for t in TRIPLES]) == new
+    with pytest.warns(DeprecationWarning, match="'stages' key is deprecated; call it 'ranks'"):
+        assert parse_costs("comm=0.1", {"stages": [list(t) for t in TRIPLES]}) == new
+    f = tmp_path / "r.json"
+    f.write_text(json.dumps([list(t) for t in TRIPLES]))
+    with pytest.warns(DeprecationWarning, match="load_stage_costs is deprecated; use load_rank_costs"):
+        assert load_stage_costs(f) == load_rank_costs(f)
+    with pytest.raises(ParameterError, match="^rank_costs: a JSON object needs a 'ranks' or 'layer_groups'"):
+        parse_costs(None, {"per_rank": []})
+
+
+def test_cli_stage_costs_flag_is_a_deprecated_rank_costs(tmp_path, capsys):
+    f = tmp_path / "ranks.json"
+    f.write_text(json.dumps([{"F": 1, "B": 1, "W": 1}] * 3 + [{"F": 2, "B": 2, "W": 2}]))
+    argv = ["simulate", "1f1b", "-p", "4", "-m", "4", "--json"]
+    assert main(argv + ["--rank-costs", str(f)]) == 0
+    new = json.loads(capsys.readouterr().out)
+    assert main(argv + ["--stage-costs", str(f)]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out) == new and new["busy"] == [12, 12, 12, 24]
+    assert "--stage-costs is deprecated and will be removed; use --rank-costs" in out.err
+    with pytest.raises(SystemExit):
+        main(["simulate", "--help"])
+    help_text = capsys.readouterr().out
+    assert "--rank-costs FILE" in help_text and "--stage-costs" not in help_text
