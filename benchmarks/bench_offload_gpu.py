@@ -336,7 +336,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         "device": str(device), "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__, "cuda": torch.version.cuda,
         "schedule": sched.name, "p": p, "m": m, "v": sched.chunks, "g": g, "rank": rank,
-        "offload_chunks": plan.chunks, "hidden": h, "seq_len": s, "heads": heads, "kv_heads": kv,
+        "offload_chunks": plan.offloaded_chunks, "hidden": h, "seq_len": s, "heads": heads, "kv_heads": kv,
         "layers_per_chunk": a.layers_per_chunk, "microbatch_size": a.microbatch_size, "dtype": str(dtype),
         "reload_alloc": a.reload_alloc,
         "transfers": sum(1 for o in plan.schedule.ranks[rank] if o.kind is OpKind.OFFLOAD_START),
@@ -352,7 +352,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
             if measured:  # re-plan with this device's op times and host link (one rank per link)
                 plan, results["plan"] = _measured_plan(sched, results["runs"]["no offload"], device, chunks, auto)
                 results["predicted_peak_units"]["offload"] = plan.peak[rank]
-                results["offload_chunks"] = plan.chunks
+                results["offload_chunks"] = plan.offloaded_chunks
             results["transfers"] = sum(1 for o in plan.schedule.ranks[rank] if o.kind is OpKind.OFFLOAD_START)
         if offloaded:
             store = OffloadStore(recompute=a.recompute, timing=device.type == "cuda", reload_alloc=a.reload_alloc)

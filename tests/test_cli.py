@@ -197,7 +197,7 @@ sched = po.generate("group-interleaved", p=8, m=32, v=2, g=4)
 tl = po.simulate(sched, po.Costs(F=1, B=1, W=1, comm=0), po.MemoryDeltas())
 off = po.plan_offload(sched, offload_chunks=1, offload_time=0.25)
 low = po.lower(sched, offload=po.OffloadOptions(offload_chunks=1), comm=True)
-assert isinstance(sched, po.Schedule) and isinstance(tl, po.Timeline) and low.offload.chunks == 1
+assert isinstance(sched, po.Schedule) and isinstance(tl, po.Timeline) and low.offload.offloaded_chunks == 1
 assert issubclass(po.ParameterError, po.PipeoffloadError) and issubclass(po.ScheduleError, po.PipeoffloadError)
 assert round(tl.bubble_rate, 4) == 0.0857 and off.peak[0] < off.peak_no_offload[0]
 print(sorted(po.__all__))

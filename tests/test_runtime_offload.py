@@ -383,7 +383,7 @@ def test_offload_settings_are_checked_before_anything_runs():
     cfg = TrainConfig.load(None, {"offload.chunks": "none"})
     assert cfg.plan_offload(cfg.check()) is None
     plan = TrainConfig().plan_offload(TrainConfig().check())  # the default run offloads (auto)
-    assert plan is not None and plan.chunks >= 1 and max(plan.peak) < max(plan.peak_no_offload)
+    assert plan is not None and plan.offloaded_chunks >= 1 and max(plan.peak) < max(plan.peak_no_offload)
     # The library names its own parameters (the CLI maps them to flags: tests/test_bad_input.py).
     for over, param in [({"offload.chunks": 3}, "^offload_chunks:"), ({"offload.chunks": "most"}, "^offload.chunks:"),
                         ({"offload.time": -1.0}, "^offload.time:"), ({"offload.on_infeasible": "x"}, "infeasible")]:

@@ -74,3 +74,22 @@ def test_cli_stage_costs_flag_is_a_deprecated_rank_costs(tmp_path, capsys):
         main(["simulate", "--help"])
     help_text = capsys.readouterr().out
     assert "--rank-costs FILE" in help_text and "--stage-costs" not in help_text
+
+
+# --- OffloadResult.chunks (C) -> offloaded_chunks; Schedule.chunks stays v ------------
+
+
+def test_offload_result_chunks_is_a_deprecated_offloaded_chunks(capsys):
+    from pipeoffload.passes.offload import plan_offload
+    from pipeoffload.schedules import generate
+
+    sched = generate("interleaved-1f1b", p=2, m=4, v=2)
+    res = plan_offload(sched, offload_chunks=1)
+    assert res.offloaded_chunks == 1 and res.schedule.chunks == sched.chunks == 2
+    assert res.summary()["chunks"] == 1  # JSON key unchanged
+    with pytest.warns(DeprecationWarning, match="OffloadResult.chunks is deprecated; use OffloadResult.offloaded"):
+        assert res.chunks == 1
+    assert main(["simulate", "interleaved-1f1b", "-p", "2", "-m", "4", "-v", "2", "--offload-chunks", "1",
+                 "--json"]) == 0
+    obj = json.loads(capsys.readouterr().out)
+    assert obj["chunks"] == 2 and obj["offloaded_chunks"] == 1 and obj["offload"]["chunks"] == 1

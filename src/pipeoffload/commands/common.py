@@ -305,13 +305,13 @@ def offload_warning(off: Any, tolerance_flag: str | None = "--offload-tolerance"
         return None
     settings = off.settings
     time = "--offload-time" if settings.get("offload_time") is not None else "a faster host link, --hardware"
-    if off.chunks == 0:
+    if off.offloaded_chunks == 0:
         if not settings.get("auto"):
             return None
         advice = f"a shorter transfer ({time})" + (f" or a larger {tolerance_flag}" if tolerance_flag else "")
         return (f"--offload auto placed no transfer: offloading any chunk lowers no peak within a makespan "
                 f"increase of {settings.get('tolerance', 0.01):g}; {advice} would help")
-    which = "chunk 0" if off.chunks == 1 else f"chunks 0..{off.chunks - 1}"
+    which = "chunk 0" if off.offloaded_chunks == 1 else f"chunks 0..{off.offloaded_chunks - 1}"
     known = {reason: _SKIP_REASONS.get(reason, ("", "")) for reason in off.skipped}
     why = ", ".join(f"{n} {reason}" + (f" ({known[reason][0]})" if known[reason][0] else "")
                     for reason, n in off.skipped.items())

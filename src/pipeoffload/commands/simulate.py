@@ -239,7 +239,7 @@ def report_json(args: argparse.Namespace, sched: Schedule, tl: Timeline, unit: s
     if off is not None:
         obj["peak_memory_no_offload"] = off.peak_no_offload
         obj["host_memory"] = off.host_memory
-        obj["offloaded_chunks"] = off.chunks
+        obj["offloaded_chunks"] = off.offloaded_chunks
         obj["offload"] = off.summary()
     return obj
 
@@ -282,9 +282,9 @@ def offload_text(off) -> str:
     skipped = ", ".join(f"{n} {why}" for why, n in off.skipped.items()) or "none"
     inc = off.makespan / off.makespan_no_offload - 1.0 if off.makespan_no_offload > 0 else 0.0
     how = "auto" if off.settings.get("auto") else "requested"
-    which = {0: "nothing", 1: "chunk 0"}.get(off.chunks, f"chunks 0..{off.chunks - 1}")
+    which = {0: "nothing", 1: "chunk 0"}.get(off.offloaded_chunks, f"chunks 0..{off.offloaded_chunks - 1}")
     lines = [
-        f"  offload     {which} of every rank ({how}, C={off.chunks}, "
+        f"  offload     {which} of every rank ({how}, C={off.offloaded_chunks}, "
         + (f"transfer = {off.settings['offload_time']:g} x F+B+W)" if off.settings.get("offload_time") is not None
            else "absolute transfer times)"),
         f"  transfers   {len(off.transfers)} offload+reload pairs; skipped: {skipped}; "

@@ -163,7 +163,7 @@ class OffloadOptions:
     def summary(self, on_infeasible: str) -> dict:
         """What a result reports of these settings (``OffloadResult.settings``):
         ``on_infeasible`` as resolved, ``offload_time`` None where ``transfer_times``
-        overrides it; ``offload_chunks`` is the result's own ``chunks``."""
+        overrides it; ``offload_chunks`` is the result's own ``offloaded_chunks``."""
         out = self.kwargs()
         del out["offload_chunks"]
         out["auto"], out["stash"], out["on_infeasible"] = bool(self.auto), bool(self.stash), on_infeasible
@@ -178,7 +178,7 @@ class OffloadResult:
 
     schedule: Schedule
     timeline: Timeline
-    chunks: int  #: C: chunks c < C of every rank were selected
+    offloaded_chunks: int  #: C: chunks c < C of every rank were selected (docs/glossary.md)
     transfers: list[Transfer]
     skipped: dict[str, int]
     delayed: int  #: backward ops that start later than without offload
@@ -193,7 +193,7 @@ class OffloadResult:
         """JSON-ready description (the CLI's ``offload`` block)."""
         base = self.makespan_no_offload
         return {
-            "chunks": self.chunks,
+            "chunks": self.offloaded_chunks,  # the JSON key stays "chunks"
             **self.settings,
             "transfers": len(self.transfers),
             "skipped": dict(self.skipped),
@@ -205,6 +205,15 @@ class OffloadResult:
             "peak_memory": list(self.peak),
             "host_memory": list(self.host_memory),
         }
+
+    @property
+    def chunks(self) -> int:
+        """Deprecated name of :attr:`offloaded_chunks` (C; ``Schedule.chunks`` is v). Warns."""
+        import warnings
+
+        warnings.warn("OffloadResult.chunks is deprecated; use OffloadResult.offloaded_chunks (C)",
+                      DeprecationWarning, stacklevel=2)
+        return self.offloaded_chunks
 
 
 # --------------------------------------------------------------------------------------
@@ -423,8 +432,8 @@ def _plan_auto(ctx: _Context, chunks: int | None, mode: str, postpone: bool, tol
         res = _plan_for_chunks(ctx, c, mode, postpone)
         if res is None or res.makespan > limit:
             continue
-        key = (max(res.peak, default=0.0), sum(res.peak), res.chunks)
-        if best is None or key <= (max(best.peak, default=0.0), sum(best.peak), best.chunks):
+        key = (max(res.peak, default=0.0), sum(res.peak), res.offloaded_chunks)
+        if best is None or key <= (max(best.peak, default=0.0), sum(best.peak), best.offloaded_chunks):
             best = res
     assert best is not None  # C = 0 never lengthens the makespan
     return best
@@ -1143,7 +1152,7 @@ def _build_result(ctx: _Context, C: int, events: list[TimedOp], cands: list[_Can
     res = OffloadResult(
         schedule=new_sched,
         timeline=new_tl,
-        chunks=C,
+        offloaded_chunks=C,
         transfers=transfers,
         skipped={k: skipped[k] for k in sorted(skipped)},
         delayed=delayed,

@@ -367,7 +367,7 @@ class Trainer:
         rec = {int(st): b for s in stats for st, b in s.get("recomputed_by_stage", {}).items()}
         per_layer = {st: b / layers[st] for st, b in moved.items()}
         block = {
-            "chunks": plan.chunks, "auto": o.chunks == "auto", "offload_time": o.time, "recompute": o.recompute,
+            "chunks": plan.offloaded_chunks, "auto": o.chunks == "auto", "offload_time": o.time, "recompute": o.recompute,
             "transfers_per_step": [s.get("groups", 0) for s in stats],
             "skipped": plan.skipped,
             "moved_bytes": [s.get("moved_bytes", 0) for s in stats],
