@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from pipeoffload.cli import main
 from pipeoffload.costmodel.model import ModelSpec, pipeline_costs
 from pipeoffload.errors import ParameterError
+from pipeoffload.recompute import Recompute
 from pipeoffload.costmodel.hardware import HARDWARE, GiB
 from pipeoffload.planner import (
     NoConfigurationFits,
@@ -457,7 +458,7 @@ def test_recompute_modes_and_fp32_logits():
     # A budget only full recompute meets: the planner finds it.
     opts = PlanOptions(schedules=("1f1b",), offload=False, top=5)
     res = plan("1.5B", A100, 1, memory_budget=80 * GiB, global_batch=6, options=opts)
-    assert res.configs and res.best.recompute in (False, True)
+    assert res.configs and res.best.recompute in (Recompute.NONE, Recompute.ELEMENTWISE)
     need = res.best.memory.params + res.best.memory.grads_optimizer
     tight = plan("1.5B", A100, 1, memory_budget=40 * GiB, global_batch=6, options=opts)
     assert need < 40 * GiB < res.best.memory.device

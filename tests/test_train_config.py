@@ -8,6 +8,7 @@ import math
 import pytest
 
 from pipeoffload.errors import ParameterError
+from pipeoffload.recompute import Recompute
 from pipeoffload.training.config import ParallelConfig, TrainConfig, config_from_plan
 
 
@@ -89,7 +90,7 @@ def test_emit_config_writes_the_best_plan_the_runtime_can_run(tmp_path, capsys):
     assert cfg.plan.configuration == chosen.describe()
     assert TrainConfig.load(tmp_path / "run.toml") == cfg
     for c in res.configs:
-        ok = c.recompute in (False, True) and (c.split.tp == 1 or not c.split.sp)
+        ok = c.recompute in (Recompute.NONE, Recompute.ELEMENTWISE) and (c.split.tp == 1 or not c.split.sp)
         assert runtime_can_run(c) == ok
 
 

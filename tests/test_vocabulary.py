@@ -93,3 +93,64 @@ def test_offload_result_chunks_is_a_deprecated_offloaded_chunks(capsys):
                  "--json"]) == 0
     obj = json.loads(capsys.readouterr().out)
     assert obj["chunks"] == 2 and obj["offloaded_chunks"] == 1 and obj["offload"]["chunks"] == 1
+
+
+# --- one recompute enum ---------------------------------------------------------------
+
+from pipeoffload.recompute import RECOMPUTE_LEVELS, Recompute  # noqa: E402
+
+
+@pytest.mark.parametrize("value, level", [
+    (False, Recompute.NONE), (True, Recompute.ELEMENTWISE), ("none", Recompute.NONE),
+    ("Elementwise", Recompute.ELEMENTWISE), (" selective ", Recompute.SELECTIVE), ("FULL", Recompute.FULL),
+    (Recompute.FULL, Recompute.FULL),
+])
+def test_recompute_of_normalises_bools_and_names(value, level):
+    assert Recompute.of(value) is level
+    assert level == level.value and str(level) == level.value and f"{level}" == level.value
+    assert bool(level) == (level is not Recompute.NONE)  # as the old False / True
+
+
+@pytest.mark.parametrize("value", ["off", "partial", 1, None, 0.5, ["full"]])
+def test_recompute_of_names_the_parameter_and_the_valid_values(value):
+    with pytest.raises(ParameterError, match="^offload.recompute: must be one of none, elementwise, selective, "
+                                             "full \\(or true = elementwise, false = none\\), got "):
+        Recompute.of(value, "offload.recompute")
+
+
+def test_model_spec_one_recompute_level():
+    from pipeoffload.costmodel.presets import get_model
+
+    m = get_model("1.5B")
+    for level in RECOMPUTE_LEVELS:
+        assert m.with_recompute(level).recompute_level is level
+    assert m.replace(recompute="elementwise") == m.with_recompute(True) == m.replace(recompute_elementwise=True)
+    assert m.replace(recompute="Full").layer() == m.with_recompute(Recompute.FULL).layer()
+    assert json.loads(json.dumps(m.with_recompute("selective").summary()))["recompute"] == "selective"
+    with pytest.raises(ParameterError, match="^recompute: must be one of none, elementwise"):
+        m.replace(recompute="everything")
+
+
+def test_plan_options_take_the_enum_bools_and_names():
+    from pipeoffload.planner import PlanOptions
+
+    old = PlanOptions(recompute=(False, True, "selective", "full"))
+    assert old.recompute == RECOMPUTE_LEVELS == PlanOptions().recompute
+    assert all(isinstance(rc, Recompute) for rc in old.recompute)
+    with pytest.raises(ParameterError, match="^recompute: must be one of none, elementwise"):
+        PlanOptions(recompute=(False, "partial")).check()
+    with pytest.raises(ParameterError, match="^recompute: needs at least one of none, elementwise, selective, full"):
+        PlanOptions(recompute=()).check()
+
+
+def test_train_config_recompute_accepts_bools_and_runtime_levels_only():
+    from pipeoffload.training.config import TrainConfig
+
+    for val, level in ((True, Recompute.ELEMENTWISE), ("elementwise", Recompute.ELEMENTWISE), (False, Recompute.NONE),
+                       ("none", Recompute.NONE)):
+        assert TrainConfig.load(None, {"offload.recompute": val}).offload.recompute_level() is level
+    cfg = TrainConfig.load(None, {"offload.recompute": "full"})
+    with pytest.raises(ParameterError, match="^offload.recompute: the runtime recomputes elementwise outputs only"):
+        cfg.check()
+    with pytest.raises(ParameterError, match="^offload.recompute: must be one of none, elementwise"):
+        TrainConfig.load(None, {"offload.recompute": "partial"}).offload.recompute_level()

@@ -20,6 +20,7 @@ import sys
 from typing import Any
 
 from ..errors import ParameterError
+from ..recompute import Recompute
 from ..training.config import TrainConfig, config_from_plan
 from .common import add_ranks_arg, offload_warning, output_dir, write_output
 
@@ -240,7 +241,7 @@ def _warn_if_nothing_offloaded(cfg: TrainConfig, sched) -> None:
 def runtime_can_run(config: Any) -> bool:
     """Whether the runtime can run a planned configuration as planned: recompute none or
     elementwise (the runtime's ``offload.recompute``), and TP without sequence parallelism."""
-    return config.recompute in (False, True) and (config.split.tp == 1 or not config.split.sp)
+    return config.recompute in (Recompute.NONE, Recompute.ELEMENTWISE) and (config.split.tp == 1 or not config.split.sp)
 
 
 def emit_config(result, path: str, *, quiet: bool = False) -> TrainConfig:

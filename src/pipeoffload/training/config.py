@@ -26,6 +26,7 @@ from typing import Any, Mapping
 
 from ..errors import ParameterError, require
 from ..models.config import ModelConfig
+from ..recompute import Recompute
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -89,10 +90,21 @@ class OffloadConfig:
 
     chunks: int | str = "auto"  #: "auto", "none", or C: offload chunks c < C of every rank
     time: float = 0.0  #: one one-way transfer of a chunk's activations, as a multiple of its F+B+W time
-    recompute: bool = False  #: recompute norm / SwiGLU elementwise outputs in backward instead of moving them
+    #: recompute norm / SwiGLU elementwise outputs in backward instead of moving them: none or
+    #: elementwise (a :class:`~pipeoffload.recompute.Recompute` name; false/true as before)
+    recompute: bool | str = False
     link_group: int = 2  #: ranks sharing one host link
     on_infeasible: str = "skip"  #: skip, delay or error
     stash: bool = False  #: also offload the W stash between B and W (the pass's second window)
+
+    def recompute_level(self) -> Recompute:
+        """``recompute`` as the one :class:`~pipeoffload.recompute.Recompute`. Raises
+        ParameterError naming ``offload.recompute`` for anything but none or elementwise (the
+        runtime recomputes the elementwise outputs only)."""
+        level = Recompute.of(self.recompute, "offload.recompute")
+        require(level in (Recompute.NONE, Recompute.ELEMENTWISE), "offload.recompute",
+                f"the runtime recomputes elementwise outputs only: none or elementwise (false/true), got {level}")
+        return level
 
     def options(self) -> Any:
         """These settings as the offload pass's one settings value
@@ -243,6 +255,7 @@ class TrainConfig:
         require(self.runtime.timeout_s > 0, "runtime.timeout_s", f"must be > 0, got {self.runtime.timeout_s}")
         require(self.runtime.recv_lookahead >= 0, "runtime.recv_lookahead", "must be >= 0")
         self._check_parallel()
+        self.offload.recompute_level()
         sched = build(ScheduleSpec(sc.name, sc.ranks, sc.microbatches, v=sc.v, g=sc.g, mem_limit=sc.mem_limit))
         self.model.check_split(sched.num_stages)
         self._check_reliability(sched)
