@@ -130,7 +130,7 @@ def _run_world(ctx, path):
 
 
 def _stash_cases(ctx) -> dict:
-    """The B→W window (offload pass ``stash=True``): the W stash goes to host after B and
+    """The stash window, B→W (offload pass ``stash=True``): the W stash goes to host after B and
     back before W, on top of the activation window. Per schedule and rank: bitwise
     equality with no offload, and the peaks without offload, with the activation window
     only, and with both."""

@@ -16,7 +16,7 @@ def register(sub) -> argparse.ArgumentParser:
         help="the lowest-bubble schedule that fits a memory budget (every family, v, g, offload)",
         description="Try every registered schedule with every v (up to --max-v) and group size g it accepts, "
         "zb-auto and zb-v at the budget and at their usual limits; a schedule whose peak exceeds --mem-limit is "
-        "offloaded (chunks 0..C-1, then also the B->W window) when that makes it fit without lengthening the "
+        "offloaded (chunks 0..C-1, then also the stash window, B->W) when that makes it fit without lengthening the "
         "iteration. Prints the best fitting schedule and the runners-up.",
     )
     add_ranks_arg(parser)

@@ -247,8 +247,8 @@ def add_offload_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--no-postpone-warmup", dest="postpone_warmup", action="store_false",
                        help="never postpone warm-up forwards")
     group.add_argument("--offload-stash", action="store_true",
-                       help="also offload, between each B and its W, what only W needs (the second offload "
-                            "window; the runtime moves the weight-gradient stash to host and back)")
+                       help="also offload, between each B and its W, what only W needs (the stash window, "
+                            "B->W; the runtime moves the weight-gradient stash to host and back)")
 
 
 def offload_requested(args: argparse.Namespace) -> bool:

@@ -133,7 +133,7 @@ class Transfer:
     reload_end: float
     backward_start: float  #: start of the B (or BW) that needs the activation; of the W, for a stash
     link: int
-    #: "activation" (F→B window) or "stash" (B→W window: what only W needs).
+    #: "activation" (the activation window, F→B) or "stash" (the stash window, B→W: what only W needs).
     window: str = "activation"
 
 
@@ -333,7 +333,7 @@ def offload_from_slots(schedule: Schedule, timeline: Timeline, slots: Sequence[t
                        link_group: int = 2, comm: float = 0.0) -> OffloadResult:
     """The offload result for copies planned elsewhere (the exact scheduler,
     :mod:`pipeoffload.solver`): ``slots`` holds ``(stage, microbatch, offload start,
-    offload end, reload start, reload end)`` of F→B-window copies at ``timeline``'s
+    offload end, reload start, reload end)`` of activation-window (F→B) copies at ``timeline``'s
     times, which must be the compute-only ``schedule``'s. No solo speed-up is applied.
 
     Guarantees: the program holds exactly the given copies, inserted as
@@ -357,7 +357,7 @@ def offload_from_slots(schedule: Schedule, timeline: Timeline, slots: Sequence[t
 def host_memory_curve(timeline: Timeline, rank: int) -> list[tuple[float, float]]:
     """Step curve of activation memory held on the host for ``rank``: from each
     OFFLOAD_START's start (pinned buffer in use) to its RELOAD_END's end (and the same
-    for the STASH_* ops of the B→W window)."""
+    for the STASH_* ops of the stash window, B→W)."""
     return host_memory_curves(timeline)[rank]
 
 
@@ -491,7 +491,7 @@ class _Context:
     base_events: list[TimedOp]
     last_failure: str = ""
     retimable: bool = False
-    stash: bool = False  #: also plan the B→W window
+    stash: bool = False  #: also plan the stash window (B→W)
 
     def check_retimable(self) -> None:
         """Re-timing (delay, postpone) needs the timeline's own rules: re-timing with no
@@ -642,7 +642,7 @@ def _plan_with_placement(ctx: _Context, C: int, mode: str, postpone: bool, place
 
 def _candidates(ctx: _Context, events: list[TimedOp], C: int) -> tuple[list[_Candidate], Counter]:
     """The (layer group, microbatch) pairs of chunks c < C worth offloading, in the
-    order of their forwards in ``events`` (then, with ``ctx.stash``, the B→W window's
+    order of their forwards in ``events`` (then, with ``ctx.stash``, the stash window's
     in the order of their B's); the others counted by skip reason."""
     by_kind: dict[OpKind, dict] = {OpKind.F: {}, OpKind.B: {}, OpKind.W: {}}
     backward_start: dict = {}
@@ -959,7 +959,7 @@ def _place_by_peak(cands: list[_Candidate], mode: str, events: list[TimedOp]) ->
 
     The other placements serve candidates in an order blind to memory: on a busy link
     shared by two ranks, the one whose candidates live longest takes the link time and
-    its neighbour keeps its whole peak (ZB-H1 at p = 8, k = 1 with the B→W window: ranks
+    its neighbour keeps its whole peak (ZB-H1 at p = 8, k = 1 with the stash window: ranks
     1, 3, 4 and 6 kept all 8 units). Here each link is swept in time order for a target
     level L: at every allocation point of one of its ranks above L, that rank's
     candidates whose resident interval holds the point are offloaded one by one

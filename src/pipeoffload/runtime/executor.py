@@ -425,7 +425,7 @@ class PipelineRunner:
         store_calls = {
             OpKind.OFFLOAD_START: st.offload_start, OpKind.OFFLOAD_END: st.offload_end,
             OpKind.RELOAD_START: st.reload_start, OpKind.RELOAD_END: st.reload_end,
-            # The B→W window (offload pass, stash=True): the W stash of weight_grad.py to host and back.
+            # The stash window (B→W; offload pass, stash=True): the W stash of weight_grad.py to host and back.
             OpKind.STASH_OFFLOAD_START: lambda s, j: st.stash_offload_start(s, j, wg),
             OpKind.STASH_OFFLOAD_END: lambda s, j: st.stash_offload_end(s, j, wg),
             OpKind.STASH_RELOAD_START: lambda s, j: st.stash_reload_start(s, j, wg),

@@ -642,10 +642,10 @@ class OffloadStore(ActivationStore):
         g.keys = []
         g.moved = []
 
-    # ------------------------------------------------------------------ the B→W window
+    # ------------------------------------------------------------------ the stash window (B→W)
     # What only W needs (``WeightGradStore.stash_tensors``: linear inputs and output
-    # gradients) goes to the host after B and comes back before W. Unlike the F→B
-    # window, the stash is replaced, not resized in place: the stash entries are the
+    # gradients) goes to the host after B and comes back before W. Unlike the activation
+    # window (F→B), the stash is replaced, not resized in place: the stash entries are the
     # only holders the runtime knows of, so the device copies die with their last
     # reference (as the stash itself would at W) and nothing else can see the move.
     # W then reads bit-identical tensors, so the gradients are unchanged.

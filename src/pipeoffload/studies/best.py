@@ -4,7 +4,7 @@
 group size ``g`` it accepts (zb-auto and zb-v at the budget and at their usual limits),
 times it, and keeps it when its highest per-rank peak fits ``mem_limit``. One that does
 not fit is offloaded (the offload pass, :mod:`pipeoffload.passes.offload`): chunks
-``0..C−1`` for C = 1, 2, … and then with the B→W window too, the first setting that fits
+``0..C−1`` for C = 1, 2, … and then with the stash window (B→W) too, the first setting that fits
 is kept. Offload is planned in "skip" mode, so it never lengthens the iteration and a
 candidate's bubble rate is its schedule's. Candidates are ranked by bubble rate, then
 peak, then the simpler setting (no offload, fewer chunks, no stash).
@@ -149,8 +149,8 @@ def evaluate(setting: Setting, p: int, m: int, costs: Costs, memory: MemoryDelta
 
     Guarantees: ``fits`` is True exactly when ``peak`` ≤ ``mem_limit``; with offload the
     plan never lengthens the makespan ("skip" mode) and is the first of
-    :func:`~pipeoffload.planner.space.offload_tries` (C = 1…v without, then with, the B→W
-    window) that fits; when none fits, ``offload`` is None and ``peak`` the plain one."""
+    :func:`~pipeoffload.planner.space.offload_tries` (C = 1…v without, then with, the stash
+    window, B→W) that fits; when none fits, ``offload`` is None and ``peak`` the plain one."""
     entry = Entry(setting)
     try:
         sched = generate(setting.schedule, p=p, m=m, costs=costs, memory=memory, **setting.kwargs())

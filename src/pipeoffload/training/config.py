@@ -95,7 +95,7 @@ class OffloadConfig:
     recompute: bool | str = False
     link_group: int = 2  #: ranks sharing one host link
     on_infeasible: str = "skip"  #: skip, delay or error
-    stash: bool = False  #: also offload the W stash between B and W (the pass's second window)
+    stash: bool = False  #: also offload the W stash between B and W (the stash window, B→W)
 
     def recompute_level(self) -> Recompute:
         """``recompute`` as the one :class:`~pipeoffload.recompute.Recompute`. Raises
