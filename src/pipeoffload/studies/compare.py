@@ -24,6 +24,7 @@ from ..costs import Costs, MemoryDeltas
 from ..errors import PipeoffloadError, require
 from ..ir import OpKind, Schedule
 from ..passes.timing import simulate
+from ..timeline import Timeline
 from ..schedules import SCHEDULES, ScheduleSpec, build, info
 
 __all__ = ["Candidate", "Row", "Comparison", "candidates", "compare", "p2p_messages", "pareto_frontier"]
@@ -58,6 +59,9 @@ class Row:
     p2p_relative: float | None = None
     error: str | None = None
     on_frontier: bool = False
+    #: The timeline these numbers were read from (the offload pass's for offload rows): what
+    #: pictures draw (:func:`pipeoffload.viz.html.comparison_timelines`); not in :meth:`to_json`.
+    timeline: Timeline | None = field(default=None, repr=False, compare=False)
 
     @property
     def ok(self) -> bool:
@@ -250,6 +254,7 @@ def _row(c: Candidate, p: int, m: int, costs: Costs, memory: MemoryDeltas, offlo
     row.bubble_rate = _clean(tl.bubble_rate)
     row.bubble_rate_makespan = _clean(tl.bubble_rate_makespan)
     row.makespan = _clean(tl.makespan)
+    row.timeline = tl
     row.peak_memory = max(peaks)
     row.peak_memory_per_rank = peaks
     row.p2p_messages = p2p_messages(sched)
