@@ -154,3 +154,24 @@ def test_train_config_recompute_accepts_bools_and_runtime_levels_only():
         cfg.check()
     with pytest.raises(ParameterError, match="^offload.recompute: must be one of none, elementwise"):
         TrainConfig.load(None, {"offload.recompute": "partial"}).offload.recompute_level()
+
+
+# --- one model description: ModelConfig (the reference model) <-> ModelSpec (cost model) ---
+
+
+def test_model_config_and_model_spec_derive_from_each_other():
+    from pipeoffload.costmodel.presets import get_model
+    from pipeoffload.models.config import ModelConfig
+
+    cfg = ModelConfig(layers=6, hidden=96, heads=6, kv_heads=2, vocab_size=300, seq_len=40)
+    spec = cfg.spec(microbatch=4)
+    assert (spec.kv_groups, spec.seq, spec.vocab, spec.ffn, spec.microbatch) == (2, 40, 300, cfg.ffn_dim, 4)
+    assert spec.params() == cfg.num_parameters()
+    assert ModelConfig.from_spec(spec) == ModelConfig(**{**cfg.__dict__, "ffn": cfg.ffn_dim})
+    assert cfg.spec(recompute=True).recompute_level is Recompute.ELEMENTWISE
+    llama = get_model("tiny")
+    back = ModelConfig.from_spec(llama)
+    assert (back.kv_heads, back.seq_len, back.vocab_size, back.ffn_dim) == (llama.kv_groups, llama.seq, llama.vocab,
+                                                                          llama.ffn)
+    with pytest.raises(ParameterError, match="^model.heads"):
+        ModelConfig.from_spec(llama.replace(hidden=30, heads=10))  # head dimension 3: odd, no rotary

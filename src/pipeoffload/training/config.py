@@ -447,9 +447,7 @@ def config_from_plan(result: Any, config: Any = None, *, steps: int | None = Non
     elif fam.schedule == "zb-auto":
         mem_limit = float(split.pp)
     out = TrainConfig(
-        model=ModelConfig(layers=spec.layers, hidden=spec.hidden, heads=spec.heads,
-                          kv_heads=spec.kv_groups or spec.heads, ffn=spec.ffn, vocab_size=spec.vocab,
-                          seq_len=spec.seq),
+        model=ModelConfig.from_spec(spec),
         schedule=ScheduleConfig(name=fam.schedule, ranks=split.pp, microbatches=cfg_.m,
                                 v=fam.v if fam.v > 1 else None, g=cfg_.g, mem_limit=mem_limit),
         parallel=ParallelConfig(dp=split.dp, tp=split.tp),
