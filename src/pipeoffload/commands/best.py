@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from ..studies.best import BestResult, search
+from ..studies.defaults import BEST_OFFLOAD
 from .common import (add_costs_args, add_ranks_arg, cli_text, costs_from_args, memory_from_args, memory_unit, name_list,
                      print_json)
 
@@ -24,9 +25,10 @@ def register(sub) -> argparse.ArgumentParser:
     add_costs_args(parser)
     parser.add_argument("--mem-limit", type=float, default=None,
                         help="peak activation memory per rank allowed, in the units of --memory (default p)")
-    parser.add_argument("--offload-time", type=float, default=0.0, metavar="X",
+    parser.add_argument("--offload-time", type=float, default=BEST_OFFLOAD.offload_time, metavar="X",
                         help="one one-way transfer as a multiple of the chunk's F+B+W (k/2; default 0 = free)")
-    parser.add_argument("--link-group", type=int, default=2, metavar="N", help="ranks sharing one host link")
+    parser.add_argument("--link-group", type=int, default=BEST_OFFLOAD.link_group, metavar="N",
+                        help="ranks sharing one host link (default 2)")
     parser.add_argument("--no-offload", action="store_true", help="never offload: schedules as generated")
     parser.add_argument("--max-v", type=int, default=4, help="largest v tried for the loop placement (default 4)")
     parser.add_argument("--schedules", default=None, metavar="A,B,..",

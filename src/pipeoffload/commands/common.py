@@ -229,14 +229,17 @@ def add_offload_args(parser: argparse.ArgumentParser) -> None:
                        help="offload chunks 0..C-1 of every rank (earliest, longest-lived first)")
     group.add_argument("--offload", choices=["auto", "none"], default=None,
                        help="auto: choose C for the lowest peak within --offload-tolerance of the makespan")
-    group.add_argument("--offload-time", type=float, default=0.0, metavar="X",
+    from ..passes.offload import OffloadOptions  # the flags' defaults are the pass's
+
+    d = OffloadOptions()
+    group.add_argument("--offload-time", type=float, default=d.offload_time, metavar="X",
                        help="one one-way transfer of a chunk's activations for one microbatch, as a multiple of "
                             "that chunk's F+B+W time (the reference's offload_time = k/2; default 0 = instantaneous)")
-    group.add_argument("--offload-tolerance", type=float, default=0.01, metavar="FRAC",
+    group.add_argument("--offload-tolerance", type=float, default=d.tolerance, metavar="FRAC",
                        help="with --offload auto: allowed makespan increase (default 0.01 = 1%%)")
-    group.add_argument("--link-group", type=int, default=2, metavar="N",
+    group.add_argument("--link-group", type=int, default=d.link_group, metavar="N",
                        help="ranks sharing one host link (default 2: ranks 2r and 2r+1)")
-    group.add_argument("--solo-factor", type=float, default=0.7, metavar="F",
+    group.add_argument("--solo-factor", type=float, default=d.solo_factor, metavar="F",
                        help="transfer time multiplier while the link's other direction is idle (default 0.7)")
     group.add_argument("--offload-infeasible", choices=["error", "skip", "delay"], default=None,
                        help="when a reload cannot finish before its backward: error (default with -C), "
@@ -258,31 +261,34 @@ def offload_requested(args: argparse.Namespace) -> bool:
     return getattr(args, "offload_chunks", None) is not None
 
 
-def offload_options(args: argparse.Namespace) -> dict:
-    """Keyword arguments for :func:`pipeoffload.passes.offload.plan_offload` (without comm).
+def offload_options(args: argparse.Namespace) -> Any:
+    """The offload flags as one :class:`~pipeoffload.passes.offload.OffloadOptions` (for
+    :func:`~pipeoffload.passes.offload.plan_offload`'s ``options``; ``comm`` is not a setting).
 
     Raises ParameterError for flags that need offload turned on or contradict each other."""
+    from ..passes.offload import OffloadOptions
+
     auto = getattr(args, "offload", None) == "auto"
     if getattr(args, "offload", None) == "none" and args.offload_chunks is not None:
         raise ParameterError("--offload", "'none' contradicts --offload-chunks")
     if not offload_requested(args):
-        for flag, attr, default in (("--offload-time", "offload_time", 0.0),
+        for flag, attr, default in (("--offload-time", "offload_time", OffloadOptions.offload_time),
                                     ("--offload-infeasible", "offload_infeasible", None),
                                     ("--postpone-warmup", "postpone_warmup", None),
                                     ("--offload-stash", "offload_stash", False)):
             if getattr(args, attr, default) != default:
                 raise ParameterError(flag, "needs --offload-chunks C or --offload auto")
-    return {
-        "offload_chunks": args.offload_chunks,
-        "auto": auto,
-        "offload_time": args.offload_time,
-        "link_group": args.link_group,
-        "solo_factor": args.solo_factor,
-        "tolerance": args.offload_tolerance,
-        "on_infeasible": args.offload_infeasible,
-        "postpone_warmup": args.postpone_warmup,
-        "stash": getattr(args, "offload_stash", False),
-    }
+    return OffloadOptions(
+        offload_chunks=args.offload_chunks,
+        auto=auto,
+        offload_time=args.offload_time,
+        link_group=args.link_group,
+        solo_factor=args.solo_factor,
+        tolerance=args.offload_tolerance,
+        on_infeasible=args.offload_infeasible,
+        postpone_warmup=args.postpone_warmup,
+        stash=getattr(args, "offload_stash", False),
+    )
 
 
 #: Why the offload pass skipped a candidate (``OffloadResult.skipped``), and what would help.

@@ -9,6 +9,7 @@ import argparse
 from ..costs import MemoryDeltas
 from ..errors import ParameterError
 from ..studies.compare import Comparison, compare
+from ..studies.defaults import COMPARE_OFFLOAD_TIME
 from .common import (add_ranks_arg, 
     add_costs_args,
     add_html_arg,
@@ -36,7 +37,7 @@ def register(sub) -> argparse.ArgumentParser:
     add_ranks_arg(parser)
     parser.add_argument("-m", "--microbatches", dest="m", type=int, default=8, help="microbatches (default 8)")
     add_costs_args(parser)
-    parser.add_argument("--offload-time", type=float, default=0.5, metavar="R",
+    parser.add_argument("--offload-time", type=float, default=COMPARE_OFFLOAD_TIME, metavar="R",
                         help="offload rows (PO-half, PO-full, selective C): one-way transfer time of a chunk's "
                              "activations over its F+B+W (default 0.5, i.e. k = 1)")
     parser.add_argument("--no-offload-rows", action="store_true", help="compare the plain schedules only")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -153,13 +154,13 @@ def run(args: argparse.Namespace) -> int:
     opts = offload_options(args)
     if derived is not None and not getattr(args, "offload_time", None):
         # One-way transfer of each layer group's activations over the host link.
-        opts["transfer_times"] = derived[2]
+        opts = dataclasses.replace(opts, transfer_times=tuple(derived[2]))
     tl = simulate(sched, spec.costs, spec.memory, memory_unit=unit)
     off = None
     if offload_requested(args):
         from ..passes.offload import plan_offload
 
-        off = plan_offload(sched, tl, comm=spec.costs.comm, **opts)
+        off = plan_offload(sched, tl, comm=spec.costs.comm, options=opts)
         sched, tl = off.schedule, off.timeline
     outputs(args, sched, tl)
     if args.json:

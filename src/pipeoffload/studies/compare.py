@@ -25,6 +25,7 @@ from ..errors import PipeoffloadError, require
 from ..ir import OpKind, Schedule
 from ..passes.timing import simulate
 from ..timeline import Timeline
+from .defaults import COMPARE_OFFLOAD_TIME, STUDY_OFFLOAD, study_offload
 from ..schedules import SCHEDULES, ScheduleSpec, build, info
 
 __all__ = ["Candidate", "Row", "Comparison", "candidates", "compare", "p2p_messages", "pareto_frontier"]
@@ -195,7 +196,7 @@ def compare(
     costs: Costs | None = None,
     memory: MemoryDeltas | None = None,
     which: Sequence[Candidate] | None = None,
-    offload_time: float = 0.5,
+    offload_time: float = COMPARE_OFFLOAD_TIME,
 ) -> Comparison:
     """Generate, validate and time every candidate (default :func:`candidates`); offload rows go
     through the offload pass (skip mode, warm-up postponed, two ranks per host link) with a
@@ -221,7 +222,8 @@ def compare(
     return Comparison(p, m, costs, memory, rows)
 
 
-def _row(c: Candidate, p: int, m: int, costs: Costs, memory: MemoryDeltas, offload_time: float = 0.5) -> Row:
+def _row(c: Candidate, p: int, m: int, costs: Costs, memory: MemoryDeltas,
+         offload_time: float = COMPARE_OFFLOAD_TIME) -> Row:
     row = Row(c.label, c.name, dict(c.params) | ({"offload_chunks": c.offload} if c.offload else {}))
     try:
         info(c.name).generator()  # import only: is the generator written yet?
@@ -236,10 +238,8 @@ def _row(c: Candidate, p: int, m: int, costs: Costs, memory: MemoryDeltas, offlo
         sched = build(spec)
         if c.offload:
             from ..passes.lower import lower
-            from ..passes.offload import OffloadOptions
 
-            opts = OffloadOptions(offload_chunks=c.offload, offload_time=offload_time, on_infeasible="skip",
-                                  postpone_warmup=True)
+            opts = study_offload(STUDY_OFFLOAD, offload_chunks=c.offload, offload_time=offload_time)
             lowered = lower(sched, costs, memory, offload=opts, validated=True)
             tl, off_peaks = lowered.timeline, list(lowered.offload.peak)  # type: ignore[union-attr]
         else:

@@ -40,6 +40,7 @@ from ..errors import ParameterError, PipeoffloadError
 from ..ir import Schedule
 from ..passes.lower import lower
 from ..passes.offload import OffloadOptions
+from .defaults import STUDY_OFFLOAD, study_offload
 from ..timeline import Timeline
 
 __all__ = ["Series", "SERIES", "ScalePoint", "ScaleResult", "scale"]
@@ -181,8 +182,8 @@ def scale(
     series: Sequence[str] | None = None,
     *,
     po_runtime: bool = True,
-    link_group: int = 2,
-    solo_factor: float = 0.7,
+    link_group: int = STUDY_OFFLOAD.link_group,
+    solo_factor: float = STUDY_OFFLOAD.solo_factor,
 ) -> ScaleResult:
     """Per-device activation memory of each series at each stage count (see the module docstring).
 
@@ -198,8 +199,8 @@ def scale(
     if not isinstance(microbatches, int) or isinstance(microbatches, bool) or microbatches < 1:
         raise ParameterError("m", f"must be a positive integer, got {m!r}")
     chosen = _check_series(series)
-    study = _Study(spec, hw, microbatches, OffloadOptions(link_group=link_group, solo_factor=solo_factor,
-                                                          on_infeasible="skip", postpone_warmup=True))
+    study = _Study(spec, hw, microbatches, study_offload(STUDY_OFFLOAD, link_group=link_group,
+                                                         solo_factor=solo_factor))
     points = {s.key: [study.point(s, p) for p in counts] for s in chosen}
     return ScaleResult(spec, hw, counts, microbatches, chosen, points)
 
