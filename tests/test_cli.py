@@ -127,7 +127,7 @@ def test_train_warns_before_spawning_when_nothing_would_be_offloaded(capsys):
     from pipeoffload.commands.train import _warn_if_nothing_offloaded
     from pipeoffload.training.config import TrainConfig
 
-    cfg = TrainConfig.load(None, {"schedule.name": "1f1b", "offload.chunks": 1, "offload.time": 50.0})
+    cfg = TrainConfig.load(None, {"schedule.name": "1f1b", "offload.offload_chunks": 1, "offload.offload_time": 50.0})
     _warn_if_nothing_offloaded(cfg, cfg.check())
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("pipeoffload train: warning: offloading chunk 0"), err

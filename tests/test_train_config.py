@@ -17,7 +17,7 @@ def test_dump_load_round_trip(tmp_path):
     assert TrainConfig.load(cfg.dump(tmp_path / "default.toml")) == cfg
     cfg.schedule.name, cfg.schedule.v, cfg.schedule.mem_limit = "zb-auto", 2, 6.5
     cfg.parallel = ParallelConfig(dp=2, tp=2, fsdp=True, sequence_parallel=True)
-    cfg.offload.chunks, cfg.offload.recompute = 3, True
+    cfg.offload.offload_chunks, cfg.offload.recompute = 3, True
     cfg.training.corpus = 'a "quoted" path\\with é\n'
     cfg.runtime.threads, cfg.runtime.timeout_s = 1, 5  # an int in a float field stays an int
     cfg.plan.step_time_s, cfg.plan.peak_activation_bytes = float("inf"), [1.5, 2.0, 3e9]

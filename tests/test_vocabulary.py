@@ -175,3 +175,28 @@ def test_model_config_and_model_spec_derive_from_each_other():
                                                                           llama.ffn)
     with pytest.raises(ParameterError, match="^model.heads"):
         ModelConfig.from_spec(llama.replace(hidden=30, heads=10))  # head dimension 3: odd, no rotary
+
+
+# --- [offload]: the offload pass's names (OffloadOptions) -----------------------------
+
+
+def test_offload_config_old_keys_warn_and_read_as_the_new(tmp_path):
+    from pipeoffload.training.config import TrainConfig
+
+    f = tmp_path / "old.toml"
+    f.write_text('[offload]\nchunks = 1\ntime = 0.5\n')
+    with pytest.warns(DeprecationWarning, match="offload.(chunks|time) is deprecated; call it offload.offload_"):
+        old = TrainConfig.load(f)
+    new = TrainConfig.load(None, {"offload.offload_chunks": 1, "offload.offload_time": 0.5})
+    assert old == new and old.offload.options() == new.offload.options()
+    assert new.offload.options().offload_chunks == 1 and new.offload.options().offload_time == 0.5
+    assert TrainConfig.load(None, {"offload.chunks": 1}).offload.offload_chunks == 1  # an old override
+    assert "offload_chunks = 1" in new.to_toml() and "\nchunks" not in new.to_toml()
+    with pytest.warns(DeprecationWarning, match="offload.time is deprecated; call it offload.offload_time"):
+        assert new.offload.time == 0.5
+    with pytest.warns(DeprecationWarning, match="offload.chunks is deprecated"):
+        new.offload.chunks = 2
+    assert new.offload.offload_chunks == 2
+    f.write_text('[offload]\nchunks = 1\noffload_chunks = 2\n')
+    with pytest.raises(ParameterError, match="^offload.chunks: is the old name of offload.offload_chunks"):
+        TrainConfig.load(f)

@@ -46,6 +46,7 @@ CLI_FLAGS: dict[str, str] = {
     # where the message has always named the flag
     "config": "--config", "training.steps": "--steps", "training.corpus": "--corpus",
     "training.on_nonfinite": "--on-nonfinite", "runtime.timeout_s": "--timeout", "runtime.threads": "--threads",
+    "offload.offload_chunks": "--offload", "offload.offload_time": "--offload-time",
     "offload.chunks": "--offload", "offload.time": "--offload-time", "checkpoint.dir": "--checkpoint-dir",
     "checkpoint.every": "--checkpoint-every", "checkpoint.keep": "--checkpoint-keep",
     "checkpoint.resume": "--resume",

@@ -36,7 +36,7 @@ _CONFIG_KEYS = {
     "seq_len": "model.seq_len",
     "output": "runtime.output", "timeout": "runtime.timeout_s", "backend": "runtime.backend",
     "threads": "runtime.threads",
-    "offload": "offload.chunks", "offload_time": "offload.time", "recompute": "offload.recompute",
+    "offload": "offload.offload_chunks", "offload_time": "offload.offload_time", "recompute": "offload.recompute",
     "offload_infeasible": "offload.on_infeasible", "offload_stash": "offload.stash",
     "fault_injection": "runtime.fault_injection", "on_nonfinite": "training.on_nonfinite",
     "checkpoint_dir": "checkpoint.dir", "checkpoint_every": "checkpoint.every", "checkpoint_keep": "checkpoint.keep",

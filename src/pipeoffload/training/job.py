@@ -367,7 +367,7 @@ class Trainer:
         rec = {int(st): b for s in stats for st, b in s.get("recomputed_by_stage", {}).items()}
         per_layer = {st: b / layers[st] for st, b in moved.items()}
         block = {
-            "chunks": plan.offloaded_chunks, "auto": o.chunks == "auto", "offload_time": o.time,
+            "chunks": plan.offloaded_chunks, "auto": o.offload_chunks == "auto", "offload_time": o.offload_time,
             "recompute": bool(o.recompute_level()),
             "transfers_per_step": [s.get("groups", 0) for s in stats],
             "skipped": plan.skipped,
