@@ -1062,11 +1062,11 @@ def _pipeline_rank(schedule: Schedule, group: Any, rank: int | None) -> int:
     """This process's rank in the pipeline (``rank`` when given); ParameterError when
     the process group does not have the schedule's number of ranks."""
     if not dist.is_initialized() and schedule.num_ranks > 1:
-        raise ParameterError("stages", f"schedule {schedule.name} has {schedule.num_ranks} ranks and needs an "
+        raise ParameterError("ranks", f"schedule {schedule.name} has {schedule.num_ranks} ranks and needs an "
                              "initialised process group (use pipeoffload.runtime.launch or torchrun)")
     world = dist.get_world_size(group) if dist.is_initialized() else 1
     if world != schedule.num_ranks:
-        raise ParameterError("stages", f"schedule {schedule.name} needs {schedule.num_ranks} ranks, "
+        raise ParameterError("ranks", f"schedule {schedule.name} needs {schedule.num_ranks} ranks, "
                              f"but the process group has {world}")
     return (dist.get_rank(group) if dist.is_initialized() else 0) if rank is None else rank
 
