@@ -97,7 +97,8 @@ class Config:
     def describe(self) -> str:
         off = f", offload C={self.offload_chunks}" + (" +stash" if self.offload_stash else "") \
             if self.offload_chunks else ""
-        rc = {Recompute.NONE: "", Recompute.ELEMENTWISE: ", recompute"}.get(self.recompute, f", {self.recompute} recompute")
+        rc = {Recompute.NONE: "", Recompute.ELEMENTWISE: ", recompute"}.get(self.recompute,
+                                                                          f", {self.recompute} recompute")
         return f"{self.name} {self.split} m={self.m}{rc}{off}"
 
     def to_dict(self) -> dict[str, Any]:
