@@ -559,12 +559,12 @@ def _derive(r: dict[str, Any], cfg: ModelConfig, mb: int, chunks_here: int) -> N
         per_group = off["moved_bytes"] / groups
         bw_d2h, bw_h2d = off["d2h_GBps"] * 1e9, off["h2d_GBps"] * 1e9
         r["k_measured"] = (per_group / bw_d2h + per_group / bw_h2d) / fbw
-        from pipeoffload.costmodel.model import ModelSpec, k_from_model
+        from pipeoffload.costmodel.model import k_from_model
         from pipeoffload.costmodel.hardware import Hardware, get_hardware
 
-        spec = ModelSpec(layers=1, hidden=cfg.hidden, heads=cfg.heads, seq=cfg.seq_len, vocab=cfg.vocab_size,
-                         ffn=cfg.ffn_dim, kv_groups=cfg.kv_heads, microbatch=mb, activation="swiglu",
-                         dtype="bf16" if "bfloat16" in r["dtype"] else ("fp16" if "float16" in r["dtype"] else "fp32"))
+        # one layer of the reference model, as the cost model describes it (ModelConfig.spec)
+        spec = cfg.spec(microbatch=mb, dtype="bf16" if "bfloat16" in r["dtype"] else
+                        ("fp16" if "float16" in r["dtype"] else "fp32")).replace(layers=1)
         lay = spec.layer()
         layers = r["layers_per_chunk"]
         rate = lay.flops * layers / fbw
