@@ -268,7 +268,7 @@ def test_plan_cli_json_and_png(capsys, tmp_path):
 def scaled():
     # The 98.5B model's shapes with 64 layers, so every stage count divides the layers evenly.
     model = get_model("98.5B", layers=64)
-    return scale(model, "a100-80g", stages=(4, 8, 16, 32), m=64,
+    return scale(model, "a100-80g", ranks=(4, 8, 16, 32), m=64,
                  series=["1f1b", "interleaved", "gis", "po-half", "po-full"])
 
 
@@ -295,14 +295,14 @@ def test_scale_matches_the_theory(scaled):
 
 
 def test_scale_reports_unbuildable_points():
-    res = scale("38.5B", "a100-80g", stages=(16, 32), series=["1f1b", "interleaved"])  # 62 layers
+    res = scale("38.5B", "a100-80g", ranks=(16, 32), series=["1f1b", "interleaved"])  # 62 layers
     assert res.points["1f1b"][1].activation is not None
     bad = res.points["interleaved"][1]
     assert bad.activation is None and "exceed the model's 62 layers" in bad.error
     assert "n/a" in res.table()
     with pytest.raises(ParameterError) as e:
-        scale("38.5B", "a100-80g", stages=(8, 4))
-    assert e.value.param == "stages"
+        scale("38.5B", "a100-80g", ranks=(8, 4))
+    assert e.value.param == "ranks"
     with pytest.raises(ParameterError) as e:
         scale("38.5B", "a100-80g", series=["nope"])
     assert e.value.param == "series"

@@ -200,3 +200,19 @@ def test_offload_config_old_keys_warn_and_read_as_the_new(tmp_path):
     f.write_text('[offload]\nchunks = 1\noffload_chunks = 2\n')
     with pytest.raises(ParameterError, match="^offload.chunks: is the old name of offload.offload_chunks"):
         TrainConfig.load(f)
+
+
+# --- scale(stages=) -> scale(ranks=): the study's x axis is the number of ranks p -----
+
+
+def test_scale_stages_keyword_and_attributes_are_deprecated_ranks():
+    from pipeoffload.studies.scale import scale
+
+    new = scale("6.2B", "a100-80g", ranks=(4, 8), m=16, series=["1f1b"])
+    with pytest.warns(DeprecationWarning, match="scale\\(stages=...\\) is deprecated; use scale\\(ranks=...\\)"):
+        old = scale("6.2B", "a100-80g", stages=(4, 8), m=16, series=["1f1b"])
+    assert old.to_dict() == new.to_dict() and new.to_dict()["stages"] == [4, 8]  # JSON keys unchanged
+    with pytest.warns(DeprecationWarning, match="ScaleResult.stages is deprecated; use ScaleResult.ranks"):
+        assert new.stages == new.ranks == (4, 8)
+    with pytest.warns(DeprecationWarning, match="ScalePoint.stages is deprecated; use ScalePoint.ranks"):
+        assert new.points["1f1b"][1].stages == 8
