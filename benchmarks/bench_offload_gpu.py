@@ -336,7 +336,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         "device": str(device), "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__, "cuda": torch.version.cuda,
         "schedule": sched.name, "p": p, "m": m, "v": sched.chunks, "g": g, "rank": rank,
-        "offload_chunks": plan.chunks, "hidden": h, "seq_len": s, "heads": heads, "kv_heads": kv,
+        "offload_chunks": plan.offloaded_chunks, "hidden": h, "seq_len": s, "heads": heads, "kv_heads": kv,
         "layers_per_chunk": a.layers_per_chunk, "microbatch_size": a.microbatch_size, "dtype": str(dtype),
         "reload_alloc": a.reload_alloc,
         "transfers": sum(1 for o in plan.schedule.ranks[rank] if o.kind is OpKind.OFFLOAD_START),
@@ -352,7 +352,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
             if measured:  # re-plan with this device's op times and host link (one rank per link)
                 plan, results["plan"] = _measured_plan(sched, results["runs"]["no offload"], device, chunks, auto)
                 results["predicted_peak_units"]["offload"] = plan.peak[rank]
-                results["offload_chunks"] = plan.chunks
+                results["offload_chunks"] = plan.offloaded_chunks
             results["transfers"] = sum(1 for o in plan.schedule.ranks[rank] if o.kind is OpKind.OFFLOAD_START)
         if offloaded:
             store = OffloadStore(recompute=a.recompute, timing=device.type == "cuda", reload_alloc=a.reload_alloc)
@@ -559,12 +559,12 @@ def _derive(r: dict[str, Any], cfg: ModelConfig, mb: int, chunks_here: int) -> N
         per_group = off["moved_bytes"] / groups
         bw_d2h, bw_h2d = off["d2h_GBps"] * 1e9, off["h2d_GBps"] * 1e9
         r["k_measured"] = (per_group / bw_d2h + per_group / bw_h2d) / fbw
-        from pipeoffload.costmodel.model import ModelSpec, k_from_model
+        from pipeoffload.costmodel.model import k_from_model
         from pipeoffload.costmodel.hardware import Hardware, get_hardware
 
-        spec = ModelSpec(layers=1, hidden=cfg.hidden, heads=cfg.heads, seq=cfg.seq_len, vocab=cfg.vocab_size,
-                         ffn=cfg.ffn_dim, kv_groups=cfg.kv_heads, microbatch=mb, activation="swiglu",
-                         dtype="bf16" if "bfloat16" in r["dtype"] else ("fp16" if "float16" in r["dtype"] else "fp32"))
+        # one layer of the reference model, as the cost model describes it (ModelConfig.spec)
+        spec = cfg.spec(microbatch=mb, dtype="bf16" if "bfloat16" in r["dtype"] else
+                        ("fp16" if "float16" in r["dtype"] else "fp32")).replace(layers=1)
         lay = spec.layer()
         layers = r["layers_per_chunk"]
         rate = lay.flops * layers / fbw

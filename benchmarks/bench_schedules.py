@@ -102,7 +102,7 @@ def zero_bubble() -> None:
         ("unit costs", Costs()),
         ("ZB paper 1.5B costs", Costs(F=18.522, B=18.086, W=9.337, comm=0.601)),
         ("unequal stages",
-         Costs(comm=0.05, stage_costs=tuple((1.0 + 0.02 * r, 1.1, 0.7 + 0.01 * r) for r in range(32)))),
+         Costs(comm=0.05, rank_costs=tuple((1.0 + 0.02 * r, 1.1, 0.7 + 0.01 * r) for r in range(32)))),
     ):
         print(f"-- {label}")
         for name, kw in (("zb-h1", {}), ("zb-h2", {}), ("zb-auto", {}), ("zb-auto", {"mem_limit": 64}), ("zb-v", {})):

@@ -2,13 +2,13 @@
 
     .venv/bin/python benchmarks/offload_families.py [-p 8] [-m 32]
 
-Unit costs (F = B = W per device-stage), unit memory (F +1, B 0, W −1: a chunk's activations stay
+Unit costs (F = B = W per rank), unit memory (F +1, B 0, W −1: a chunk's activations stay
 until its W), comm 0. For each family: the peak without offload; with the offload pass's
 activation window (F → B) planned with its defaults (auto C, "skip"); and with the B → W stash
 window added (``stash=True``, split-backward families only). Two transfer speeds: free
 (``offload_time = 0``) and k = 1 (a round trip as long as the chunk's F + B + W, i.e. one
 one-way copy ``offload_time = k/2``, docs/algorithms.md §5.1). Cells: peak in units (one
-device-stage's activations for one microbatch) and, in brackets, the bubble rate after offload.
+rank's activations for one microbatch) and, in brackets, the bubble rate after offload.
 Pure Python, a few seconds per family.
 """
 

@@ -107,7 +107,7 @@ CASES = [
     (["train", "--fault-injection", "op=explode,rank=0,step=1"], "runtime.fault_injection", "kill, raise"),
     (["train", "--fault-injection", "op=kill,rank=9,step=1"], "runtime.fault_injection", "0..3"),
     # unreadable input files
-    (["simulate", "1f1b", "--stage-costs", "{tmp}"], "--stage-costs", "cannot read"),
+    (["simulate", "1f1b", "--rank-costs", "{tmp}"], "--rank-costs", "cannot read"),
 ]
 
 

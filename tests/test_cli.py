@@ -40,10 +40,10 @@ def test_simulate_json(capsys):
     assert obj["peak_memory"] == [4, 3, 2, 1]
 
 
-def test_simulate_ops_and_stage_costs(tmp_path, capsys):
+def test_simulate_ops_and_rank_costs(tmp_path, capsys):
     f = tmp_path / "stages.json"
     f.write_text(json.dumps([{"F": 1, "B": 1, "W": 1}] * 3 + [{"F": 2, "B": 2, "W": 2}]))
-    assert main(["simulate", "1f1b", "-p", "4", "-m", "4", "--stage-costs", str(f), "--json", "--ops"]) == 0
+    assert main(["simulate", "1f1b", "-p", "4", "-m", "4", "--rank-costs", str(f), "--json", "--ops"]) == 0
     obj = json.loads(capsys.readouterr().out)
     assert obj["busy"] == [12, 12, 12, 24]
     assert len(obj["ops"]) == 4 * 4 * 2 and len(obj["memory_curves"]) == 4
@@ -63,8 +63,8 @@ def test_simulate_text_report(capsys):
         (["simulate", "group-interleaved", "-p", "8", "-g", "2"], "-g: group size must satisfy"),
         (["simulate", "1f1b", "--costs", "F=0"], "--costs: F must be a positive"),
         (["simulate", "1f1b", "--costs", "F=abc"], "--costs: F must be a number"),
-        (["simulate", "1f1b", "--stage-costs", "/nonexistent.json"], "--stage-costs: file not found"),
-        (["simulate", "1f1b", "-p", "4", "--stage-costs", "BAD"], "--stage-costs"),
+        (["simulate", "1f1b", "--rank-costs", "/nonexistent.json"], "--rank-costs: file not found"),
+        (["simulate", "1f1b", "-p", "4", "--rank-costs", "BAD"], "--rank-costs"),
         (["simulate", "1f1b", "-p", "x"], "argument -p/--ranks: invalid int value"),
     ],
 )
@@ -127,7 +127,7 @@ def test_train_warns_before_spawning_when_nothing_would_be_offloaded(capsys):
     from pipeoffload.commands.train import _warn_if_nothing_offloaded
     from pipeoffload.training.config import TrainConfig
 
-    cfg = TrainConfig.load(None, {"schedule.name": "1f1b", "offload.chunks": 1, "offload.time": 50.0})
+    cfg = TrainConfig.load(None, {"schedule.name": "1f1b", "offload.offload_chunks": 1, "offload.offload_time": 50.0})
     _warn_if_nothing_offloaded(cfg, cfg.check())
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("pipeoffload train: warning: offloading chunk 0"), err
@@ -197,7 +197,7 @@ sched = po.generate("group-interleaved", p=8, m=32, v=2, g=4)
 tl = po.simulate(sched, po.Costs(F=1, B=1, W=1, comm=0), po.MemoryDeltas())
 off = po.plan_offload(sched, offload_chunks=1, offload_time=0.25)
 low = po.lower(sched, offload=po.OffloadOptions(offload_chunks=1), comm=True)
-assert isinstance(sched, po.Schedule) and isinstance(tl, po.Timeline) and low.offload.chunks == 1
+assert isinstance(sched, po.Schedule) and isinstance(tl, po.Timeline) and low.offload.offloaded_chunks == 1
 assert issubclass(po.ParameterError, po.PipeoffloadError) and issubclass(po.ScheduleError, po.PipeoffloadError)
 assert round(tl.bubble_rate, 4) == 0.0857 and off.peak[0] < off.peak_no_offload[0]
 print(sorted(po.__all__))

@@ -391,13 +391,13 @@ def test_cli_models_k(capsys):
     assert "k_closed" in capsys.readouterr().out
 
 
-def test_cli_models_groups_feed_stage_costs(capsys, tmp_path):
+def test_cli_models_groups_feed_rank_costs(capsys, tmp_path):
     assert main(["models", "--groups", "--model", "tiny", "-p", "2", "-v", "2", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert len(data["layer_groups"]) == 4 and data["time_unit"] == "ms"
     f = tmp_path / "g.json"
     f.write_text(json.dumps(data))
-    assert main(["simulate", "interleaved-1f1b", "-p", "2", "-m", "4", "-v", "2", "--stage-costs", str(f),
+    assert main(["simulate", "interleaved-1f1b", "-p", "2", "-m", "4", "-v", "2", "--rank-costs", str(f),
                  "--json"]) == 0
 
 

@@ -39,7 +39,7 @@ def published_peak_chunks(p: int) -> int:
 
 def bubble(p: int, m: int, f: float, b: float, w: float) -> tuple[float, list[float]]:
     """The busiest rank's idle time within its span, and the per-rank peaks in chunk units,
-    at per-chunk costs f, b, w (device-stage costs 2f, 2b, 2w: two chunks per rank)."""
+    at per-chunk costs f, b, w (per-rank costs 2f, 2b, 2w: two chunks per rank)."""
     tl = simulate(generate("dualpipev", p=p, m=m), Costs(F=2 * f, B=2 * b, W=2 * w), MemoryDeltas())
     return max(tl.spans()) - m * 2 * (f + b + w), [2 * x for x in tl.peak_memory()]
 

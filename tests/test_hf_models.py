@@ -201,10 +201,12 @@ def test_an_unknown_model_or_feature_is_refused_naming_what_is_missing():
 
 def test_partition_counts_embedding_and_head_and_can_be_given():
     from pipeoffload.models.config import balanced_ranges
-    from pipeoffload.models.hf import stage_costs
+    from pipeoffload.models.hf import layer_costs, stage_costs
 
     model = build("llama", 8)
-    costs, first, last = stage_costs(model)
+    costs, first, last = layer_costs(model)
+    with pytest.warns(DeprecationWarning, match="stage_costs is deprecated; use layer_costs"):
+        assert stage_costs(model) == (costs, first, last)  # the old name
     layer = sum(q.numel() for q in model.model.layers[0].parameters())
     assert costs == [layer] * 8 and first == 64 * 32 and last == 64 * 32 + 32  # embedding; head + final norm
     stages = split_causal_lm(model, 4)
@@ -213,7 +215,7 @@ def test_partition_counts_embedding_and_head_and_can_be_given():
     moe = build("qwen2_moe", 2)  # experts count by the share a token uses (2 of 4)
     ex = sum(q.numel() for n, q in moe.model.layers[0].named_parameters() if ".experts." in f".{n}")
     full = sum(q.numel() for q in moe.model.layers[0].parameters())
-    assert stage_costs(moe)[0][0] == full - ex / 2
+    assert layer_costs(moe)[0][0] == full - ex / 2
     given = split_causal_lm(model, 4, layers_per_stage=[0, 4, 4, 0])
     assert [list(s.model.layers) for s in given] == [[], ["0", "1", "2", "3"], ["4", "5", "6", "7"], []]
     x, y, labels = batch(2)

@@ -730,3 +730,27 @@ def test_browser_screenshot_of_each_page_kind(browser, tmp_path: Path, kind: str
     assert w == 1400 and h > 400
     assert out.stat().st_size > 40_000
     assert browser.errors() == []
+
+
+def test_compare_page_draws_the_timelines_the_study_timed(monkeypatch) -> None:
+    """The comparison page never generates, lowers or times a schedule again: it draws
+    each row's own timeline (the offload pass's for PipeOffload's rows)."""
+    import importlib
+
+    lower_mod = importlib.import_module("pipeoffload.passes.lower")  # the module (the package exports the function)
+    timing_mod = importlib.import_module("pipeoffload.passes.timing")
+
+    cmp = compare(4, 8)
+    assert all((r.timeline is not None) == r.ok for r in cmp.rows)
+
+    def refuse(*a, **k):
+        raise AssertionError("the page re-timed a schedule")
+
+    monkeypatch.setattr(timing_mod, "simulate", refuse)
+    monkeypatch.setattr(lower_mod, "lower", refuse)
+    tls = comparison_timelines(cmp)
+    assert all(tls[r.label] is r.timeline for r in cmp.rows if r.ok)
+    po = next(r for r in cmp.rows if r.label == "PO-half")
+    assert max(po.timeline.peak_memory()) == pytest.approx(po.peak_memory)
+    assert comparison_timelines(cmp, "bytes")[po.label].memory_unit == "bytes"
+    assert _page_data(compare_html(cmp, tls))["timelines"]

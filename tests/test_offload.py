@@ -168,7 +168,7 @@ def test_plan_invariants(name, p, extra_m, costs, ot, link_group, solo, mode, po
         assert best < C and f"the largest feasible C for these settings is {best}" in str(e)
         res, C = plan_offload(sched, tl, offload_chunks=best, **kw), best
     _check_plan(sched, tl, res, C, costs.comm, mode, postpone)
-    assert res.chunks == C
+    assert res.offloaded_chunks == C
 
 
 def test_every_registry_schedule(schedule_name):
@@ -343,7 +343,7 @@ def test_cli_offload_text_and_errors(capsys):
         assert len(err) == 1 and flag in err[0], (argv, err)
 
 
-# --- the second window: B→W (stash=True) ----------------------------------------------------
+# --- the stash window: B→W (stash=True) ------------------------------------------------------
 SOS, SOE, SRS, SRE = (OpKind.STASH_OFFLOAD_START, OpKind.STASH_OFFLOAD_END, OpKind.STASH_RELOAD_START,
                       OpKind.STASH_RELOAD_END)
 
@@ -402,8 +402,8 @@ def test_stash_window_invariants(name, p, extra_m, costs, memory, ot, mode):
 
 @pytest.mark.parametrize("name, without, with_stash", [("zb-h1", 8, 1), ("zb-v", 8, 0.5), ("v-half", 2, 0.5)])
 def test_stash_lets_zero_bubble_schedules_gain_from_offload(name, without, with_stash):
-    """p = 8, m = 32, free transfers: with the F→B window alone a zero-bubble schedule keeps
-    its activations from B to the deferred W; the B→W window moves those too."""
+    """p = 8, m = 32, free transfers: with the activation window alone a zero-bubble schedule keeps
+    its activations from B to the deferred W; the stash window moves those too."""
     s, tl = _timed(name, p=8, m=32)
     a = plan_offload(s, tl, offload_chunks=s.chunks)
     b = plan_offload(s, tl, offload_chunks=s.chunks, stash=True)

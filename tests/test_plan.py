@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from pipeoffload.cli import main
 from pipeoffload.costmodel.model import ModelSpec, pipeline_costs
 from pipeoffload.errors import ParameterError
+from pipeoffload.recompute import Recompute
 from pipeoffload.costmodel.hardware import HARDWARE, GiB
 from pipeoffload.planner import (
     NoConfigurationFits,
@@ -267,7 +268,7 @@ def test_plan_cli_json_and_png(capsys, tmp_path):
 def scaled():
     # The 98.5B model's shapes with 64 layers, so every stage count divides the layers evenly.
     model = get_model("98.5B", layers=64)
-    return scale(model, "a100-80g", stages=(4, 8, 16, 32), m=64,
+    return scale(model, "a100-80g", ranks=(4, 8, 16, 32), m=64,
                  series=["1f1b", "interleaved", "gis", "po-half", "po-full"])
 
 
@@ -294,14 +295,14 @@ def test_scale_matches_the_theory(scaled):
 
 
 def test_scale_reports_unbuildable_points():
-    res = scale("38.5B", "a100-80g", stages=(16, 32), series=["1f1b", "interleaved"])  # 62 layers
+    res = scale("38.5B", "a100-80g", ranks=(16, 32), series=["1f1b", "interleaved"])  # 62 layers
     assert res.points["1f1b"][1].activation is not None
     bad = res.points["interleaved"][1]
     assert bad.activation is None and "exceed the model's 62 layers" in bad.error
     assert "n/a" in res.table()
     with pytest.raises(ParameterError) as e:
-        scale("38.5B", "a100-80g", stages=(8, 4))
-    assert e.value.param == "stages"
+        scale("38.5B", "a100-80g", ranks=(8, 4))
+    assert e.value.param == "ranks"
     with pytest.raises(ParameterError) as e:
         scale("38.5B", "a100-80g", series=["nope"])
     assert e.value.param == "series"
@@ -457,7 +458,7 @@ def test_recompute_modes_and_fp32_logits():
     # A budget only full recompute meets: the planner finds it.
     opts = PlanOptions(schedules=("1f1b",), offload=False, top=5)
     res = plan("1.5B", A100, 1, memory_budget=80 * GiB, global_batch=6, options=opts)
-    assert res.configs and res.best.recompute in (False, True)
+    assert res.configs and res.best.recompute in (Recompute.NONE, Recompute.ELEMENTWISE)
     need = res.best.memory.params + res.best.memory.grads_optimizer
     tight = plan("1.5B", A100, 1, memory_budget=40 * GiB, global_batch=6, options=opts)
     assert need < 40 * GiB < res.best.memory.device

@@ -130,7 +130,7 @@ def _run_world(ctx, path):
 
 
 def _stash_cases(ctx) -> dict:
-    """The B→W window (offload pass ``stash=True``): the W stash goes to host after B and
+    """The stash window, B→W (offload pass ``stash=True``): the W stash goes to host after B and
     back before W, on top of the activation window. Per schedule and rank: bitwise
     equality with no offload, and the peaks without offload, with the activation window
     only, and with both."""
@@ -380,13 +380,14 @@ def test_recompute_recomputes_declared_tensors_bitwise_in_one_process(one_thread
 def test_offload_settings_are_checked_before_anything_runs():
     from pipeoffload.errors import ParameterError
 
-    cfg = TrainConfig.load(None, {"offload.chunks": "none"})
+    cfg = TrainConfig.load(None, {"offload.offload_chunks": "none"})
     assert cfg.plan_offload(cfg.check()) is None
     plan = TrainConfig().plan_offload(TrainConfig().check())  # the default run offloads (auto)
-    assert plan is not None and plan.chunks >= 1 and max(plan.peak) < max(plan.peak_no_offload)
+    assert plan is not None and plan.offloaded_chunks >= 1 and max(plan.peak) < max(plan.peak_no_offload)
     # The library names its own parameters (the CLI maps them to flags: tests/test_bad_input.py).
-    for over, param in [({"offload.chunks": 3}, "^offload_chunks:"), ({"offload.chunks": "most"}, "^offload.chunks:"),
-                        ({"offload.time": -1.0}, "^offload.time:"), ({"offload.on_infeasible": "x"}, "infeasible")]:
+    for over, param in [({"offload.offload_chunks": 3}, "^offload_chunks:"),
+                        ({"offload.offload_chunks": "most"}, "^offload.offload_chunks:"),
+                        ({"offload.offload_time": -1.0}, "^offload.offload_time:"), ({"offload.on_infeasible": "x"}, "infeasible")]:
         with pytest.raises(ParameterError, match=param):
             TrainConfig.load(None, over).check()
 

@@ -143,8 +143,8 @@ def test_costs_and_memory_parsing():
         parse_costs("F=-1")
     with pytest.raises(ParameterError, match="^costs: comm must be"):
         parse_costs("comm=-1")
-    with pytest.raises(ParameterError, match="^stage_costs: gives 1 device-stages"):
-        Costs(stage_costs=((1, 1, 1),)).check_fits(Placement.loop(2))
+    with pytest.raises(ParameterError, match="^rank_costs: gives 1 ranks. costs"):
+        Costs(rank_costs=((1, 1, 1),)).check_fits(Placement.loop(2))
     with pytest.raises(ParameterError, match="^group_costs: B must be a positive"):
         Costs(group_costs=((1, 0, 1),))
     assert parse_memory("F=10,B=-4").W == -6
@@ -228,9 +228,9 @@ def test_gpipe_peak_is_m():
     assert tl.peak_memory() == [6, 6, 6, 6]
 
 
-def test_per_stage_costs_change_timing():
+def test_per_rank_costs_change_timing():
     uniform = simulate(generate("1f1b", p=4, m=8))
-    heavy_last = Costs(stage_costs=((1, 1, 1), (1, 1, 1), (1, 1, 1), (2, 2, 2)))
+    heavy_last = Costs(rank_costs=((1, 1, 1), (1, 1, 1), (1, 1, 1), (2, 2, 2)))
     tl = simulate(generate("1f1b", p=4, m=8), heavy_last)
     assert tl.busy() == [24, 24, 24, 48]
     assert tl.makespan > uniform.makespan

@@ -8,6 +8,7 @@ import math
 import pytest
 
 from pipeoffload.errors import ParameterError
+from pipeoffload.recompute import Recompute
 from pipeoffload.training.config import ParallelConfig, TrainConfig, config_from_plan
 
 
@@ -16,7 +17,7 @@ def test_dump_load_round_trip(tmp_path):
     assert TrainConfig.load(cfg.dump(tmp_path / "default.toml")) == cfg
     cfg.schedule.name, cfg.schedule.v, cfg.schedule.mem_limit = "zb-auto", 2, 6.5
     cfg.parallel = ParallelConfig(dp=2, tp=2, fsdp=True, sequence_parallel=True)
-    cfg.offload.chunks, cfg.offload.recompute = 3, True
+    cfg.offload.offload_chunks, cfg.offload.recompute = 3, True
     cfg.training.corpus = 'a "quoted" path\\with é\n'
     cfg.runtime.threads, cfg.runtime.timeout_s = 1, 5  # an int in a float field stays an int
     cfg.plan.step_time_s, cfg.plan.peak_activation_bytes = float("inf"), [1.5, 2.0, 3e9]
@@ -89,7 +90,7 @@ def test_emit_config_writes_the_best_plan_the_runtime_can_run(tmp_path, capsys):
     assert cfg.plan.configuration == chosen.describe()
     assert TrainConfig.load(tmp_path / "run.toml") == cfg
     for c in res.configs:
-        ok = c.recompute in (False, True) and (c.split.tp == 1 or not c.split.sp)
+        ok = c.recompute in (Recompute.NONE, Recompute.ELEMENTWISE) and (c.split.tp == 1 or not c.split.sp)
         assert runtime_can_run(c) == ok
 
 

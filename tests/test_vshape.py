@@ -27,7 +27,7 @@ from pipeoffload.schedules.vshape import unit_peak_bound, v_half_block, v_min_bl
 
 V_NAMES = ["v-min", "v-half", "v-zb"]
 #: The unit grid (docs/algorithms.md#82-unit-cost-grid-for-four-stages) counts F = B = W = 1 per chunk; a V rank holds two chunks,
-#: and Costs are per device-stage, so a stage costs 2.
+#: and Costs are per rank (all its chunks), so a stage costs 2.
 UNIT_CHUNK = Costs(F=2, B=2, W=2)
 F, B, W = OpKind.F, OpKind.B, OpKind.W
 

@@ -166,7 +166,7 @@ def test_large_grids_unit_costs(p: int) -> None:
 def test_tracker_times_agree_with_simulate() -> None:
     """Every candidate the greedy schedulers time internally gets exactly the same
     makespan, spans and peak from the timing pass (unequal stages, B freeing part)."""
-    costs = Costs(comm=0.3, stage_costs=((1.0, 2.0, 0.7), (1.6, 1.1, 1.3), (0.6, 0.9, 2.2), (2.0, 1.2, 0.5)))
+    costs = Costs(comm=0.3, rank_costs=((1.0, 2.0, 0.7), (1.6, 1.1, 1.3), (0.6, 0.9, 2.2), (2.0, 1.2, 0.5)))
     memory = MemoryDeltas(F=3.0, B=-1.0, W=-2.0)
     for pl, cands in (
         (Placement.loop(4, 1), auto_candidates(4, 10, costs, memory, 4 * 3.0 * 1.5)),
@@ -180,10 +180,10 @@ def test_tracker_times_agree_with_simulate() -> None:
             assert tl.peak_memory() == pytest.approx(tr.peak)
 
 
-def test_zb_auto_uses_stage_costs_and_limit() -> None:
+def test_zb_auto_uses_rank_costs_and_limit() -> None:
     """A heavy last stage: zb-auto still beats 1F1B and matches or beats ZB-H1, and
     each limit between 1 and 2p forwards is respected."""
-    costs = Costs(comm=0.1, stage_costs=((1, 1, 1),) * 5 + ((2.0, 2.5, 1.0),))
+    costs = Costs(comm=0.1, rank_costs=((1, 1, 1),) * 5 + ((2.0, 2.5, 1.0),))
     ref, h1 = run("1f1b", 6, 18, costs), run("zb-h1", 6, 18, costs)
     auto = run("zb-auto", 6, 18, costs)
     assert max(spans(auto)) <= max(spans(h1)) + 1e-9 < max(spans(ref))

@@ -1,14 +1,17 @@
 """Per-op time costs and memory deltas used by the timing pass. Pure Python.
 
-Costs and memory deltas are given *per device-stage* (a whole rank's share of the
-model); a rank holding ``n`` chunks gives each chunk ``1/n`` of them, unless a
+Costs and memory deltas are given *per rank* (a whole rank's share of the model, all
+its chunks); a rank holding ``n`` chunks gives each chunk ``1/n`` of them, unless a
 per-layer-group override is supplied. ``BW`` costs ``B + W`` and frees ``B + W``.
+Words as in docs/glossary.md (``rank_costs``: one triple per rank; ``stage_costs``, its
+old name, still works for one release with a DeprecationWarning).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -30,31 +33,47 @@ def _check_triple(param: str, t: Sequence[float], positive: bool) -> Triple:
     return out  # type: ignore[return-value]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Costs:
-    """Op durations. ``F``, ``B``, ``W`` per device-stage; ``comm`` per cross-rank hop.
+    """Op durations. ``F``, ``B``, ``W`` per rank (all its chunks); ``comm`` per cross-rank hop.
 
-    ``stage_costs``: optional per-rank ``(F, B, W)`` overriding the uniform values
-    (e.g. heavier first/last stages that carry embedding and head).
-    ``group_costs``: optional per-layer-group ``(F, B, W)``, taken as-is (no 1/v).
+    ``rank_costs``: optional per-rank ``(F, B, W)`` overriding the uniform values
+    (e.g. heavier first/last ranks that carry embedding and head).
+    ``group_costs``: optional per-layer-group (stage) ``(F, B, W)``, taken as-is (no 1/v).
+    ``stage_costs=``: the old keyword for ``rank_costs`` (deprecated, warns).
     """
 
     F: float = 1.0
     B: float = 1.0
     W: float = 1.0
     comm: float = 0.0
-    stage_costs: tuple[Triple, ...] | None = None
+    rank_costs: tuple[Triple, ...] | None = None
     group_costs: tuple[Triple, ...] | None = None
+
+    def __init__(self, F: float = 1.0, B: float = 1.0, W: float = 1.0, comm: float = 0.0,
+                 rank_costs: Sequence[Sequence[float]] | None = None,
+                 group_costs: Sequence[Sequence[float]] | None = None, *,
+                 stage_costs: Sequence[Sequence[float]] | None = None) -> None:
+        if stage_costs is not None:
+            warnings.warn("Costs(stage_costs=...) is deprecated; call it rank_costs (one (F, B, W) per rank)",
+                          DeprecationWarning, stacklevel=2)
+            if rank_costs is not None:
+                raise ParameterError("rank_costs", "given twice: as rank_costs and as its old name stage_costs")
+            rank_costs = stage_costs
+        for name, val in (("F", F), ("B", B), ("W", W), ("comm", comm),
+                          ("rank_costs", rank_costs), ("group_costs", group_costs)):
+            object.__setattr__(self, name, val)
+        self.__post_init__()
 
     def __post_init__(self) -> None:
         _check_triple("costs", (self.F, self.B, self.W), positive=True)
         if not math.isfinite(self.comm) or self.comm < 0:
             raise ParameterError("costs", f"comm must be a finite number >= 0, got {self.comm!r}")
-        if self.stage_costs is not None:
+        if self.rank_costs is not None:
             object.__setattr__(
                 self,
-                "stage_costs",
-                tuple(_check_triple("stage_costs", t, True) for t in self.stage_costs),
+                "rank_costs",
+                tuple(_check_triple("rank_costs", t, True) for t in self.rank_costs),
             )
         if self.group_costs is not None:
             object.__setattr__(
@@ -63,11 +82,17 @@ class Costs:
                 tuple(_check_triple("group_costs", t, True) for t in self.group_costs),
             )
 
+    @property
+    def stage_costs(self) -> tuple[Triple, ...] | None:
+        """Deprecated name of :attr:`rank_costs` (warns)."""
+        warnings.warn("Costs.stage_costs is deprecated; use Costs.rank_costs", DeprecationWarning, stacklevel=2)
+        return self.rank_costs
+
     def check_fits(self, placement: Placement) -> None:
-        if self.stage_costs is not None and len(self.stage_costs) != placement.num_ranks:
+        if self.rank_costs is not None and len(self.rank_costs) != placement.num_ranks:
             raise ParameterError(
-                "stage_costs",
-                f"gives {len(self.stage_costs)} device-stages but the schedule has {placement.num_ranks} ranks",
+                "rank_costs",
+                f"gives {len(self.rank_costs)} ranks' costs but the schedule has {placement.num_ranks} ranks",
             )
         if self.group_costs is not None and len(self.group_costs) != placement.num_stages:
             raise ParameterError(
@@ -81,7 +106,7 @@ class Costs:
             return self.group_costs[stage]
         r = placement.rank_of(stage)
         n = placement.chunks_on(r)
-        f, b, w = self.stage_costs[r] if self.stage_costs is not None else (self.F, self.B, self.W)
+        f, b, w = self.rank_costs[r] if self.rank_costs is not None else (self.F, self.B, self.W)
         return (f / n, b / n, w / n)
 
     def duration_table(self, placement: Placement) -> list[dict[OpKind, float]]:
@@ -103,7 +128,7 @@ class Costs:
 
 @dataclass(frozen=True)
 class MemoryDeltas:
-    """Activation memory change of each op kind, per device-stage (units or bytes).
+    """Activation memory change of each op kind, per rank (all its chunks; units or bytes).
 
     Defaults are the papers' unit accounting: F +1, B 0, W −1 (BW = B + W = −1).
     ``group_deltas`` optionally gives per-layer-group ``(F, B, W)`` taken as-is.
@@ -155,14 +180,19 @@ def parse_kv(text: str, param: str, allowed: Sequence[str]) -> dict[str, float]:
     return out
 
 
-def parse_costs(text: str | None, stage_costs: Mapping | Sequence | None = None) -> Costs:
+def parse_costs(text: str | None, rank_costs: Mapping | Sequence | None = None, *,
+                stage_costs: Mapping | Sequence | None = None) -> Costs:
     """:class:`Costs` from ``"F=1,B=1,W=1,comm=0"`` and optional per-rank or per-layer-group
-    overrides (:func:`load_stage_costs`'s JSON). Errors name ``costs``, ``stage_costs``
-    or ``group_costs``."""
+    overrides (:func:`load_rank_costs`'s JSON). Errors name ``costs``, ``rank_costs``
+    or ``group_costs``. ``stage_costs=`` is the old keyword for ``rank_costs`` (deprecated)."""
+    if stage_costs is not None:
+        warnings.warn("parse_costs(stage_costs=...) is deprecated; call it rank_costs", DeprecationWarning,
+                      stacklevel=2)
+        rank_costs = stage_costs if rank_costs is None else rank_costs
     vals = parse_kv(text or "", "costs", ["F", "B", "W", "comm"])
     kwargs: dict = dict(vals)
-    if stage_costs is not None:
-        kwargs.update(_parse_stage_costs(stage_costs))
+    if rank_costs is not None:
+        kwargs.update(_parse_rank_costs(rank_costs))
     return Costs(**kwargs)
 
 
@@ -193,25 +223,36 @@ def _triples(rows: object, param: str) -> tuple[Triple, ...]:
     return tuple(out)
 
 
-def _parse_stage_costs(data: Mapping | Sequence) -> dict:
-    """``[{F,B,W}, …]`` per rank, or ``{"stages": […]}`` / ``{"layer_groups": […]}``."""
+def _parse_rank_costs(data: Mapping | Sequence) -> dict:
+    """``[{F,B,W}, …]`` per rank, or ``{"ranks": […]}`` / ``{"layer_groups": […]}``
+    (``{"stages": […]}``, the old key for ``ranks``, still read with a DeprecationWarning)."""
     if isinstance(data, Mapping):
         if "layer_groups" in data:
-            return {"group_costs": _triples(data["layer_groups"], "stage_costs")}
-        if "stages" in data:
-            return {"stage_costs": _triples(data["stages"], "stage_costs")}
-        raise ParameterError("stage_costs", "a JSON object needs a 'stages' or 'layer_groups' list")
-    return {"stage_costs": _triples(list(data), "stage_costs")}
+            return {"group_costs": _triples(data["layer_groups"], "rank_costs")}
+        if "stages" in data and "ranks" not in data:
+            warnings.warn("a rank-costs file's 'stages' key is deprecated; call it 'ranks'", DeprecationWarning,
+                          stacklevel=3)
+            return {"rank_costs": _triples(data["stages"], "rank_costs")}
+        if "ranks" in data:
+            return {"rank_costs": _triples(data["ranks"], "rank_costs")}
+        raise ParameterError("rank_costs", "a JSON object needs a 'ranks' or 'layer_groups' list")
+    return {"rank_costs": _triples(list(data), "rank_costs")}
 
 
-def load_stage_costs(path: str | Path) -> Mapping | Sequence:
-    """The JSON of a stage-costs file (for :func:`parse_costs`); errors name ``stage_costs``."""
+def load_rank_costs(path: str | Path) -> Mapping | Sequence:
+    """The JSON of a rank-costs file (for :func:`parse_costs`); errors name ``rank_costs``."""
     p = Path(path)
     try:
         return json.loads(p.read_text())
     except FileNotFoundError:
-        raise ParameterError("stage_costs", f"file not found: {p}") from None
+        raise ParameterError("rank_costs", f"file not found: {p}") from None
     except OSError as e:
-        raise ParameterError("stage_costs", f"cannot read {p}: {e.strerror or e}") from None
+        raise ParameterError("rank_costs", f"cannot read {p}: {e.strerror or e}") from None
     except json.JSONDecodeError as e:
-        raise ParameterError("stage_costs", f"{p} is not valid JSON: {e}") from None
+        raise ParameterError("rank_costs", f"{p} is not valid JSON: {e}") from None
+
+
+def load_stage_costs(path: str | Path) -> Mapping | Sequence:
+    """Deprecated name of :func:`load_rank_costs` (warns)."""
+    warnings.warn("load_stage_costs is deprecated; use load_rank_costs", DeprecationWarning, stacklevel=2)
+    return load_rank_costs(path)

@@ -6,7 +6,7 @@ catch them (they are also ``ValueError`` so generic handlers keep working).
 A :class:`ParameterError` names the parameter as the code that raised it knows it:
 a function's argument (``p``, ``mem_limit``, ``offload_chunks``), a field of the
 value being built (``costs``, ``memory``) or a key of a configuration file
-(``offload.chunks``, ``model.layers``) — never a command-line flag. The command line
+(``offload.offload_chunks``, ``model.layers``) — never a command-line flag. The command line
 maps those names to its flags (``pipeoffload.commands.common.CLI_FLAGS``).
 """
 

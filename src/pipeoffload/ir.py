@@ -27,7 +27,7 @@ class OpKind(str, Enum):
     OFFLOAD_END = "OFFLOAD_END"  #: copy done; device memory released
     RELOAD_START = "RELOAD_START"  #: device buffer allocated, host→device copy begins
     RELOAD_END = "RELOAD_END"  #: copy done; activations ready for B
-    # Added by the offload pass's second window, between B and W (``stash=True``): what
+    # Added by the offload pass's stash window, between B and W (``stash=True``): what
     # only W needs (the linear layers' stashed inputs and output gradients).
     STASH_OFFLOAD_START = "STASH_OFFLOAD_START"  #: after B: device→host copy of the W stash begins
     STASH_OFFLOAD_END = "STASH_OFFLOAD_END"  #: copy done; the stash's device memory released

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from ..studies.best import BestResult, search
+from ..studies.defaults import BEST_OFFLOAD
 from .common import (add_costs_args, add_ranks_arg, cli_text, costs_from_args, memory_from_args, memory_unit, name_list,
                      print_json)
 
@@ -16,7 +17,7 @@ def register(sub) -> argparse.ArgumentParser:
         help="the lowest-bubble schedule that fits a memory budget (every family, v, g, offload)",
         description="Try every registered schedule with every v (up to --max-v) and group size g it accepts, "
         "zb-auto and zb-v at the budget and at their usual limits; a schedule whose peak exceeds --mem-limit is "
-        "offloaded (chunks 0..C-1, then also the B->W window) when that makes it fit without lengthening the "
+        "offloaded (chunks 0..C-1, then also the stash window, B->W) when that makes it fit without lengthening the "
         "iteration. Prints the best fitting schedule and the runners-up.",
     )
     add_ranks_arg(parser)
@@ -24,9 +25,10 @@ def register(sub) -> argparse.ArgumentParser:
     add_costs_args(parser)
     parser.add_argument("--mem-limit", type=float, default=None,
                         help="peak activation memory per rank allowed, in the units of --memory (default p)")
-    parser.add_argument("--offload-time", type=float, default=0.0, metavar="X",
+    parser.add_argument("--offload-time", type=float, default=BEST_OFFLOAD.offload_time, metavar="X",
                         help="one one-way transfer as a multiple of the chunk's F+B+W (k/2; default 0 = free)")
-    parser.add_argument("--link-group", type=int, default=2, metavar="N", help="ranks sharing one host link")
+    parser.add_argument("--link-group", type=int, default=BEST_OFFLOAD.link_group, metavar="N",
+                        help="ranks sharing one host link (default 2)")
     parser.add_argument("--no-offload", action="store_true", help="never offload: schedules as generated")
     parser.add_argument("--max-v", type=int, default=4, help="largest v tried for the loop placement (default 4)")
     parser.add_argument("--schedules", default=None, metavar="A,B,..",

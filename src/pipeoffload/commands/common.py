@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from ..costs import Costs, MemoryDeltas, load_stage_costs, parse_costs, parse_memory
+from ..costs import Costs, MemoryDeltas, load_rank_costs, parse_costs, parse_memory
 from ..errors import ParameterError, PipeoffloadError, rename_mentions
 
 # --- library parameter names -> command-line flags -------------------------------------
@@ -22,7 +22,8 @@ CLI_FLAGS: dict[str, str] = {
     # schedules (pipeoffload.schedules.ScheduleSpec), the papers' letters
     "p": "-p", "m": "-m", "v": "-v", "g": "-g", "p/v": "-p/-v", "mem_limit": "--mem-limit",
     # costs and memory deltas (pipeoffload.costs)
-    "costs": "--costs", "stage_costs": "--stage-costs", "group_costs": "--stage-costs", "memory": "--memory",
+    "costs": "--costs", "rank_costs": "--rank-costs", "stage_costs": "--rank-costs", "group_costs": "--rank-costs",
+    "memory": "--memory",
     # the offload pass (pipeoffload.passes.offload)
     "offload_chunks": "--offload-chunks", "offload_time": "--offload-time", "link_group": "--link-group",
     "solo_factor": "--solo-factor", "tolerance": "--offload-tolerance", "on_infeasible": "--offload-infeasible",
@@ -45,6 +46,7 @@ CLI_FLAGS: dict[str, str] = {
     # where the message has always named the flag
     "config": "--config", "training.steps": "--steps", "training.corpus": "--corpus",
     "training.on_nonfinite": "--on-nonfinite", "runtime.timeout_s": "--timeout", "runtime.threads": "--threads",
+    "offload.offload_chunks": "--offload", "offload.offload_time": "--offload-time",
     "offload.chunks": "--offload", "offload.time": "--offload-time", "checkpoint.dir": "--checkpoint-dir",
     "checkpoint.every": "--checkpoint-every", "checkpoint.keep": "--checkpoint-keep",
     "checkpoint.resume": "--resume",
@@ -157,11 +159,13 @@ def print_json(obj: Any) -> None:
 
 def add_costs_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--costs", default="F=1,B=1,W=1,comm=0", metavar="F=..,B=..,W=..,comm=..",
-                        help="op durations per device-stage and comm latency per hop (default: unit costs)")
-    parser.add_argument("--stage-costs", metavar="FILE",
-                        help="JSON: a list of {F,B,W} per rank, or {'layer_groups': [...]} per layer group")
+                        help="op durations per rank (all its chunks) and comm latency per hop (default: unit costs)")
+    parser.add_argument("--rank-costs", metavar="FILE",
+                        help="JSON: a list of {F,B,W} per rank, or {'layer_groups': [...]} per layer group (stage)")
+    parser.add_argument("--stage-costs", dest="rank_costs", default=argparse.SUPPRESS, action=_DeprecatedAlias,
+                        new="--rank-costs", help=argparse.SUPPRESS)
     parser.add_argument("--memory", default="F=1,B=0,W=-1", metavar="F=..,B=..,W=..",
-                        help="activation memory change per op kind per device-stage (units or bytes; "
+                        help="activation memory change per op kind per rank (units or bytes; "
                              "default F=1,B=0,W=-1)")
 
 
@@ -203,8 +207,8 @@ def add_schedule_args(parser: argparse.ArgumentParser, positional: bool = True) 
 
 
 def costs_from_args(args: argparse.Namespace) -> Costs:
-    stage = load_stage_costs(args.stage_costs) if getattr(args, "stage_costs", None) else None
-    return parse_costs(args.costs, stage)
+    per_rank = load_rank_costs(args.rank_costs) if getattr(args, "rank_costs", None) else None
+    return parse_costs(args.costs, per_rank)
 
 
 def memory_from_args(args: argparse.Namespace) -> MemoryDeltas:
@@ -226,14 +230,17 @@ def add_offload_args(parser: argparse.ArgumentParser) -> None:
                        help="offload chunks 0..C-1 of every rank (earliest, longest-lived first)")
     group.add_argument("--offload", choices=["auto", "none"], default=None,
                        help="auto: choose C for the lowest peak within --offload-tolerance of the makespan")
-    group.add_argument("--offload-time", type=float, default=0.0, metavar="X",
+    from ..passes.offload import OffloadOptions  # the flags' defaults are the pass's
+
+    d = OffloadOptions()
+    group.add_argument("--offload-time", type=float, default=d.offload_time, metavar="X",
                        help="one one-way transfer of a chunk's activations for one microbatch, as a multiple of "
                             "that chunk's F+B+W time (the reference's offload_time = k/2; default 0 = instantaneous)")
-    group.add_argument("--offload-tolerance", type=float, default=0.01, metavar="FRAC",
+    group.add_argument("--offload-tolerance", type=float, default=d.tolerance, metavar="FRAC",
                        help="with --offload auto: allowed makespan increase (default 0.01 = 1%%)")
-    group.add_argument("--link-group", type=int, default=2, metavar="N",
+    group.add_argument("--link-group", type=int, default=d.link_group, metavar="N",
                        help="ranks sharing one host link (default 2: ranks 2r and 2r+1)")
-    group.add_argument("--solo-factor", type=float, default=0.7, metavar="F",
+    group.add_argument("--solo-factor", type=float, default=d.solo_factor, metavar="F",
                        help="transfer time multiplier while the link's other direction is idle (default 0.7)")
     group.add_argument("--offload-infeasible", choices=["error", "skip", "delay"], default=None,
                        help="when a reload cannot finish before its backward: error (default with -C), "
@@ -244,8 +251,8 @@ def add_offload_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--no-postpone-warmup", dest="postpone_warmup", action="store_false",
                        help="never postpone warm-up forwards")
     group.add_argument("--offload-stash", action="store_true",
-                       help="also offload, between each B and its W, what only W needs (the second offload "
-                            "window; the runtime moves the weight-gradient stash to host and back)")
+                       help="also offload, between each B and its W, what only W needs (the stash window, "
+                            "B->W; the runtime moves the weight-gradient stash to host and back)")
 
 
 def offload_requested(args: argparse.Namespace) -> bool:
@@ -255,31 +262,34 @@ def offload_requested(args: argparse.Namespace) -> bool:
     return getattr(args, "offload_chunks", None) is not None
 
 
-def offload_options(args: argparse.Namespace) -> dict:
-    """Keyword arguments for :func:`pipeoffload.passes.offload.plan_offload` (without comm).
+def offload_options(args: argparse.Namespace) -> Any:
+    """The offload flags as one :class:`~pipeoffload.passes.offload.OffloadOptions` (for
+    :func:`~pipeoffload.passes.offload.plan_offload`'s ``options``; ``comm`` is not a setting).
 
     Raises ParameterError for flags that need offload turned on or contradict each other."""
+    from ..passes.offload import OffloadOptions
+
     auto = getattr(args, "offload", None) == "auto"
     if getattr(args, "offload", None) == "none" and args.offload_chunks is not None:
         raise ParameterError("--offload", "'none' contradicts --offload-chunks")
     if not offload_requested(args):
-        for flag, attr, default in (("--offload-time", "offload_time", 0.0),
+        for flag, attr, default in (("--offload-time", "offload_time", OffloadOptions.offload_time),
                                     ("--offload-infeasible", "offload_infeasible", None),
                                     ("--postpone-warmup", "postpone_warmup", None),
                                     ("--offload-stash", "offload_stash", False)):
             if getattr(args, attr, default) != default:
                 raise ParameterError(flag, "needs --offload-chunks C or --offload auto")
-    return {
-        "offload_chunks": args.offload_chunks,
-        "auto": auto,
-        "offload_time": args.offload_time,
-        "link_group": args.link_group,
-        "solo_factor": args.solo_factor,
-        "tolerance": args.offload_tolerance,
-        "on_infeasible": args.offload_infeasible,
-        "postpone_warmup": args.postpone_warmup,
-        "stash": getattr(args, "offload_stash", False),
-    }
+    return OffloadOptions(
+        offload_chunks=args.offload_chunks,
+        auto=auto,
+        offload_time=args.offload_time,
+        link_group=args.link_group,
+        solo_factor=args.solo_factor,
+        tolerance=args.offload_tolerance,
+        on_infeasible=args.offload_infeasible,
+        postpone_warmup=args.postpone_warmup,
+        stash=getattr(args, "offload_stash", False),
+    )
 
 
 #: Why the offload pass skipped a candidate (``OffloadResult.skipped``), and what would help.
@@ -302,13 +312,13 @@ def offload_warning(off: Any, tolerance_flag: str | None = "--offload-tolerance"
         return None
     settings = off.settings
     time = "--offload-time" if settings.get("offload_time") is not None else "a faster host link, --hardware"
-    if off.chunks == 0:
+    if off.offloaded_chunks == 0:
         if not settings.get("auto"):
             return None
         advice = f"a shorter transfer ({time})" + (f" or a larger {tolerance_flag}" if tolerance_flag else "")
         return (f"--offload auto placed no transfer: offloading any chunk lowers no peak within a makespan "
                 f"increase of {settings.get('tolerance', 0.01):g}; {advice} would help")
-    which = "chunk 0" if off.chunks == 1 else f"chunks 0..{off.chunks - 1}"
+    which = "chunk 0" if off.offloaded_chunks == 1 else f"chunks 0..{off.offloaded_chunks - 1}"
     known = {reason: _SKIP_REASONS.get(reason, ("", "")) for reason in off.skipped}
     why = ", ".join(f"{n} {reason}" + (f" ({known[reason][0]})" if known[reason][0] else "")
                     for reason, n in off.skipped.items())

@@ -9,6 +9,7 @@ import argparse
 from ..costs import MemoryDeltas
 from ..errors import ParameterError
 from ..studies.compare import Comparison, compare
+from ..studies.defaults import COMPARE_OFFLOAD_TIME
 from .common import (add_ranks_arg, 
     add_costs_args,
     add_html_arg,
@@ -36,7 +37,7 @@ def register(sub) -> argparse.ArgumentParser:
     add_ranks_arg(parser)
     parser.add_argument("-m", "--microbatches", dest="m", type=int, default=8, help="microbatches (default 8)")
     add_costs_args(parser)
-    parser.add_argument("--offload-time", type=float, default=0.5, metavar="R",
+    parser.add_argument("--offload-time", type=float, default=COMPARE_OFFLOAD_TIME, metavar="R",
                         help="offload rows (PO-half, PO-full, selective C): one-way transfer time of a chunk's "
                              "activations over its F+B+W (default 0.5, i.e. k = 1)")
     parser.add_argument("--no-offload-rows", action="store_true", help="compare the plain schedules only")
@@ -84,7 +85,7 @@ def report_text(cmp: Comparison, unit: str) -> str:
     c = cmp.costs
     lines = [
         f"compare: p={cmp.p} m={cmp.m}  costs F={c.F:g} B={c.B:g} W={c.W:g} comm={c.comm:g}"
-        + (" (per-stage overrides)" if c.stage_costs or c.group_costs else "")
+        + (" (per-stage overrides)" if c.rank_costs or c.group_costs else "")
         + f"  memory unit: {unit}",
         f"P2P relative to 1F1B's 2(p-1)m = {cmp.p2p_baseline} messages; * = Pareto frontier (peak memory, bubble)",
     ]

@@ -4,7 +4,7 @@
     pipeoffload models --k [--hardware NAME|FILE] [--model NAME]  k closed form vs from the cost model
     pipeoffload models --hardware-list [--json]               list hardware profiles
     pipeoffload models --groups --model NAME -p P [-v V] [--trim-edges] [--hardware ..] [--json]
-                                                               per-layer-group costs (JSON works as --stage-costs)
+                                                               per-layer-group costs (JSON works as --rank-costs)
 """
 
 from __future__ import annotations

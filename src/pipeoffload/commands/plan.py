@@ -14,12 +14,13 @@ import sys
 
 from ..costmodel.hardware import GiB, HARDWARE
 from ..errors import ParameterError
+from ..recompute import RECOMPUTE_LEVELS, Recompute
 from .common import check_output, int_list, name_list, print_json, write_output
 
 
 #: --recompute choices → PlanOptions.recompute.
-_RECOMPUTE = {"all": (False, True, "selective", "full"), "both": (False, True), "off": (False,), "on": (True,),
-              "selective": ("selective",), "full": ("full",)}
+_RECOMPUTE = {"all": RECOMPUTE_LEVELS, "both": (Recompute.NONE, Recompute.ELEMENTWISE), "off": (Recompute.NONE,),
+              "on": (Recompute.ELEMENTWISE,), "selective": (Recompute.SELECTIVE,), "full": (Recompute.FULL,)}
 
 
 def register(sub) -> argparse.ArgumentParser:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -153,13 +154,13 @@ def run(args: argparse.Namespace) -> int:
     opts = offload_options(args)
     if derived is not None and not getattr(args, "offload_time", None):
         # One-way transfer of each layer group's activations over the host link.
-        opts["transfer_times"] = derived[2]
+        opts = dataclasses.replace(opts, transfer_times=tuple(derived[2]))
     tl = simulate(sched, spec.costs, spec.memory, memory_unit=unit)
     off = None
     if offload_requested(args):
         from ..passes.offload import plan_offload
 
-        off = plan_offload(sched, tl, comm=spec.costs.comm, **opts)
+        off = plan_offload(sched, tl, comm=spec.costs.comm, options=opts)
         sched, tl = off.schedule, off.timeline
     outputs(args, sched, tl)
     if args.json:
@@ -239,7 +240,7 @@ def report_json(args: argparse.Namespace, sched: Schedule, tl: Timeline, unit: s
     if off is not None:
         obj["peak_memory_no_offload"] = off.peak_no_offload
         obj["host_memory"] = off.host_memory
-        obj["offloaded_chunks"] = off.chunks
+        obj["offloaded_chunks"] = off.offloaded_chunks
         obj["offload"] = off.summary()
     return obj
 
@@ -282,9 +283,9 @@ def offload_text(off) -> str:
     skipped = ", ".join(f"{n} {why}" for why, n in off.skipped.items()) or "none"
     inc = off.makespan / off.makespan_no_offload - 1.0 if off.makespan_no_offload > 0 else 0.0
     how = "auto" if off.settings.get("auto") else "requested"
-    which = {0: "nothing", 1: "chunk 0"}.get(off.chunks, f"chunks 0..{off.chunks - 1}")
+    which = {0: "nothing", 1: "chunk 0"}.get(off.offloaded_chunks, f"chunks 0..{off.offloaded_chunks - 1}")
     lines = [
-        f"  offload     {which} of every rank ({how}, C={off.chunks}, "
+        f"  offload     {which} of every rank ({how}, C={off.offloaded_chunks}, "
         + (f"transfer = {off.settings['offload_time']:g} x F+B+W)" if off.settings.get("offload_time") is not None
            else "absolute transfer times)"),
         f"  transfers   {len(off.transfers)} offload+reload pairs; skipped: {skipped}; "

@@ -20,6 +20,7 @@ import sys
 from typing import Any
 
 from ..errors import ParameterError
+from ..recompute import Recompute
 from ..training.config import TrainConfig, config_from_plan
 from .common import add_ranks_arg, offload_warning, output_dir, write_output
 
@@ -35,7 +36,7 @@ _CONFIG_KEYS = {
     "seq_len": "model.seq_len",
     "output": "runtime.output", "timeout": "runtime.timeout_s", "backend": "runtime.backend",
     "threads": "runtime.threads",
-    "offload": "offload.chunks", "offload_time": "offload.time", "recompute": "offload.recompute",
+    "offload": "offload.offload_chunks", "offload_time": "offload.offload_time", "recompute": "offload.recompute",
     "offload_infeasible": "offload.on_infeasible", "offload_stash": "offload.stash",
     "fault_injection": "runtime.fault_injection", "on_nonfinite": "training.on_nonfinite",
     "checkpoint_dir": "checkpoint.dir", "checkpoint_every": "checkpoint.every", "checkpoint_keep": "checkpoint.keep",
@@ -240,7 +241,7 @@ def _warn_if_nothing_offloaded(cfg: TrainConfig, sched) -> None:
 def runtime_can_run(config: Any) -> bool:
     """Whether the runtime can run a planned configuration as planned: recompute none or
     elementwise (the runtime's ``offload.recompute``), and TP without sequence parallelism."""
-    return config.recompute in (False, True) and (config.split.tp == 1 or not config.split.sp)
+    return config.recompute in (Recompute.NONE, Recompute.ELEMENTWISE) and (config.split.tp == 1 or not config.split.sp)
 
 
 def emit_config(result, path: str, *, quiet: bool = False) -> TrainConfig:

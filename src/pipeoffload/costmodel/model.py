@@ -10,7 +10,9 @@ tie_embeddings=True, name="custom")``
     (multi-head attention; fewer = grouped-query attention). ``dtype`` is ``"bf16"``, ``"fp16"`` or
     ``"fp32"`` (activations and weights). ``activation`` is ``"gelu"`` (2 FFN matrices, GPT-3) or
     ``"swiglu"`` (3 FFN matrices, Llama). ``recompute_elementwise``: norms, the FFN activation and dropout
-    are recomputed in B instead of saved (PipeOffload's runtime). ``recompute``: "none", "selective"
+    are recomputed in B instead of saved (PipeOffload's runtime). ``recompute`` (a
+    :class:`~pipeoffload.recompute.Recompute`; names and bools accepted, "elementwise" = none with
+    ``recompute_elementwise``; :attr:`ModelSpec.recompute_level` is the one level): "none", "selective"
     (the core attention's s×s tensors re-run in B; nothing to drop under flash attention) or "full"
     (only each layer's input is saved; B re-runs the forward, counted in ``BlockCost.recompute_flops``).
     ``fp32_logits`` (default true): the loss keeps the vocab-sized tensor in fp32. Methods:
@@ -54,6 +56,7 @@ from typing import Any, Sequence
 
 from ..costs import Costs, MemoryDeltas
 from ..errors import ParameterError
+from ..recompute import Recompute
 from .hardware import Hardware
 
 DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -155,7 +158,7 @@ class ModelSpec:
     dropout: bool = False
     recompute_elementwise: bool = False
     tie_embeddings: bool = True
-    recompute: str = "none"
+    recompute: Recompute | str = Recompute.NONE
     fp32_logits: bool = True
     name: str = "custom"
 
@@ -176,8 +179,11 @@ class ModelSpec:
             raise ParameterError("dtype", f"unknown dtype {self.dtype!r}; valid: {', '.join(DTYPE_BYTES)}")
         if not isinstance(self.activation, str) or self.activation not in ACTIVATIONS:
             raise ParameterError("activation", f"unknown activation {self.activation!r}; valid: {', '.join(ACTIVATIONS)}")
-        if self.recompute not in RECOMPUTE:
-            raise ParameterError("recompute", f"unknown recompute {self.recompute!r}; valid: {', '.join(RECOMPUTE)}")
+        level = Recompute.of(self.recompute, "recompute")  # bools and names in any case accepted
+        if level is Recompute.ELEMENTWISE:  # stored as its two knobs: nothing more than the elementwise ops
+            object.__setattr__(self, "recompute_elementwise", True)
+            level = Recompute.NONE
+        object.__setattr__(self, "recompute", level)
         for f in ("flash_attention", "dropout", "recompute_elementwise", "tie_embeddings", "fp32_logits"):
             if not isinstance(getattr(self, f), bool):
                 raise ParameterError(f, f"must be true or false, got {getattr(self, f)!r}")
@@ -211,6 +217,25 @@ class ModelSpec:
     @property
     def ffn_matrices(self) -> int:
         return 3 if self.activation == "swiglu" else 2
+
+    @property
+    def recompute_level(self) -> Recompute:
+        """The one :class:`~pipeoffload.recompute.Recompute` these settings are: ``recompute``
+        when selective or full, else elementwise or none as ``recompute_elementwise`` says."""
+        if self.recompute is not Recompute.NONE:
+            return Recompute(self.recompute)
+        return Recompute.ELEMENTWISE if self.recompute_elementwise else Recompute.NONE
+
+    def with_recompute(self, level: Recompute | str | bool) -> "ModelSpec":
+        """A copy recomputing ``level`` (a :class:`~pipeoffload.recompute.Recompute`, a name or a
+        bool): none, elementwise, selective (the elementwise ops and the core attention) or full
+        (the whole layer). Raises ParameterError naming ``recompute`` for anything else."""
+        level = Recompute.of(level, "recompute")
+        if level is Recompute.FULL:
+            return self.replace(recompute_elementwise=False, recompute=Recompute.FULL)
+        if level is Recompute.SELECTIVE:
+            return self.replace(recompute_elementwise=True, recompute=Recompute.SELECTIVE)
+        return self.replace(recompute_elementwise=level is Recompute.ELEMENTWISE, recompute=Recompute.NONE)
 
     def replace(self, **changes: Any) -> "ModelSpec":
         """A copy with ``changes``. ``ffn``/``kv_groups`` were resolved at construction: changing
@@ -364,7 +389,7 @@ class ModelSpec:
             "dropout": self.dropout,
             "recompute_elementwise": self.recompute_elementwise,
             "tie_embeddings": self.tie_embeddings,
-            "recompute": self.recompute,
+            "recompute": self.recompute.value,  # type: ignore[union-attr]
             "fp32_logits": self.fp32_logits,
             "params": self.params(),
             "layer_saved_bytes": self.layer().saved_bytes,
@@ -463,8 +488,8 @@ class GroupCost:
 class PipelineCosts:
     """The simulator's inputs for one model split into ``p·v`` layer groups on one hardware.
 
-    ``costs``: times in **ms**; ``group_costs[g]`` is group g's (F, B, W); ``F/B/W`` are a device-stage's
-    mean (v groups). ``memory``: **bytes**; ``group_deltas[g]`` per group; ``F/B/W`` a device-stage's mean.
+    ``costs``: times in **ms**; ``group_costs[g]`` is group g's (F, B, W); ``F/B/W`` are a rank's
+    mean (v groups). ``memory``: **bytes**; ``group_deltas[g]`` per group; ``F/B/W`` a rank's mean.
     """
 
     model: ModelSpec
@@ -485,7 +510,7 @@ class PipelineCosts:
         return max(g.offload_ratio for g in self.groups)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready; ``layer_groups`` is also accepted by ``--stage-costs``."""
+        """JSON-ready; ``layer_groups`` is also accepted by ``--rank-costs``."""
         return {
             "model": self.model.name, "hardware": self.hardware.name, "p": self.p, "v": self.v,
             "time_unit": self.time_unit, "memory_unit": self.memory_unit, "split": list(self.split),
@@ -591,7 +616,7 @@ def _op_ms(flops: float, rate_ms: float, layers: int) -> float:
 
 def _simulator_inputs(groups: Sequence[GroupCost], v: int, comm_ms: float) -> tuple[Costs, MemoryDeltas]:
     """``Costs`` (ms) and ``MemoryDeltas`` (bytes) with per-group values; the uniform fields are a
-    device-stage's mean (``v`` groups)."""
+    rank's mean (``v`` groups)."""
     n = len(groups)
     mean = [v * sum(x) / n for x in zip(*((g.F_ms, g.B_ms, g.W_ms) for g in groups))]
     costs = Costs(F=mean[0], B=mean[1], W=mean[2], comm=comm_ms,

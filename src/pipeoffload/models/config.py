@@ -4,8 +4,12 @@ CLI can parse and check a configuration without importing torch."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from ..errors import require
+
+if TYPE_CHECKING:
+    from ..costmodel.model import ModelSpec
 
 
 @dataclass
@@ -18,6 +22,12 @@ class ModelConfig:
     ``seed`` fixes the initial weights; each layer draws from its own generator
     (seeded by ``seed`` and the layer index), so the weights do not depend on how
     the layers are split into layer groups.
+
+    One model, two descriptions: this is the runnable reference model's (the training
+    configuration's keys); the cost model's is :class:`~pipeoffload.costmodel.model.ModelSpec`.
+    :meth:`spec` derives the one from the other and :meth:`from_spec` goes back, so code that
+    needs both builds one and derives the other (names: ``kv_heads`` = ModelSpec's
+    ``kv_groups``, ``seq_len`` = ``seq``, ``vocab_size`` = ``vocab``, ``ffn_dim`` = ``ffn``).
     """
 
     layers: int = 8
@@ -61,6 +71,34 @@ class ModelConfig:
         require(self.layers >= num_stages, "model.layers",
                 f"{self.layers} layers cannot fill {num_stages} layer groups (p·v); "
                 f"use at least {num_stages} layers or fewer stages/chunks")
+
+    def spec(self, microbatch: int = 1, dtype: str = "fp32", **settings: Any) -> "ModelSpec":
+        """This model as the cost model describes it: shapes as here, SwiGLU, untied head, no
+        dropout; ``microbatch`` sequences per microbatch, ``dtype`` of activations and weights
+        (the runtime trains in fp32), other :class:`~pipeoffload.costmodel.model.ModelSpec`
+        fields (``flash_attention``, ``recompute``, ...) from ``settings``.
+
+        Guarantees: ``ModelConfig.from_spec(cfg.spec()) == cfg`` for the shape fields (the
+        runtime-only ones, ``rope_theta``, ``norm_eps``, ``init_std`` and ``seed``, are not in a
+        ModelSpec and come back as their defaults), and ``spec().params() == num_parameters()``.
+        """
+        from ..costmodel.model import ModelSpec
+
+        return ModelSpec(layers=self.layers, hidden=self.hidden, heads=self.heads, seq=self.seq_len,
+                         vocab=self.vocab_size, ffn=self.ffn_dim, kv_groups=self.kv_heads, microbatch=microbatch,
+                         dtype=dtype, **{"activation": "swiglu", "tie_embeddings": False, "dropout": False,
+                                         "name": "reference", **settings})
+
+    @classmethod
+    def from_spec(cls, spec: "ModelSpec", **runtime: Any) -> "ModelConfig":
+        """The reference model of the cost model's ``spec``: its shapes (the runtime-only fields
+        from ``runtime``, default otherwise). The reference MLP is SwiGLU whatever
+        ``spec.activation`` says, with ``spec.ffn`` as its width (a GELU model's FFN becomes a
+        SwiGLU one of the same width, as ``pipeoffload plan --emit-config`` has always written
+        it). Raises ParameterError naming ``model.*`` when the reference model cannot take the
+        shape (e.g. an odd head dimension)."""
+        return cls(layers=spec.layers, hidden=spec.hidden, heads=spec.heads, kv_heads=spec.kv_groups or spec.heads,
+                   ffn=spec.ffn, vocab_size=spec.vocab, seq_len=spec.seq, **runtime)
 
     def num_parameters(self) -> int:
         h, f, hd = self.hidden, self.ffn_dim, self.head_dim

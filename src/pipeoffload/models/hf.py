@@ -370,7 +370,7 @@ def _numel(mod: nn.Module) -> int:
     return sum(p.numel() for p in mod.parameters())
 
 
-def stage_costs(model: nn.Module) -> tuple[list[float], float, float]:
+def layer_costs(model: nn.Module) -> tuple[list[float], float, float]:
     """``(per-layer costs, first-stage extra, last-stage extra)`` in parameters: a layer
     counts its parameters (an MoE layer's experts by the share a token uses:
     ``top_k / num_experts``), the first stage its embedding, the last its final norm and
@@ -391,6 +391,16 @@ def stage_costs(model: nn.Module) -> tuple[list[float], float, float]:
     return costs, first, last
 
 
+def stage_costs(model: nn.Module) -> tuple[list[float], float, float]:
+    """Deprecated name of :func:`layer_costs` (warns; ``stage_costs`` elsewhere meant per-rank
+    costs, now ``rank_costs``)."""
+    import warnings
+
+    warnings.warn("pipeoffload.models.hf.stage_costs is deprecated; use layer_costs", DeprecationWarning,
+                  stacklevel=2)
+    return layer_costs(model)
+
+
 def split_causal_lm(model: nn.Module, num_stages: int, *,
                     layers_per_stage: Sequence[int] | None = None) -> list[CausalLMStage]:
     """Cut a HuggingFace decoder-only causal LM into ``num_stages`` pipeline stages.
@@ -401,7 +411,7 @@ def split_causal_lm(model: nn.Module, num_stages: int, *,
             Gemma, Gemma2, Gemma3 (text), Phi-3, GPT-2, GPT-NeoX, OLMo, OLMo2).
         num_stages: the schedule's number of layer groups (``sched.num_stages``, p·v).
         layers_per_stage: decoder layers per stage, in order (summing to the model's);
-            default: balanced by :func:`stage_costs` (embedding and head counted) with
+            default: balanced by :func:`layer_costs` (embedding and head counted) with
             :func:`~pipeoffload.models.config.balanced_ranges`.
 
     Returns:
@@ -434,7 +444,7 @@ def split_causal_lm(model: nn.Module, num_stages: int, *,
         if n < num_stages:
             raise ParameterError("num_stages", f"{n} decoder layers cannot fill {num_stages} stages (p·v); "
                                  "give `layers_per_stage` to allow stages without layers")
-        costs, first, last = stage_costs(model)
+        costs, first, last = layer_costs(model)
         ranges = balanced_ranges(costs, num_stages, first, last)
     router, ties = _router(model), tied_parameters(model)
     return [CausalLMStage(model, recipe, ranges[s], s == 0, s == num_stages - 1, head, router, ties)

@@ -133,7 +133,7 @@ class Transfer:
     reload_end: float
     backward_start: float  #: start of the B (or BW) that needs the activation; of the W, for a stash
     link: int
-    #: "activation" (F→B window) or "stash" (B→W window: what only W needs).
+    #: "activation" (the activation window, F→B) or "stash" (the stash window, B→W: what only W needs).
     window: str = "activation"
 
 
@@ -163,7 +163,7 @@ class OffloadOptions:
     def summary(self, on_infeasible: str) -> dict:
         """What a result reports of these settings (``OffloadResult.settings``):
         ``on_infeasible`` as resolved, ``offload_time`` None where ``transfer_times``
-        overrides it; ``offload_chunks`` is the result's own ``chunks``."""
+        overrides it; ``offload_chunks`` is the result's own ``offloaded_chunks``."""
         out = self.kwargs()
         del out["offload_chunks"]
         out["auto"], out["stash"], out["on_infeasible"] = bool(self.auto), bool(self.stash), on_infeasible
@@ -178,7 +178,7 @@ class OffloadResult:
 
     schedule: Schedule
     timeline: Timeline
-    chunks: int  #: C: chunks c < C of every rank were selected
+    offloaded_chunks: int  #: C: chunks c < C of every rank were selected (docs/glossary.md)
     transfers: list[Transfer]
     skipped: dict[str, int]
     delayed: int  #: backward ops that start later than without offload
@@ -193,7 +193,7 @@ class OffloadResult:
         """JSON-ready description (the CLI's ``offload`` block)."""
         base = self.makespan_no_offload
         return {
-            "chunks": self.chunks,
+            "chunks": self.offloaded_chunks,  # the JSON key stays "chunks"
             **self.settings,
             "transfers": len(self.transfers),
             "skipped": dict(self.skipped),
@@ -205,6 +205,15 @@ class OffloadResult:
             "peak_memory": list(self.peak),
             "host_memory": list(self.host_memory),
         }
+
+    @property
+    def chunks(self) -> int:
+        """Deprecated name of :attr:`offloaded_chunks` (C; ``Schedule.chunks`` is v). Warns."""
+        import warnings
+
+        warnings.warn("OffloadResult.chunks is deprecated; use OffloadResult.offloaded_chunks (C)",
+                      DeprecationWarning, stacklevel=2)
+        return self.offloaded_chunks
 
 
 # --------------------------------------------------------------------------------------
@@ -324,7 +333,7 @@ def offload_from_slots(schedule: Schedule, timeline: Timeline, slots: Sequence[t
                        link_group: int = 2, comm: float = 0.0) -> OffloadResult:
     """The offload result for copies planned elsewhere (the exact scheduler,
     :mod:`pipeoffload.solver`): ``slots`` holds ``(stage, microbatch, offload start,
-    offload end, reload start, reload end)`` of F→B-window copies at ``timeline``'s
+    offload end, reload start, reload end)`` of activation-window (F→B) copies at ``timeline``'s
     times, which must be the compute-only ``schedule``'s. No solo speed-up is applied.
 
     Guarantees: the program holds exactly the given copies, inserted as
@@ -348,7 +357,7 @@ def offload_from_slots(schedule: Schedule, timeline: Timeline, slots: Sequence[t
 def host_memory_curve(timeline: Timeline, rank: int) -> list[tuple[float, float]]:
     """Step curve of activation memory held on the host for ``rank``: from each
     OFFLOAD_START's start (pinned buffer in use) to its RELOAD_END's end (and the same
-    for the STASH_* ops of the B→W window)."""
+    for the STASH_* ops of the stash window, B→W)."""
     return host_memory_curves(timeline)[rank]
 
 
@@ -423,8 +432,8 @@ def _plan_auto(ctx: _Context, chunks: int | None, mode: str, postpone: bool, tol
         res = _plan_for_chunks(ctx, c, mode, postpone)
         if res is None or res.makespan > limit:
             continue
-        key = (max(res.peak, default=0.0), sum(res.peak), res.chunks)
-        if best is None or key <= (max(best.peak, default=0.0), sum(best.peak), best.chunks):
+        key = (max(res.peak, default=0.0), sum(res.peak), res.offloaded_chunks)
+        if best is None or key <= (max(best.peak, default=0.0), sum(best.peak), best.offloaded_chunks):
             best = res
     assert best is not None  # C = 0 never lengthens the makespan
     return best
@@ -482,7 +491,7 @@ class _Context:
     base_events: list[TimedOp]
     last_failure: str = ""
     retimable: bool = False
-    stash: bool = False  #: also plan the B→W window
+    stash: bool = False  #: also plan the stash window (B→W)
 
     def check_retimable(self) -> None:
         """Re-timing (delay, postpone) needs the timeline's own rules: re-timing with no
@@ -633,7 +642,7 @@ def _plan_with_placement(ctx: _Context, C: int, mode: str, postpone: bool, place
 
 def _candidates(ctx: _Context, events: list[TimedOp], C: int) -> tuple[list[_Candidate], Counter]:
     """The (layer group, microbatch) pairs of chunks c < C worth offloading, in the
-    order of their forwards in ``events`` (then, with ``ctx.stash``, the B→W window's
+    order of their forwards in ``events`` (then, with ``ctx.stash``, the stash window's
     in the order of their B's); the others counted by skip reason."""
     by_kind: dict[OpKind, dict] = {OpKind.F: {}, OpKind.B: {}, OpKind.W: {}}
     backward_start: dict = {}
@@ -950,7 +959,7 @@ def _place_by_peak(cands: list[_Candidate], mode: str, events: list[TimedOp]) ->
 
     The other placements serve candidates in an order blind to memory: on a busy link
     shared by two ranks, the one whose candidates live longest takes the link time and
-    its neighbour keeps its whole peak (ZB-H1 at p = 8, k = 1 with the B→W window: ranks
+    its neighbour keeps its whole peak (ZB-H1 at p = 8, k = 1 with the stash window: ranks
     1, 3, 4 and 6 kept all 8 units). Here each link is swept in time order for a target
     level L: at every allocation point of one of its ranks above L, that rank's
     candidates whose resident interval holds the point are offloaded one by one
@@ -1143,7 +1152,7 @@ def _build_result(ctx: _Context, C: int, events: list[TimedOp], cands: list[_Can
     res = OffloadResult(
         schedule=new_sched,
         timeline=new_tl,
-        chunks=C,
+        offloaded_chunks=C,
         transfers=transfers,
         skipped={k: skipped[k] for k in sorted(skipped)},
         delayed=delayed,

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ..costmodel.hardware import GiB
+from ..recompute import Recompute
 from .hostlink import check_pinned_host, effective_k, host_links
 from .refusals import Refused
 from .sharding import rank_states
@@ -56,7 +57,7 @@ class Config:
     split: Split
     m: int
     g: int | None
-    recompute: bool | str  #: False, True (elementwise), "selective", "full"
+    recompute: Recompute  #: none, elementwise, selective or full (docs/glossary.md)
     offload_chunks: int  #: 0 = no offload
     memory: MemoryBreakdown
     budget: float
@@ -96,7 +97,8 @@ class Config:
     def describe(self) -> str:
         off = f", offload C={self.offload_chunks}" + (" +stash" if self.offload_stash else "") \
             if self.offload_chunks else ""
-        rc = {False: "", True: ", recompute"}.get(self.recompute, f", {self.recompute} recompute")  # type: ignore
+        rc = {Recompute.NONE: "", Recompute.ELEMENTWISE: ", recompute"}.get(self.recompute,
+                                                                          f", {self.recompute} recompute")
         return f"{self.name} {self.split} m={self.m}{rc}{off}"
 
     def to_dict(self) -> dict[str, Any]:
@@ -104,8 +106,8 @@ class Config:
             "family": self.family.label, "schedule": self.family.schedule, "v": self.family.v, "g": self.g,
             "tp": self.split.tp, "pp": self.split.pp, "dp": self.split.dp, "microbatches": self.m,
             "sequence_parallel": self.split.sp,
-            "recompute": self.recompute is not False,
-            "recompute_mode": {False: "none", True: "elementwise"}.get(self.recompute, self.recompute),  # type: ignore
+            "recompute": bool(self.recompute),  # JSON as before: anything recomputed, and the level
+            "recompute_mode": Recompute.of(self.recompute).value,
             "offload_chunks": self.offload_chunks, "offload_stash": self.offload_stash,
             "memory": self.memory.to_dict(), "fits": self.fits,
             "iteration_s": self.iteration_ms / 1e3, "pipeline_s": self.makespan_ms / 1e3,

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Protocol, Sequence
 
 from ..costmodel.hardware import GiB, Hardware
+from ..recompute import Recompute
 from .refusals import Refused, Rejection
 
 __all__ = ["Rejection", "Refused", "family_rejections", "format_table"]
@@ -28,7 +29,7 @@ class _Searched(Protocol):
 
 
 #: The table's recompute column: off, on (elementwise), sel (selective), ful (full).
-_RC_SHORT = {False: "off", True: "on", "selective": "sel", "full": "ful"}
+_RC_SHORT = {Recompute.NONE: "off", Recompute.ELEMENTWISE: "on", Recompute.SELECTIVE: "sel", Recompute.FULL: "ful"}
 _KIND_WORDS = {"m": "m too small", "generator": "generator refused", "offload": "offload infeasible",
                "same": "not searched"}
 

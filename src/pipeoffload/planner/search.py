@@ -40,9 +40,13 @@ from .config import Config, assemble, assemble_offloaded
 from .refusals import Refused, Rejection
 from .report import family_rejections
 from .result import PlanResult
+from ..recompute import Recompute
 from .sharding import RECOMPUTE_ORDER, node_profile
 from .simulate import Simulator
 from .space import FIXED_ORDER, Family, PlanOptions, Problem, Split, enumerate_splits, families, offload_tries
+
+#: The recompute settings tried before offload (cheap: no matmul repeated).
+_LIGHT = (Recompute.NONE, Recompute.ELEMENTWISE)
 
 __all__ = ["plan"]
 
@@ -208,9 +212,10 @@ def _plain_phase(problem: Problem, simulator: Simulator, candidates: list[_Candi
     bubble), so once ``top`` configurations fit, a candidate whose bound is no better is not
     simulated at all. V-auto is not simulated on a split where V-ZB fits (among ``everyone``, the
     whole search; with or without offload, which never lengthens the iteration)."""
-    order = [rc for rc in RECOMPUTE_ORDER if rc in problem.options.recompute and (rc in (False, True)) == light]
-    if problem.model.flash_attention and True in problem.options.recompute and "selective" in order:
-        order.remove("selective")  # under flash attention the core attention saves no s×s tensor: = elementwise
+    order = [rc for rc in RECOMPUTE_ORDER if rc in problem.options.recompute and (rc in _LIGHT) == light]
+    if problem.model.flash_attention and Recompute.ELEMENTWISE in problem.options.recompute and \
+            Recompute.SELECTIVE in order:
+        order.remove(Recompute.SELECTIVE)  # under flash attention the core attention saves no s×s tensor: = elementwise
     if not order:
         return
     for c in candidates:
@@ -250,7 +255,7 @@ def _offload_phase(problem: Problem, simulator: Simulator, candidates: list[_Can
     recompute first, the offload tries of :func:`~.space.offload_tries`, the first that fits accepted."""
     need = [c for c in candidates if c.fit is None and c.attempts]
     need.sort(key=lambda c: min(a.iteration_ms for a in c.attempts))
-    order = [rc for rc in (True, False) if rc in problem.options.recompute]
+    order = [rc for rc in (Recompute.ELEMENTWISE, Recompute.NONE) if rc in problem.options.recompute]
     for c in need:
         if c.family.schedule == "gpipe":
             c.refusals.append(Refused("offload", "not offloaded: GPipe keeps every microbatch (peak grows with m)"))

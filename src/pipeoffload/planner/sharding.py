@@ -11,7 +11,6 @@ placement.
 from __future__ import annotations
 
 import math
-from typing import Union
 from dataclasses import dataclass
 
 from ..costmodel.hardware import Hardware
@@ -20,8 +19,7 @@ from ..costs import Costs, MemoryDeltas
 from ..errors import ParameterError
 from ..ir import Placement
 
-#: A recompute setting of the search: False (none), True (elementwise ops), "selective", "full".
-Recompute = Union[bool, str]
+from ..recompute import RECOMPUTE_LEVELS, Recompute  # the search's recompute settings (docs/glossary.md)
 
 __all__ = ["RECOMPUTE_ORDER", "NodeProfile", "node_profile", "gemm_efficiency", "tp_slowdown", "ShardedCosts", "shard_costs", "CostTable", "rank_states",
            "rank_compute"]
@@ -164,12 +162,12 @@ def shard_costs(pc: PipelineCosts, tp: int, node: NodeProfile, recompute_ms_per_
 
 
 #: Recompute settings from most memory to least.
-RECOMPUTE_ORDER: tuple = (False, True, "selective", "full")
+RECOMPUTE_ORDER: tuple[Recompute, ...] = RECOMPUTE_LEVELS
 
 
 def recompute_label(recompute: "Recompute") -> str:
     """"none", "elementwise", "selective" or "full"."""
-    return {False: "none", True: "elementwise"}.get(recompute, recompute)  # type: ignore[arg-type]
+    return Recompute.of(recompute).value
 
 
 class CostTable:
@@ -189,21 +187,17 @@ class CostTable:
         self._sharded: dict[tuple, ShardedCosts] = {}
 
     def model_for(self, recompute: "Recompute") -> ModelSpec:
-        """The model with ``recompute``: False (none), True (elementwise), "selective" (elementwise
-        and the core attention), "full" (the whole layer)."""
-        if recompute == "full":
-            return self.model.replace(recompute_elementwise=False, recompute="full")
-        if recompute == "selective":
-            return self.model.replace(recompute_elementwise=True, recompute="selective")
-        return self.model.replace(recompute_elementwise=bool(recompute), recompute="none")
+        """The model with ``recompute`` (:meth:`ModelSpec.with_recompute`)."""
+        return self.model.with_recompute(recompute)
 
     def recompute_ms(self, recompute: "Recompute") -> float:
         """ms per layer (whole layer, before TP) of re-running the cheap elementwise ops in B:
         twice the bytes they stop saving over the HBM bandwidth (memory-bound). Selective and full
         recompute's matmul work is in the layer's ``recompute_flops`` (compute-bound) instead."""
-        if recompute is False or recompute == "full":
+        if Recompute.of(recompute) in (Recompute.NONE, Recompute.FULL):
             return 0.0
-        dropped = self.model_for(False).layer().saved_bytes - self.model_for(True).layer().saved_bytes
+        dropped = (self.model_for(Recompute.NONE).layer().saved_bytes
+                   - self.model_for(Recompute.ELEMENTWISE).layer().saved_bytes)
         return 2.0 * max(dropped, 0) / self.node.hbm_bw * 1e3
 
     def layer_split(self, p: int, v: int) -> tuple[int, ...]:

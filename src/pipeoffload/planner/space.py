@@ -19,6 +19,7 @@ from typing import Iterable, Sequence
 from ..costmodel.hardware import Hardware
 from ..costmodel.model import ModelSpec
 from ..errors import ParameterError
+from ..recompute import RECOMPUTE_LEVELS, Recompute
 from ..ir import OpKind, Placement, Schedule
 from ..schedules import SCHEDULES
 from .refusals import Rejection
@@ -94,6 +95,14 @@ class Family:
         return (p + 1) // 2 if self.group == "half" else p
 
 
+def _recompute_or_self(value: object) -> object:
+    """``value`` as a :class:`Recompute`, or unchanged when it is none (for check() to report)."""
+    try:
+        return Recompute.of(value)
+    except ParameterError:
+        return value
+
+
 @dataclass(frozen=True)
 class PlanOptions:
     """Knobs of the search (defaults in brackets).
@@ -102,9 +111,10 @@ class PlanOptions:
     "zb-2p" and at the budget, zb-v at 1F1B's memory and at the budget, group-interleaved with every
     g in ⌈p/2⌉..p, v-auto within V-Half's peak];
     ``chunks``: v values for loop-placed multi-chunk schedules [(2, 3, 4), as ``best --max-v 4``]; ``recompute``: recompute settings
-    to try, from most memory to least: False (none), True (cheap elementwise ops), "selective"
-    (those and the core attention), "full" (the whole layer) [all four; offload is tried with
-    False and True only]; ``offload``: try activation offload [True];
+    to try (:class:`~pipeoffload.recompute.Recompute`; names and the old bools accepted, False =
+    none, True = elementwise), from most memory to least: none, elementwise (cheap elementwise ops),
+    selective (those and the core attention), full (the whole layer) [all four; offload is tried
+    with none and elementwise only]; ``offload``: try activation offload [True];
     ``top``: configurations kept — a family slower than the top ones even before its offload is
     evaluated is pruned [10]; ``po_runtime``: apply PipeOffload's runtime setting (flash attention,
     no dropout) to the model [False]; ``trim_edges``: "auto" (the split with the lower heaviest
@@ -121,7 +131,7 @@ class PlanOptions:
 
     schedules: tuple[str, ...] = DEFAULT_SCHEDULES
     chunks: tuple[int, ...] = (2, 3, 4)
-    recompute: tuple = (False, True, "selective", "full")
+    recompute: tuple[Recompute, ...] = RECOMPUTE_LEVELS
     offload: bool = True
     top: int = 10
     po_runtime: bool = False
@@ -135,6 +145,13 @@ class PlanOptions:
     host_bw: float | None = None
     sequence_parallel: tuple[bool, ...] = (True,)
 
+    def __post_init__(self) -> None:
+        # One recompute enum (docs/glossary.md): bools and names become Recompute members here; a
+        # value that is neither is left for check() to name.
+        if isinstance(self.recompute, (tuple, list)):
+            norm = tuple(_recompute_or_self(rc) for rc in self.recompute)
+            object.__setattr__(self, "recompute", norm)
+
     def check(self) -> None:
         """Raise :class:`ParameterError` naming the first invalid field."""
         unknown = [s for s in self.schedules if s not in SCHEDULES]
@@ -143,9 +160,11 @@ class PlanOptions:
                                  f"valid: {', '.join(SCHEDULES)}")
         if not self.chunks or any(not isinstance(v, int) or v < 2 for v in self.chunks):
             raise ParameterError("chunks", f"chunk counts must be integers >= 2, got {list(self.chunks)}")
-        if not self.recompute or any(rc not in (False, True, "selective", "full") for rc in self.recompute):
-            raise ParameterError("recompute", f"needs at least one of False, True, 'selective', 'full', "
-                                              f"got {list(self.recompute)!r}")
+        if not isinstance(self.recompute, tuple) or not self.recompute:
+            raise ParameterError("recompute", f"needs at least one of {', '.join(RECOMPUTE_LEVELS)}, "
+                                              f"got {self.recompute!r}")
+        for rc in self.recompute:
+            Recompute.of(rc, "recompute")
         if not isinstance(self.top, int) or self.top < 1:
             raise ParameterError("top", f"must be an integer >= 1, got {self.top!r}")
         from ..costmodel.model import DP_SHARDING

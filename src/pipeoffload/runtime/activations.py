@@ -87,7 +87,7 @@ class ActivationStore:
 
     def release(self, stage: int, microbatch: int) -> None: ...
 
-    # The B→W window (STASH_* ops): ``stash`` is the runner's
+    # The stash window (B→W, STASH_* ops): ``stash`` is the runner's
     # :class:`~pipeoffload.runtime.weight_grad.WeightGradStore`; the base keeps the stash resident.
     def stash_offload_start(self, stage: int, microbatch: int, stash: Any) -> None: ...
 

@@ -429,7 +429,7 @@ class PipelineRunner:
         store_calls = {
             OpKind.OFFLOAD_START: st.offload_start, OpKind.OFFLOAD_END: st.offload_end,
             OpKind.RELOAD_START: st.reload_start, OpKind.RELOAD_END: st.reload_end,
-            # The B→W window (offload pass, stash=True): the W stash of weight_grad.py to host and back.
+            # The stash window (B→W; offload pass, stash=True): the W stash of weight_grad.py to host and back.
             OpKind.STASH_OFFLOAD_START: lambda s, j: st.stash_offload_start(s, j, wg),
             OpKind.STASH_OFFLOAD_END: lambda s, j: st.stash_offload_end(s, j, wg),
             OpKind.STASH_RELOAD_START: lambda s, j: st.stash_reload_start(s, j, wg),
@@ -1066,11 +1066,11 @@ def _pipeline_rank(schedule: Schedule, group: Any, rank: int | None) -> int:
     """This process's rank in the pipeline (``rank`` when given); ParameterError when
     the process group does not have the schedule's number of ranks."""
     if not dist.is_initialized() and schedule.num_ranks > 1:
-        raise ParameterError("stages", f"schedule {schedule.name} has {schedule.num_ranks} ranks and needs an "
+        raise ParameterError("ranks", f"schedule {schedule.name} has {schedule.num_ranks} ranks and needs an "
                              "initialised process group (use pipeoffload.runtime.launch or torchrun)")
     world = dist.get_world_size(group) if dist.is_initialized() else 1
     if world != schedule.num_ranks:
-        raise ParameterError("stages", f"schedule {schedule.name} needs {schedule.num_ranks} ranks, "
+        raise ParameterError("ranks", f"schedule {schedule.name} needs {schedule.num_ranks} ranks, "
                              f"but the process group has {world}")
     return (dist.get_rank(group) if dist.is_initialized() else 0) if rank is None else rank
 

@@ -28,14 +28,14 @@ def build_mesh(pp: int, dp: int = 1, tp: int = 1, *, device_type: str = "cpu") -
     A collective: every rank calls it."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    for name, n in (("stages", pp), ("dp", dp), ("tp", tp)):
+    for name, n in (("pp", pp), ("dp", dp), ("tp", tp)):
         if not isinstance(n, int) or n < 1:
             raise ParameterError(name, f"must be a whole number ≥ 1, got {n!r}")
     if not dist.is_initialized():
         raise ParameterError("mesh", "needs an initialised process group (pipeoffload.runtime.launch or torchrun)")
     world = dist.get_world_size()
     if world != pp * dp * tp:
-        raise ParameterError("stages", f"pp·dp·tp = {pp}·{dp}·{tp} = {pp * dp * tp} ranks, but the world has "
+        raise ParameterError("pp", f"pp·dp·tp = {pp}·{dp}·{tp} = {pp * dp * tp} ranks, but the world has "
                              f"{world}; launch {pp * dp * tp} processes or change the sizes")
     return init_device_mesh(device_type, (dp, pp, tp), mesh_dim_names=DIMS)
 

@@ -319,7 +319,8 @@ class OffloadStore(ActivationStore):
     offloads to host memory, and bring them back before their B (module docstring).
 
     Args:
-        recompute: honour :func:`~pipeoffload.runtime.activations.recomputable` hints
+        recompute: True or "elementwise" (a :class:`~pipeoffload.recompute.Recompute`): honour
+            :func:`~pipeoffload.runtime.activations.recomputable` hints
             in offloaded groups (recompute instead of moving those bytes).
         timing: on CUDA, time every copy with events (:meth:`stats` then has the
             device-side copy seconds; costs a synchronisation of the copy streams at
@@ -347,13 +348,18 @@ class OffloadStore(ActivationStore):
           are memcpy's into a host pool.
     """
 
-    def __init__(self, recompute: bool = False, *, timing: bool = False, tiny: int = TINY_ELEMENTS,
+    def __init__(self, recompute: bool | str = False, *, timing: bool = False, tiny: int = TINY_ELEMENTS,
                  reload_alloc: str = "compute") -> None:
-        if reload_alloc not in RELOAD_ALLOC:
-            from ..errors import ParameterError
+        from ..errors import ParameterError
+        from ..recompute import Recompute
 
+        if reload_alloc not in RELOAD_ALLOC:
             raise ParameterError("reload_alloc", f"unknown value {reload_alloc!r}; valid: {', '.join(RELOAD_ALLOC)}")
-        self.recompute = recompute
+        level = Recompute.of(recompute, "recompute")  # True / "elementwise": the elementwise outputs
+        if level not in (Recompute.NONE, Recompute.ELEMENTWISE):
+            raise ParameterError("recompute", f"the store recomputes elementwise outputs only: none or elementwise "
+                                              f"(False/True), got {level}")
+        self.recompute = level.elementwise
         self.reload_alloc = reload_alloc
         self.timing = timing
         self.tiny = tiny
@@ -636,10 +642,10 @@ class OffloadStore(ActivationStore):
         g.keys = []
         g.moved = []
 
-    # ------------------------------------------------------------------ the B→W window
+    # ------------------------------------------------------------------ the stash window (B→W)
     # What only W needs (``WeightGradStore.stash_tensors``: linear inputs and output
-    # gradients) goes to the host after B and comes back before W. Unlike the F→B
-    # window, the stash is replaced, not resized in place: the stash entries are the
+    # gradients) goes to the host after B and comes back before W. Unlike the activation
+    # window (F→B), the stash is replaced, not resized in place: the stash entries are the
     # only holders the runtime knows of, so the device copies die with their last
     # reference (as the stash itself would at W) and nothing else can see the move.
     # W then reads bit-identical tensors, so the gradients are unchanged.

@@ -190,7 +190,7 @@ class WeightGradStore:
 
     def stash_tensors(self, key: Key) -> list[torch.Tensor]:
         """The tensors the stash of ``key`` keeps for its W (linear inputs and output
-        gradients, local graphs' output gradients): what the B→W offload window moves.
+        gradients, local graphs' output gradients): what the stash window (B→W) moves.
         A local graph's own saved tensors stay where they are (the graph holds them)."""
         return [t for e in self._entries.get(key, ()) for t in e.tensors()]
 

@@ -4,7 +4,7 @@
 group size ``g`` it accepts (zb-auto and zb-v at the budget and at their usual limits),
 times it, and keeps it when its highest per-rank peak fits ``mem_limit``. One that does
 not fit is offloaded (the offload pass, :mod:`pipeoffload.passes.offload`): chunks
-``0..C−1`` for C = 1, 2, … and then with the B→W window too, the first setting that fits
+``0..C−1`` for C = 1, 2, … and then with the stash window (B→W) too, the first setting that fits
 is kept. Offload is planned in "skip" mode, so it never lengthens the iteration and a
 candidate's bubble rate is its schedule's. Candidates are ranked by bubble rate, then
 peak, then the simpler setting (no offload, fewer chunks, no stash).
@@ -28,6 +28,7 @@ from ..costs import Costs, MemoryDeltas
 from ..errors import PipeoffloadError, require
 from ..ir import OpKind, Placement
 from ..passes.offload import plan_offload
+from .defaults import BEST_OFFLOAD, study_offload
 from ..passes.timing import simulate
 from ..planner.space import BUDGET, Family, offload_tries, schedule_families
 from ..schedules import SCHEDULES, generate
@@ -144,13 +145,14 @@ def settings(p: int, m: int, mem_limit: float, memory: MemoryDeltas, max_v: int 
 
 
 def evaluate(setting: Setting, p: int, m: int, costs: Costs, memory: MemoryDeltas, mem_limit: float, *,
-             offload_time: float = 0.0, link_group: int = 2, offload: bool = True) -> Entry:
+             offload_time: float = BEST_OFFLOAD.offload_time, link_group: int = BEST_OFFLOAD.link_group,
+             offload: bool = True) -> Entry:
     """Generate, time and (when it does not fit and ``offload``) offload one setting.
 
     Guarantees: ``fits`` is True exactly when ``peak`` ≤ ``mem_limit``; with offload the
     plan never lengthens the makespan ("skip" mode) and is the first of
-    :func:`~pipeoffload.planner.space.offload_tries` (C = 1…v without, then with, the B→W
-    window) that fits; when none fits, ``offload`` is None and ``peak`` the plain one."""
+    :func:`~pipeoffload.planner.space.offload_tries` (C = 1…v without, then with, the stash
+    window, B→W) that fits; when none fits, ``offload`` is None and ``peak`` the plain one."""
     entry = Entry(setting)
     try:
         sched = generate(setting.schedule, p=p, m=m, costs=costs, memory=memory, **setting.kwargs())
@@ -164,8 +166,9 @@ def evaluate(setting: Setting, p: int, m: int, costs: Costs, memory: MemoryDelta
     if entry.fits or not offload:
         return entry
     for c, stash in offload_tries(sched):
-        res = plan_offload(sched, tl, offload_chunks=c, offload_time=offload_time, link_group=link_group,
-                           on_infeasible="skip", comm=costs.comm, stash=stash)
+        opts = study_offload(BEST_OFFLOAD, offload_chunks=c, offload_time=offload_time, link_group=link_group,
+                             stash=stash)
+        res = plan_offload(sched, tl, comm=costs.comm, options=opts)
         peak = max(res.peak)
         if entry.offload is None or peak < entry.peak:
             entry.peak = peak
@@ -180,7 +183,8 @@ def evaluate(setting: Setting, p: int, m: int, costs: Costs, memory: MemoryDelta
 
 
 def search(p: int, m: int, *, costs: Costs | None = None, memory: MemoryDeltas | None = None,
-           mem_limit: float | None = None, offload_time: float = 0.0, link_group: int = 2,
+           mem_limit: float | None = None, offload_time: float = BEST_OFFLOAD.offload_time,
+           link_group: int = BEST_OFFLOAD.link_group,
            offload: bool = True, max_v: int = 4, schedules: Sequence[str] | None = None) -> BestResult:
     """Every setting (:func:`settings`) evaluated (:func:`evaluate`) and ranked: the
     lowest bubble rate among those that fit ``mem_limit`` first (default: 1F1B's peak,

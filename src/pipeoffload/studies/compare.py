@@ -24,6 +24,8 @@ from ..costs import Costs, MemoryDeltas
 from ..errors import PipeoffloadError, require
 from ..ir import OpKind, Schedule
 from ..passes.timing import simulate
+from ..timeline import Timeline
+from .defaults import COMPARE_OFFLOAD_TIME, STUDY_OFFLOAD, study_offload
 from ..schedules import SCHEDULES, ScheduleSpec, build, info
 
 __all__ = ["Candidate", "Row", "Comparison", "candidates", "compare", "p2p_messages", "pareto_frontier"]
@@ -58,6 +60,9 @@ class Row:
     p2p_relative: float | None = None
     error: str | None = None
     on_frontier: bool = False
+    #: The timeline these numbers were read from (the offload pass's for offload rows): what
+    #: pictures draw (:func:`pipeoffload.viz.html.comparison_timelines`); not in :meth:`to_json`.
+    timeline: Timeline | None = field(default=None, repr=False, compare=False)
 
     @property
     def ok(self) -> bool:
@@ -107,7 +112,7 @@ class Comparison:
             "p": self.p,
             "m": self.m,
             "costs": {"F": c.F, "B": c.B, "W": c.W, "comm": c.comm,
-                      "stage_costs": [list(t) for t in c.stage_costs] if c.stage_costs else None,
+                      "stage_costs": [list(t) for t in c.rank_costs] if c.rank_costs else None,
                       "group_costs": [list(t) for t in c.group_costs] if c.group_costs else None},
             "memory": {"F": mem.F, "B": mem.B, "W": mem.W},
             "p2p_baseline": self.p2p_baseline,
@@ -191,7 +196,7 @@ def compare(
     costs: Costs | None = None,
     memory: MemoryDeltas | None = None,
     which: Sequence[Candidate] | None = None,
-    offload_time: float = 0.5,
+    offload_time: float = COMPARE_OFFLOAD_TIME,
 ) -> Comparison:
     """Generate, validate and time every candidate (default :func:`candidates`); offload rows go
     through the offload pass (skip mode, warm-up postponed, two ranks per host link) with a
@@ -217,7 +222,8 @@ def compare(
     return Comparison(p, m, costs, memory, rows)
 
 
-def _row(c: Candidate, p: int, m: int, costs: Costs, memory: MemoryDeltas, offload_time: float = 0.5) -> Row:
+def _row(c: Candidate, p: int, m: int, costs: Costs, memory: MemoryDeltas,
+         offload_time: float = COMPARE_OFFLOAD_TIME) -> Row:
     row = Row(c.label, c.name, dict(c.params) | ({"offload_chunks": c.offload} if c.offload else {}))
     try:
         info(c.name).generator()  # import only: is the generator written yet?
@@ -232,10 +238,8 @@ def _row(c: Candidate, p: int, m: int, costs: Costs, memory: MemoryDeltas, offlo
         sched = build(spec)
         if c.offload:
             from ..passes.lower import lower
-            from ..passes.offload import OffloadOptions
 
-            opts = OffloadOptions(offload_chunks=c.offload, offload_time=offload_time, on_infeasible="skip",
-                                  postpone_warmup=True)
+            opts = study_offload(STUDY_OFFLOAD, offload_chunks=c.offload, offload_time=offload_time)
             lowered = lower(sched, costs, memory, offload=opts, validated=True)
             tl, off_peaks = lowered.timeline, list(lowered.offload.peak)  # type: ignore[union-attr]
         else:
@@ -250,6 +254,7 @@ def _row(c: Candidate, p: int, m: int, costs: Costs, memory: MemoryDeltas, offlo
     row.bubble_rate = _clean(tl.bubble_rate)
     row.bubble_rate_makespan = _clean(tl.bubble_rate_makespan)
     row.makespan = _clean(tl.makespan)
+    row.timeline = tl
     row.peak_memory = max(peaks)
     row.peak_memory_per_rank = peaks
     row.p2p_messages = p2p_messages(sched)

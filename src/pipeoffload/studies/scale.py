@@ -1,7 +1,7 @@
-"""Scalability of per-device activation memory with the number of pipeline stages. Pure Python.
+"""Scalability of per-device activation memory with the number of pipeline ranks p. Pure Python.
 
 PipeOffload's claim (docs/algorithms.md#5-activation-offload): with offload, the activation memory each device holds stays
-flat or falls as stages are added, because the model's layers are spread over more stages while the
+flat or falls as ranks are added, because the model's layers are spread over more ranks while the
 number of microbatches in flight per device is capped by the offload, not by p. Without offload,
 1F1B holds p microbatches of L/p layers (flat in bytes, ≈ L layers' worth), interleaved 1F1B a bit
 more than (1 + 1/v)·L layers' worth, rising with p, and V-Half / V-Min about ½ and ⅓ of 1F1B's.
@@ -10,16 +10,18 @@ API
 ---
 ``SERIES``: the compared schedules (:class:`Series`), keys ``1f1b``, ``interleaved``, ``v-half``,
 ``v-min``, ``gis``, ``po-half``, ``po-full``.
-``scale(model, hardware, stages=(4, 8, 16, 32), m=None, series=None, *, po_runtime=True,
+``scale(model, hardware, ranks=(4, 8, 16, 32), m=None, series=None, *, po_runtime=True,
 link_group=2, solo_factor=0.7) -> ScaleResult``
-    For every series and stage count p: split the model into p·v layer groups (TP = 1), generate the
-    schedule with ``m`` microbatches (default 2·max(stages): a fixed global batch), lower it through
+    (``stages=``, the old name of ``ranks``, still works with a DeprecationWarning; ``to_dict``'s
+    keys stay ``stages``.) For every series and rank count p: split the model into p·v layer
+    groups (TP = 1), generate the
+    schedule with ``m`` microbatches (default 2·max(ranks): a fixed global batch), lower it through
     the pass pipeline (:func:`pipeoffload.passes.lower`: validated, timed with the cost model in ms
     and bytes) and offload when the series says so (the offload pass with the hardware's
     real transfer times, ranks paired on a host link, warm-up postponed, a reload that cannot finish
     before its backward is dropped and counted), and record the highest per-device activation peak.
     A point that cannot be built (p·v > layers, m too small, generator unavailable) carries the
-    reason instead of numbers. Guarantees: ``points[key][i]`` is for ``stages[i]``; bytes are per
+    reason instead of numbers. Guarantees: ``points[key][i]`` is for ``ranks[i]``; bytes are per
     device (one GPU), TP = 1.
 ``ScaleResult.to_dict()``, ``.table()``.
 
@@ -40,6 +42,7 @@ from ..errors import ParameterError, PipeoffloadError
 from ..ir import Schedule
 from ..passes.lower import lower
 from ..passes.offload import OffloadOptions
+from .defaults import STUDY_OFFLOAD, study_offload
 from ..timeline import Timeline
 
 __all__ = ["Series", "SERIES", "ScalePoint", "ScaleResult", "scale"]
@@ -73,9 +76,9 @@ SERIES: tuple[Series, ...] = (
 @dataclass
 class ScalePoint:
     """One (series, p). ``activation``: the highest per-device activation peak (bytes), or None with
-    ``error`` saying why. ``layers``: the most layers one device holds."""
+    ``error`` saying why. ``layers``: the most layers one device holds. ``ranks``: p."""
 
-    stages: int
+    ranks: int
     activation: float | None = None
     per_rank: list[float] = field(default_factory=list)
     layers: int = 0
@@ -88,7 +91,7 @@ class ScalePoint:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "stages": self.stages, "layers_per_device": self.layers,
+            "stages": self.ranks, "layers_per_device": self.layers,  # the JSON key stays
             "activation_gib": None if self.activation is None else self.activation / GiB,
             "per_rank_gib": [x / GiB for x in self.per_rank],
             "bubble_rate": self.bubble_rate, "makespan_ms": self.makespan_ms,
@@ -97,15 +100,27 @@ class ScalePoint:
             "dropped_offloads": self.dropped, "error": self.error,
         }
 
+    @property
+    def stages(self) -> int:
+        """Deprecated name of :attr:`ranks` (warns)."""
+        _deprecated("ScalePoint.stages", "ScalePoint.ranks")
+        return self.ranks
+
 
 @dataclass
 class ScaleResult:
     model: ModelSpec
     hardware: Hardware
-    stages: tuple[int, ...]
+    ranks: tuple[int, ...]  #: the rank counts p studied
     m: int
     series: tuple[Series, ...]
     points: dict[str, list[ScalePoint]]
+
+    @property
+    def stages(self) -> tuple[int, ...]:
+        """Deprecated name of :attr:`ranks` (warns)."""
+        _deprecated("ScaleResult.stages", "ScaleResult.ranks")
+        return self.ranks
 
     def activation_gib(self, key: str) -> list[float | None]:
         return [None if p.activation is None else p.activation / GiB for p in self.points[key]]
@@ -113,7 +128,7 @@ class ScaleResult:
     def to_dict(self) -> dict[str, Any]:
         return {
             "model": self.model.summary(), "hardware": self.hardware.to_dict(), "microbatches": self.m,
-            "stages": list(self.stages), "memory_unit": "GiB per device (activations only, TP=1)",
+            "stages": list(self.ranks), "memory_unit": "GiB per device (activations only, TP=1)",
             "series": [{"key": s.key, "label": s.label, "schedule": s.schedule, "v": s.v, "group": s.group,
                         "offload_chunks": s.offload, "points": [p.to_dict() for p in self.points[s.key]]}
                        for s in self.series],
@@ -124,9 +139,9 @@ class ScaleResult:
         lines = [
             f"per-device activation memory (GiB, highest rank, TP=1) of {self.model.name} on {self.hardware.name}; "
             f"m={self.m} microbatches of {self.model.microbatch}×{self.model.seq} tokens at every p",
-            f"{'stages':<{w}} " + " ".join(f"{p:>8}" for p in self.stages),
+            f"{'stages':<{w}} " + " ".join(f"{p:>8}" for p in self.ranks),
             f"{'layers/device (max)':<{w}} " + " ".join(
-                f"{max(self.points[s.key][i].layers for s in self.series):>8}" for i in range(len(self.stages))),
+                f"{max(self.points[s.key][i].layers for s in self.series):>8}" for i in range(len(self.ranks))),
         ]
         notes = []
         for s in self.series:
@@ -134,7 +149,7 @@ class ScaleResult:
             for pt in self.points[s.key]:
                 if pt.activation is None:
                     cells.append(f"{'n/a':>8}")
-                    notes.append(f"  {s.label}, p={pt.stages}: {pt.error}")
+                    notes.append(f"  {s.label}, p={pt.ranks}: {pt.error}")
                 else:
                     mark = "*" if pt.dropped else ""
                     cells.append(f"{pt.activation / GiB:>7.2f}{mark or ' '}")
@@ -142,26 +157,32 @@ class ScaleResult:
         dropped = [(s, pt) for s in self.series for pt in self.points[s.key] if pt.dropped]
         if dropped:
             lines.append("* some offloads dropped (the host link could not bring them back in time): "
-                         + ", ".join(f"{s.key} p={pt.stages}: {pt.dropped}" for s, pt in dropped))
+                         + ", ".join(f"{s.key} p={pt.ranks}: {pt.dropped}" for s, pt in dropped))
         off = [(s, pt) for s in self.series if s.offload for pt in self.points[s.key] if pt.makespan_increase is not None]
         if off and all(abs(pt.makespan_increase) < 1e-4 for _, pt in off):  # type: ignore[arg-type]
             lines.append("offload makespan increase: none at any point (transfers hidden behind compute)")
         elif off:
             lines.append("offload makespan increase: " + ", ".join(
-                f"{s.key} p={pt.stages}: {pt.makespan_increase:+.2%}" for s, pt in off))
+                f"{s.key} p={pt.ranks}: {pt.makespan_increase:+.2%}" for s, pt in off))
         if notes:
             lines.append("not available:")
             lines += notes
         return "\n".join(lines)
 
 
-def _check_stages(stages: Sequence[int]) -> tuple[int, ...]:
-    out = tuple(stages)
+def _check_ranks(ranks: Sequence[int]) -> tuple[int, ...]:
+    out = tuple(ranks)
     if not out or any(not isinstance(p, int) or isinstance(p, bool) or p < 2 for p in out):
-        raise ParameterError("stages", f"needs stage counts >= 2, got {list(stages)}")
+        raise ParameterError("ranks", f"needs rank counts >= 2, got {list(ranks)}")
     if list(out) != sorted(set(out)):
-        raise ParameterError("stages", f"stage counts must be increasing without repeats, got {list(out)}")
+        raise ParameterError("ranks", f"rank counts must be increasing without repeats, got {list(out)}")
     return out
+
+
+def _deprecated(old: str, new: str) -> None:
+    import warnings
+
+    warnings.warn(f"{old} is deprecated; use {new}", DeprecationWarning, stacklevel=3)
 
 
 def _check_series(series: Sequence[str] | None) -> tuple[Series, ...]:
@@ -176,30 +197,35 @@ def _check_series(series: Sequence[str] | None) -> tuple[Series, ...]:
 def scale(
     model: str | ModelSpec,
     hardware: str | Hardware,
-    stages: Sequence[int] = (4, 8, 16, 32),
+    ranks: Sequence[int] = (4, 8, 16, 32),
     m: int | None = None,
     series: Sequence[str] | None = None,
     *,
     po_runtime: bool = True,
-    link_group: int = 2,
-    solo_factor: float = 0.7,
+    link_group: int = STUDY_OFFLOAD.link_group,
+    solo_factor: float = STUDY_OFFLOAD.solo_factor,
+    stages: Sequence[int] | None = None,
 ) -> ScaleResult:
     """Per-device activation memory of each series at each stage count (see the module docstring).
 
     ``po_runtime``: apply PipeOffload's runtime setting (flash attention, no dropout, elementwise
     recompute) to the model, as the paper measures; ``series``: keys of :data:`SERIES` (default all).
-    Raises ParameterError naming ``stages``, ``m`` or ``series`` (or the model's or hardware's
+    ``stages``: the old name of ``ranks`` (deprecated, warns).
+    Raises ParameterError naming ``ranks``, ``m`` or ``series`` (or the model's or hardware's
     parameter) for bad inputs.
     """
-    counts = _check_stages(stages)
+    if stages is not None:
+        _deprecated("scale(stages=...)", "scale(ranks=...)")
+        ranks = stages
+    counts = _check_ranks(ranks)
     spec = get_model(model, **(PO_RUNTIME if po_runtime else {}))
     hw = get_hardware(hardware)
     microbatches = 2 * max(counts) if m is None else m
     if not isinstance(microbatches, int) or isinstance(microbatches, bool) or microbatches < 1:
         raise ParameterError("m", f"must be a positive integer, got {m!r}")
     chosen = _check_series(series)
-    study = _Study(spec, hw, microbatches, OffloadOptions(link_group=link_group, solo_factor=solo_factor,
-                                                          on_infeasible="skip", postpone_warmup=True))
+    study = _Study(spec, hw, microbatches, study_offload(STUDY_OFFLOAD, link_group=link_group,
+                                                         solo_factor=solo_factor))
     points = {s.key: [study.point(s, p) for p in counts] for s in chosen}
     return ScaleResult(spec, hw, counts, microbatches, chosen, points)
 
@@ -214,7 +240,7 @@ class _Study:
         self._bases: dict[tuple[str, int, int | None, int], tuple[Schedule, Timeline]] = {}
 
     def point(self, s: Series, p: int) -> ScalePoint:
-        """Series ``s`` at ``p`` stages; a point that cannot be built carries the reason."""
+        """Series ``s`` at ``p`` ranks; a point that cannot be built carries the reason."""
         from ..ir import Placement
         from ..schedules import SCHEDULES
 

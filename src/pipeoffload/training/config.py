@@ -9,7 +9,7 @@ with the field names below), then overrides (the command line's flags).
 (``pipeoffload plan --emit-config``).
 
 Errors are :class:`~pipeoffload.errors.ParameterError` naming the configuration key
-(``training.steps``, ``offload.chunks``, ``model.layers``), or ``config`` for the
+(``training.steps``, ``offload.offload_chunks``, ``model.layers``), or ``config`` for the
 file as a whole; the command line shows the keys its flags set as those flags.
 
 >>> cfg = TrainConfig.load("run.toml", overrides={"schedule.ranks": 2})
@@ -26,6 +26,7 @@ from typing import Any, Mapping
 
 from ..errors import ParameterError, require
 from ..models.config import ModelConfig
+from ..recompute import Recompute
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -80,29 +81,65 @@ class OffloadConfig:
     """Activation offload (PipeOffload): the offload pass plans which (chunk,
     microbatch) activations go to host memory; the runtime's ``OffloadStore`` moves them.
 
-    ``chunks`` (the key ``offload.chunks``) is the number of chunks offloaded, the offload
-    pass's ``offload_chunks``. Default: ``chunks = "auto"`` with ``time = 0`` (transfers
-    assumed free — on CPU a transfer is a memcpy — so the pass picks the C with the lowest
-    peak) and ``on_infeasible = "skip"`` (an offload whose reload cannot finish before its
-    B is dropped, never an error).
+    The keys are the offload pass's setting names (:class:`~pipeoffload.passes.offload.OffloadOptions`,
+    :meth:`options`): ``offload_chunks`` is C, the number of chunks offloaded, or "auto" /
+    "none"; ``offload_time`` the one-way transfer. ``chunks`` and ``time``, their old names,
+    are still read (with a DeprecationWarning) from files, overrides and attributes. Default:
+    ``offload_chunks = "auto"`` with ``offload_time = 0`` (transfers assumed free — on CPU a
+    transfer is a memcpy — so the pass picks the C with the lowest peak) and
+    ``on_infeasible = "skip"`` (an offload whose reload cannot finish before its B is
+    dropped, never an error). ``recompute`` is the runtime's, not the pass's.
     """
 
-    chunks: int | str = "auto"  #: "auto", "none", or C: offload chunks c < C of every rank
-    time: float = 0.0  #: one one-way transfer of a chunk's activations, as a multiple of its F+B+W time
-    recompute: bool = False  #: recompute norm / SwiGLU elementwise outputs in backward instead of moving them
+    offload_chunks: int | str = "auto"  #: "auto", "none", or C: offload chunks c < C of every rank
+    offload_time: float = 0.0  #: one one-way transfer of a chunk's activations, as a multiple of its F+B+W time
+    #: recompute norm / SwiGLU elementwise outputs in backward instead of moving them: none or
+    #: elementwise (a :class:`~pipeoffload.recompute.Recompute` name; false/true as before)
+    recompute: bool | str = False
     link_group: int = 2  #: ranks sharing one host link
     on_infeasible: str = "skip"  #: skip, delay or error
-    stash: bool = False  #: also offload the W stash between B and W (the pass's second window)
+    stash: bool = False  #: also offload the W stash between B and W (the stash window, B→W)
+
+    @property
+    def chunks(self) -> int | str:
+        """Deprecated name of :attr:`offload_chunks` (warns)."""
+        _warn_renamed("offload", "chunks", stacklevel=3)
+        return self.offload_chunks
+
+    @chunks.setter
+    def chunks(self, value: int | str) -> None:
+        _warn_renamed("offload", "chunks", stacklevel=3)
+        self.offload_chunks = value
+
+    @property
+    def time(self) -> float:
+        """Deprecated name of :attr:`offload_time` (warns)."""
+        _warn_renamed("offload", "time", stacklevel=3)
+        return self.offload_time
+
+    @time.setter
+    def time(self, value: float) -> None:
+        _warn_renamed("offload", "time", stacklevel=3)
+        self.offload_time = value
+
+    def recompute_level(self) -> Recompute:
+        """``recompute`` as the one :class:`~pipeoffload.recompute.Recompute`. Raises
+        ParameterError naming ``offload.recompute`` for anything but none or elementwise (the
+        runtime recomputes the elementwise outputs only)."""
+        level = Recompute.of(self.recompute, "offload.recompute")
+        require(level in (Recompute.NONE, Recompute.ELEMENTWISE), "offload.recompute",
+                f"the runtime recomputes elementwise outputs only: none or elementwise (false/true), got {level}")
+        return level
 
     def options(self) -> Any:
         """These settings as the offload pass's one settings value
-        (:class:`~pipeoffload.passes.offload.OffloadOptions`); ``chunks`` must be "auto"
-        or a number (``none`` plans no offload and has no options)."""
+        (:class:`~pipeoffload.passes.offload.OffloadOptions`); ``offload_chunks`` must be
+        "auto" or a number (``none`` plans no offload and has no options)."""
         from ..passes.offload import OffloadOptions
 
-        auto = self.chunks == "auto"
-        return OffloadOptions(offload_chunks=None if auto else int(self.chunks), auto=auto,
-                              offload_time=float(self.time), link_group=self.link_group,
+        auto = self.offload_chunks == "auto"
+        return OffloadOptions(offload_chunks=None if auto else int(self.offload_chunks), auto=auto,
+                              offload_time=float(self.offload_time), link_group=self.link_group,
                               on_infeasible=self.on_infeasible, stash=bool(self.stash))
 
 
@@ -243,6 +280,7 @@ class TrainConfig:
         require(self.runtime.timeout_s > 0, "runtime.timeout_s", f"must be > 0, got {self.runtime.timeout_s}")
         require(self.runtime.recv_lookahead >= 0, "runtime.recv_lookahead", "must be >= 0")
         self._check_parallel()
+        self.offload.recompute_level()
         sched = build(ScheduleSpec(sc.name, sc.ranks, sc.microbatches, v=sc.v, g=sc.g, mem_limit=sc.mem_limit))
         self.model.check_split(sched.num_stages)
         self._check_reliability(sched)
@@ -254,17 +292,18 @@ class TrainConfig:
     def plan_offload(self, sched):
         """The offload pass on ``sched`` with ``[offload]`` (unit costs, +1/0/−1 memory),
         or None when offload is off. Pure and deterministic: every rank gets the same
-        plan. Raises ParameterError naming the key (``offload.chunks``, ``offload.time``) or
+        plan. Raises ParameterError naming the key (``offload.offload_chunks``, ``offload.offload_time``) or
         the offload pass's parameter for bad settings."""
         o = self.offload
-        c = o.chunks
+        c = o.offload_chunks
         if isinstance(c, str):
-            require(c in ("auto", "none", "off"), "offload.chunks",
+            require(c in ("auto", "none", "off"), "offload.offload_chunks",
                     f"must be auto, none or a number of chunks 0..{sched.chunks}, got {c!r}")
         if c in ("none", "off", 0):
             return None
-        require(isinstance(o.time, (int, float)) and math.isfinite(o.time) and o.time >= 0, "offload.time",
-                f"must be a finite number >= 0, got {o.time!r}")
+        t = o.offload_time
+        require(isinstance(t, (int, float)) and math.isfinite(t) and t >= 0, "offload.offload_time",
+                f"must be a finite number >= 0, got {t!r}")
         from ..passes.offload import plan_offload
 
         return plan_offload(sched, options=o.options())
@@ -334,7 +373,14 @@ class TrainConfig:
 
 
 #: Keys renamed to the one vocabulary (docs/glossary.md): section -> {old: new}.
-RENAMED = {"schedule": {"stages": "ranks"}}
+RENAMED = {"schedule": {"stages": "ranks"}, "offload": {"chunks": "offload_chunks", "time": "offload_time"}}
+
+
+def _warn_renamed(section: str, old: str, stacklevel: int) -> None:
+    import warnings
+
+    warnings.warn(f"{section}.{old} is deprecated; call it {section}.{RENAMED[section][old]}", DeprecationWarning,
+                  stacklevel=stacklevel)
 
 
 def _renamed(section: str, values: Mapping[str, Any], source: str | None) -> Mapping[str, Any]:
@@ -349,9 +395,7 @@ def _renamed(section: str, values: Mapping[str, Any], source: str | None) -> Map
             if new in out:
                 raise ParameterError(f"{section}.{old}", f"is the old name of {section}.{new}; give only "
                                      f"{section}.{new}", source=source)
-            import warnings
-
-            warnings.warn(f"{section}.{old} is deprecated; call it {section}.{new}", DeprecationWarning, stacklevel=4)
+            _warn_renamed(section, old, stacklevel=5)
             _check_type(f"{section}.{old}", out[old], next(f.type for f in fields(_SECTIONS[section]) if f.name == new),
                         source)
             out[new] = out.pop(old)
@@ -434,13 +478,11 @@ def config_from_plan(result: Any, config: Any = None, *, steps: int | None = Non
     elif fam.schedule == "zb-auto":
         mem_limit = float(split.pp)
     out = TrainConfig(
-        model=ModelConfig(layers=spec.layers, hidden=spec.hidden, heads=spec.heads,
-                          kv_heads=spec.kv_groups or spec.heads, ffn=spec.ffn, vocab_size=spec.vocab,
-                          seq_len=spec.seq),
+        model=ModelConfig.from_spec(spec),
         schedule=ScheduleConfig(name=fam.schedule, ranks=split.pp, microbatches=cfg_.m,
                                 v=fam.v if fam.v > 1 else None, g=cfg_.g, mem_limit=mem_limit),
         parallel=ParallelConfig(dp=split.dp, tp=split.tp),
-        offload=OffloadConfig(chunks=cfg_.offload_chunks if cfg_.offload_chunks else "none",
+        offload=OffloadConfig(offload_chunks=cfg_.offload_chunks if cfg_.offload_chunks else "none",
                               recompute=bool(cfg_.recompute), stash=bool(cfg_.offload_stash)),
         training=TrainingConfig(microbatch_size=spec.microbatch, **({"steps": steps} if steps else {})),
     )

@@ -149,7 +149,7 @@ class Trainer:
         # PipeOffload: the offload pass's transfer ops in every rank's program (None: offload off).
         self.plan = cfg.plan_offload(self.sched)
         self.run_sched = self.plan.schedule if self.plan is not None else self.sched
-        store = OffloadStore(recompute=cfg.offload.recompute) if self.plan is not None else None
+        store = OffloadStore(recompute=cfg.offload.recompute_level().elementwise) if self.plan is not None else None
         self.mesh, make_stage = self._mesh_and_stage_builder(lambda s: build_stage(cfg.model, s, num_stages))
         pp_rank = self.coords["pp"]
         holds_loss = self.sched.placement.rank_of(num_stages - 1) == pp_rank
@@ -367,7 +367,8 @@ class Trainer:
         rec = {int(st): b for s in stats for st, b in s.get("recomputed_by_stage", {}).items()}
         per_layer = {st: b / layers[st] for st, b in moved.items()}
         block = {
-            "chunks": plan.chunks, "auto": o.chunks == "auto", "offload_time": o.time, "recompute": o.recompute,
+            "chunks": plan.offloaded_chunks, "auto": o.offload_chunks == "auto", "offload_time": o.offload_time,
+            "recompute": bool(o.recompute_level()),
             "transfers_per_step": [s.get("groups", 0) for s in stats],
             "skipped": plan.skipped,
             "moved_bytes": [s.get("moved_bytes", 0) for s in stats],

@@ -204,7 +204,7 @@ def predict_offload(schedule: Schedule, costs: Sequence[tuple[float, float, floa
         if offload_chunks is None:
             raise TypeError("predict_offload needs offload_chunks= or program=")
         base, events, meta, res = _replanned_transfers(schedule, costs, deltas, comm, offload_chunks, options)
-        label = f"C={res.chunks}"
+        label = f"C={res.offloaded_chunks}"
     else:
         base = predict(schedule, costs, deltas, comm)
         events = base.events + _transfers_in_program_order(program, base, deltas)

@@ -5,8 +5,8 @@ Every view works for simulated and measured timelines alike. This package and it
 matplotlib only inside :func:`~pipeoffload.viz.png.draw_timeline`.
 
 Shared here: how events become *boxes* on lanes. A compute op is one box on its
-rank's "compute" lane. A transfer (offload / reload, of either offload window: F→B
-activations, or the B→W stash) may arrive as one event with a duration or as a
+rank's "compute" lane. A transfer (offload / reload, of either offload window: the activation
+window F→B, or the stash window B→W) may arrive as one event with a duration or as a
 START/END pair of instants (or both); either way all events of one (rank, window,
 direction, layer group, microbatch) merge into one box from the earliest start to the
 latest end, on the "d2h" (offload) or "h2d" (reload) lane. Sends and receives go on
@@ -47,7 +47,7 @@ KIND_NAMES = {"F": "F forward", "B": "B input grad", "W": "W weight grad", "BW":
 #: How far the last chunk's colour is mixed towards white.
 CHUNK_MIX = 0.55
 
-#: The box kind of each transfer op kind: its window (F→B activations or the B→W stash)
+#: The box kind of each transfer op kind: its window (the activation window F→B or the stash window B→W)
 #: and direction.
 _FAMILY = {
     OpKind.OFFLOAD_START: "OFFLOAD", OpKind.OFFLOAD_END: "OFFLOAD",
@@ -63,7 +63,7 @@ class Box:
 
     ``kind`` is the op kind's value for compute and comm ops ("F", "B", "W", "BW",
     "SEND_F", ...) and "OFFLOAD" / "RELOAD" ("STASH_OFFLOAD" / "STASH_RELOAD" in the
-    B→W window) for merged transfers. ``mem`` is the
+    stash window, B→W) for merged transfers. ``mem`` is the
     summed memory delta of the events merged into the box.
     """
 

@@ -32,6 +32,7 @@ import json
 import statistics
 from bisect import bisect_right
 from collections import defaultdict
+import dataclasses
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -240,27 +241,14 @@ def _lane_counts(lanes: list[int], pairs: list[int]) -> str:
 
 def comparison_timelines(cmp: Any, memory_unit: str = "units") -> dict[str, Timeline]:
     """The timeline of every row of ``cmp`` (a :class:`~pipeoffload.studies.compare.Comparison`)
-    that has numbers, by label: each candidate generated and timed again with the
-    comparison's costs and memory."""
-    from ..passes.timing import simulate
-    from ..schedules import ScheduleSpec, build
-    from ..studies.compare import candidates
-
-    ok = {r.label: r for r in cmp.rows if r.ok}
+    that has numbers, by label: the one the comparison timed (``Row.timeline``; the offload
+    pass's for PipeOffload's rows), never generated or timed again; labelled ``memory_unit``.
+    A row without one (built by hand) has no timeline on the page."""
     out: dict[str, Timeline] = {}
-    for c in candidates(cmp.p, cmp.memory):
-        if c.label in ok:
-            sched = build(ScheduleSpec(c.name, cmp.p, cmp.m, costs=cmp.costs, memory=cmp.memory, **c.params))
-            if c.offload:  # PipeOffload's rows: the offload pass's timeline, as the comparison timed it
-                from ..passes.lower import lower
-                from ..passes.offload import OffloadOptions
-
-                opts = OffloadOptions(offload_chunks=c.offload, offload_time=ok[c.label].params["offload_time"],
-                                      on_infeasible="skip", postpone_warmup=True)
-                out[c.label] = lower(sched, cmp.costs, cmp.memory, memory_unit=memory_unit, offload=opts,
-                                     validated=True).timeline
-            else:
-                out[c.label] = simulate(sched, cmp.costs, cmp.memory, memory_unit=memory_unit)
+    for r in cmp.rows:
+        tl = getattr(r, "timeline", None)
+        if r.ok and tl is not None:
+            out[r.label] = tl if tl.memory_unit == memory_unit else dataclasses.replace(tl, memory_unit=memory_unit)
     return out
 
 
@@ -276,7 +264,7 @@ def _compare_payload(cmp: Any, timelines: Mapping[str, Timeline]) -> dict:
             "frontier": r.on_frontier, "timeline": r.label in timelines,
         })
     subtitle = f"costs per stage F={c.F:g} B={c.B:g} W={c.W:g} comm={c.comm:g}"
-    if c.stage_costs or c.group_costs:
+    if c.rank_costs or c.group_costs:
         subtitle += " (per-stage overrides)"
     return {
         "rows": rows,

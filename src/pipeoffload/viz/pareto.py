@@ -153,7 +153,7 @@ def _draw_texts(fig, comparison: Comparison, title: str | None, note_lines: list
     c = comparison.costs
     head = title or f"Schedules at p={comparison.p}, m={comparison.m}: peak memory vs bubble rate"
     sub = f"costs per stage F={c.F:g} B={c.B:g} W={c.W:g} comm={c.comm:g}"
-    if c.stage_costs or c.group_costs:
+    if c.rank_costs or c.group_costs:
         sub += " (per-stage overrides)"
     sub += f"; {sum(r.ok for r in comparison.rows)} of {len(comparison.rows)} schedules shown"
     fig.text(0.09, 1 - 0.25 / fig_h, head, fontsize=12, fontweight="bold", va="top")

@@ -22,7 +22,7 @@ GiB = 2**30
 def draw_scale(res: "ScaleResult", path: str | Path, title: str | None = None) -> Path:
     """Draw ``res`` to a PNG at ``path`` (parent folders created); returns the path.
 
-    x: stages (log2 axis, ticks at the measured counts); y: GiB per device (activations, the highest
+    x: ranks p (log2 axis, ticks at the measured counts); y: GiB per device (activations, the highest
     rank). Points that could not be built are left out of their line; points with dropped offloads
     are marked with an open circle.
     """
@@ -35,7 +35,7 @@ def draw_scale(res: "ScaleResult", path: str | Path, title: str | None = None) -
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
     for i, s in enumerate(res.series):
-        pts = [(pt.stages, pt.activation / GiB, pt.dropped) for pt in res.points[s.key] if pt.activation is not None]
+        pts = [(pt.ranks, pt.activation / GiB, pt.dropped) for pt in res.points[s.key] if pt.activation is not None]
         if not pts:
             continue
         color = _COLORS[i % len(_COLORS)]
@@ -45,9 +45,9 @@ def draw_scale(res: "ScaleResult", path: str | Path, title: str | None = None) -
             if d:
                 ax.plot([x], [y], marker="o", markersize=10, markerfacecolor="none", color=color)
     ax.set_xscale("log", base=2)
-    ax.set_xticks(list(res.stages))
-    ax.set_xticklabels([str(p) for p in res.stages])
-    ax.set_xlabel("pipeline stages p (the model's layers split over more devices)")
+    ax.set_xticks(list(res.ranks))
+    ax.set_xticklabels([str(p) for p in res.ranks])
+    ax.set_xlabel("pipeline ranks p (the model's layers split over more devices)")
     ax.set_ylabel("activation memory per device (GiB)")
     ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.3)
