@@ -50,6 +50,7 @@ CLI_FLAGS: dict[str, str] = {
     "offload.chunks": "--offload", "offload.time": "--offload-time", "checkpoint.dir": "--checkpoint-dir",
     "checkpoint.every": "--checkpoint-every", "checkpoint.keep": "--checkpoint-keep",
     "checkpoint.resume": "--resume",
+    "pp": "--ranks", "dp": "--dp", "tp": "--tp",  # runtime.mesh.build_mesh's own arguments
     "parallel.dp": "--dp", "parallel.tp": "--tp", "parallel.fsdp": "--fsdp",
     "parallel.sequence_parallel": "--sequence-parallel", "parallel.world_size": "--ranks x --dp x --tp",
     "emit_config": "--emit-config",
