@@ -4,7 +4,9 @@ API
 ---
 ``MEASURED``: the ZB paper's measured A100-80G rows (:class:`MeasuredRow`), fit rows first.
 ``predict(row, hardware="a100-80g") -> Prediction``: the planner's cost model and simulator on the
-row's exact configuration (pure PP, TP = DP = 1, the row's schedule, m and microbatch).
+row's exact configuration (pure PP, TP = DP = 1, the row's schedule, m and microbatch), with the P2P of
+the runtime that measured the row (``RUNTIME_OF``, ``RUNTIME_P2P_EXPOSED``) and the step after the
+pipeline (``step_ms``: optimizer step, tied-embedding gradient all-reduce) added.
 ``compare(rows=MEASURED, hardware="a100-80g") -> list[Prediction]``; ``ranking_agrees(preds)``:
 per setting, whether the schedules come out in the measured order.
 
