@@ -67,6 +67,53 @@ def test_table4_rankings_as_measured(preds):
         assert ranking[setting], setting
 
 
+def test_zb_v_ranks_as_measured_because_its_runtime_does_not_block_on_p2p(monkeypatch):
+    # Table 6 (6.2B, 16 GPUs, m=48): ZB-V 4.15 against ZB-1p 3.87 measured (+7.2%). Both ran the ZB
+    # runtime, which posts its P2P ahead: so modelled, the gap is within 1.5 points of the measured
+    # one; held for every hop as Megatron's 1F1B is, ZB-V (two hops per microbatch per rank, at the
+    # inter-node rate) loses 4 points of it: the mechanism, not a factor, decides the gap.
+    from pipeoffload.costmodel import measured
+
+    rows = [r for r in MEASURED if r.source == "ZB Table 6" and r.model == "6.2B" and r.m == 48
+            and r.schedule in ("ZB-V", "ZB-1p")]
+    assert [r.runtime for r in rows] == ["zb", "zb"]
+    gap = rows[0].throughput / rows[1].throughput
+    v, one = (predict(r, A100) for r in rows)
+    assert v.throughput / one.throughput == pytest.approx(gap, abs=0.015)
+    monkeypatch.setitem(measured.RUNTIME_P2P_EXPOSED, "zb", 1.0)
+    v, one = (predict(r, A100) for r in rows)
+    assert v.throughput / one.throughput < gap - 0.04
+
+
+def test_table6_and_7_rankings_as_measured(preds):
+    ranking = ranking_agrees(preds)  # strict: no ties needed
+    for setting in ("ZB Table 6: 6.2B, 16 GPUs, m=48", "ZB Table 7: 6.2B, 16 GPUs, m=64"):
+        assert ranking[setting], setting
+
+
+@pytest.mark.bench
+def test_every_setting_ranks_as_measured_within_measurement_ties():
+    # 20 of 24 settings strictly; all but 1.5B/m=64 (our ZB-1p reaches ZB-2p's steady state at 1p
+    # memory, the paper's did not: docs/planner.md §8) counting differences under 2% as ties.
+    from pipeoffload.costmodel.measured import MEASUREMENT_TIE
+
+    preds = compare(MEASURED, A100)
+    strict, loose = ranking_agrees(preds), ranking_agrees(preds, tie=MEASUREMENT_TIE)
+    assert sum(strict.values()) >= 20 and len(strict) == 24
+    assert [s for s, ok in loose.items() if not ok] == ["ZB Table 4: 1.5B, 8 GPUs, m=64"]
+
+
+def test_step_after_the_pipeline():
+    from pipeoffload.costmodel.measured import OPTIMIZER_BYTES_PER_PARAM, step_ms
+
+    m = get_model("28.3B")
+    opt = step_ms(m, A100, 32, 1e9, False)
+    assert opt == pytest.approx(OPTIMIZER_BYTES_PER_PARAM * 1e9 / 2.0e12 * 1e3)
+    # the tied embedding's fp32 gradient between rank 0 and rank 31, across nodes (22 GB/s)
+    assert step_ms(m, A100, 32, 1e9, True) - opt == pytest.approx((4 * 51200 * 6144 / 22e9 + 10e-6) * 1e3)
+    assert step_ms(m, A100, 8, 1e9, True) < step_ms(m, A100, 32, 1e9, True)  # NVLink inside a node
+
+
 def test_ranking_counts_close_measurements_as_ties():
     row = MEASURED[0]
     a = Prediction(dataclasses.replace(row, schedule="ZB-2p", throughput=1.85), 1.0, 1, 0.5, 1, 1, True)
@@ -95,9 +142,11 @@ def test_op_times_of_the_measured_stages():
 def test_blocking_p2p_holds_f_and_b_for_one_hop():
     from pipeoffload.planner.sharding import node_profile, shard_costs
 
-    pc = pipeline_costs(get_model("1.5B"), A100, 8)
-    free = dataclasses.replace(A100, p2p_exposed=0.0)
-    held = shard_costs(pc, 1, node_profile(A100))
+    blocking = dataclasses.replace(A100, p2p_exposed=1.0)  # Megatron's send-and-wait
+    pc = pipeline_costs(get_model("1.5B"), blocking, 8)
+    free = A100  # P2P posted ahead (pipeoffload's and ZB's runtimes)
+    assert free.p2p_exposed == 0.0
+    held = shard_costs(pc, 1, node_profile(blocking))
     pc_free = pipeline_costs(get_model("1.5B"), free, 8)
     loose = shard_costs(pc_free, 1, node_profile(free))
     for (f, b, w), (f0, b0, w0) in zip(held.costs.group_costs, loose.costs.group_costs):

@@ -4,7 +4,9 @@ API
 ---
 ``MEASURED``: the ZB paper's measured A100-80G rows (:class:`MeasuredRow`), fit rows first.
 ``predict(row, hardware="a100-80g") -> Prediction``: the planner's cost model and simulator on the
-row's exact configuration (pure PP, TP = DP = 1, the row's schedule, m and microbatch).
+row's exact configuration (pure PP, TP = DP = 1, the row's schedule, m and microbatch), with the P2P of
+the runtime that measured the row (``RUNTIME_OF``, ``RUNTIME_P2P_EXPOSED``) and the step after the
+pipeline (``step_ms``: optimizer step, tied-embedding gradient all-reduce) added.
 ``compare(rows=MEASURED, hardware="a100-80g") -> list[Prediction]``; ``ranking_agrees(preds)``:
 per setting, whether the schedules come out in the measured order.
 
@@ -20,20 +22,46 @@ reports MiB; the docs explain why GiB fits).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 from .hardware import GiB, Hardware, get_hardware
 from .presets import get_model
 
-__all__ = ["MeasuredRow", "Prediction", "MEASURED", "PROFILED_MS", "FIT_MODEL", "SCHEDULE_FAMILIES", "predict",
-           "compare", "ranking_agrees"]
+__all__ = ["MeasuredRow", "Prediction", "MEASURED", "PROFILED_MS", "FIT_MODEL", "SCHEDULE_FAMILIES", "RUNTIME_OF",
+           "RUNTIME_P2P_EXPOSED", "MEASUREMENT_TIE", "OPTIMIZER_BYTES_PER_PARAM", "step_ms", "predict", "compare",
+           "ranking_agrees"]
 
 #: The paper's schedule names → (registry schedule, chunks v, memory limit in multiples of 1F1B's).
 SCHEDULE_FAMILIES: dict[str, tuple[str, int, float | None]] = {
     "1F1B": ("1f1b", 1, None), "1F1B-I": ("interleaved-1f1b", 2, None), "ZB-1p": ("zb-auto", 1, 1.0),
     "ZB-2p": ("zb-auto", 1, 2.0), "ZB-V": ("zb-v", 2, None),
 }
+
+
+#: Which runtime measured each schedule of the paper: its baselines ran Megatron-LM's own
+#: schedules, the ZB schedules ran the authors' scheduled runtime (``zb_schedules.py`` of
+#: sail-sg/zero-bubble-pipeline-parallelism, the version of the paper).
+RUNTIME_OF: dict[str, str] = {"1F1B": "megatron", "1F1B-I": "megatron", "ZB-1p": "zb", "ZB-2p": "zb", "ZB-V": "zb"}
+#: The fraction of a stage-to-stage hop an F or B holds its stage for, per runtime — a fact of each
+#: runtime's code, not a fit. Megatron-LM's ``p2p_communication`` waits on its ``batch_isend_irecv``
+#: requests before returning (``send_forward_recv_backward`` etc.): the stage is held for the hop.
+#: The ZB runtime posts its batched ``isend``/``irecv`` at the schedule's communication nodes and waits
+#: on a received tensor only right before the F or B that consumes it, on the sends at the end of the
+#: iteration: the hop is on the dependency, not on the stage. (pipeoffload's own runtime does the
+#: latter: receives posted ahead, ``isend`` waited at the end of the step; so does the planner's
+#: ``a100-80g`` profile, ``p2p_exposed = 0``.)
+RUNTIME_P2P_EXPOSED: dict[str, float] = {"megatron": 1.0, "zb": 0.0}
+#: Two measured throughputs closer than this are a tie: the paper prints 2–3 significant digits
+#: (1.84 against 1.85 is half a unit of the last digit apart, 0.5%, from rounding alone), and its own
+#: repeated settings move by more: ZB-2p* at 14.6B/24 GPUs reads 1.84, 1.84, 1.85 while m doubles.
+MEASUREMENT_TIE = 0.02
+#: Bytes of HBM traffic per parameter of Megatron's 16-bit optimizer step with fp32 master weights:
+#: Adam reads the gradient, master weight, m and v (16) and writes the last three (12), the master
+#: weight is copied to the 16-bit model weight (4 + 2), the gradient is read once for the norm and
+#: once (read + write) for unscaling (12), and the gradient buffer is zeroed (4): 50.
+OPTIMIZER_BYTES_PER_PARAM = 50.0
 
 
 @dataclass(frozen=True)
@@ -57,6 +85,11 @@ class MeasuredRow:
     @property
     def setting(self) -> str:
         return f"{self.source}: {self.model}, {self.gpus} GPUs, m={self.group_m or self.m}"
+
+    @property
+    def runtime(self) -> str:
+        """"megatron" or "zb": the runtime that measured this row (:data:`RUNTIME_OF`)."""
+        return RUNTIME_OF[self.schedule]
 
 
 #: ZB (ICLR) Table 4: model -> (GPUs, microbatch size, m values, {schedule: throughputs}, {schedule: GB}).
@@ -142,6 +175,7 @@ class Prediction:
     allocated_gib: float
     reserved_gib: float
     fits: bool
+    step_s: float = 0.0  #: of ``iteration_s``: the step after the pipeline (:func:`step_ms`)
 
     @property
     def throughput_error(self) -> float | None:
@@ -160,7 +194,8 @@ class Prediction:
                 else r.throughput, "predicted_throughput": self.throughput,
                 "throughput_error": self.throughput_error, "measured_memory_gib": r.memory_gib,
                 "predicted_reserved_gib": self.reserved_gib, "predicted_allocated_gib": self.allocated_gib,
-                "memory_error": self.memory_error, "iteration_s": self.iteration_s, "mfu": self.mfu,
+                "memory_error": self.memory_error, "iteration_s": self.iteration_s, "step_s": self.step_s,
+                "mfu": self.mfu, "runtime": r.runtime,
                 "fits": self.fits, "note": r.note}
 
 
@@ -180,7 +215,9 @@ def predict(row: MeasuredRow, hardware: str | Hardware = "a100-80g") -> Predicti
 
     Guarantees: the configuration is the paper's — pure PP (TP = DP = 1), the first and last stage
     one layer shorter, 1F1B-I with one layer per chunk, no recompute, no offload — simulated at its
-    own m (no extrapolation).
+    own m (no extrapolation), with the P2P of the runtime that measured it
+    (:data:`RUNTIME_P2P_EXPOSED`; the profile's ``p2p_exposed`` is replaced) and the iteration's step
+    after the pipeline (:func:`step_ms`) added to the planner's iteration.
     """
     from ..errors import ParameterError
     from ..planner.config import assemble
@@ -189,7 +226,7 @@ def predict(row: MeasuredRow, hardware: str | Hardware = "a100-80g") -> Predicti
 
     if row.schedule not in SCHEDULE_FAMILIES:
         raise ParameterError("schedule", f"unknown schedule {row.schedule!r}; valid: {', '.join(SCHEDULE_FAMILIES)}")
-    hw = get_hardware(hardware)
+    hw = dataclasses.replace(get_hardware(hardware), p2p_exposed=RUNTIME_P2P_EXPOSED[row.runtime])
     model = get_model(row.model, microbatch=row.microbatch)
     name, v, limit = SCHEDULE_FAMILIES[row.schedule]
     if row.schedule == "1F1B-I":  # the paper: "each transformer layer serves as a chunk"
@@ -199,9 +236,42 @@ def predict(row: MeasuredRow, hardware: str | Hardware = "a100-80g") -> Predicti
                       PlanOptions(dp_sharding="none", trim_edges=True))
     sim = _simulate_exactly(problem, Split(1, row.gpus, 1), Family(name, v, limit=limit), row.m)
     cfg = assemble(problem, sim)
-    it_s = cfg.iteration_ms / 1e3
-    return Prediction(row, row.m * row.microbatch / (it_s * row.gpus), it_s, cfg.mfu, cfg.memory.device / GiB,
-                      hw.reserved(cfg.memory.device) / GiB, cfg.fits)
+    placement = sim.placement
+    shared = model.tie_embeddings and placement.rank_of(0) != placement.rank_of(placement.num_stages - 1)
+    step = step_ms(model, hw, row.gpus, cfg.memory.params / model.dtype_bytes, shared)
+    it_s = (cfg.iteration_ms + step) / 1e3
+    return Prediction(row, row.m * row.microbatch / (it_s * row.gpus), it_s, cfg.mfu * cfg.iteration_ms / (it_s * 1e3),
+                      cfg.memory.device / GiB, hw.reserved(cfg.memory.device) / GiB, cfg.fits, step / 1e3)
+
+
+def step_ms(model: Any, hardware: Hardware, pipeline_ranks: int, params: float, shared_embedding: bool) -> float:
+    """The iteration's time after the pipeline that the planner's iteration leaves out (docs/planner.md §3):
+    the optimizer step over the fullest rank's ``params`` (:data:`OPTIMIZER_BYTES_PER_PARAM` over the
+    HBM bandwidth) and, when the tied embedding's first and last copy are on different ranks
+    (``shared_embedding``), Megatron's all-reduce of that copy's fp32 gradient between the two ranks
+    (``vocab · hidden · 4`` bytes; across nodes, at the profile's inter-node DP rate, when
+    ``pipeline_ranks`` exceed a node; 10 µs latency).
+
+    Args:
+        model: the :class:`~pipeoffload.costmodel.model.ModelSpec`.
+        hardware: the profile (``hbm_bw``, ``dp_intra_bw``/``dp_inter_bw``; node constants otherwise).
+        pipeline_ranks: pipeline ranks, one GPU each (TP = DP = 1).
+        params: parameters on the fullest rank.
+        shared_embedding: the embedding and the head share a weight held on two ranks.
+
+    Returns:
+        Milliseconds.
+    """
+    from ..planner.sharding import node_profile
+
+    node = node_profile(hardware)
+    ms = OPTIMIZER_BYTES_PER_PARAM * params / node.hbm_bw * 1e3
+    if shared_embedding:
+        inter = pipeline_ranks > hardware.gpus_per_node
+        bw = (hardware.dp_inter_bw or hardware.internode_bw or hardware.link_bw) if inter else \
+            (hardware.dp_intra_bw or node.tp_bw)
+        ms += (4.0 * model.vocab * model.hidden / bw + node.collective_latency) * 1e3
+    return ms
 
 
 def _simulate_exactly(problem: Any, split: Any, family: Any, m: int) -> Any:
