@@ -44,10 +44,44 @@ def _spec() -> dict[str, tuple[str, str, dict]]:
         "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", {"hidden_dropout": 0.0, "attention_dropout": 0.0}),
         "olmo": ("OlmoConfig", "OlmoForCausalLM", {}),
         "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", {}),
+        **{kind: _auto(kind, extra) for kind, extra in _MORE.items()},
     }
 
 
+_ALTERNATE = {"sliding_window": 4, "layer_types": ["sliding_attention", "full_attention"] * 4}
+_MUP = {"embedding_multiplier": 2.0, "logits_scaling": 3.0, "residual_multiplier": 0.5, "attention_multiplier": 0.3}
+#: Llama-shaped families, each with the features its forward adds switched on.
+_MORE: dict[str, dict] = {
+    "stablelm": {}, "glm": {}, "glm4": {}, "helium": {"head_dim": 8}, "internlm3": {}, "nemotron": {},
+    "exaone": {}, "ernie4_5": {}, "seed_oss": {"head_dim": 8, "residual_dropout": 0.0, "attention_dropout": 0.0}, "arcee": {}, "apertus": {}, "bitnet": {},
+    "smollm3": {},
+    "olmo3": _ALTERNATE, "exaone4": _ALTERNATE, "ministral3": {"sliding_window": 4},
+    "starcoder2": {"sliding_window": 4},
+    "olmoe": {**_MOE, "num_experts": 4}, "flex_olmo": {**_MOE, "num_experts": 4},
+    # JetMoE's router loss is its own: the splitter refuses output_router_logits there
+    "jetmoe": {"num_local_experts": 4},
+    "granite": _MUP, "granitemoe": {**_MUP, **_MOE, "num_local_experts": 4},
+    "granitemoeshared": {**_MUP, **_MOE, "num_local_experts": 4, "shared_intermediate_size": 32},
+    "hyperclovax": {"embedding_multiplier": 2.0, "logits_scaling": 0.5},
+    "cohere": {"logit_scale": 0.5}, "cohere2": {**_ALTERNATE, "logit_scale": 0.5},
+}
+
+
+def _auto(kind: str, extra: dict) -> tuple[str, str, dict]:
+    """(config class, model class, overrides) of a family by transformers' auto mappings."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return CONFIG_MAPPING_NAMES[kind], MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[kind], dict(extra)
+
+
 FAMILIES: tuple[str, ...] = tuple(_spec())
+#: The families the multi-process runtime tests run: the first fifteen, and one of each kind of
+#: feature the later ones add (MuP multipliers, a logit scale with alternating windows, an MoE
+#: router loss, a sliding window on every layer). The runtime does not depend on the family once
+#: the stages give the model's own loss, which every family is checked for in one process.
+RUNTIME_FAMILIES: tuple[str, ...] = FAMILIES[:FAMILIES.index("olmo2") + 1] + ("granite", "cohere2", "olmoe",
+                                                                              "starcoder2")
 
 
 def build(family: str, layers: int = 4, tie: bool | None = None) -> Any:

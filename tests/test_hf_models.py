@@ -32,7 +32,7 @@ from helpers import import_torch, missing, require, run_world
 torch = import_torch()
 transformers = require("transformers")
 
-from hf_models import FAMILIES, batch, build, sequential  # noqa: E402
+from hf_models import FAMILIES, RUNTIME_FAMILIES, batch, build, sequential  # noqa: E402
 from pipeoffload.models.hf import causal_lm_loss, split_causal_lm  # noqa: E402
 
 F = torch.nn.functional
@@ -79,7 +79,7 @@ def _world(ctx, path: str) -> None:
     from pipeoffload.schedules import generate
 
     p, out = ctx.world_size, {}
-    for family in (FAMILIES if p == 2 else AT_P4):
+    for family in (RUNTIME_FAMILIES if p == 2 else AT_P4):
         for name in SCHEDULES:
             sched = generate(name, p=p, m=M)
             sched = plan_offload(sched, offload_chunks=sched.chunks).schedule
@@ -139,7 +139,7 @@ def _check(got: dict, want: dict, what: str) -> None:
 
 
 @pytest.mark.multiproc
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", RUNTIME_FAMILIES)
 def test_each_family_at_p2_loop_and_v_with_offload_gives_hf_loss_and_gradients(worlds, family):
     want = reference(family, 2)
     for name in SCHEDULES:
@@ -178,10 +178,13 @@ def test_stages_in_sequence_give_hf_loss_exactly_padded_or_not(family):
 def test_an_unknown_model_or_feature_is_refused_naming_what_is_missing():
     from pipeoffload.errors import ParameterError
 
-    cfg = transformers.CohereConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                    num_attention_heads=4, num_key_value_heads=2, pad_token_id=0)
-    with pytest.raises(ParameterError, match=r"model: no splitting recipe for model_type 'cohere'"):
-        split_causal_lm(transformers.CohereForCausalLM(cfg), 2)
+    cfg = transformers.CodeGenConfig(vocab_size=64, n_embd=32, n_layer=2, n_head=4, rotary_dim=4)
+    with pytest.raises(ParameterError, match=r"model: no splitting recipe for model_type 'codegen'"):
+        split_causal_lm(transformers.CodeGenForCausalLM(cfg), 2)
+    jet = build("jetmoe")
+    jet.config.output_router_logits = True
+    with pytest.raises(ParameterError, match=r"output_router_logits is set, but jetmoe's router loss is its own"):
+        split_causal_lm(jet, 2)
     with pytest.raises(ParameterError, match=r"give the \.\.\.ForCausalLM"):
         split_causal_lm(build("llama").model, 2)
     gpt2 = build("gpt2")

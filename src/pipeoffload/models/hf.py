@@ -22,7 +22,10 @@ model's own forward computes for its part:
   the model's own attention implementation (``sdpa``, ``eager`` with its additive mask,
   ``flex_attention``); rotary embeddings per layer type where the model has them (Gemma3);
 - Gemma's embedding scale lives in its embedding module; Gemma2/3's final-logit
-  soft-capping is applied after the head, as their ``ForCausalLM.forward`` does;
+  soft-capping is applied after the head, as their ``ForCausalLM.forward`` does; so are
+  the multipliers other families apply in their top-level forwards (Granite's MuP
+  ``embedding_multiplier`` and ``logits_scaling``, Cohere's ``logit_scale``, StarCoder2's
+  embedding dropout: :class:`Recipe`);
 - MoE models (Qwen2-MoE, Qwen3-MoE, Mixtral) with ``config.output_router_logits`` (as HF
   decides whether to add the load-balancing loss): every stage adds its layers' routing
   statistics to running sums that cross the boundaries (the sum of the routing
@@ -78,10 +81,20 @@ class Recipe:
     rotary: str | None  #: the rotary embedding (no parameters: every stage holds it)
     masks: str  #: "layer_types" (config.layer_types), "window" (sliding when config.sliding_window), "full"
     embed_kind: str = "tokens"  #: "tokens", "gpt2" (+ positions, dropout), "neox" (+ dropout)
+    #: config attributes the model's own forwards apply around the stages' modules:
+    embed_mult: str | None = None  #: multiplies the token embeddings (Granite's MuP embedding_multiplier)
+    embed_dropout: str | None = None  #: dropout probability on the embeddings (StarCoder2)
+    logits_mul: str | None = None  #: multiplies the logits (Cohere's logit_scale, HyperCLOVA X)
+    logits_div: str | None = None  #: divides the logits (Granite's logits_scaling)
+    #: whether HF's load_balancing_loss_func is the family's router loss (False: refused when asked for)
+    router_loss: bool = True
 
 
-def _llama(masks: str) -> Recipe:
-    return Recipe(("embed_tokens",), "layers", "norm", "rotary_emb", masks)
+def _llama(masks: str, **extra: Any) -> Recipe:
+    return Recipe(("embed_tokens",), "layers", "norm", "rotary_emb", masks, **extra)
+
+
+_GRANITE = dict(embed_mult="embedding_multiplier", logits_div="logits_scaling")
 
 
 #: ``config.model_type`` -> recipe; each checked against the model's own forward.
@@ -91,6 +104,18 @@ RECIPES: dict[str, Recipe] = {
     "qwen3_moe": _llama("window"),
     "qwen2": _llama("layer_types"), "qwen3": _llama("layer_types"), "qwen2_moe": _llama("layer_types"),
     "gemma2": _llama("layer_types"), "gemma3_text": _llama("layer_types"),
+    # Llama-shaped families checked bit for bit against their own forward (tests/test_hf_models.py)
+    **{kind: _llama("full") for kind in ("stablelm", "glm", "glm4", "helium", "internlm3", "nemotron", "exaone",
+                                          "ernie4_5", "seed_oss", "arcee", "apertus", "bitnet", "olmoe",
+                                          "flex_olmo")},
+    "jetmoe": _llama("full", router_loss=False),
+    **{kind: _llama("layer_types") for kind in ("olmo3", "exaone4", "smollm3")},
+    "ministral3": _llama("window"),
+    "starcoder2": _llama("window", embed_dropout="embedding_dropout"),
+    "granite": _llama("full", **_GRANITE), "granitemoe": _llama("full", **_GRANITE),
+    "granitemoeshared": _llama("full", **_GRANITE),
+    "hyperclovax": _llama("full", embed_mult="embedding_multiplier", logits_mul="logits_scaling"),
+    "cohere": _llama("full", logits_mul="logit_scale"), "cohere2": _llama("layer_types", logits_mul="logit_scale"),
     "gpt2": Recipe(("wte", "wpe", "drop"), "h", "ln_f", None, "full", "gpt2"),
     "gpt_neox": Recipe(("embed_in", "emb_dropout"), "layers", "final_layer_norm", "rotary_emb", "full", "neox"),
 }
@@ -180,6 +205,10 @@ class CausalLMStage(nn.Module):
                 out["router"] = router
             return out
         logits = getattr(self, self._head)(getattr(base, self.recipe.norm)(hidden))
+        if self.recipe.logits_mul:
+            logits = logits * getattr(self.config, self.recipe.logits_mul)
+        if self.recipe.logits_div:
+            logits = logits / getattr(self.config, self.recipe.logits_div)
         cap = getattr(self.config, "final_logit_softcapping", None)
         if cap is not None:  # Gemma2/3: in the model's top-level forward
             logits = torch.tanh(logits / cap) * cap
@@ -197,7 +226,12 @@ class CausalLMStage(nn.Module):
             return base.drop(emb + base.wpe(pos).to(emb.device))
         if kind == "neox":
             return base.emb_dropout(base.embed_in(ids))
-        return base.embed_tokens(ids)
+        hidden = base.embed_tokens(ids)
+        if self.recipe.embed_mult:
+            hidden = hidden * getattr(self.config, self.recipe.embed_mult)
+        if self.recipe.embed_dropout:
+            hidden = F.dropout(hidden, p=getattr(self.config, self.recipe.embed_dropout), training=self.training)
+        return hidden
 
     def _router_start(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         e = self._router.num_experts
@@ -337,11 +371,16 @@ def _check(model: nn.Module) -> tuple[Recipe, str]:
     return recipe, head
 
 
-def _router(model: nn.Module) -> _Router | None:
+def _router(model: nn.Module, recipe: Recipe) -> _Router | None:
     """The load-balancing loss HF adds to this model's ``loss``, if any."""
     cfg = model.config
     if not getattr(cfg, "output_router_logits", False):
         return None
+    if not recipe.router_loss:
+        raise ParameterError("model", f"config.output_router_logits is set, but {cfg.model_type}'s router loss is "
+                             "its own (not transformers' load_balancing_loss_func, which the stages reproduce): "
+                             "set output_router_logits=False and add the loss with "
+                             "pipeoffload.models.aux_loss.add_aux_loss")
     rec = (getattr(model.base_model, "_can_record_outputs", None) or {}).get("router_logits")
     if rec is None or not all(hasattr(model, a) for a in ("num_experts", "num_experts_per_tok",
                                                            "router_aux_loss_coef")):
@@ -408,7 +447,8 @@ def split_causal_lm(model: nn.Module, num_stages: int, *,
     Args:
         model: a ``...ForCausalLM`` / ``GPT2LMHeadModel`` of a known family
             (:data:`RECIPES`: Llama, Mistral, Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE, Mixtral,
-            Gemma, Gemma2, Gemma3 (text), Phi-3, GPT-2, GPT-NeoX, OLMo, OLMo2).
+            Gemma, Gemma2, Gemma3 (text), Phi-3, GPT-2, GPT-NeoX, OLMo, OLMo2 and 26
+            Llama-shaped families: docs/runtime.md).
         num_stages: the schedule's number of layer groups (``sched.num_stages``, p·v).
         layers_per_stage: decoder layers per stage, in order (summing to the model's);
             default: balanced by :func:`layer_costs` (embedding and head counted) with
@@ -446,7 +486,7 @@ def split_causal_lm(model: nn.Module, num_stages: int, *,
                                  "give `layers_per_stage` to allow stages without layers")
         costs, first, last = layer_costs(model)
         ranges = balanced_ranges(costs, num_stages, first, last)
-    router, ties = _router(model), tied_parameters(model)
+    router, ties = _router(model, recipe), tied_parameters(model)
     return [CausalLMStage(model, recipe, ranges[s], s == 0, s == num_stages - 1, head, router, ties)
             for s in range(num_stages)]
 
