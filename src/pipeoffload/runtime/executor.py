@@ -268,18 +268,7 @@ class PipelineRunner:
         # validated, sends/receives added (around each overlapped pair, or each half alone)
         self.program = lower(schedule if overlap_pairs else without_overlap(schedule), comm=True).schedule
         self.mesh = mesh
-        if mesh is not None:
-            if group is not None:
-                raise ParameterError("group", "give either `mesh` (its \"pp\" dimension is the pipeline) or `group`, "
-                                     "not both")
-            if "pp" not in (mesh.mesh_dim_names or ()):
-                raise ParameterError("mesh", "the mesh needs a \"pp\" dimension (of size 1 for a single-stage "
-                                     "pipeline); pipeoffload.runtime.mesh.build_mesh always makes one")
-            group = sub_group(mesh, "pp")
-            if rank is None and group is not None:
-                # The mesh's order, not the group's: a process group sorts its ranks, a
-                # mesh row [3, 0] makes global rank 3 pipeline rank 0.
-                rank = mesh_coords(mesh)["pp"]
+        group, rank = _pipeline_group(mesh, group, rank)
         self.group = group
         self.rank = _pipeline_rank(schedule, group, rank)
         #: This rank's coordinates: pipeline, data-parallel and tensor-parallel index.
@@ -1082,6 +1071,25 @@ def _all_modules(stage_modules: StageModules) -> dict[int, nn.Module] | None:
     if isinstance(stage_modules, Sequence) and not isinstance(stage_modules, (str, bytes)):
         return {s: m for s, m in enumerate(stage_modules) if isinstance(m, nn.Module)}
     return None
+
+
+def _pipeline_group(mesh: Any, group: Any, rank: int | None) -> tuple[Any, int | None]:
+    """The pipeline's process group and this rank's index in it: ``group`` and ``rank``
+    as given, or the mesh's "pp" dimension; ParameterError for both or a mesh without it."""
+    if mesh is None:
+        return group, rank
+    if group is not None:
+        raise ParameterError("group", "give either `mesh` (its \"pp\" dimension is the pipeline) or `group`, "
+                             "not both")
+    if "pp" not in (mesh.mesh_dim_names or ()):
+        raise ParameterError("mesh", "the mesh needs a \"pp\" dimension (of size 1 for a single-stage "
+                             "pipeline); pipeoffload.runtime.mesh.build_mesh always makes one")
+    group = sub_group(mesh, "pp")
+    if rank is None and group is not None:
+        # The mesh's order, not the group's: a process group sorts its ranks, a
+        # mesh row [3, 0] makes global rank 3 pipeline rank 0.
+        rank = mesh_coords(mesh)["pp"]
+    return group, rank
 
 
 def _pick_modules(stage_modules: StageModules, mine: tuple[int, ...], num_stages: int) -> dict[int, nn.Module]:
