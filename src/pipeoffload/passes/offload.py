@@ -59,6 +59,20 @@ Auto
     better on a busy link: short-lived chunks take link time the long-lived ones
     needed.
 
+Limit mode
+    ``mem_limit=L`` asks for every rank's peak ≤ L instead of the lowest peak at the
+    schedule's own times: where a copy cannot free memory in time, the op that
+    allocates waits (a forward until its rank's next offload copy ends, a backward as
+    long as its reload needs), the compute ops are re-timed with those waits and the
+    copies planned again, per placement heuristic, until no rank is above L; the plan
+    with the shortest makespan is kept (ParameterError naming ``mem_limit`` when no
+    heuristic gets there). Each rank's order is unchanged; the makespan may grow. It is
+    the heuristic the exact scheduler (:mod:`pipeoffload.solver`) starts from and is
+    compared with (docs/solver.md).
+
+In "skip" mode the plan for C chunks is never worse than the plan for fewer (the best
+of C, C−1, …, 1 is kept; the pairs left on the device counted as "no_gain").
+
 Optional: ``postpone_warmup`` moves every warm-up forward (one before its rank's first
 backward) as late as the next op on its rank and its consumers allow, shortening
 lifespans; the makespan and every rank's order are unchanged.
