@@ -482,7 +482,8 @@ class _Problem:
             if c is None:
                 continue
             a, b = int(round(c.offload_start * sc)), int(round(c.reload_start * sc))
-            exact = exact and abs(c.offload_end * sc - a - t["d"]) <= 1e-6 and abs(c.reload_end * sc - b - t["d"]) <= 1e-6
+            exact = (exact and abs(c.offload_end * sc - a - t["d"]) <= 1e-6
+                     and abs(c.reload_end * sc - b - t["d"]) <= 1e-6)
             self.model.AddHint(t["off_start"], a)
             self.model.AddHint(t["rel_start"], b)
             slots.append((t["stage"], t["mb"], a, a + t["d"], b, b + t["d"]))

@@ -504,7 +504,8 @@ def _no_worse_than_fewer_chunks(ctx: _Context, res: OffloadResult, mode: str, po
     if best is res:
         return res
     dropped = sum(1 for e in ctx.base_events if e.op.kind is OpKind.F and placed <= e.op.chunk < C and e.mem > _EPS)
-    best.skipped = {k: v for k, v in sorted({**best.skipped, SKIP_GAIN: best.skipped.get(SKIP_GAIN, 0) + dropped}.items())}
+    skipped = {**best.skipped, SKIP_GAIN: best.skipped.get(SKIP_GAIN, 0) + dropped}
+    best.skipped = {k: skipped[k] for k in sorted(skipped)}
     best.chunks = C
     best.schedule.params = dict(best.schedule.params, offload_chunks=C)
     best.timeline.meta["offload"] = {"chunks": C, "transfers": len(best.transfers), "skipped": dict(best.skipped)}
@@ -515,7 +516,8 @@ def _no_worse_than_fewer_chunks(ctx: _Context, res: OffloadResult, mode: str, po
 def _plan_to_limit(ctx: _Context, chunks: int | None, limit: float) -> OffloadResult:
     """The limit mode (``mem_limit``): plan with every placement heuristic, and where a
     rank's level still rises above ``limit``, make the op that allocates there wait —
-    a forward until the rank's next offload copy ends, a reload's backward by as long — re-time and plan again, until every peak is within the limit
+    a forward until the rank's next offload copy ends, a reload's backward by as long —
+    re-time and plan again, until every peak is within the limit
     (:func:`_limit_waits`; a heuristic whose makespan passes ``_LIMIT_STRETCH`` × the
     original is given up). The plan with the shortest makespan (then lowest bubble,
     peaks) within the limit is kept. Raises ParameterError naming ``mem_limit`` when none is."""
