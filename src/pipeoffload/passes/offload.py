@@ -282,8 +282,8 @@ def plan_offload(
             and the program is then exactly as without it.
         mem_limit: the limit mode: every rank's activation peak at most this (in the
             timeline's memory unit), compute ops made to wait where the copies cannot
-            free memory in time (forwards until the rank's level falls, backwards for
-            their reloads), so the makespan may grow; chunks as ``offload_chunks``;
+            free memory in time (a forward until its rank's next offload copy ends, a
+            backward for its reload), so the makespan may grow; chunks as ``offload_chunks``;
             not with ``auto`` or ``on_infeasible`` (module docstring, "Limit mode").
         options: all of the settings above as one :class:`OffloadOptions` (what the
             CLI, the runtime's configuration and :func:`~pipeoffload.passes.lower.lower`
