@@ -1,6 +1,6 @@
 """How close the heuristic offload pass is to the exact scheduler that also decides offload.
 
-    PYTHONPATH=src .venv/bin/python benchmarks/offload_gap.py --sizes 3x6,4x8  # the table (docs/solver.md)
+    PYTHONPATH=src .venv/bin/python benchmarks/offload_gap.py             # the table (docs/solver.md)
     PYTHONPATH=src .venv/bin/python benchmarks/offload_gap.py --solve [--time-limit 5] [--sizes 3x6]
         [--costs 1:2:1] [--links 0.5] [--unproven | --missing]         # (re)compute the reference (solver extra)
 
@@ -23,7 +23,7 @@ leaves it out, the "before" of docs/solver.md). Cells: the exact bubble rate and
 in percentage points; "none": nothing within the limit. ``--missing``: re-solve only the cases with
 no solution stored; ``--rows``: reuse an earlier ``--out`` instead of running the heuristic.
 
-The reference, ``tests/data/offload_gap_reference.json`` (p = 3 and 4 so far), holds per case the
+The reference, ``tests/data/offload_gap_reference.json``, holds per case the
 solver's bubble rate, status ("optimal" or "feasible" at the time limit, or "none": no solution
 found in time) and proven lower bound on the bubble; ``--solve`` merges (better bubble wins,
 "optimal" sticks, highest bound kept) and rewrites it after each solve. ``tests/test_offload_gap.py`` re-solves a small sample (CI).

@@ -34,9 +34,8 @@ def _entry(p, costs, case, link):
 
 
 def test_reference_covers_the_grid():
-    """Every case of p = 3 and 4 (p = 6 is not stored yet: docs/solver.md)."""
     keys = {(e["p"], e["m"], e["costs"], e["case"], e["link"]) for e in CASES}
-    want = {(p, m, c, case[0], link) for p, m in G.SIZES if p <= 4 for c in G.COSTS for case in G.offload_cases(p)
+    want = {(p, m, c, case[0], link) for p, m in G.SIZES for c in G.COSTS for case in G.offload_cases(p)
             for link in G.LINKS}
     assert keys == want and len(CASES) == len(want)
     for e in CASES:
