@@ -39,7 +39,7 @@ def main() -> None:
         m = 4 * p
         s = generate("dualpipev", p=p, m=m)
         base = simulate(s)
-        for t in (0.0, 0.25):
+        for t in (0.0, 0.25, 0.5):
             row, grow = [2 * max(base.peak_memory())], 0.0
             for c, stash in ((1, False), (2, False), (2, True)):
                 res = plan_offload(s, base, offload_chunks=c, stash=stash, offload_time=t, on_infeasible="skip")

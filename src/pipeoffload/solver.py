@@ -26,7 +26,10 @@ chunks may also be moved to the host between its F and its B: an optional device
 and host→device copy of fixed duration on its rank's host link (ranks grouped
 ``link_group`` at a time, one copy per direction at a time), the F's memory given back
 when the first copy ends and taken again when the second starts, the second ending
-before the B starts.
+before the B starts. CP-SAT starts from the offload pass's limit mode on the placement's
+generators (``plan_offload(..., mem_limit=...)``, the same link, no solo speed-up), and
+returns that plan with its bound when it finds nothing better in time, so the result is
+never worse than the heuristic's.
 
 Pure Python apart from ``ortools`` (the optional ``pipeoffload[solver]`` extra), imported
 on first use; never imports torch.
@@ -138,14 +141,17 @@ def solve(
     by CP-SAT within ``time_limit`` seconds (see the module docstring).
 
     ``hint``: a schedule on the same placement to start from (default: the best of the
-    project's generators that fits the limit). ``workers``: CP-SAT search workers
-    (default: the machine's cores, at most 8).
+    project's generators that fits the limit; with ``offload``, the best plan of the
+    offload pass's limit mode on those generators, copies included). ``workers``: CP-SAT
+    search workers (default: the machine's cores, at most 8).
 
     Guarantees: ``schedule`` is validated and its timeline's bubble rate is at most the
     solver's (the timing pass only starts ops earlier); its per-rank peak is at most
     ``mem_limit`` (with offload: in the returned timeline); when ``status`` is
     "optimal", no schedule that takes each (kind, layer group)'s microbatches in order
-    has a lower bubble rate under this limit. Raises ParameterError naming the
+    has a lower bubble rate under this limit; with ``offload`` and no ``hint``, the
+    bubble rate is at most that of the offload pass's plan it started from (when
+    there is one). Raises ParameterError naming the
     parameter for bad input, or ``mem_limit`` when no schedule fits.
     """
     pl = _placement(p, m, v, placement)
@@ -155,10 +161,13 @@ def solve(
             f"got {time_limit!r}")
     limit = _limit(pl, memory, mem_limit)
     prob = _Problem.make(pl, m, costs, memory, limit, offload)
-    if hint is None:
+    plan = None
+    if offload is not None and hint is None:
+        plan = _offload_hint(pl, m, costs, memory, limit, offload)
+    if hint is None and plan is None:
         hint = _default_hint(pl, m, costs, memory, limit)
     started = time.monotonic()
-    sol = prob.solve(time_limit, workers, hint)
+    sol = prob.solve(time_limit, workers, hint, plan)
     wall = time.monotonic() - started
     return prob.result(sol, wall)
 
@@ -223,6 +232,42 @@ def _default_hint(pl: Placement, m: int, costs: Costs, memory: MemoryDeltas, lim
             if best is None or tl.bubble_rate < best[0]:
                 best = (tl.bubble_rate, s)
     return best[1] if best else None
+
+
+def _offload_hint(pl: Placement, m: int, costs: Costs, memory: MemoryDeltas, limit: float,
+                  offload: SolverOffload):
+    """The heuristic's answer to the same question, as a start for CP-SAT and the result
+    when it finds nothing in time: the lowest-bubble plan, within ``limit``, of the
+    placement's generators, each as is when it fits and else given to the offload pass's
+    limit mode (chunks c < ``offload.offload_chunks``, the same host link, no solo
+    speed-up). None when none fits."""
+    from .passes.offload import plan_offload
+    from .schedules import generate
+
+    p = pl.num_ranks
+    if pl.kind == "v":
+        cands = [("zb-v", {"mem_limit": limit}), ("zb-v", {"mem_limit": p}), ("v-zb", {}), ("v-half", {}),
+                 ("v-min", {})]
+    elif pl.max_chunks == 1:
+        cands = [("zb-auto", {"mem_limit": limit}), ("zb-h1", {}), ("1f1b", {})]
+    else:
+        return None
+    best = None
+    for name, kw in cands:
+        try:
+            s = generate(name, p=p, m=m, costs=costs, memory=memory, **kw)
+        except Exception:  # noqa: BLE001 - a generator that refuses these parameters is no hint
+            continue
+        tl = simulate(s, costs, memory)
+        try:
+            res = plan_offload(s, tl, offload_chunks=min(offload.offload_chunks, s.chunks),
+                               offload_time=offload.offload_time, link_group=offload.link_group, solo_factor=1.0,
+                               comm=costs.comm, mem_limit=limit)
+        except ParameterError:  # no plan within the limit
+            continue
+        if best is None or res.timeline.bubble_rate < best.timeline.bubble_rate:
+            best = res
+    return best
 
 
 class _Problem:
@@ -367,11 +412,12 @@ class _Problem:
         return out
 
     # --- solving and reading back ------------------------------------------------
-    def solve(self, time_limit: float, workers: int | None, hint: Schedule | None) -> "_Solution":
+    def solve(self, time_limit: float, workers: int | None, hint: Schedule | None, plan=None) -> "_Solution":
         """Run CP-SAT. When it ends without a solution but ``hint`` is one (CP-SAT does
         not always take a hint within the time), the hint is returned with the
-        solver's bound."""
+        solver's bound; with offload, the same for ``plan`` (an offload result)."""
         hinted = self._add_hint(hint) if hint is not None else None
+        planned = self._add_plan_hint(plan) if plan is not None else None
         solver = self.cp.CpSolver()
         solver.parameters.max_time_in_seconds = float(time_limit)
         solver.parameters.num_search_workers = workers or 8  # the portfolio's bound workers need several
@@ -383,10 +429,12 @@ class _Problem:
                       solver.Value(t["rel_start"]), solver.Value(t["rel_start"]) + t["d"]) for t in chosen]
             return _Solution(starts, solver.ObjectiveValue(), solver.BestObjectiveBound(),
                              status == self.cp.OPTIMAL, slots)
-        if hinted is not None and not self.transfers and status != self.cp.INFEASIBLE:
-            span = max(max(hinted[(OpKind.W, s, j)] + self.dur[(OpKind.W, s)] for s in self.pl.stages_of(r)
+        fallback = planned if self.transfers else hinted
+        if fallback is not None and status != self.cp.INFEASIBLE:
+            starts, slots = fallback if self.transfers else (fallback, [])
+            span = max(max(starts[(OpKind.W, s, j)] + self.dur[(OpKind.W, s)] for s in self.pl.stages_of(r)
                            for j in range(self.m)) - self.first[r] for r in range(self.pl.num_ranks))
-            return _Solution(hinted, span, min(span, solver.BestObjectiveBound()), False, [])
+            return _Solution(starts, span, min(span, solver.BestObjectiveBound()), False, slots)
         why = "proved none exists" if status == self.cp.INFEASIBLE else "found none in the time limit"
         raise ParameterError("mem_limit", f"no schedule found within {self.limit:g} (the solver {why}); "
                              "raise `mem_limit` or `time_limit`")
@@ -409,6 +457,39 @@ class _Problem:
             self.model.AddHint(self.start[(e.op.kind, e.op.stage, e.op.microbatch)], int(round(e.start)))
         in_order = all(starts[(k, s, j)] >= starts[(k, s, j - 1)] for (k, s, j) in starts if j > 0)
         return starts if in_order else None
+
+    def _add_plan_hint(self, plan) -> tuple[dict, list] | None:
+        """Start values from an offload plan (:func:`_offload_hint`): its compute starts
+        and which copies it makes, when. Returns ``(starts, slots)`` in the model's units
+        when the plan is exactly a solution of the model (integer times after scaling,
+        each rank's first op where the model pins it, every copy one the model allows),
+        else None (still a hint)."""
+        sc, exact = self.tscale, self.exact
+        starts = {}
+        for e in plan.timeline.compute_events():
+            x = e.start * sc
+            exact = exact and abs(x - round(x)) <= 1e-6
+            key = (e.op.kind, e.op.stage, e.op.microbatch)
+            if key not in self.start:
+                return None  # a fused backward: no hint
+            starts[key] = int(round(x))
+            self.model.AddHint(self.start[key], starts[key])
+        copies = {(t.stage, t.microbatch): t for t in plan.transfers}
+        slots = []
+        for t in self.transfers:
+            c = copies.pop((t["stage"], t["mb"]), None)
+            self.model.AddHint(t["use"], c is not None)
+            if c is None:
+                continue
+            a, b = int(round(c.offload_start * sc)), int(round(c.reload_start * sc))
+            exact = (exact and abs(c.offload_end * sc - a - t["d"]) <= 1e-6
+                     and abs(c.reload_end * sc - b - t["d"]) <= 1e-6)
+            self.model.AddHint(t["off_start"], a)
+            self.model.AddHint(t["rel_start"], b)
+            slots.append((t["stage"], t["mb"], a, a + t["d"], b, b + t["d"]))
+        exact = exact and not copies and all(
+            starts[(OpKind.F, self.pl.stages_of(r)[0], 0)] == self.first[r] for r in range(self.pl.num_ranks))
+        return (starts, slots) if exact else None
 
     def result(self, sol: "_Solution", wall: float) -> SolveResult:
         pl, m = self.pl, self.m

@@ -59,6 +59,20 @@ Auto
     better on a busy link: short-lived chunks take link time the long-lived ones
     needed.
 
+Limit mode
+    ``mem_limit=L`` asks for every rank's peak ≤ L instead of the lowest peak at the
+    schedule's own times: where a copy cannot free memory in time, the op that
+    allocates waits (a forward until its rank's next offload copy ends, a backward as
+    long as its reload needs), the compute ops are re-timed with those waits and the
+    copies planned again, per placement heuristic, until no rank is above L; the plan
+    with the shortest makespan is kept (ParameterError naming ``mem_limit`` when no
+    heuristic gets there). Each rank's order is unchanged; the makespan may grow. It is
+    the heuristic the exact scheduler (:mod:`pipeoffload.solver`) starts from and is
+    compared with (docs/solver.md).
+
+In "skip" mode the plan for C chunks is never worse than the plan for fewer (the best
+of C, C−1, …, 1 is kept; the pairs left on the device counted as "no_gain").
+
 Optional: ``postpone_warmup`` moves every warm-up forward (one before its rank's first
 backward) as late as the next op on its rank and its consumers allow, shortening
 lifespans; the makespan and every rank's order are unchanged.
@@ -86,11 +100,15 @@ __all__ = [
 
 _EPS = 1e-9
 _MAX_RETIMES = 100
+_MAX_LIMIT_WAITS = 200  #: the limit mode's rounds of waits per placement heuristic
+_LIMIT_STRETCH = 2.0  #: the limit mode gives a heuristic up once its makespan passes this × the original
 _INFEASIBLE_MODES = ("error", "skip", "delay")
 #: Skip reasons reported in ``OffloadResult.skipped``.
 SKIP_SHORT = "short_lifespan"  #: F end → B start no longer than the round trip: saves nothing
 SKIP_EMPTY = "no_memory"  #: the chunk's F keeps nothing
 SKIP_LINK = "link_busy"  #: on_infeasible="skip": the reload could not finish before its B
+#: on_infeasible="skip": left on the device because the plan without its chunk had a lower peak
+SKIP_GAIN = "no_gain"
 
 
 
@@ -152,6 +170,7 @@ class OffloadOptions:
     on_infeasible: str | None = None
     postpone_warmup: bool | None = None
     stash: bool = False
+    mem_limit: float | None = None
 
     def kwargs(self) -> dict:
         """As keyword arguments of :func:`plan_offload`."""
@@ -167,6 +186,8 @@ class OffloadOptions:
         out = self.kwargs()
         del out["offload_chunks"]
         out["auto"], out["stash"], out["on_infeasible"] = bool(self.auto), bool(self.stash), on_infeasible
+        if self.mem_limit is None:  # reported only when the limit mode was asked for
+            del out["mem_limit"]
         if self.transfer_times is not None:
             out["offload_time"] = None
         return out
@@ -239,6 +260,7 @@ def plan_offload(
     postpone_warmup: bool | None = None,
     comm: float | None = None,
     stash: bool = False,
+    mem_limit: float | None = None,
     options: OffloadOptions | None = None,
 ) -> OffloadResult:
     """Plan selective activation offload (PipeOffload) on a timed schedule.
@@ -267,6 +289,11 @@ def plan_offload(
         stash: also offload, between each B and its W, what only W still needs (the
             stash window, STASH_* ops; split-backward schedules only); off by default,
             and the program is then exactly as without it.
+        mem_limit: the limit mode: every rank's activation peak at most this (in the
+            timeline's memory unit), compute ops made to wait where the copies cannot
+            free memory in time (a forward until its rank's next offload copy ends, a
+            backward for its reload), so the makespan may grow; chunks as ``offload_chunks``;
+            not with ``auto`` or ``on_infeasible`` (module docstring, "Limit mode").
         options: all of the settings above as one :class:`OffloadOptions` (what the
             CLI, the runtime's configuration and :func:`~pipeoffload.passes.lower.lower`
             pass); given, the individual keywords must keep their defaults.
@@ -278,7 +305,8 @@ def plan_offload(
 
     Raises:
         ParameterError: naming the keyword argument (e.g. ``offload_chunks``) for bad
-            settings or an infeasible C (with the largest feasible one).
+            settings or an infeasible C (with the largest feasible one); ``mem_limit``
+            when no plan keeps every rank within it.
 
     Guarantees:
         The inputs are not modified; compute ops keep their times unless a B is delayed
@@ -287,12 +315,14 @@ def plan_offload(
         OFFLOAD_START ≤ OFFLOAD_END ≤ RELOAD_START ≤ RELOAD_END ≤ its B's start (strict
         when the transfer time is positive); only chunks ``c < C`` are offloaded; copies
         of one direction never overlap on one link; unless a B was delayed, every
-        rank's peak ≤ its no-offload peak.
+        rank's peak ≤ its no-offload peak; with ``mem_limit``, every rank's peak ≤
+        ``mem_limit`` and each (kind, layer group)'s and each rank's order unchanged.
     """
     given = OffloadOptions(offload_chunks=offload_chunks, auto=auto, offload_time=offload_time,
                            transfer_times=transfer_times,
                            link_group=link_group, solo_factor=solo_factor, tolerance=tolerance,
-                           on_infeasible=on_infeasible, postpone_warmup=postpone_warmup, stash=stash)
+                           on_infeasible=on_infeasible, postpone_warmup=postpone_warmup, stash=stash,
+                           mem_limit=mem_limit)
     if options is None:
         o = given
     elif given != OffloadOptions():
@@ -305,7 +335,13 @@ def plan_offload(
     ctx = _Context.make(schedule, timeline, o.offload_time, o.transfer_times, o.link_group, o.solo_factor, comm)
     ctx.stash = bool(o.stash)
     mode = _infeasible_mode(o.tolerance, o.on_infeasible, o.auto)
-    if o.auto:
+    if o.mem_limit is not None:
+        if o.auto or o.on_infeasible is not None:
+            raise ParameterError("mem_limit", "the limit mode chooses where ops wait itself: not with `auto` or "
+                                 "`on_infeasible`")
+        mode = "delay"
+        res = _plan_to_limit(ctx, o.offload_chunks, o.mem_limit)
+    elif o.auto:
         res = _plan_auto(ctx, o.offload_chunks, mode, o.postpone_warmup, o.tolerance)
     else:
         res = _plan_exactly(ctx, o.offload_chunks, mode, o.postpone_warmup)
@@ -445,6 +481,8 @@ def _plan_exactly(ctx: _Context, chunks: int | None, mode: str, postpone: bool) 
     c = ctx.schedule.chunks if chunks is None else chunks
     _check_chunks(c, ctx.schedule.chunks)
     res = _plan_for_chunks(ctx, c, mode, postpone)
+    if mode == "skip" and res is not None:
+        res = _no_worse_than_fewer_chunks(ctx, res, mode, postpone)
     if res is None:
         best = next(k for k in range(c - 1, -1, -1) if _plan_for_chunks(ctx, k, mode, postpone) is not None)
         raise ParameterError(
@@ -454,6 +492,118 @@ def _plan_exactly(ctx: _Context, chunks: int | None, mode: str, postpone: bool) 
             f"offloads: `on_infeasible`=\"skip\")",
         )
     return res
+
+
+def _no_worse_than_fewer_chunks(ctx: _Context, res: OffloadResult, mode: str, postpone: bool | None) -> OffloadResult:
+    """In "skip" mode, the plan for C chunks may drop any candidate, so it is never worse
+    than the plan for fewer: the plans of C' = C−1 .. 1 are tried too and the best (same
+    key as :func:`_plan_for_chunks`: makespan, highest peak, summed peaks; ties keep the
+    larger C') is returned as the plan for C, the candidates of chunks ≥ C' counted as
+    skipped for "no_gain". Without it a placement heuristic given more candidates could
+    do worse (DualPipeV p = 4, m = 16, transfers 0.5 × F+B+W: C = 2 peaked at 3.5 units,
+    C = 1 at 3)."""
+    def key(r: OffloadResult) -> tuple:
+        return (_clean(r.makespan), max(r.peak, default=0.0), sum(r.peak))
+
+    C, best, placed = res.chunks, res, res.chunks
+    for fewer in range(C - 1, 0, -1):
+        other = _plan_for_chunks(ctx, fewer, mode, postpone)
+        if other is not None and key(other) < key(best):
+            best, placed = other, fewer
+    if best is res:
+        return res
+    dropped = sum(1 for e in ctx.base_events if e.op.kind is OpKind.F and placed <= e.op.chunk < C and e.mem > _EPS)
+    skipped = {**best.skipped, SKIP_GAIN: best.skipped.get(SKIP_GAIN, 0) + dropped}
+    best.skipped = {k: skipped[k] for k in sorted(skipped)}
+    best.chunks = C
+    best.schedule.params = dict(best.schedule.params, offload_chunks=C)
+    best.timeline.meta["offload"] = {"chunks": C, "transfers": len(best.transfers), "skipped": dict(best.skipped)}
+    best.settings["placed_chunks"] = placed
+    return best
+
+
+def _plan_to_limit(ctx: _Context, chunks: int | None, limit: float) -> OffloadResult:
+    """The limit mode (``mem_limit``): plan with every placement heuristic, and where a
+    rank's level still rises above ``limit``, make the op that allocates there wait —
+    a forward until the rank's next offload copy ends, a reload's backward by as long —
+    re-time and plan again, until every peak is within the limit
+    (:func:`_limit_waits`; a heuristic whose makespan passes ``_LIMIT_STRETCH`` × the
+    original is given up). The plan with the shortest makespan (then lowest bubble,
+    peaks) within the limit is kept. Raises ParameterError naming ``mem_limit`` when none is."""
+    C = ctx.schedule.chunks if chunks is None else chunks
+    _check_chunks(C, ctx.schedule.chunks)
+    if not (isinstance(limit, (int, float)) and math.isfinite(limit) and limit > 0):
+        raise ParameterError("mem_limit", f"must be a positive number (the per-rank activation limit), got {limit!r}")
+    ctx.check_retimable()
+    best: OffloadResult | None = None
+    for name, place in _STRATEGIES.items():
+        mode = "skip" if getattr(place, "long_lived", False) or getattr(place, "needs_events", False) else "delay"
+        release: dict = {}
+        for _ in range(_MAX_LIMIT_WAITS):
+            res = _plan_with_placement(ctx, C, mode, False, place, release)
+            if res is None or res.makespan > _LIMIT_STRETCH * ctx.base_makespan:
+                res = None  # waits that keep pushing each other out: this heuristic gives up
+                break
+            if not _limit_waits(res, limit, release):
+                break
+        if res is None or max(res.peak, default=0.0) > limit + _EPS * max(1.0, abs(limit)):
+            continue
+        res.settings.update(placement=name, postponed=False, mem_limit=limit)
+        key = (_clean(res.makespan), res.timeline.bubble_rate, max(res.peak, default=0.0), sum(res.peak))
+        if best is None or key < (_clean(best.makespan), best.timeline.bubble_rate, max(best.peak, default=0.0),
+                                  sum(best.peak)):
+            best = res
+    if best is None:
+        raise ParameterError("mem_limit", f"no plan with {C} offloaded chunk(s) keeps every rank within {limit:g} "
+                             f"(peak without offload {max(ctx.timeline.peak_memory()):g}); raise `mem_limit`, "
+                             "`offload_chunks` or lower the transfer time")
+    return best
+
+
+def _limit_waits(res: OffloadResult, limit: float, release: dict) -> bool:
+    """The earliest point where a rank of ``res`` rises above ``limit``: add a wait to
+    ``release`` for the op that allocates there (a forward: until the rank's next
+    offload copy ends; a reload: its backward by as long). False when there is none, or
+    nothing to wait for (no copy ends later, or the op is the rank's first)."""
+    tol = _EPS * max(1.0, abs(limit))
+    over = None
+    for r, sweep in enumerate(res.timeline.memory_sweeps()):
+        for i, (t, order, lvl) in enumerate(sweep):
+            if order == ALLOC and lvl > limit + tol and (i + 1 == len(sweep) or sweep[i + 1][0] > t + _EPS):
+                if over is None or t < over[0]:
+                    over = (t, r, lvl, sweep[i + 1:])
+                break
+    if over is None:
+        return False
+    t, r, lvl, _ = over
+    # Only a copy ending later frees memory without depending on the op that would wait.
+    falls = min((e.end for e in res.timeline.events if e.rank == r and e.mem < 0 and not e.op.kind.is_compute
+                 and e.end > t + _EPS), default=None)
+    if falls is None:
+        return False
+    wait = falls - t
+    allocs = [e for e in res.timeline.events if e.rank == r and e.mem > 0 and abs(e.start - t) <= _EPS]
+    first = min((e.start for e in res.timeline.events if e.rank == r and e.op.kind.is_compute), default=t)
+    moved = False
+    for e in allocs:
+        if e.op.kind is OpKind.F and e.start > first + _EPS:
+            key = e.op.key
+        elif e.op.kind in (OpKind.RELOAD_START, OpKind.STASH_RELOAD_START):
+            kind = OpKind.W if e.op.kind is OpKind.STASH_RELOAD_START else OpKind.B
+            consumer = next((c for c in res.timeline.events if c.op.kind.is_compute and c.op.stage == e.op.stage
+                             and c.op.microbatch == e.op.microbatch and (c.op.kind is kind or
+                             (kind is OpKind.B and c.op.kind is OpKind.BW))), None)
+            if consumer is None:
+                continue
+            key, t0 = consumer.op.key, consumer.start
+            release[key] = max(release.get(key, -math.inf), t0 + wait)
+            moved = True
+            continue
+        else:
+            continue
+        release[key] = max(release.get(key, -math.inf), falls)
+        moved = True
+    return moved
 
 
 @dataclass
@@ -590,20 +740,23 @@ def _plan_for_chunks(ctx: _Context, C: int, mode: str, postpone: bool | None) ->
     return best
 
 
-def _plan_with_placement(ctx: _Context, C: int, mode: str, postpone: bool, place) -> OffloadResult | None:
+def _plan_with_placement(ctx: _Context, C: int, mode: str, postpone: bool, place,
+                         release: dict | None = None) -> OffloadResult | None:
     """Plan with C chunks and one placement heuristic; None when infeasible in "error"
-    mode (reason in ctx.last_failure).
+    mode (reason in ctx.last_failure). ``release``: earliest starts of compute ops (op
+    key → time) to re-time with first (the limit mode's waits).
 
     "delay": a late reload's B may not start before the reload ends; re-time the
     compute ops with those release times and plan again, until no reload is late.
     """
-    if postpone or mode == "delay":
+    if postpone or mode == "delay" or release:
         ctx.check_retimable()
-    events, release = ctx.base_events, {}
+    events, waits, release = ctx.base_events, bool(release), dict(release or {})
     if postpone:
-        events, release = _postponed_warmup(ctx)
+        events, more = _postponed_warmup(ctx)
+        release.update({k: max(t, release.get(k, t)) for k, t in more.items()})
     for attempt in range(_MAX_RETIMES):
-        if attempt:
+        if attempt or waits:
             events = _retime(ctx, release)
         cands, skipped = _candidates(ctx, events, C)
         if getattr(place, "long_lived", False):
