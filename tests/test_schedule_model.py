@@ -114,12 +114,21 @@ def test_deadlock_never_hangs_in_simulate():
         ("gpipe", dict(p=4, m=4, g=2), r"^g: schedule gpipe has no group size; `g` applies to group-interleaved"),
         ("zb-auto", dict(p=4, m=4, mem_limit=0.5), r"^mem_limit: .*in the units of `memory`"),
         ("nope", dict(p=4, m=4), r"^schedule: unknown schedule 'nope'; valid: gpipe, 1f1b"),
+        ("zb-v", dict(p=4, m=8, costs={"f": 1}), r"^costs: must be a pipeoffload.costs.Costs \(or None for the "
+                                                 r"defaults\), got dict"),
+        ("zb-auto", dict(p=4, m=8, memory=2.0), r"^memory: must be a pipeoffload.costs.MemoryDeltas"),
     ],
 )
 def test_parameter_errors(name, kw, msg):
     """Library errors name the library's parameters, never a command-line flag."""
     with pytest.raises(ParameterError, match=msg):
         generate(name, **kw)
+
+
+@pytest.mark.parametrize("name", ["zb-v", "zb-auto", "v-half", "1f1b"])
+def test_costs_and_memory_none_are_the_defaults(name):
+    """An explicit None is what leaving the argument out is (zb-v crashed on costs=None)."""
+    assert generate(name, p=4, m=8, costs=None, memory=None).ranks == generate(name, p=4, m=8).ranks
 
 
 def test_parameter_error_renders_with_other_names():

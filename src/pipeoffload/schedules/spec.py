@@ -15,7 +15,8 @@ class ScheduleSpec:
     ``v``/``g`` default per schedule when None.
 
     ``costs``/``memory`` are used by generators that plan with them (zb-auto, zb-v)
-    and ignored by fixed-order ones. ``mem_limit`` is in the units of ``memory``.
+    and ignored by fixed-order ones; None means the defaults (unit costs, one unit of
+    memory per chunk). ``mem_limit`` is in the units of ``memory``.
     Errors are :class:`~pipeoffload.errors.ParameterError` naming these fields.
     """
 
@@ -29,6 +30,15 @@ class ScheduleSpec:
     memory: MemoryDeltas = field(default_factory=MemoryDeltas)
 
     def __post_init__(self) -> None:
+        if self.costs is None:  # an explicit None is the default, as for every optional argument
+            self.costs = Costs()
+        if self.memory is None:
+            self.memory = MemoryDeltas()
+        for name, want in (("costs", Costs), ("memory", MemoryDeltas)):
+            got = getattr(self, name)
+            if not isinstance(got, want):
+                raise ParameterError(name, f"must be a pipeoffload.costs.{want.__name__} (or None for the "
+                                           f"defaults), got {type(got).__name__}")
         for param in ("p", "m"):
             val = getattr(self, param)
             if not isinstance(val, int) or isinstance(val, bool) or val < 1:
