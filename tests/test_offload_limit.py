@@ -29,7 +29,7 @@ def test_skip_mode_never_peaks_higher_with_more_chunks(name, kw, offload_time):
     prev = None
     for c in range(1, s.chunks + 1):
         res = plan_offload(s, tl, offload_chunks=c, offload_time=offload_time, on_infeasible="skip")
-        assert res.chunks == c and res.schedule.params["offload_chunks"] == c
+        assert res.offloaded_chunks == c and res.schedule.params["offload_chunks"] == c
         assert res.makespan == tl.makespan
         assert all(t.chunk < c for t in res.transfers)
         if prev is not None:

@@ -505,7 +505,7 @@ def _no_worse_than_fewer_chunks(ctx: _Context, res: OffloadResult, mode: str, po
     def key(r: OffloadResult) -> tuple:
         return (_clean(r.makespan), max(r.peak, default=0.0), sum(r.peak))
 
-    C, best, placed = res.chunks, res, res.chunks
+    C, best, placed = res.offloaded_chunks, res, res.offloaded_chunks
     for fewer in range(C - 1, 0, -1):
         other = _plan_for_chunks(ctx, fewer, mode, postpone)
         if other is not None and key(other) < key(best):
@@ -515,7 +515,7 @@ def _no_worse_than_fewer_chunks(ctx: _Context, res: OffloadResult, mode: str, po
     dropped = sum(1 for e in ctx.base_events if e.op.kind is OpKind.F and placed <= e.op.chunk < C and e.mem > _EPS)
     skipped = {**best.skipped, SKIP_GAIN: best.skipped.get(SKIP_GAIN, 0) + dropped}
     best.skipped = {k: skipped[k] for k in sorted(skipped)}
-    best.chunks = C
+    best.offloaded_chunks = C
     best.schedule.params = dict(best.schedule.params, offload_chunks=C)
     best.timeline.meta["offload"] = {"chunks": C, "transfers": len(best.transfers), "skipped": dict(best.skipped)}
     best.settings["placed_chunks"] = placed
