@@ -394,7 +394,16 @@ def schedule_from_block(name: str, block: BuildingBlock, num_microbatches: int, 
     respects all dependencies (it comes from a dependency-respecting slot grid); each
     rank's peak in chunk units (F +1, W −1, any costs) is at most its
     :func:`steady_peak`."""
+    return build_schedule(name, num_microbatches, block.placement, orders_from_block(block, num_microbatches),
+                          **params)
+
+
+def orders_from_block(block: BuildingBlock, num_microbatches: int) -> list[list[Cell]]:
+    """:func:`schedule_from_block`'s per-rank ``(kind, layer group, microbatch)`` orders
+    (repeat, reorder, compress the cool-down, read the slots in order).
+
+    Cost: O(p·v·m) slots, plus :func:`reorder`'s scans."""
     grid = repeat(block, num_microbatches)
     reorder(grid)
     compress_cooldown(grid)
-    return lower(name, grid, **params)
+    return grid.orders()
