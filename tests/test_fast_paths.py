@@ -14,7 +14,7 @@ from pipeoffload.ir import build_schedule
 from pipeoffload.passes.timing import KIND_CODE, order_figures, place_rank_lists, simulate
 from pipeoffload.schedules import generate
 from pipeoffload.schedules.building_block import orders_from_block
-from pipeoffload.schedules.v_reorder import _kth, _peak, _RankLevels
+from pipeoffload.schedules.v_reorder import _MEM, _first_fit, _kth, _peak, _RankLevels
 from pipeoffload.schedules.vshape import unit_peak_bound, v_half_block, v_min_block, v_zb_block
 from pipeoffload.schedules.w_refill import refill_both, refill_weights
 from pipeoffload.schedules.zb_auto import Infeasible, Tracker, replay
@@ -129,3 +129,35 @@ def test_rank_levels_first_fit_is_whole_rank_peak(data) -> None:
         rows[k][j] = got
         fresh = _RankLevels(rows)
         assert (levels.events, levels.level, levels.pending) == (fresh.events, fresh.level, fresh.pending)
+
+
+def _old_first_fit(rows, k: int, t: int, free: list[int], cap: int) -> int:
+    """v_reorder._first_fit before issue 24: the level after every slot of the window."""
+    if not free:
+        return t
+    if _MEM[k] <= 0:
+        return free[0]
+    lo = free[0]
+    deltas = sorted((u, _MEM[kk]) for kk in range(len(rows)) for u in rows[kk] if _MEM[kk] and u < t)
+    level = sum(d for u, d in deltas if u < lo)
+    highest = []
+    for u in range(lo, t):
+        level += sum(d for x, d in deltas if x == u)
+        highest.append(level)
+    for n in range(len(highest) - 2, -1, -1):
+        highest[n] = max(highest[n], highest[n + 1])
+    return next((q for q in free if highest[q - lo] + 1 <= cap), t)
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_first_fit_is_the_slot_by_slot_scan(data) -> None:
+    n = data.draw(st.integers(1, 6))
+    slots = deque(data.draw(st.permutations(range(6 * n + 6)))[:6 * n])
+    rows = [sorted(slots.popleft() for _ in range(n)) for _ in range(6)]
+    k, j = data.draw(st.integers(0, 5)), data.draw(st.integers(0, n - 1))
+    t = rows[k][j]
+    taken = {u for r in rows for u in r}
+    free = [q for q in range(data.draw(st.integers(0, t)), t) if q not in taken]
+    cap = data.draw(st.integers(0, 2 * n))
+    assert _first_fit(rows, k, j, t, free, cap) == _old_first_fit(rows, k, t, free, cap)

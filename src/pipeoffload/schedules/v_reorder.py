@@ -22,7 +22,7 @@ one with the shorter longest span for the costs at hand. Pure Python.
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 
 from ..ir import OpKind, Placement
 from .building_block import BuildingBlock
@@ -175,17 +175,19 @@ def _first_fit(rows: Times, k: int, j: int, t: int, free: list[int], cap: int) -
             a = bisect_left(ts, lo)
             level += d * a
             window.extend((u, d) for u in ts[a:bisect_left(ts, t, a)])
-    deltas = sorted(window)
-    i = 0
-    highest = []  # level after each slot lo..t-1
-    for u in range(lo, t):
-        while i < len(deltas) and deltas[i][0] == u:
-            level += deltas[i][1]
-            i += 1
-        highest.append(level)
-    for n in range(len(highest) - 2, -1, -1):  # highest level from slot lo+n up to t
-        highest[n] = max(highest[n], highest[n + 1])
-    return next((q for q in free if highest[q - lo] + 1 <= cap), t)
+    # The level is constant between changes: find the last slot in lo..t-1 whose level
+    # (after its change) is at the cap; the op fits at the first free slot after it.
+    last_full = lo - 1
+    start = lo
+    for u, d in sorted(window):
+        if level >= cap and u > start:
+            last_full = u - 1
+        level += d
+        start = u
+    if level >= cap and t > start:
+        last_full = t - 1
+    i = bisect_right(free, last_full)
+    return free[i] if i < len(free) else t
 
 
 def _kth(a: list[int], b: list[int], k: int) -> int:
