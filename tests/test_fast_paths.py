@@ -86,7 +86,10 @@ def test_refill_both_is_both_refills(name: str, p: int, m: int, costs: Costs, ti
             full.append(_orders(refill_weights(s, costs, MemoryDeltas(), caps, partial)))
         except Infeasible:
             pass
-    fast = [tr.order for tr in refill_both(s.placement, m, orders, costs, MemoryDeltas(), caps)]
+    trackers = refill_both(s.placement, m, orders, costs, MemoryDeltas(), caps)
+    for tr in trackers:  # the tracker's times are the timing pass's
+        assert (tr.max_span(), tr.makespan()) == order_figures(s.placement, m, tr.order, costs, MemoryDeltas())[1:]
+    fast = [tr.order for tr in trackers]
     assert fast == full or (len(full) == 2 and full[0] == full[1] and fast == full[:1])
 
 

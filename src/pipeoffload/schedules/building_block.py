@@ -66,12 +66,11 @@ class BuildingBlock:
                 if (k, s) not in self.slots:
                     raise ScheduleError(f"building block lacks {k.value}(stage={s})")
         for (k, s), t in self.slots.items():
-            for dk in dependencies(Op(k, s, 0, 0, 0), S):
-                dep = (OpKind(dk[0]), dk[1])
+            for dep in _dep_kinds(k, s, S):
                 if self.slots[dep] >= t:
                     raise ScheduleError(
                         f"building block: {k.value}(stage={s}) at slot {t} is not after its "
-                        f"dependency {dk[0]}(stage={dk[1]}) at slot {self.slots[dep]}"
+                        f"dependency {dep[0].value}(stage={dep[1]}) at slot {self.slots[dep]}"
                     )
         for r in range(pl.num_ranks):
             seen: dict[int, BlockOp] = {}

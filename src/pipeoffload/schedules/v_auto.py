@@ -123,15 +123,12 @@ def _block_from_phases(p: int, phases: list[list[int]]) -> BuildingBlock:
     t = -1
     for kind, stage, rank, col in chain:
         t += 1
-        while t % PERIOD != phases[rank][col]:
-            t += 1
+        t += (phases[rank][col] - t) % PERIOD  # the first slot from t with that phase
         slots[(kind, stage)] = t
     for r in range(p):
         for stage, col in ((2 * p - 1 - r, 4), (r, 5)):
             u = slots[(B, stage)] + 1
-            while u % PERIOD != phases[r][col]:
-                u += 1
-            slots[(W, stage)] = u
+            slots[(W, stage)] = u + (phases[r][col] - u) % PERIOD
     return BuildingBlock(pl, PERIOD, slots)
 
 
@@ -179,6 +176,18 @@ def _key(pl: Placement, m: int, orders: Orders, costs: Costs, memory: MemoryDelt
     (:func:`~pipeoffload.passes.timing.order_figures`: no timeline is built)."""
     peak, span, makespan = order_figures(pl, m, orders, costs, memory)
     return (span, makespan, peak)
+
+
+def _loses(a: tuple, b: tuple) -> bool:
+    """Whether :func:`lex_better` of ``a`` over ``b`` is already False on their span and
+    makespan (``a``'s peak may be unknown: None)."""
+    for x, y in zip(a[:2], b[:2]):
+        eps = 1e-9 * max(1.0, abs(y))
+        if x < y - eps:
+            return False
+        if x > y + eps:
+            return True
+    return False
 
 
 def _orders(s: Schedule) -> Orders:
@@ -242,9 +251,15 @@ def v_auto(spec: ScheduleSpec) -> Schedule:
         cands.append((s2, _key(pl, m, s2, costs, memory)))
         for base, _k in list(cands):
             # A run refill_both leaves out would repeat the one before it (never better).
+            # Its tracker timed it (the timing pass's engine): span and makespan are known,
+            # the peak is timed below only if they do not already lose.
             for tr in refill_both(pl, m, base, costs, memory, [limit] * p):
-                cands.append((tr.order, _key(pl, m, tr.order, costs, memory)))
+                cands.append((tr.order, (tr.max_span(), tr.makespan(), None)))
         for c, ckey in cands:
+            if best is not None and _loses(ckey, best[1]):
+                continue
+            if ckey[2] is None:
+                ckey = _key(pl, m, c, costs, memory)
             if fits(ckey) and (best is None or lex_better(ckey, best[1])):
                 best = (c, ckey)
     grid = _grid_candidate(p, m, costs, memory, units, limit + tol)
