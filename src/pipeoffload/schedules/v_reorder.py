@@ -299,21 +299,22 @@ def _squeeze(grid: list[Times]) -> list[Times]:
     p = len(grid)
     ntypes = len(grid[0])
     order = sorted((t, r, k, j) for r in range(p) for k in range(ntypes) for j, t in enumerate(grid[r][k]))
-    end: dict[tuple[int, int, int], int] = {}
     last = [0] * p
     out = [[[0] * len(grid[r][k]) for k in range(ntypes)] for r in range(p)]
+    # An op's end is its new slot + 1; each input is placed before it (earlier in slot order).
     for _, r, k, j in order:
         t = last[r]
+        rows = out[r]
         if k in (_F0, _B1) and r > 0:
-            t = max(t, end[(r - 1, k, j)])
+            t = max(t, out[r - 1][k][j] + 1)
         if k in (_F1, _B0) and r + 1 < p:
-            t = max(t, end[(r + 1, k, j)])
+            t = max(t, out[r + 1][k][j] + 1)
         if 0 < k < 4:
-            t = max(t, end[(r, k - 1, j)])
+            t = max(t, rows[k - 1][j] + 1)
         if j > 0:
-            t = max(t, end[(r, k, j - 1)])
-        out[r][k][j] = t
-        end[(r, k, j)] = last[r] = t + 1
+            t = max(t, rows[k][j - 1] + 1)
+        rows[k][j] = t
+        last[r] = t + 1
     return out
 
 
