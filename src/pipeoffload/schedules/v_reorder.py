@@ -42,7 +42,12 @@ def reorder_orders(block: BuildingBlock, m: int) -> list[list[tuple[OpKind, int,
 
     Guarantees: every op of every (layer group, microbatch) once; each order respects
     the dependencies (it is a squeezed slot grid's order); the highest per-rank peak in
-    chunk units (F +1, W −1) is at most the repeated block's."""
+    chunk units (F +1, W −1) is at most the repeated block's.
+
+    Cost: O(p·m log m) for the sorts and squeezes, plus per moved op its window: the
+    free slots between its inputs and its slot (O(m) at worst), and for the cool-down's
+    implicit-W check the events from its new slot until the rank's levels meet the old
+    ones (:class:`_RankLevels`; O(m) at worst, a few in practice)."""
     pl = block.placement
     p = pl.num_ranks
     T = block.period
