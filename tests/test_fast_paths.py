@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from collections import deque
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeoffload.costs import Costs, MemoryDeltas
+from pipeoffload.errors import ScheduleError
 from pipeoffload.ir import build_schedule
 from pipeoffload.passes.timing import KIND_CODE, order_figures, place_rank_lists, simulate
 from pipeoffload.schedules import generate
@@ -164,3 +166,11 @@ def test_first_fit_is_the_slot_by_slot_scan(data) -> None:
     free = [q for q in range(data.draw(st.integers(0, t)), t) if q not in taken]
     cap = data.draw(st.integers(0, 2 * n))
     assert _first_fit(rows, k, j, t, free, cap) == _old_first_fit(rows, k, t, free, cap)
+
+
+def test_order_figures_names_a_deadlock_as_simulate_does() -> None:
+    s = generate("1f1b", 2, 2)
+    orders = _orders(s)
+    orders[1] = orders[1][::-1]  # the last rank's backwards before its forwards
+    with pytest.raises(ScheduleError, match="deadlock"):
+        order_figures(s.placement, 2, orders, Costs(), MemoryDeltas())
