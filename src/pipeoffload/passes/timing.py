@@ -25,8 +25,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..costs import Costs, MemoryDeltas
 from ..errors import ScheduleError
-from ..ir import Op, OpKind, Schedule, overlap_pairs
-from ..timeline import TimedOp, Timeline
+from ..ir import Op, OpKind, Placement, Schedule, overlap_pairs
+from ..timeline import ALLOC, FREE, TimedOp, Timeline, _clean, memory_sweep
 
 #: Completion key of an op: ("F"|"B"|"W", stage, microbatch). B and BW both
 #: complete the "B" key (they produce the input gradient).
@@ -557,3 +557,56 @@ def simulate(
         memory_unit=memory_unit,
         meta={"params": dict(schedule.params)},
     )
+
+
+def order_figures(
+    placement: Placement,
+    num_microbatches: int,
+    orders: Sequence[Sequence[tuple[OpKind, int, int]]],
+    costs: Costs,
+    memory: MemoryDeltas,
+) -> tuple[float, float, float]:
+    """``(highest peak, longest span, makespan)`` of per-rank ``(kind, layer group,
+    microbatch)`` compute orders (no overlapped pairs), without building the timeline.
+
+    Guarantees: the same floats as ``max(tl.peak_memory())``, ``max(tl.spans())`` and
+    ``tl.makespan`` of ``tl = simulate(schedule, costs, memory)`` for the schedule of
+    these orders (same engine, same per-rank memory changes in the same order, the same
+    sweep). Raises ScheduleError on deadlock, as :func:`simulate`. Cost: O(number of ops).
+    """
+    dur, mem = costs.duration_table(placement), memory.delta_table(placement)
+    codes = [[(KIND_CODE[k], s, j) for k, s, j in lst] for lst in orders]
+    m = max([num_microbatches] + [j + 1 for lst in orders for _, _, j in lst])
+    durs = [[dur[s][k] for k, s, _ in lst] for lst in orders]
+    engine = ListScheduler(placement.stage_to_rank, m, costs.comm)
+    done, placed = _time_rank_lists(engine, codes, durs, None)
+    if any(n < len(lst) for n, lst in zip(done, orders)):
+        from ..ir import build_schedule
+
+        simulate(build_schedule("orders", num_microbatches, placement, orders), costs, memory)  # raises
+        raise ScheduleError("order_figures: the orders deadlock")  # not reached
+    p = len(orders)
+    starts: list[list[float]] = [[0.0] * len(lst) for lst in orders]
+    for r, i, t in placed:
+        starts[r][i] = t
+    first, last = [math.inf] * p, [-math.inf] * p
+    peaks = []
+    for r, lst in enumerate(orders):
+        st, du = starts[r], durs[r]
+        points = []
+        for i, (k, s, _) in enumerate(lst):
+            a, b = st[i], st[i] + du[i]
+            if a < first[r]:
+                first[r] = a
+            if b > last[r]:
+                last[r] = b
+            d = mem[s][k]
+            if d > 0:
+                points.append((a, ALLOC, d))
+            elif d < 0:
+                points.append((b, FREE, d))
+        peaks.append(_clean(max([0.0] + [level for _, _, level in memory_sweep(points)])))
+    spans = [b - a if b >= a else 0.0 for a, b in zip(first, last)]
+    if not placed:
+        return max(peaks, default=0.0), max(spans, default=0.0), 0.0
+    return max(peaks), max(spans), max(last) - min(first)

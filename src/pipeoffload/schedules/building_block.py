@@ -66,12 +66,11 @@ class BuildingBlock:
                 if (k, s) not in self.slots:
                     raise ScheduleError(f"building block lacks {k.value}(stage={s})")
         for (k, s), t in self.slots.items():
-            for dk in dependencies(Op(k, s, 0, 0, 0), S):
-                dep = (OpKind(dk[0]), dk[1])
+            for dep in _dep_kinds(k, s, S):
                 if self.slots[dep] >= t:
                     raise ScheduleError(
                         f"building block: {k.value}(stage={s}) at slot {t} is not after its "
-                        f"dependency {dk[0]}(stage={dk[1]}) at slot {self.slots[dep]}"
+                        f"dependency {dep[0].value}(stage={dep[1]}) at slot {self.slots[dep]}"
                     )
         for r in range(pl.num_ranks):
             seen: dict[int, BlockOp] = {}
@@ -394,7 +393,16 @@ def schedule_from_block(name: str, block: BuildingBlock, num_microbatches: int, 
     respects all dependencies (it comes from a dependency-respecting slot grid); each
     rank's peak in chunk units (F +1, W −1, any costs) is at most its
     :func:`steady_peak`."""
+    return build_schedule(name, num_microbatches, block.placement, orders_from_block(block, num_microbatches),
+                          **params)
+
+
+def orders_from_block(block: BuildingBlock, num_microbatches: int) -> list[list[Cell]]:
+    """:func:`schedule_from_block`'s per-rank ``(kind, layer group, microbatch)`` orders
+    (repeat, reorder, compress the cool-down, read the slots in order).
+
+    Cost: O(p·v·m) slots, plus :func:`reorder`'s scans."""
     grid = repeat(block, num_microbatches)
     reorder(grid)
     compress_cooldown(grid)
-    return lower(name, grid, **params)
+    return grid.orders()

@@ -69,16 +69,14 @@ from functools import lru_cache
 from ..costs import Costs, MemoryDeltas
 from ..errors import ParameterError
 from ..ir import OpKind, Placement, Schedule, build_schedule
-from ..passes.timing import simulate
-from ..timeline import Timeline
-from .building_block import BuildingBlock, schedule_from_block, steady_peak
+from ..passes.timing import order_figures
+from .building_block import BuildingBlock, orders_from_block, steady_peak
 from .spec import ScheduleSpec
 from .v_grid_lowering import Cell, grid_orders, lower_grid, repeated_grid, time_grid
 from .hole_fill import lex_better
 from .v_reorder import reorder_orders
 from .vshape import PERIOD, unit_peak_bound, v_half, v_min, v_zb
-from .w_refill import refill_weights
-from .zb_auto import Infeasible
+from .w_refill import refill_both
 
 __all__ = ["v_auto", "block_family", "REFINE", "SCAN", "GRID_SCAN", "PROXY_CELLS", "GRID_WORK"]
 
@@ -125,15 +123,12 @@ def _block_from_phases(p: int, phases: list[list[int]]) -> BuildingBlock:
     t = -1
     for kind, stage, rank, col in chain:
         t += 1
-        while t % PERIOD != phases[rank][col]:
-            t += 1
+        t += (phases[rank][col] - t) % PERIOD  # the first slot from t with that phase
         slots[(kind, stage)] = t
     for r in range(p):
         for stage, col in ((2 * p - 1 - r, 4), (r, 5)):
             u = slots[(B, stage)] + 1
-            while u % PERIOD != phases[r][col]:
-                u += 1
-            slots[(W, stage)] = u
+            slots[(W, stage)] = u + (phases[r][col] - u) % PERIOD
     return BuildingBlock(pl, PERIOD, slots)
 
 
@@ -172,9 +167,31 @@ def block_family(p: int) -> tuple[tuple[BuildingBlock, int], ...]:
     return tuple(sorted(seen.values(), key=lambda bp: bp[1]))
 
 
-def _key(tl: Timeline) -> tuple[float, float, float]:
-    """Longest rank span (what the bubble rate measures), then makespan, then peak."""
-    return (max(tl.spans()), tl.makespan, max(tl.peak_memory()))
+Orders = list[list[Cell]]  #: per rank, (kind, layer group, microbatch)
+
+
+def _key(pl: Placement, m: int, orders: Orders, costs: Costs, memory: MemoryDeltas) -> tuple[float, float, float]:
+    """Longest rank span (what the bubble rate measures), then makespan, then peak, of
+    ``orders`` timed as :func:`~pipeoffload.passes.timing.simulate` times them
+    (:func:`~pipeoffload.passes.timing.order_figures`: no timeline is built)."""
+    peak, span, makespan = order_figures(pl, m, orders, costs, memory)
+    return (span, makespan, peak)
+
+
+def _loses(a: tuple, b: tuple) -> bool:
+    """Whether :func:`lex_better` of ``a`` over ``b`` is already False on their span and
+    makespan (``a``'s peak may be unknown: None)."""
+    for x, y in zip(a[:2], b[:2]):
+        eps = 1e-9 * max(1.0, abs(y))
+        if x < y - eps:
+            return False
+        if x > y + eps:
+            return True
+    return False
+
+
+def _orders(s: Schedule) -> Orders:
+    return [[(o.kind, o.stage, o.microbatch) for o in r] for r in s.ranks]
 
 
 def v_auto(spec: ScheduleSpec) -> Schedule:
@@ -202,17 +219,17 @@ def v_auto(spec: ScheduleSpec) -> Schedule:
     fixed = []
     for name, gen in (("v-min", v_min), ("v-half", v_half), ("v-zb", v_zb)):
         if name == "v-min" or not exact or unit_peak_bound(name, p) * memory.F <= limit * (1 + 1e-9):
-            s = gen(ScheduleSpec(spec.name, p, m, costs=costs, memory=memory))
-            fixed.append((s, simulate(s, costs, memory)))
+            s = _orders(gen(ScheduleSpec(spec.name, p, m, costs=costs, memory=memory)))
+            fixed.append((s, _key(pl, m, s, costs, memory)))
     tol = limit * 1e-9 + 1e-12
 
-    def fits(tl: Timeline) -> bool:
-        return max(tl.peak_memory()) <= limit + tol
+    def fits(key: tuple[float, float, float]) -> bool:
+        return key[2] <= limit + tol
 
-    best: tuple[Schedule, tuple[float, float]] | None = None
-    for s, tl in fixed:
-        if fits(tl) and (best is None or lex_better(_key(tl), best[1])):
-            best = (s, _key(tl))
+    best: tuple[Orders, tuple[float, float, float]] | None = None
+    for s, key in fixed:
+        if fits(key) and (best is None or lex_better(key, best[1])):
+            best = (s, key)
 
     # Chunk activations the limit holds; with few microbatches a block's steady peak is
     # not reached (at most 2m chunks are ever alive), so larger blocks may still fit.
@@ -225,36 +242,35 @@ def v_auto(spec: ScheduleSpec) -> Schedule:
     fitting = [blk for blk, _ in fitting]
     ranked = []
     for blk in fitting[:SCAN]:
-        s = build_schedule(spec.name, m, pl, reorder_orders(blk, m), p=p, m=m, v=2)
-        tl = simulate(s, costs, memory)
-        ranked.append((_key(tl), len(ranked), blk, s, tl))
+        s = reorder_orders(blk, m)
+        ranked.append((_key(pl, m, s, costs, memory), len(ranked), blk, s))
     ranked.sort(key=lambda x: (x[0], x[1]))
-    for key, _, blk, s, tl in ranked[:REFINE]:
-        cands = [(s, tl)]
-        s2 = schedule_from_block(spec.name, blk, m, p=p, m=m, v=2)
-        cands.append((s2, simulate(s2, costs, memory)))
-        for base, _tl in list(cands):
-            for partial in (True, False):
-                try:
-                    r = refill_weights(base, costs, memory, [limit] * p, partial)
-                except Infeasible:
-                    continue
-                cands.append((r, simulate(r, costs, memory)))
-        for c, ctl in cands:
-            if fits(ctl) and (best is None or lex_better(_key(ctl), best[1])):
-                best = (c, _key(ctl))
+    for key, _, blk, s in ranked[:REFINE]:
+        cands = [(s, key)]
+        s2 = orders_from_block(blk, m)
+        cands.append((s2, _key(pl, m, s2, costs, memory)))
+        for base, _k in list(cands):
+            # A run refill_both leaves out would repeat the one before it (never better).
+            # Its tracker timed it (the timing pass's engine): span and makespan are known,
+            # the peak is timed below only if they do not already lose.
+            for tr in refill_both(pl, m, base, costs, memory, [limit] * p):
+                cands.append((tr.order, (tr.max_span(), tr.makespan(), None)))
+        for c, ckey in cands:
+            if best is not None and _loses(ckey, best[1]):
+                continue
+            if ckey[2] is None:
+                ckey = _key(pl, m, c, costs, memory)
+            if fits(ckey) and (best is None or lex_better(ckey, best[1])):
+                best = (c, ckey)
     grid = _grid_candidate(p, m, costs, memory, units, limit + tol)
     if grid is not None:
-        s = build_schedule(spec.name, m, pl, grid, p=p, m=m, v=2)
-        tl = simulate(s, costs, memory)
-        if fits(tl) and lex_better(_key(tl), None if best is None else best[1]):
-            best = (s, _key(tl))
+        key = _key(pl, m, grid, costs, memory)
+        if fits(key) and lex_better(key, None if best is None else best[1]):
+            best = (grid, key)
     if best is None:
         raise ParameterError("mem_limit", f"no V-auto schedule keeps every rank within {limit:g}; "
-                             f"V-Min's peak is {max(fixed[0][1].peak_memory()):g}")
-    s = best[0]
-    return build_schedule(spec.name, m, pl, [[(o.kind, o.stage, o.microbatch) for o in r] for r in s.ranks],
-                          p=p, m=m, v=2, mem_limit=limit)
+                             f"V-Min's peak is {fixed[0][1][2]:g}")
+    return build_schedule(spec.name, m, pl, best[0], p=p, m=m, v=2, mem_limit=limit)
 
 
 @lru_cache(maxsize=4096)

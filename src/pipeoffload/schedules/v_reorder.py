@@ -22,7 +22,7 @@ one with the shorter longest span for the costs at hand. Pure Python.
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 
 from ..ir import OpKind, Placement
 from .building_block import BuildingBlock
@@ -42,7 +42,12 @@ def reorder_orders(block: BuildingBlock, m: int) -> list[list[tuple[OpKind, int,
 
     Guarantees: every op of every (layer group, microbatch) once; each order respects
     the dependencies (it is a squeezed slot grid's order); the highest per-rank peak in
-    chunk units (F +1, W −1) is at most the repeated block's."""
+    chunk units (F +1, W −1) is at most the repeated block's.
+
+    Cost: O(p·m log m) for the sorts and squeezes, plus per moved op its window: the
+    free slots between its inputs and its slot (O(m) at worst), and for the cool-down's
+    implicit-W check the events from its new slot until the rank's levels meet the old
+    ones (:class:`_RankLevels`; O(m) at worst, a few in practice)."""
     pl = block.placement
     p = pl.num_ranks
     T = block.period
@@ -124,7 +129,7 @@ def _inputs(grid: list[Times], r: int, k: int, j: int) -> int:
     if 0 < k < 4:
         dep = max(dep, rows[k - 1][j])
     if k == 4:
-        dep = max(dep, sorted(rows[_B1] + rows[_B0])[j])
+        dep = max(dep, _kth(rows[_B1], rows[_B0], j))
     if j > 0:
         dep = max(dep, rows[k][j - 1])
     return dep
@@ -136,6 +141,7 @@ def _reorder(grid: list[Times], m: int, with_w: bool) -> list[Times]:
     peak. In place; returns ``grid``."""
     cap = max(_peak(r) for r in grid)
     ntypes = len(grid[0])
+    levels = [_RankLevels(rows) for rows in grid] if ntypes == 4 else None
     order = sorted((t, r, k, j) for r in range(len(grid)) for k in range(ntypes) for j, t in enumerate(grid[r][k]))
     occupied: list[set[int]] = [set() for _ in grid]
     phase = 0
@@ -149,7 +155,7 @@ def _reorder(grid: list[Times], m: int, with_w: bool) -> list[Times]:
             continue
         rows = grid[r]
         free = [q for q in range(_inputs(grid, r, k, j) + 1, t) if q not in occupied[r]]
-        rows[k][j] = _first_fit(rows, k, j, t, free, cap) if ntypes > 4 else _first_fit_implicit(rows, k, j, t, free, cap)
+        rows[k][j] = _first_fit(rows, k, j, t, free, cap) if levels is None else levels[r].first_fit(k, t, free, cap)
         occupied[r].add(rows[k][j])
     return grid
 
@@ -164,28 +170,133 @@ def _first_fit(rows: Times, k: int, j: int, t: int, free: list[int], cap: int) -
     if _MEM[k] <= 0:
         return free[0]
     lo = free[0]
-    deltas = sorted((u, _MEM[kk]) for kk in range(len(rows)) for u in rows[kk] if _MEM[kk] and u < t)
-    i = bisect_left(deltas, (lo,))  # the first change at or after lo
-    level = sum(d for _, d in deltas[:i])
-    highest = []  # level after each slot lo..t-1
-    for u in range(lo, t):
-        while i < len(deltas) and deltas[i][0] == u:
-            level += deltas[i][1]
-            i += 1
-        highest.append(level)
-    for n in range(len(highest) - 2, -1, -1):  # highest level from slot lo+n up to t
-        highest[n] = max(highest[n], highest[n + 1])
-    return next((q for q in free if highest[q - lo] + 1 <= cap), t)
+    # The level before slot lo and the changes in lo..t-1, from each type's sorted slots.
+    level = 0
+    window = []
+    for kk in range(len(rows)):
+        d = _MEM[kk]
+        if d:
+            ts = rows[kk]
+            a = bisect_left(ts, lo)
+            level += d * a
+            window.extend((u, d) for u in ts[a:bisect_left(ts, t, a)])
+    # The level is constant between changes: find the last slot in lo..t-1 whose level
+    # (after its change) is at the cap; the op fits at the first free slot after it.
+    last_full = lo - 1
+    start = lo
+    for u, d in sorted(window):
+        if level >= cap and u > start:
+            last_full = u - 1
+        level += d
+        start = u
+    if level >= cap and t > start:
+        last_full = t - 1
+    i = bisect_right(free, last_full)
+    return free[i] if i < len(free) else t
 
 
-def _first_fit_implicit(rows: Times, k: int, j: int, t: int, free: list[int], cap: int) -> int:
-    """As :func:`_first_fit` with W's counted implicitly (moving a backward moves them):
-    each candidate slot is checked on the whole rank."""
-    for q in free:
-        rows[k][j] = q
-        if _peak(rows) <= cap:
-            return q
-    return t
+def _kth(a: list[int], b: list[int], k: int) -> int:
+    """The ``k``-th smallest (from 0) of the union of the increasing, disjoint lists
+    ``a`` and ``b``: ``sorted(a + b)[k]`` by bisection, O(log n)."""
+    lo, hi = max(0, k + 1 - len(b)), min(k + 1, len(a))  # how many of the first k+1 come from a
+    while lo < hi:
+        i = (lo + hi) // 2
+        if a[i] < b[k - i]:
+            lo = i + 1
+        else:
+            hi = i
+    i = lo
+    x = a[i - 1] if i > 0 else -1
+    y = b[k - i] if k - i >= 0 else -1
+    return x if x > y else y
+
+
+class _RankLevels:
+    """One rank's ops with W's counted implicitly (:func:`_peak`'s accounting), kept for
+    :meth:`first_fit`: the events (``slot * 8 + type``, in slot order) and the level and
+    pending W's after each. A move from slot ``t`` to ``q`` changes the levels only from
+    ``q`` until they meet the old ones again (same level and pending W's after the same
+    event: from there on every event sees the same state), so each candidate is checked
+    and each move applied over that window only, not the whole rank.
+
+    Invariant used: the rank's levels are within the cap before a move (the cap is the
+    highest peak of the grid, and only moves that keep it are made)."""
+
+    __slots__ = ("events", "level", "pending")
+
+    def __init__(self, rows: Times) -> None:
+        self.events = sorted([t * 8 + k for k in range(4) for t in rows[k]])
+        self.level, self.pending = [], []
+        level = pending = 0
+        prev = -1
+        for e in self.events:
+            level, pending = _step(e, level, pending, prev)
+            self.level.append(level)
+            self.pending.append(pending)
+            prev = e >> 3
+
+    def first_fit(self, k: int, t: int, free: list[int], cap: int) -> int:
+        """The first slot of ``free`` (increasing, before ``t``) where op type ``k``, now at
+        ``t``, keeps every level of the rank within ``cap`` (:func:`_peak`'s check), moved
+        there; ``t`` when none does."""
+        for q in free:
+            window = self._window(k, t, q, cap)
+            if window is not None:
+                a, b, states = window
+                ev = self.events
+                ev[a:b + 1] = [q * 8 + k] + ev[a:b]
+                n = len(states)
+                self.level[a:a + n] = [x for x, _ in states]
+                self.pending[a:a + n] = [y for _, y in states]
+                return q
+        return t
+
+    def _window(self, k: int, t: int, q: int, cap: int) -> tuple[int, int, list[tuple[int, int]]] | None:
+        """Levels after the move of type ``k`` from ``t`` to ``q``, from the new event up to
+        where they meet the old ones: ``(a, b, states)`` with ``a`` the new event's index,
+        ``b`` the old one's (before the move), ``states`` (level, pending) of the events
+        from ``a`` on; None when a level exceeds ``cap``."""
+        ev, lv, pd = self.events, self.level, self.pending
+        new, old = q * 8 + k, t * 8 + k
+        a = bisect_left(ev, new)
+        b = bisect_left(ev, old, a)
+        if a > 0:
+            level, pending, prev = lv[a - 1], pd[a - 1], ev[a - 1] >> 3
+        else:
+            level = pending = 0
+            prev = -1
+        states = []
+        for e in [new] + ev[a:b]:
+            level, pending = _step(e, level, pending, prev)
+            if level > cap:
+                return None
+            states.append((level, pending))
+            prev = e >> 3
+        for i in range(b + 1, len(ev)):
+            e = ev[i]
+            level, pending = _step(e, level, pending, prev)
+            if level > cap:
+                return None
+            states.append((level, pending))
+            if level == lv[i] and pending == pd[i]:
+                break
+            prev = e >> 3
+        return a, b, states
+
+
+def _step(e: int, level: int, pending: int, prev: int) -> tuple[int, int]:
+    """:func:`_peak`'s step: the free slots since ``prev`` run waiting W's, then event ``e``."""
+    t, k = e >> 3, e & 7
+    if pending:
+        free = t - prev - 1
+        if free > 0:
+            run = free if free < pending else pending
+            level -= run
+            pending -= run
+    level += _MEM[k]
+    if k == _B1 or k == _B0:
+        pending += 1
+    return level, pending
 
 
 def _squeeze(grid: list[Times]) -> list[Times]:
@@ -193,21 +304,22 @@ def _squeeze(grid: list[Times]) -> list[Times]:
     p = len(grid)
     ntypes = len(grid[0])
     order = sorted((t, r, k, j) for r in range(p) for k in range(ntypes) for j, t in enumerate(grid[r][k]))
-    end: dict[tuple[int, int, int], int] = {}
     last = [0] * p
     out = [[[0] * len(grid[r][k]) for k in range(ntypes)] for r in range(p)]
+    # An op's end is its new slot + 1; each input is placed before it (earlier in slot order).
     for _, r, k, j in order:
         t = last[r]
+        rows = out[r]
         if k in (_F0, _B1) and r > 0:
-            t = max(t, end[(r - 1, k, j)])
+            t = max(t, out[r - 1][k][j] + 1)
         if k in (_F1, _B0) and r + 1 < p:
-            t = max(t, end[(r + 1, k, j)])
+            t = max(t, out[r + 1][k][j] + 1)
         if 0 < k < 4:
-            t = max(t, end[(r, k - 1, j)])
+            t = max(t, rows[k - 1][j] + 1)
         if j > 0:
-            t = max(t, end[(r, k, j - 1)])
-        out[r][k][j] = t
-        end[(r, k, j)] = last[r] = t + 1
+            t = max(t, rows[k][j - 1] + 1)
+        rows[k][j] = t
+        last[r] = t + 1
     return out
 
 

@@ -41,16 +41,16 @@ unit lower when ``p % 3 == 2``, and V-ZB's early ranks fill up only once ``m ≥
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Callable
 
 from ..costs import Costs, MemoryDeltas
 from ..ir import OpKind, Placement, Schedule, build_schedule
-from ..passes.timing import simulate
+from ..passes.timing import order_figures
 from .hole_fill import fill_holes
-from .building_block import BuildingBlock, chain_slots, place_weight_grads, schedule_from_block
+from .building_block import BuildingBlock, chain_slots, orders_from_block, place_weight_grads
 from .spec import ScheduleSpec
 from .v_reorder import reorder_orders
-from .w_refill import refill_weights
-from .zb_auto import Infeasible
+from .w_refill import refill_both
 
 __all__ = ["v_min", "v_half", "v_zb", "v_min_block", "v_half_block", "v_zb_block", "PERIOD", "unit_peak_bound"]
 
@@ -115,11 +115,14 @@ def _from_block(name: str, spec: ScheduleSpec, holes: bool = False) -> Schedule:
 def _lowered(name: str, p: int, m: int, costs: Costs, memory: MemoryDeltas,
              holes: bool) -> tuple[tuple[tuple[OpKind, int, int], ...], ...]:
     block = {"v-min": v_min_block, "v-half": v_half_block, "v-zb": v_zb_block}[name](p)
-    s = _lower_block(name, block, ScheduleSpec(name, p, m, costs=costs, memory=memory), holes)
-    return tuple(tuple((o.kind, o.stage, o.microbatch) for o in r) for r in s.ranks)
+    orders = _lower_block(name, block, ScheduleSpec(name, p, m, costs=costs, memory=memory), holes)
+    return tuple(tuple(r) for r in orders)
 
 
-def _lower_block(name: str, block: BuildingBlock, spec: ScheduleSpec, holes: bool = False) -> Schedule:
+Orders = list[list[tuple[OpKind, int, int]]]  #: per rank, (kind, layer group, microbatch)
+
+
+def _lower_block(name: str, block: BuildingBlock, spec: ScheduleSpec, holes: bool = False) -> Orders:
     """The best lowering of ``block`` for ``spec.costs``, by longest rank span, then
     makespan (ties keep the earlier): the building-block pipeline
     (:func:`.building_block.schedule_from_block`), the reference runtime's slot reorder
@@ -127,52 +130,62 @@ def _lower_block(name: str, block: BuildingBlock, spec: ScheduleSpec, holes: boo
     time (:func:`.w_refill.refill_weights`) under the unit peak bound, kept only when its
     peak under ``spec.memory`` is no higher than the first two's; with ``holes``, the
     winner then goes through the hole-filling pass (:func:`.hole_fill.fill_holes`, under
-    the unit peak bound), kept on the same terms.
+    the unit peak bound), kept on the same terms. Returns the per-rank orders.
+
+    Each candidate is compared by three figures of its timing
+    (:func:`~pipeoffload.passes.timing.order_figures`: those of ``simulate``'s timeline,
+    without building it), and only the winner becomes a Schedule (for hole filling).
 
     Guarantees: per-rank peak at most :func:`unit_peak_bound` units (unit accounting,
     any costs); the longest span is no longer than either of the first two lowerings'."""
     p, m = spec.p, spec.m
-    base = [schedule_from_block(name, block, m, p=p, m=m, v=2),
-            build_schedule(name, m, block.placement, reorder_orders(block, m), p=p, m=m, v=2)]
-    cands = list(base)
+    pl = block.placement
+    caps = [unit_peak_bound(name, p)] * p
+    base = [orders_from_block(block, m), reorder_orders(block, m)]
+    cands: list[Orders] = list(base)
+    timed: list[list[float | None]] = [list(order_figures(pl, m, s, spec.costs, spec.memory)) for s in base]
     for s in base:
-        for partial in (True, False):
-            try:
-                cands.append(refill_weights(s, spec.costs, MemoryDeltas(), [unit_peak_bound(name, p)] * p, partial))
-            except Infeasible:
-                continue
-    # Only three figures of each candidate's timeline are compared: keep those, not the
-    # timelines (six of them per lowering, a TimedOp per op each).
-    timed = [_figures(simulate(s, spec.costs, spec.memory)) for s in cands]
+        # A run refill_both leaves out would repeat the one before it: equal figures
+        # never win (ties keep the earlier).
+        for tr in refill_both(pl, m, s, spec.costs, MemoryDeltas(), caps):
+            # Its tracker timed it with the timing pass's engine: span and makespan are
+            # known; the peak (under spec.memory) is found only if it could win.
+            cands.append(tr.order)
+            timed.append([None, tr.max_span(), tr.makespan()])
     cap = max(peak for peak, _, _ in timed[:2])
-    best = _pick(timed, cap)
+
+    def peak(i: int) -> float:
+        if timed[i][0] is None:
+            timed[i][0] = order_figures(pl, m, cands[i], spec.costs, spec.memory)[0]
+        return timed[i][0]
+
+    best = _pick(timed, cap, peak)
     if holes:
         # The pass only keeps strictly better orders, so the winner can only improve.
-        filled = fill_holes(cands[best], spec.costs, MemoryDeltas(), [unit_peak_bound(name, p)] * p)
-        if filled is not cands[best]:
-            cands.append(filled)
-            timed.append(_figures(simulate(filled, spec.costs, spec.memory)))
-            best = _pick(timed, cap)
+        winner = build_schedule(name, m, pl, cands[best], p=p, m=m, v=2)
+        filled = fill_holes(winner, spec.costs, MemoryDeltas(), caps)
+        if filled is not winner:
+            cands.append([[(o.kind, o.stage, o.microbatch) for o in r] for r in filled.ranks])
+            timed.append(list(order_figures(pl, m, cands[-1], spec.costs, spec.memory)))
+            best = _pick(timed, cap, peak)
     return cands[best]
 
 
-def _figures(tl) -> tuple[float, float, float]:
-    """What :func:`_pick` compares of a timeline: highest peak, longest span, makespan."""
-    return max(tl.peak_memory()), max(tl.spans()), tl.makespan
-
-
-def _pick(timed: list[tuple[float, float, float]], cap: float) -> int:
-    """Index of the candidate (:func:`_figures` of its timeline) with the shortest longest
-    span, then makespan (ties keep the earlier), among those whose peak is within ``cap``."""
+def _pick(timed: list[list[float | None]], cap: float, peak: Callable[[int], float]) -> int:
+    """Index of the candidate (``[peak, longest span, makespan]`` of its timing) with the
+    shortest longest span, then makespan (ties keep the earlier), among those whose peak
+    is within ``cap``. A peak is asked (``peak(i)``) only of a candidate that would beat
+    the best so far: the others cannot win whatever their peak."""
     best, best_key = 0, None
-    for i, (peak, span, makespan) in enumerate(timed):
-        if peak > cap * (1 + 1e-9) + 1e-12:
-            continue
+    for i, (_, span, makespan) in enumerate(timed):
         key = (span, makespan)
-        eps = 1e-9 * max(1.0, key[0])
-        if best_key is None or key[0] < best_key[0] - eps or (abs(key[0] - best_key[0]) <= eps
-                                                               and key[1] < best_key[1] - eps):
-            best, best_key = i, key
+        if best_key is not None:
+            eps = 1e-9 * max(1.0, key[0])
+            if not (key[0] < best_key[0] - eps or (abs(key[0] - best_key[0]) <= eps and key[1] < best_key[1] - eps)):
+                continue
+        if peak(i) > cap * (1 + 1e-9) + 1e-12:
+            continue
+        best, best_key = i, key
     return best
 
 
@@ -180,9 +193,13 @@ def v_min(spec: ScheduleSpec) -> Schedule:
     """V-Min: peak ``(p+4)//3`` units (≈ ⅓ of 1F1B's), bubble ≈ ⅔ of 1F1B's.
 
     Cost: the lowering (:func:`_lower_block`, memoised by its inputs) repeats the block
-    m times and builds six candidate orders over O(p·m) ops: the slot reorders scan a
-    rank's memory levels between an op's inputs and its slot (O(m) per op, O(p·m²) in
-    the worst case, in C), the W refills and the timings are O(p·m); hole filling
+    m times and builds up to six candidate orders over O(p·m) ops: the building-block
+    reorder scans a rank's memory levels between an op's inputs and its slot (O(m) per op,
+    O(p·m²) in the worst case, in C); the slot reorder re-counts a move's levels only
+    until they meet the old ones (O(m) per op at worst, a few slots in practice); the W
+    refills are O(p·m) each (the rerun without partial gaps is skipped when it would be
+    the same run, e.g. at unit costs); the two base candidates and any other that could
+    win are timed, O(p·m) each; hole filling
     is capped by its work budget."""
     _check(spec)
     return _from_block("v-min", spec, holes=True)
@@ -192,9 +209,13 @@ def v_half(spec: ScheduleSpec) -> Schedule:
     """V-Half: peak ``(p+2)//2`` units (≈ ½ of 1F1B's), bubble ≈ ½ of 1F1B's.
 
     Cost: the lowering (:func:`_lower_block`, memoised by its inputs) repeats the block
-    m times and builds six candidate orders over O(p·m) ops: the slot reorders scan a
-    rank's memory levels between an op's inputs and its slot (O(m) per op, O(p·m²) in
-    the worst case, in C), the W refills and the timings are O(p·m); hole filling
+    m times and builds up to six candidate orders over O(p·m) ops: the building-block
+    reorder scans a rank's memory levels between an op's inputs and its slot (O(m) per op,
+    O(p·m²) in the worst case, in C); the slot reorder re-counts a move's levels only
+    until they meet the old ones (O(m) per op at worst, a few slots in practice); the W
+    refills are O(p·m) each (the rerun without partial gaps is skipped when it would be
+    the same run, e.g. at unit costs); the two base candidates and any other that could
+    win are timed, O(p·m) each; hole filling
     is capped by its work budget."""
     _check(spec)
     return _from_block("v-half", spec, holes=True)
@@ -204,9 +225,13 @@ def v_zb(spec: ScheduleSpec) -> Schedule:
     """V-ZB: 1F1B's peak (``p`` units), bubble ≈ 0.
 
     Cost: the lowering (:func:`_lower_block`, memoised by its inputs) repeats the block
-    m times and builds six candidate orders over O(p·m) ops: the slot reorders scan a
-    rank's memory levels between an op's inputs and its slot (O(m) per op, O(p·m²) in
-    the worst case, in C), the W refills and the timings are O(p·m); no hole
+    m times and builds up to six candidate orders over O(p·m) ops: the building-block
+    reorder scans a rank's memory levels between an op's inputs and its slot (O(m) per op,
+    O(p·m²) in the worst case, in C); the slot reorder re-counts a move's levels only
+    until they meet the old ones (O(m) per op at worst, a few slots in practice); the W
+    refills are O(p·m) each (the rerun without partial gaps is skipped when it would be
+    the same run, e.g. at unit costs); the two base candidates and any other that could
+    win are timed, O(p·m) each; no hole
     filling."""
     _check(spec)
     return _from_block("v-zb", spec)

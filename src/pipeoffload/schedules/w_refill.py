@@ -18,62 +18,150 @@ with no W pending is the input's own level minus its pending W's). Pure Python.
 from __future__ import annotations
 
 from collections import deque
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ..costs import Costs, MemoryDeltas
-from ..ir import OpKind, Schedule, build_schedule
-from ..passes.timing import B_CODE, KIND_CODE, W_CODE
+from ..ir import OpKind, Placement, Schedule, build_schedule
+from ..passes.timing import _NOT_PLACED as _UNPLACED
+from ..passes.timing import B_CODE, CODE_KIND, KIND_CODE, W_CODE
 from .zb_auto import Infeasible, Tracker
 
-__all__ = ["refill_weights"]
+__all__ = ["refill_weights", "refill_tracker", "refill_both"]
 
 
 def refill_weights(schedule: Schedule, costs: Costs, memory: MemoryDeltas, caps: Sequence[float],
                    partial: bool = True) -> Schedule:
     """``schedule`` with its W's re-placed (module docstring); ``caps``: per-rank memory
-    caps. Raises :class:`.zb_auto.Infeasible` if a rank cannot keep its cap."""
+    caps. Raises :class:`.zb_auto.Infeasible` if a rank cannot keep its cap.
+
+    Cost: O(p·v·m), one greedy placement of every op."""
     pl, m = schedule.placement, schedule.num_microbatches
-    tr = Tracker(pl, m, costs, memory, float("inf"))
-    skeleton = [[(KIND_CODE[o.kind], o.stage, o.microbatch) for o in lst if o.kind is not OpKind.W]
-                for lst in schedule.ranks]
+    orders = [[(o.kind, o.stage, o.microbatch) for o in lst] for lst in schedule.ranks]
+    tr = refill_tracker(pl, m, orders, costs, memory, caps, partial)
+    return build_schedule(schedule.name, m, pl, tr.order, **schedule.params)
+
+
+def refill_tracker(placement: Placement, m: int, orders: Sequence[Sequence[tuple[OpKind, int, int]]],
+                   costs: Costs, memory: MemoryDeltas, caps: Sequence[float], partial: bool = True) -> Tracker:
+    """:func:`refill_weights` on per-rank ``(kind, layer group, microbatch)`` orders (of
+    ``m`` microbatches on ``placement``): the tracker that placed the result, whose
+    ``order`` is the new orders and whose times (``max_span()``, ``makespan()``) are
+    those the timing pass gives them (the same engine and ``costs``). Raises
+    :class:`.zb_auto.Infeasible` as :func:`refill_weights`."""
+    return _refill(placement, m, orders, costs, memory, caps, partial, [False])
+
+
+def refill_both(placement: Placement, m: int, orders: Sequence[Sequence[tuple[OpKind, int, int]]],
+                costs: Costs, memory: MemoryDeltas, caps: Sequence[float]) -> list[Tracker]:
+    """:func:`refill_tracker` with ``partial`` True, then False, leaving out a run that
+    raises :class:`.zb_auto.Infeasible`, and the second when the first never came to a
+    partly idle gap with a W pending (the only decision ``partial`` changes: the second
+    would be the same run, e.g. with unit costs).
+
+    Cost: O(p·v·m) per run."""
+    out = []
+    consulted = [False]
+    try:
+        out.append(_refill(placement, m, orders, costs, memory, caps, True, consulted))
+    except Infeasible:
+        consulted[0] = True  # where it stopped is not known: run the second
+    if consulted[0]:
+        try:
+            out.append(_refill(placement, m, orders, costs, memory, caps, False, [False]))
+        except Infeasible:
+            pass
+    return out
+
+
+def _refill(placement: Placement, m: int, orders: Sequence[Sequence[tuple[OpKind, int, int]]],
+            costs: Costs, memory: MemoryDeltas, caps: Sequence[float], partial: bool,
+            consulted: list[bool]) -> Tracker:
+    """:func:`refill_tracker`; sets ``consulted[0]`` when a decision depended on ``partial``."""
+    tr = Tracker(placement, m, costs, memory, float("inf"))
+    skeleton = [[(KIND_CODE[k], s, j) for k, s, j in lst if k is not OpKind.W] for lst in orders]
+    put = _placer(tr)
+    S, M, deps, end, clock, origin = tr.num_stages, tr.num_microbatches, tr.deps, tr.end, tr.clock, tr.origin
+    dur, mem, level = tr.dur, tr.mem, tr.level
     pending: list[deque] = [deque() for _ in skeleton]
     done = [0] * len(skeleton)
     waiting: dict[int, list[int]] = {}
     ready = deque(range(len(skeleton)))
     while ready:
         r = ready.popleft()
-        while done[r] < len(skeleton[r]):
-            code, stage, mb = skeleton[r][done[r]]
-            missing = tr.missing_input(code, stage, mb)
+        ops, pend, cap = skeleton[r], pending[r], caps[r]
+        tol = 1e-9 * max(1.0, abs(cap))
+        i = done[r]
+        while i < len(ops):
+            code, stage, mb = ops[i]
+            own = code * S + stage
+            missing, arrive = -1, origin  # tr.missing_input and tr.arrival, inline
+            for base, latency in deps[own]:
+                e = end[base + mb]
+                if e == _UNPLACED:
+                    missing = base + mb
+                    break
+                e += latency
+                if e > arrive:
+                    arrive = e
             if missing >= 0:
                 waiting.setdefault(missing, []).append(r)
                 break
-            _fill(tr, pending[r], r, code, stage, mb, caps[r], partial)
-            tr.put(code, stage, mb)
+            # Pending W's: those that end before the input arrives, one more for a partly
+            # idle gap (partial), and those the op's memory needs.
+            while pend and clock[r] + dur[pend[0][0]][W_CODE] <= arrive + 1e-12:
+                put(W_CODE, *pend.popleft(), r)
+            if pend and clock[r] < arrive - 1e-12:
+                consulted[0] = True
+                if partial:
+                    put(W_CODE, *pend.popleft(), r)
+            while level[r] + mem[stage][code] > cap + tol:
+                if not pend:
+                    raise Infeasible(f"rank {r} cannot keep its cap {cap:g}")
+                put(W_CODE, *pend.popleft(), r)
+            put(code, stage, mb, r)
             if code == B_CODE:
-                pending[r].append((stage, mb))
-            done[r] += 1
-            for woken in waiting.pop(tr.slot(code, stage, mb), []):
-                ready.append(woken)
+                pend.append((stage, mb))
+            i += 1
+            woken = waiting.pop(own * M + mb, None)
+            if woken:
+                ready.extend(woken)
+        done[r] = i
     if any(done[r] < len(skeleton[r]) for r in range(len(skeleton))):
         raise Infeasible("the skeleton deadlocks")
     for r, q in enumerate(pending):
         while q:
-            tr.put(W_CODE, *q.popleft())
-    return build_schedule(schedule.name, m, pl, tr.order, **schedule.params)
+            put(W_CODE, *q.popleft(), r)
+    return tr
 
 
-def _fill(tr: Tracker, pending: deque, r: int, code: int, stage: int, mb: int, cap: float, partial: bool) -> None:
-    """Pending W's before op (code, stage, mb) of rank ``r``: those that end before its input
-    arrives, one more for a partly idle gap (``partial``), and those its memory needs."""
-    arrive = tr.arrival(code, stage, mb)
-    dur = tr.dur
-    while pending and tr.clock[r] + dur[pending[0][0]][W_CODE] <= arrive + 1e-12:
-        tr.put(W_CODE, *pending.popleft())
-    if partial and pending and tr.clock[r] < arrive - 1e-12:
-        tr.put(W_CODE, *pending.popleft())
-    tol = 1e-9 * max(1.0, abs(cap))
-    while tr.level[r] + tr.mem[stage][code] > cap + tol:
-        if not pending:
-            raise Infeasible(f"rank {r} cannot keep its cap {cap:g}")
-        tr.put(W_CODE, *pending.popleft())
+def _placer(tr: Tracker) -> Callable[[int, int, int, int], None]:
+    """``put(code, stage, mb, rank)``: :meth:`Tracker.put` (no limit: the refill's tracker
+    has none) with :meth:`ListScheduler.place` inline, for an op whose inputs are placed
+    — the refill's hot path. Same times, levels, peaks, idle times and order."""
+    S, M, deps, end, clock, origin = tr.num_stages, tr.num_microbatches, tr.deps, tr.end, tr.clock, tr.origin
+    dur, mem, level, peak, idle, started, first, order = (
+        tr.dur, tr.mem, tr.level, tr.peak, tr.idle, tr.started, tr.first, tr.order)
+
+    def put(code: int, stage: int, mb: int, r: int) -> None:
+        own = code * S + stage
+        t = origin
+        for base, latency in deps[own]:
+            e = end[base + mb] + latency
+            if e > t:
+                t = e
+        before = clock[r]
+        if before > t:
+            t = before
+        end[own * M + mb] = clock[r] = t + dur[stage][code]
+        if started[r]:
+            idle[r] += t - before
+        else:
+            started[r] = True
+            first[r] = t
+        lv = level[r] + mem[stage][code]
+        level[r] = lv
+        if lv > peak[r]:
+            peak[r] = lv
+        order[r].append((CODE_KIND[code], stage, mb))
+
+    return put

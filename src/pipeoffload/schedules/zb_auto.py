@@ -23,12 +23,14 @@ times the final schedule really has.
 
 from __future__ import annotations
 
+from collections import deque
 from itertools import product
 from typing import Sequence
 
 from ..costs import Costs, MemoryDeltas
 from ..ir import OpKind, Placement
-from ..passes.timing import B_CODE, CODE_KIND, F_CODE, KIND_CODE, W_CODE, ListScheduler, place_rank_lists
+from ..passes.timing import _NOT_PLACED as _UNPLACED
+from ..passes.timing import B_CODE, CODE_KIND, F_CODE, KIND_CODE, W_CODE, ListScheduler
 
 _EPS = 1e-9
 
@@ -123,10 +125,69 @@ def replay(tracker: Tracker, per_rank: Sequence[Sequence[tuple[OpKind, int, int]
     Raises :class:`Infeasible` on deadlock or when the order breaks the memory limit.
     """
     lists = [[(KIND_CODE[kind], stage, mb) for kind, stage, mb in ops] for ops in per_rank]
-    placed = place_rank_lists(tracker, lists, lambda r, i: tracker.put(*lists[r][i]))
+    placed = _replay_lists(tracker, lists)
     if any(n < len(ops) for n, ops in zip(placed, lists)):
         raise Infeasible("the order deadlocks")
     return tracker
+
+
+def _replay_lists(tr: Tracker, lists: list[list[tuple[int, int, int]]]) -> list[int]:
+    """:func:`~pipeoffload.passes.timing.place_rank_lists` calling :meth:`Tracker.put`,
+    both inline in one loop (each op's inputs visited once: checked and timed at once).
+    Same placements, times, levels, peaks, idle times and orders; raises
+    :class:`Infeasible` where :meth:`Tracker.put` would. Returns how many ops of each rank
+    were placed. Cost: O(number of ops)."""
+    S, M, deps, end, clock, origin = tr.num_stages, tr.num_microbatches, tr.deps, tr.end, tr.clock, tr.origin
+    dur, mem, level, peak, idle, started, first, order = (
+        tr.dur, tr.mem, tr.level, tr.peak, tr.idle, tr.started, tr.first, tr.order)
+    rank_of, cap, unplaced = tr.rank_of, tr.limit + tr.tol, _UNPLACED
+    done = [0] * len(lists)
+    waiting: dict[int, list[int]] = {}
+    ready = deque(range(len(lists)))
+    while ready:
+        r = ready.popleft()
+        ops = lists[r]
+        i = done[r]
+        while i < len(ops):
+            code, stage, mb = ops[i]
+            own = code * S + stage
+            t, missing = origin, -1
+            for base, latency in deps[own]:
+                e = end[base + mb]
+                if e == unplaced:
+                    missing = base + mb
+                    break
+                e += latency
+                if e > t:
+                    t = e
+            if missing >= 0:
+                waiting.setdefault(missing, []).append(r)
+                break
+            q = rank_of[stage]
+            delta = mem[stage][code]
+            if delta > 0 and not level[q] + delta <= cap:
+                raise Infeasible(f"rank {q} would exceed the memory limit")
+            before = clock[q]
+            if before > t:
+                t = before
+            slot = own * M + mb
+            end[slot] = clock[q] = t + dur[stage][code]
+            if started[q]:
+                idle[q] += t - before
+            else:
+                started[q] = True
+                first[q] = t
+            lv = level[q] + delta
+            level[q] = lv
+            if lv > peak[q]:
+                peak[q] = lv
+            order[q].append((CODE_KIND[code], stage, mb))
+            i += 1
+            woken = waiting.pop(slot, None)
+            if woken:
+                ready.extend(woken)
+        done[r] = i
+    return done
 
 
 def default_limit(placement: Placement, memory: MemoryDeltas) -> float:

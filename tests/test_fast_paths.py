@@ -1,0 +1,176 @@
+"""The V generators' fast paths (issue 24) give exactly what the paths they replace give:
+the timing figures without a timeline, the refill's fused loop and its skipped rerun, the
+fused replay, the slot reorder's incremental peak and its bisections."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeoffload.costs import Costs, MemoryDeltas
+from pipeoffload.errors import ScheduleError
+from pipeoffload.ir import build_schedule
+from pipeoffload.passes.timing import KIND_CODE, order_figures, place_rank_lists, simulate
+from pipeoffload.schedules import generate
+from pipeoffload.schedules.building_block import orders_from_block
+from pipeoffload.schedules.v_reorder import _MEM, _first_fit, _kth, _peak, _RankLevels
+from pipeoffload.schedules.vshape import unit_peak_bound, v_half_block, v_min_block, v_zb_block
+from pipeoffload.schedules.w_refill import refill_both, refill_weights
+from pipeoffload.schedules.zb_auto import Infeasible, Tracker, replay
+
+BLOCKS = {"v-min": v_min_block, "v-half": v_half_block, "v-zb": v_zb_block}
+costs_st = st.builds(
+    Costs,
+    F=st.sampled_from([0.5, 1.0, 1.3, 2.0]),
+    B=st.sampled_from([0.5, 1.0, 1.5, 2.0]),
+    W=st.sampled_from([0.25, 0.5, 1.0, 2.1]),
+    comm=st.sampled_from([0.0, 0.05, 0.1]),
+)
+memory_st = st.sampled_from([MemoryDeltas(), MemoryDeltas(F=2.0, B=-0.5, W=-1.5)])
+
+
+def _orders(s):
+    return [[(o.kind, o.stage, o.microbatch) for o in r] for r in s.ranks]
+
+
+@settings(max_examples=40, deadline=None)
+@given(name=st.sampled_from(["zb-v", "v-min", "v-half", "v-zb", "zb-h1", "1f1b"]), p=st.integers(1, 6),
+       m=st.integers(1, 14), costs=costs_st, memory=memory_st)
+def test_order_figures_are_simulates(name: str, p: int, m: int, costs: Costs, memory: MemoryDeltas) -> None:
+    s = generate(name, p, m)
+    tl = simulate(s, costs, memory)
+    assert order_figures(s.placement, m, _orders(s), costs, memory) == (
+        max(tl.peak_memory()), max(tl.spans()), tl.makespan)
+
+
+def _old_replay(tracker: Tracker, per_rank) -> Tracker:
+    """zb_auto.replay before issue 24: the shared driver calling Tracker.put."""
+    lists = [[(KIND_CODE[k], s, j) for k, s, j in ops] for ops in per_rank]
+    placed = place_rank_lists(tracker, lists, lambda r, i: tracker.put(*lists[r][i]))
+    if any(n < len(ops) for n, ops in zip(placed, lists)):
+        raise Infeasible("the order deadlocks")
+    return tracker
+
+
+def _state(tr: Tracker) -> tuple:
+    return (tr.order, tr.end, tr.clock, tr.level, tr.peak, tr.idle, tr.first, tr.started)
+
+
+@settings(max_examples=40, deadline=None)
+@given(name=st.sampled_from(["zb-v", "v-half", "zb-h2", "1f1b"]), p=st.integers(1, 6), m=st.integers(1, 12),
+       costs=costs_st, memory=memory_st, limit=st.sampled_from([1.0, 2.0, 3.0, 1e9]))
+def test_replay_is_the_tracker_driven_one(name: str, p: int, m: int, costs: Costs, memory: MemoryDeltas,
+                                          limit: float) -> None:
+    s = generate(name, p, m)
+    results = []
+    for run in (replay, _old_replay):
+        try:
+            results.append(_state(run(Tracker(s.placement, m, costs, memory, limit), _orders(s))))
+        except Infeasible:
+            results.append("infeasible")
+    assert results[0] == results[1]
+
+
+@settings(max_examples=40, deadline=None)
+@given(name=st.sampled_from(sorted(BLOCKS)), p=st.integers(1, 7), m=st.integers(1, 16), costs=costs_st,
+       tight=st.booleans())
+def test_refill_both_is_both_refills(name: str, p: int, m: int, costs: Costs, tight: bool) -> None:
+    """refill_both leaves out only a rerun that would repeat the first run."""
+    orders = orders_from_block(BLOCKS[name](p), m)
+    caps = [max(1, unit_peak_bound(name, p) - tight)] * p
+    s = build_schedule(name, m, v_half_block(p).placement, orders)
+    full = []
+    for partial in (True, False):
+        try:
+            full.append(_orders(refill_weights(s, costs, MemoryDeltas(), caps, partial)))
+        except Infeasible:
+            pass
+    trackers = refill_both(s.placement, m, orders, costs, MemoryDeltas(), caps)
+    for tr in trackers:  # the tracker's times are the timing pass's
+        assert (tr.max_span(), tr.makespan()) == order_figures(s.placement, m, tr.order, costs, MemoryDeltas())[1:]
+    fast = [tr.order for tr in trackers]
+    assert fast == full or (len(full) == 2 and full[0] == full[1] and fast == full[:1])
+
+
+@settings(max_examples=200, deadline=None)
+@given(xs=st.sets(st.integers(0, 200), min_size=1, max_size=40), data=st.data())
+def test_kth_is_sorted_union(xs: set[int], data) -> None:
+    xs = list(xs)
+    cut = data.draw(st.integers(0, len(xs)))
+    a, b = sorted(xs[:cut]), sorted(xs[cut:])
+    k = data.draw(st.integers(0, len(xs) - 1))
+    assert _kth(a, b, k) == sorted(xs)[k]
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+def test_rank_levels_first_fit_is_whole_rank_peak(data) -> None:
+    """_RankLevels.first_fit picks what re-checking the whole rank's _peak picks, and its
+    kept levels stay those of the moved rows."""
+    n = data.draw(st.integers(1, 8))
+    slots = deque(data.draw(st.permutations(range(4 * n + 6)))[:4 * n])
+    rows = [sorted(slots.popleft() for _ in range(n)) for _ in range(4)]
+    cap = _peak(rows) + data.draw(st.integers(0, 1))
+    levels = _RankLevels(rows)
+    for _ in range(3):
+        k = data.draw(st.integers(0, 3))
+        j = data.draw(st.integers(0, n - 1))
+        t = rows[k][j]
+        lo = rows[k][j - 1] + 1 if j else 0
+        taken = {u for r in rows for u in r}
+        free = [q for q in range(lo, t) if q not in taken]
+        want = t
+        for q in free:
+            rows[k][j] = q
+            if _peak(rows) <= cap:
+                want = q
+                break
+        rows[k][j] = t
+        got = levels.first_fit(k, t, free, cap)
+        assert got == want
+        rows[k][j] = got
+        fresh = _RankLevels(rows)
+        assert (levels.events, levels.level, levels.pending) == (fresh.events, fresh.level, fresh.pending)
+
+
+def _old_first_fit(rows, k: int, t: int, free: list[int], cap: int) -> int:
+    """v_reorder._first_fit before issue 24: the level after every slot of the window."""
+    if not free:
+        return t
+    if _MEM[k] <= 0:
+        return free[0]
+    lo = free[0]
+    deltas = sorted((u, _MEM[kk]) for kk in range(len(rows)) for u in rows[kk] if _MEM[kk] and u < t)
+    level = sum(d for u, d in deltas if u < lo)
+    highest = []
+    for u in range(lo, t):
+        level += sum(d for x, d in deltas if x == u)
+        highest.append(level)
+    for n in range(len(highest) - 2, -1, -1):
+        highest[n] = max(highest[n], highest[n + 1])
+    return next((q for q in free if highest[q - lo] + 1 <= cap), t)
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_first_fit_is_the_slot_by_slot_scan(data) -> None:
+    n = data.draw(st.integers(1, 6))
+    slots = deque(data.draw(st.permutations(range(6 * n + 6)))[:6 * n])
+    rows = [sorted(slots.popleft() for _ in range(n)) for _ in range(6)]
+    k, j = data.draw(st.integers(0, 5)), data.draw(st.integers(0, n - 1))
+    t = rows[k][j]
+    taken = {u for r in rows for u in r}
+    free = [q for q in range(data.draw(st.integers(0, t)), t) if q not in taken]
+    cap = data.draw(st.integers(0, 2 * n))
+    assert _first_fit(rows, k, j, t, free, cap) == _old_first_fit(rows, k, t, free, cap)
+
+
+def test_order_figures_names_a_deadlock_as_simulate_does() -> None:
+    s = generate("1f1b", 2, 2)
+    orders = _orders(s)
+    orders[1] = orders[1][::-1]  # the last rank's backwards before its forwards
+    with pytest.raises(ScheduleError, match="deadlock"):
+        order_figures(s.placement, 2, orders, Costs(), MemoryDeltas())
