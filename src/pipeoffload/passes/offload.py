@@ -318,35 +318,41 @@ def plan_offload(
         rank's peak ≤ its no-offload peak; with ``mem_limit``, every rank's peak ≤
         ``mem_limit`` and each (kind, layer group)'s and each rank's order unchanged.
     """
-    given = OffloadOptions(offload_chunks=offload_chunks, auto=auto, offload_time=offload_time,
-                           transfer_times=transfer_times,
-                           link_group=link_group, solo_factor=solo_factor, tolerance=tolerance,
-                           on_infeasible=on_infeasible, postpone_warmup=postpone_warmup, stash=stash,
-                           mem_limit=mem_limit)
-    if options is None:
-        o = given
-    elif given != OffloadOptions():
-        changed = [f for f in OffloadOptions.__dataclass_fields__ if getattr(given, f) != getattr(OffloadOptions(), f)]
-        raise ParameterError("options", f"give the settings either as `options` or as keywords, not both "
-                             f"(also given: {', '.join(changed)})")
-    else:
-        o = options
+    o = _one_options(options, OffloadOptions(
+        offload_chunks=offload_chunks, auto=auto, offload_time=offload_time, transfer_times=transfer_times,
+        link_group=link_group, solo_factor=solo_factor, tolerance=tolerance, on_infeasible=on_infeasible,
+        postpone_warmup=postpone_warmup, stash=stash, mem_limit=mem_limit))
     schedule, timeline, comm = _timed_inputs(schedule, timeline, costs, memory, memory_unit, comm)
     ctx = _Context.make(schedule, timeline, o.offload_time, o.transfer_times, o.link_group, o.solo_factor, comm)
     ctx.stash = bool(o.stash)
+    res, mode = _plan_by_mode(ctx, o)
+    res.settings = {**o.summary(mode), **res.settings}
+    return res
+
+
+def _one_options(options: OffloadOptions | None, given: OffloadOptions) -> OffloadOptions:
+    """``options``, or the keywords' ``given`` when None; ParameterError naming
+    ``options`` when both carry settings."""
+    if options is None:
+        return given
+    if given != OffloadOptions():
+        changed = [f for f in OffloadOptions.__dataclass_fields__ if getattr(given, f) != getattr(OffloadOptions(), f)]
+        raise ParameterError("options", f"give the settings either as `options` or as keywords, not both "
+                             f"(also given: {', '.join(changed)})")
+    return options
+
+
+def _plan_by_mode(ctx: "_Context", o: OffloadOptions) -> tuple[OffloadResult, str]:
+    """The plan for ``o``'s mode (limit, auto or exact C) and the infeasibility mode used."""
     mode = _infeasible_mode(o.tolerance, o.on_infeasible, o.auto)
     if o.mem_limit is not None:
         if o.auto or o.on_infeasible is not None:
             raise ParameterError("mem_limit", "the limit mode chooses where ops wait itself: not with `auto` or "
                                  "`on_infeasible`")
-        mode = "delay"
-        res = _plan_to_limit(ctx, o.offload_chunks, o.mem_limit)
-    elif o.auto:
-        res = _plan_auto(ctx, o.offload_chunks, mode, o.postpone_warmup, o.tolerance)
-    else:
-        res = _plan_exactly(ctx, o.offload_chunks, mode, o.postpone_warmup)
-    res.settings = {**o.summary(mode), **res.settings}
-    return res
+        return _plan_to_limit(ctx, o.offload_chunks, o.mem_limit), "delay"
+    if o.auto:
+        return _plan_auto(ctx, o.offload_chunks, mode, o.postpone_warmup, o.tolerance), mode
+    return _plan_exactly(ctx, o.offload_chunks, mode, o.postpone_warmup), mode
 
 
 def largest_feasible_chunks(schedule: Schedule, timeline: Timeline, **kwargs) -> int:
