@@ -27,6 +27,7 @@ from ..ir import OpKind, Placement, Schedule
 from ..passes.lower import lower
 from ..passes.offload import OffloadOptions, OffloadResult
 from ..timeline import Timeline
+from .bounds import pipeline_bound
 from .dp import dp_exposed
 from .hostlink import host_links
 from .refusals import Refused
@@ -167,7 +168,8 @@ class Simulator:
             if mm is not None:
                 sched = self.schedule(family, p, mm, recompute, split.tp, split.sp, split.dp)
                 runs.append((mm, sched, self._time(sched, sh)))
-        makespan, busy, peaks = _extrapolate(m, [(mm, tl) for mm, _, tl in runs], family.schedule)
+        floor = pipeline_bound(sh.costs.group_costs, placement, m)  # type: ignore[arg-type]
+        makespan, busy, peaks = _extrapolate(m, [(mm, tl) for mm, _, tl in runs], family.schedule, floor)
         (_, first_schedule, first_timeline), (last_m, _, last_timeline) = runs[0], runs[-1]
         exposed = dp_exposed(last_timeline, sh, split, placement, self.problem.node, self.problem.hardware)
         return Simulated(split, family, m, recompute, first_schedule, first_timeline, sh, placement, makespan,
@@ -236,9 +238,12 @@ def generator_limit(problem: Problem, family: Family, p: int, sh: ShardedCosts, 
     return float(family.limit or 1) * default_limit(placement, sh.memory) + b_plus
 
 
-def _extrapolate(m: int, runs: list[tuple[int, Timeline]], schedule: str) -> tuple[float, list[float], list[float]]:
+def _extrapolate(m: int, runs: list[tuple[int, Timeline]], schedule: str,
+                 floor: float = 0.0) -> tuple[float, list[float], list[float]]:
     """(makespan ms, per-rank busy ms, per-rank activation peak bytes) at ``m`` from timelines at
-    one or two simulated m (see the module docstring)."""
+    one or two simulated m (see the module docstring). The makespan is at least the busiest
+    rank's busy time and ``floor`` (:func:`~.bounds.pipeline_bound`, which a timed schedule
+    always meets; an extrapolation below it would be impossible, and the planner prunes with it)."""
     (ma, ta), (mb, tb) = runs[0], runs[-1]
     peaks = tb.peak_memory()
     if len(runs) == 2:
@@ -248,7 +253,7 @@ def _extrapolate(m: int, runs: list[tuple[int, Timeline]], schedule: str) -> tup
     else:
         makespan = tb.makespan
     busy = [b * m / mb for b in tb.busy()]
-    makespan = max(makespan, max(busy))
+    makespan = max(makespan, max(busy), floor)
     if schedule == "gpipe" and mb != m:  # all forwards first: the peak grows with m
         peaks = [x * m / mb for x in peaks]
     return makespan, busy, peaks
