@@ -131,7 +131,8 @@ def test_gpt_param_counts(name):
     assert abs(m.params() / 1e9 - float(name[:-1])) / float(name[:-1]) < 0.02
 
 
-@pytest.mark.parametrize("name,billions", [("llama-7b", 6.74), ("llama-13b", 13.02), ("llama-70b", 68.98)])
+@pytest.mark.parametrize("name,billions", [("llama-7b", 6.74), ("llama-13b", 13.02), ("llama-70b", 68.98),
+                                           ("llama-405b", 405.85)])
 def test_llama_param_counts(name, billions):
     assert abs(PRESETS[name].params() / 1e9 - billions) < 0.01 * billions
 
@@ -139,6 +140,9 @@ def test_llama_param_counts(name, billions):
 def test_presets_shapes():
     assert (PRESETS["1.5B"].seq, PRESETS["1.5B"].microbatch, PRESETS["6.2B"].microbatch) == (1024, 6, 3)
     assert PRESETS["llama-70b"].kv_groups == 8 and PRESETS["llama-7b"].kv_groups == 32
+    big = PRESETS["llama-405b"]  # Llama-3.1-405B's published config
+    assert (big.layers, big.hidden, big.heads, big.kv_groups, big.ffn, big.vocab, big.seq) == (
+        126, 16384, 128, 8, 53248, 128256, 8192)
     assert all(PRESETS[n].vocab == 51200 and PRESETS[n].ffn == 4 * PRESETS[n].hidden for n in GPT)
     assert (TINY.layers, TINY.hidden, TINY.heads, TINY.kv_groups, TINY.ffn, TINY.vocab, TINY.seq, TINY.dtype) == (
         8, 128, 4, 2, 384, 256, 128, "fp32")

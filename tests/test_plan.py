@@ -6,7 +6,7 @@ import dataclasses
 import json
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from pipeoffload.cli import main
@@ -590,3 +590,32 @@ def test_planner_best_is_the_schedule_best_ranks_first():
     assert generator_limit(problem, ours.family, p, sh) == pytest.approx(room, rel=1e-12)
     assert ours.makespan_ms == pytest.approx(first.makespan, rel=1e-9)
 
+
+
+# ----------------------------------------------------------------- the critical-path bound
+@pytest.mark.parametrize("name", sorted(__import__("pipeoffload.schedules", fromlist=["SCHEDULES"]).SCHEDULES))
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(data=st.data())
+def test_pipeline_bound_never_exceeds_a_timed_schedule(name, data):
+    """planner.bounds.pipeline_bound is a lower bound of every registry schedule's makespan, with
+    per-layer-group (F, B, W) drawn at random (the planner prunes with it and clamps extrapolations
+    at it: a bound above a real makespan would drop a configuration)."""
+    from pipeoffload.costs import Costs
+    from pipeoffload.passes.timing import simulate
+    from pipeoffload.planner.bounds import pipeline_bound
+    from pipeoffload.schedules import SCHEDULES, generate
+
+    spec = SCHEDULES[name]
+    p = data.draw(st.integers(1, 5), label="p")
+    v = data.draw(st.integers(1, 3), label="v") if name in ("interleaved-1f1b", "group-interleaved") else spec.default_v
+    m = data.draw(st.integers(1, 3 * p + 2), label="m")
+    g = data.draw(st.integers(-(-p // 2), p), label="g") if name == "group-interleaved" else None
+    try:
+        sched = generate(name, p=p, m=m, v=v, g=g)
+    except ParameterError:
+        assume(False)  # a shape the family does not make (e.g. m below its minimum)
+    t = st.floats(0.1, 4.0, allow_nan=False)
+    groups = tuple((data.draw(t), data.draw(t), data.draw(t)) for _ in range(sched.num_stages))
+    costs = Costs(comm=data.draw(st.sampled_from([0.0, 0.3])), group_costs=groups)
+    makespan = simulate(sched, costs).makespan
+    assert pipeline_bound(groups, sched.placement, m) <= makespan * (1 + 1e-12) + 1e-9

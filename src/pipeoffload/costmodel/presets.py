@@ -16,7 +16,8 @@ recompute of elementwise ops) — the settings behind the closed-form k.
 The GPT-3-like presets (ZB and CM papers: FFN 4h, vocabulary 51200, tied embedding) use those papers'
 Megatron setting: fp16, no flash attention, dropout on, no recompute — so a preset's layer bytes are
 exactly ZB's ``b·s·(34h + 5as)``. Seq and microbatch are the papers' where given, else 1024 and 1.
-Llama-style presets: bf16, SwiGLU, vocabulary 32000, untied head, flash attention, seq 4096, microbatch 1.
+Llama-style presets: bf16, SwiGLU, vocabulary 32000, untied head, flash attention, seq 4096, microbatch 1;
+``llama-405b`` (Llama-3.1-405B's shape, 405.9B parameters) has its own vocabulary 128256 and seq 8192.
 """
 
 from __future__ import annotations
@@ -42,8 +43,10 @@ def _gpt(name: str, layers: int, heads: int, hidden: int, seq: int = 1024, micro
     return ModelSpec(name=name, layers=layers, heads=heads, hidden=hidden, seq=seq, microbatch=microbatch, **_GPT)
 
 
-def _llama(name: str, layers: int, heads: int, hidden: int, ffn: int, kv_groups: int | None = None) -> ModelSpec:
-    return ModelSpec(name=name, layers=layers, heads=heads, hidden=hidden, ffn=ffn, kv_groups=kv_groups, **_LLAMA)
+def _llama(name: str, layers: int, heads: int, hidden: int, ffn: int, kv_groups: int | None = None,
+           **over: Any) -> ModelSpec:
+    return ModelSpec(name=name, layers=layers, heads=heads, hidden=hidden, ffn=ffn, kv_groups=kv_groups,
+                     **{**_LLAMA, **over})
 
 
 #: The small model the CPU runtime trains (a Llama-style decoder at toy size).
@@ -70,6 +73,9 @@ PRESETS: dict[str, ModelSpec] = {
         _llama("llama-7b", 32, 32, 4096, 11008),
         _llama("llama-13b", 40, 40, 5120, 13824),
         _llama("llama-70b", 80, 64, 8192, 28672, kv_groups=8),
+        # Llama-3.1-405B's shape (its published config: 126 layers, hidden 16384, 128 heads, 8 KV
+        # heads, FFN 53248, vocabulary 128256; pre-trained at sequence 8192)
+        _llama("llama-405b", 126, 128, 16384, 53248, kv_groups=8, vocab=128256, seq=8192),
         TINY,
     )
 }

@@ -48,9 +48,11 @@ messages; placing one rank's groups is linear in its own messages.
 
 from __future__ import annotations
 
+import gc
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 from ..costs import Costs
 from ..errors import ScheduleError
@@ -151,53 +153,96 @@ def issue_plan(
     """
     if lookahead < 0:
         raise ValueError(f"lookahead must be >= 0, got {lookahead}")
+    with paused_gc():
+        return _issue_plan(program, headers, lookahead, ranks)
+
+
+@contextmanager
+def paused_gc() -> Iterator[None]:
+    """The cyclic garbage collector off inside, back as it was after (also on an exception).
+
+    For the passes that build a few objects per op and free none until they return
+    (:func:`issue_plan`, :func:`~pipeoffload.passes.nccl_check.check_nccl`): the collector
+    would rescan the program's ops again and again — about 40 % of ``issue_plan``'s time at
+    p = 64, m = 512 — and finds no cycles there."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _issue_plan(program: Schedule, headers: Callable[[MessageKey], bool] | bool, lookahead: int,
+                ranks: Iterable[int] | None) -> IssuePlan:
+    """:func:`issue_plan` after its argument check."""
     p = program.num_ranks
     hdr = (lambda k: bool(headers)) if isinstance(headers, bool) else headers
-    gap_of: list[list[int]] = []
-    send_gap: dict[MessageKey, int] = {}
-    recv_gap: dict[MessageKey, int] = {}
-    ends: dict[MessageKey, tuple[int, int]] = {}  # message -> (sender, receiver)
-    for r, lst in enumerate(program.ranks):
-        gaps, k = [], 0
-        for op in lst:
-            gaps.append(k)
-            if op.kind in _SEND:
-                send_gap[message_key(op)] = k
-                ends[message_key(op)] = (r, op.peer)
-            elif op.kind in _RECV:
-                recv_gap[message_key(op)] = k
-            else:
-                k += 1
-        gaps.append(k)
-        gap_of.append(gaps)
+    gap_of, send_gap, recv_gap, ends = _gaps(program)
     t_end = _producer_end(program)
     order = sorted(send_gap, key=lambda mk: (t_end[mk], mk[0] == "F", mk[1], mk[2]))
 
-    # Greedy rounds (module docstring).
+    # Greedy rounds (module docstring); each message listed on both its ranks as it is placed.
     rounds: dict[MessageKey, int] = {}
+    mine: list[dict[int, list[tuple[MessageKey, bool, int]]]] = [{} for _ in range(p)]  # rank -> round -> ...
     rnd = 0
     r_send: dict[int, int] = {}  # rank -> its send gap in the current round
-    r_cons: dict[int, int] = {}  # rank -> the earliest consumer gap of its receives in the round
+    r_cons: dict[int, float] = {}  # rank -> the earliest consumer gap of its receives in the round
     for mk in order:
         a, b = ends[mk]
         g = send_gap[mk]
         if r_send.get(a, g) != g or r_cons.get(a, math.inf) < g:
             rnd, r_send, r_cons = rnd + 1, {}, {}
         r_send[a] = g
-        r_cons[b] = min(r_cons.get(b, math.inf), recv_gap[mk])
+        c = recv_gap[mk]
+        if c < r_cons.get(b, math.inf):
+            r_cons[b] = c
         rounds[mk] = rnd
+        lst = mine[a].get(rnd)
+        if lst is None:
+            lst = mine[a][rnd] = []
+        lst.append((mk, True, b))
+        lst = mine[b].get(rnd)
+        if lst is None:
+            lst = mine[b][rnd] = []
+        lst.append((mk, False, a))
     n_rounds = rnd + 1 if order else 0
 
     with_header = frozenset(mk for mk in order if mk[0] == "F" and hdr(mk))
-    mine: list[dict[int, list[tuple[MessageKey, bool, int]]]] = [{} for _ in range(p)]  # rank -> round -> ...
-    for mk in order:
-        a, b = ends[mk]
-        mine[a].setdefault(rounds[mk], []).append((mk, True, b))
-        mine[b].setdefault(rounds[mk], []).append((mk, False, a))
     plans = [RankIssue(gap_of=gap_of[r]) for r in range(p)]
     for r in (range(p) if ranks is None else ranks):
         _place_rank(r, mine[r], send_gap, recv_gap, with_header, lookahead, plans[r])
     return IssuePlan(program, plans, rounds, with_header, n_rounds)
+
+
+def _gaps(program: Schedule) -> tuple[list[list[int]], dict[MessageKey, int], dict[MessageKey, int],
+                                       dict[MessageKey, tuple[int, int]]]:
+    """Per rank, the gap of each program position (and one past the end); per message, the
+    gap of its send and of its receive, and its ``(sender, receiver)``."""
+    gap_of: list[list[int]] = []
+    send_gap: dict[MessageKey, int] = {}
+    recv_gap: dict[MessageKey, int] = {}
+    ends: dict[MessageKey, tuple[int, int]] = {}
+    sf, sb, rf, rb = _SEND + _RECV
+    for r, lst in enumerate(program.ranks):
+        gaps: list[int] = []
+        put = gaps.append
+        k = 0
+        for op in lst:
+            put(k)
+            kind = op.kind
+            if kind is sf or kind is sb:
+                mk = message_key(op)
+                send_gap[mk] = k
+                ends[mk] = (r, op.peer)
+            elif kind is rf or kind is rb:
+                recv_gap[message_key(op)] = k
+            else:
+                k += 1
+        put(k)
+        gap_of.append(gaps)
+    return gap_of, send_gap, recv_gap, ends
 
 
 def _producer_end(program: Schedule) -> dict[MessageKey, float]:
@@ -217,11 +262,28 @@ def _place_rank(r: int, mine: dict[int, list[tuple[MessageKey, bool, int]]], sen
                 recv_gap: dict[MessageKey, int], with_header: frozenset, lookahead: int,
                 out: RankIssue) -> None:
     """Rank ``r``'s groups: one gap per round it takes part in (module docstring);
-    ``mine[round]`` lists the rank's ``(message, send?, peer)`` of that round."""
+    ``mine[round]`` lists the rank's ``(message, send?, peer)`` of that round.
+
+    One pass per round for its bounds, then one for its groups; the ``Xfer``s and ``Group``s
+    are made by :func:`_xfer` and :func:`_group` (their fields set directly: the frozen
+    dataclasses' ``__init__`` was a third of this function's time at p = 64, m = 512)."""
     rs = sorted(mine)
-    # Bounds per round: a send fixes the gap; receives cap it at their earliest consumer.
-    fixed = [next((send_gap[mk] for mk, s, _ in mine[t] if s), None) for t in rs]
-    hi = [min((recv_gap[mk] for mk, s, _ in mine[t] if not s), default=math.inf) for t in rs]
+    # Bounds per round: a send fixes the gap (its first send's); receives cap it at their earliest consumer.
+    fixed: list[int | None] = []
+    hi: list[float] = []
+    for t in rs:
+        f: int | None = None
+        h = math.inf
+        for mk, s, _ in mine[t]:
+            if s:
+                if f is None:
+                    f = send_gap[mk]
+            else:
+                g = recv_gap[mk]
+                if g < h:
+                    h = g
+        fixed.append(f)
+        hi.append(h)
     # Upper bound of a receive-only round: no later than any later round before the next send.
     upper = [0.0] * len(rs)
     nxt = math.inf
@@ -229,9 +291,10 @@ def _place_rank(r: int, mine: dict[int, list[tuple[MessageKey, bool, int]]], sen
         nxt = min(hi[i], nxt) if fixed[i] is None else fixed[i]
         upper[i] = nxt if fixed[i] is None else fixed[i]
     prev = 0
+    at = out.at
     for i, t in enumerate(rs):
-        if fixed[i] is not None:
-            gap = fixed[i]
+        gap = fixed[i]
+        if gap is not None:
             if gap > hi[i] or gap < prev:
                 raise ScheduleError(f"rank {r}: no consistent point-to-point order at round {t} "
                                     f"(send gap {gap}, earliest consumer {hi[i]}, previous gap {prev})")
@@ -242,15 +305,41 @@ def _place_rank(r: int, mine: dict[int, list[tuple[MessageKey, bool, int]]], sen
                                     f"(receives due by gap {cap}, previous gap {prev})")
             gap = int(max(prev, min(cap, hi[i] - lookahead)))
         prev = gap
-        xs = sorted(mine[t])  # by message: the same order on both ends (rule 3)
-        groups = out.at.setdefault(gap, [])
+        xs = mine[t]
+        if len(xs) > 1:
+            xs = sorted(xs)  # by message: the same order on both ends (rule 3)
+        groups = at.get(gap)
+        if groups is None:
+            groups = at[gap] = []
         if not with_header:
-            groups.append(Group(t, 0, tuple(Xfer(mk, PAYLOAD, s, peer) for mk, s, peer in xs)))
+            groups.append(_group(t, 0, tuple([_xfer(mk, PAYLOAD, s, peer) for mk, s, peer in xs]), ()))
             continue
-        first = []
-        for mk, s, peer in xs:  # a header sorts before its payload ("h" < "p")
-            first.append(Xfer(mk, HEADER if mk in with_header else PAYLOAD, s, peer))
-        groups.append(Group(t, 0, tuple(first)))
-        second = tuple(Xfer(mk, PAYLOAD, s, peer) for mk, s, peer in xs if mk in with_header)
+        # a header sorts before its payload ("h" < "p")
+        first = tuple([_xfer(mk, HEADER if mk in with_header else PAYLOAD, s, peer) for mk, s, peer in xs])
+        groups.append(_group(t, 0, first, ()))
+        second = tuple([_xfer(mk, PAYLOAD, s, peer) for mk, s, peer in xs if mk in with_header])
         if second:
-            groups.append(Group(t, 1, second, tuple(x.key for x in second if not x.send)))
+            groups.append(_group(t, 1, second, tuple([x.key for x in second if not x.send])))
+
+
+def _xfer(key: MessageKey, part: str, send: bool, peer: int, _new: Callable = object.__new__) -> Xfer:
+    """``Xfer(key, part, send, peer)`` without the frozen dataclass's ``__init__`` (same object)."""
+    x = _new(Xfer)
+    d = x.__dict__
+    d["key"] = key
+    d["part"] = part
+    d["send"] = send
+    d["peer"] = peer
+    return x
+
+
+def _group(rnd: int, half: int, xfers: tuple[Xfer, ...], after: tuple[MessageKey, ...],
+           _new: Callable = object.__new__) -> Group:
+    """``Group(rnd, half, xfers, after)`` without the frozen dataclass's ``__init__`` (same object)."""
+    g = _new(Group)
+    d = g.__dict__
+    d["round"] = rnd
+    d["half"] = half
+    d["xfers"] = xfers
+    d["after"] = after
+    return g

@@ -60,7 +60,6 @@ deadlocks on NCCL already at 1F1B with two ranks, and passes with ``send_blocks=
 from __future__ import annotations
 
 import bisect
-import gc
 from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Callable, Sequence
@@ -68,7 +67,7 @@ from typing import Callable, Sequence
 from ..errors import ParameterError, ScheduleError
 from ..ir import Op, OpKind, Schedule
 from .comm import MessageKey, incoming_order, message_key
-from .issue_policy import HEADER, PAYLOAD, Group, IssuePlan, RankIssue, Xfer
+from .issue_policy import HEADER, PAYLOAD, Group, IssuePlan, RankIssue, Xfer, paused_gc
 
 __all__ = ["MeshModel", "NcclReport", "check_nccl", "legacy_plan", "NO_ROUND"]
 
@@ -855,14 +854,8 @@ def check_nccl(
             raise ParameterError("ties", f"tie group {gi} names ranks {bad}; valid ranks are 0..{p - 1}")
     # The simulation allocates a few objects per op and frees none until it returns: the
     # cyclic garbage collector would rescan them again and again (about half the time).
-    # It is back on once they are freed.
-    was = gc.isenabled()
-    gc.disable()
-    try:
+    with paused_gc():
         return _check(plan, communicators, send_blocks, ties, tie_pattern, mesh)
-    finally:
-        if was:
-            gc.enable()
 
 
 def _check(plan: IssuePlan, communicators: str, send_blocks: bool, ties, tie_pattern: str,

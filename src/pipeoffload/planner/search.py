@@ -208,8 +208,9 @@ def _plain_phase(problem: Problem, simulator: Simulator, candidates: list[_Candi
     """Plain and recompute-only simulations (cheap); the first variant that fits is accepted.
     ``light``: no recompute and elementwise recompute (before offload is tried); else selective
     and full recompute (after: they cost matmul time offload usually hides).
-    Candidates go by a lower bound of their iteration time (the busiest rank's compute, no
-    bubble), so once ``top`` configurations fit, a candidate whose bound is no better is not
+    Candidates go by a lower bound of their iteration time (:func:`~.bounds.pipeline_bound`: each
+    rank's compute between the forward chain that reaches it and the backward chain after it),
+    so once ``top`` configurations fit, a candidate whose bound is no better is not
     simulated at all. V-auto is not simulated on a split where V-ZB fits (among ``everyone``, the
     whole search; with or without offload, which never lengthens the iteration)."""
     order = [rc for rc in RECOMPUTE_ORDER if rc in problem.options.recompute and (rc in _LIGHT) == light]
@@ -219,7 +220,7 @@ def _plain_phase(problem: Problem, simulator: Simulator, candidates: list[_Candi
     if not order:
         return
     for c in candidates:
-        c.bound = max(c.bound, time_bound(simulator.costs, c.split, c.family, c.m, order[0]))
+        c.bound = max(c.bound, min(time_bound(simulator.costs, c.split, c.family, c.m, rc) for rc in order))
     fits_v_zb = {(c.split, c.m) for c in (everyone or candidates) if c.family.schedule == "v-zb" and c.fit}
     for c in sorted(candidates, key=lambda c: c.bound):
         if c.family.schedule == "v-auto" and (c.split, c.m) in fits_v_zb:
@@ -229,7 +230,8 @@ def _plain_phase(problem: Problem, simulator: Simulator, candidates: list[_Candi
             c.pruned = "not simulated: V-ZB fits on this split (1F1B's memory, bubble near zero; V-auto's limit is V-Half's)"
             continue
         if ranking.beaten(c.bound):
-            c.pruned = (f"not simulated: even with no bubble an iteration takes ≥ {c.bound / 1e3:.3g} s, "
+            c.pruned = (f"not simulated: idle only while the pipeline fills and drains, an iteration takes "
+                        f"≥ {c.bound / 1e3:.3g} s, "
                         f"slower than the {problem.options.top} configurations shown")
             continue
         try:

@@ -14,6 +14,12 @@ schedules of fixed-order generators by ``(schedule, p, m, v, g, limit)`` (shared
 and recompute settings), those of cost-aware generators by ``(schedule, p, m, v, g, recompute, tp,
 sp)`` and the memory limit in bytes they were given (:func:`generator_limit`), the simulations by
 ``(split, family, m, recompute)``; a refusal is kept like a result.
+
+Each simulation and offload plan runs with the cyclic garbage collector paused
+(:func:`~pipeoffload.passes.issue_policy.paused_gc`): a generator and a timing allocate a few
+objects per op and free few until they return, and every collection the allocations triggered
+rescanned the caches' schedules and timelines (≈ 20 % of the planner's time); the collector
+runs again between candidates, so what a simulation leaves in cycles is freed as before.
 """
 
 from __future__ import annotations
@@ -24,9 +30,11 @@ from typing import Any
 
 from ..errors import ParameterError, PipeoffloadError, ScheduleError
 from ..ir import OpKind, Placement, Schedule
+from ..passes.issue_policy import paused_gc
 from ..passes.lower import lower
 from ..passes.offload import OffloadOptions, OffloadResult
 from ..timeline import Timeline
+from .bounds import pipeline_bound
 from .dp import dp_exposed
 from .hostlink import host_links
 from .refusals import Refused
@@ -153,7 +161,8 @@ class Simulator:
         hit = self._simulations.get(key)
         if hit is None:
             try:
-                hit = self._simulate(split, family, m, recompute)
+                with paused_gc():  # see the module docstring
+                    hit = self._simulate(split, family, m, recompute)
             except Refused as e:
                 hit = e
             self._simulations[key] = hit
@@ -170,7 +179,8 @@ class Simulator:
             if mm is not None:
                 sched = self.schedule(family, p, mm, recompute, split.tp, split.sp, split.dp)
                 runs.append((mm, sched, self._time(sched, sh)))
-        makespan, busy, peaks = _extrapolate(m, [(mm, tl) for mm, _, tl in runs], family.schedule)
+        floor = pipeline_bound(sh.costs.group_costs, placement, m)  # type: ignore[arg-type]
+        makespan, busy, peaks = _extrapolate(m, [(mm, tl) for mm, _, tl in runs], family.schedule, floor)
         (_, first_schedule, first_timeline), (last_m, _, last_timeline) = runs[0], runs[-1]
         exposed = dp_exposed(last_timeline, sh, split, placement, self.problem.node, self.problem.hardware)
         return Simulated(split, family, m, recompute, first_schedule, first_timeline, sh, placement, makespan,
@@ -204,8 +214,9 @@ class Simulator:
                                   link_group=links.link_group, solo_factor=opts.solo_factor,
                                   on_infeasible="skip", postpone_warmup=True, stash=stash)
         try:
-            lowered = lower(sim.schedule, sim.sharded.costs, sim.sharded.memory, memory_unit="bytes",
-                            offload=settings, validated=True)
+            with paused_gc():
+                lowered = lower(sim.schedule, sim.sharded.costs, sim.sharded.memory, memory_unit="bytes",
+                                offload=settings, validated=True)
         except PipeoffloadError as e:
             raise Refused("offload", f"offload pass refused C={chunks}{' +stash' if stash else ''}: {e}") from None
         assert lowered.offload is not None
@@ -239,9 +250,12 @@ def generator_limit(problem: Problem, family: Family, p: int, sh: ShardedCosts, 
     return float(family.limit or 1) * default_limit(placement, sh.memory) + b_plus
 
 
-def _extrapolate(m: int, runs: list[tuple[int, Timeline]], schedule: str) -> tuple[float, list[float], list[float]]:
+def _extrapolate(m: int, runs: list[tuple[int, Timeline]], schedule: str,
+                 floor: float = 0.0) -> tuple[float, list[float], list[float]]:
     """(makespan ms, per-rank busy ms, per-rank activation peak bytes) at ``m`` from timelines at
-    one or two simulated m (see the module docstring)."""
+    one or two simulated m (see the module docstring). The makespan is at least the busiest
+    rank's busy time and ``floor`` (:func:`~.bounds.pipeline_bound`, which a timed schedule
+    always meets; an extrapolation below it would be impossible, and the planner prunes with it)."""
     (ma, ta), (mb, tb) = runs[0], runs[-1]
     peaks = tb.peak_memory()
     if len(runs) == 2:
@@ -251,7 +265,7 @@ def _extrapolate(m: int, runs: list[tuple[int, Timeline]], schedule: str) -> tup
     else:
         makespan = tb.makespan
     busy = [b * m / mb for b in tb.busy()]
-    makespan = max(makespan, max(busy))
+    makespan = max(makespan, max(busy), floor)
     if schedule == "gpipe" and mb != m:  # all forwards first: the peak grows with m
         peaks = [x * m / mb for x in peaks]
     return makespan, busy, peaks
