@@ -960,9 +960,8 @@ def legacy_plan(program: Schedule, *, lookahead: int = 2, headers: bool = True) 
                     post_ahead(k, i + 1)
         ri.gap_of = _gaps(lst)
         ranks.append(ri)
-    hdr = frozenset(op_key for lst in program.ranks for o in lst if o.kind is OpKind.SEND_F
-                    for op_key in [message_key(o)]) if headers else frozenset()
-    return IssuePlan(program, ranks, {}, hdr, 0)
+    hdr = frozenset(message_key(o) for lst in program.ranks for o in lst if o.kind is OpKind.SEND_F)
+    return IssuePlan(program, ranks, {}, hdr if headers else frozenset(), 0)
 
 
 def _gaps(lst: list[Op]) -> list[int]:

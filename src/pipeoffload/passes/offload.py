@@ -243,24 +243,12 @@ class OffloadResult:
 
 
 def plan_offload(
-    schedule: Schedule,
-    timeline: Timeline | None = None,
-    *,
-    costs: Costs | None = None,
-    memory: MemoryDeltas | None = None,
-    memory_unit: str = "units",
-    offload_chunks: int | None = None,
-    auto: bool = False,
-    offload_time: float = 0.0,
-    transfer_times: Sequence[float] | None = None,
-    link_group: int = 2,
-    solo_factor: float = 0.7,
-    tolerance: float = 0.01,
-    on_infeasible: str | None = None,
-    postpone_warmup: bool | None = None,
-    comm: float | None = None,
-    stash: bool = False,
-    mem_limit: float | None = None,
+    schedule: Schedule, timeline: Timeline | None = None, *,
+    costs: Costs | None = None, memory: MemoryDeltas | None = None, memory_unit: str = "units",
+    offload_chunks: int | None = None, auto: bool = False, offload_time: float = 0.0,
+    transfer_times: Sequence[float] | None = None, link_group: int = 2, solo_factor: float = 0.7,
+    tolerance: float = 0.01, on_infeasible: str | None = None, postpone_warmup: bool | None = None,
+    comm: float | None = None, stash: bool = False, mem_limit: float | None = None,
     options: OffloadOptions | None = None,
 ) -> OffloadResult:
     """Plan selective activation offload (PipeOffload) on a timed schedule.
