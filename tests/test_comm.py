@@ -249,7 +249,7 @@ def _retirements_brute_force(program, rank):
     return {y: tuple(xs) for y, xs in out.items()}
 
 
-@settings(max_examples=60, deadline=None)
+@settings(deadline=None)
 @given(name=st.sampled_from(sorted(SCHEDULES)), p=st.integers(2, 4), extra=st.integers(0, 6))
 def test_send_retirements_match_their_definition(name, p, extra):
     """Every registry schedule: the sends freed early are exactly those whose receiver

@@ -36,7 +36,7 @@ def _orders(s):
     return [[(o.kind, o.stage, o.microbatch) for o in r] for r in s.ranks]
 
 
-@settings(max_examples=40, deadline=None)
+@settings(deadline=None)
 @given(name=st.sampled_from(["zb-v", "v-min", "v-half", "v-zb", "zb-h1", "1f1b"]), p=st.integers(1, 6),
        m=st.integers(1, 14), costs=costs_st, memory=memory_st)
 def test_order_figures_are_simulates(name: str, p: int, m: int, costs: Costs, memory: MemoryDeltas) -> None:
@@ -59,7 +59,7 @@ def _state(tr: Tracker) -> tuple:
     return (tr.order, tr.end, tr.clock, tr.level, tr.peak, tr.idle, tr.first, tr.started)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(deadline=None)
 @given(name=st.sampled_from(["zb-v", "v-half", "zb-h2", "1f1b"]), p=st.integers(1, 6), m=st.integers(1, 12),
        costs=costs_st, memory=memory_st, limit=st.sampled_from([1.0, 2.0, 3.0, 1e9]))
 def test_replay_is_the_tracker_driven_one(name: str, p: int, m: int, costs: Costs, memory: MemoryDeltas,
@@ -74,7 +74,7 @@ def test_replay_is_the_tracker_driven_one(name: str, p: int, m: int, costs: Cost
     assert results[0] == results[1]
 
 
-@settings(max_examples=40, deadline=None)
+@settings(deadline=None)
 @given(name=st.sampled_from(sorted(BLOCKS)), p=st.integers(1, 7), m=st.integers(1, 16), costs=costs_st,
        tight=st.booleans())
 def test_refill_both_is_both_refills(name: str, p: int, m: int, costs: Costs, tight: bool) -> None:
@@ -95,7 +95,7 @@ def test_refill_both_is_both_refills(name: str, p: int, m: int, costs: Costs, ti
     assert fast == full or (len(full) == 2 and full[0] == full[1] and fast == full[:1])
 
 
-@settings(max_examples=200, deadline=None)
+@settings(deadline=None)
 @given(xs=st.sets(st.integers(0, 200), min_size=1, max_size=40), data=st.data())
 def test_kth_is_sorted_union(xs: set[int], data) -> None:
     xs = list(xs)
@@ -105,7 +105,7 @@ def test_kth_is_sorted_union(xs: set[int], data) -> None:
     assert _kth(a, b, k) == sorted(xs)[k]
 
 
-@settings(max_examples=150, deadline=None)
+@settings(deadline=None)
 @given(data=st.data())
 def test_rank_levels_first_fit_is_whole_rank_peak(data) -> None:
     """_RankLevels.first_fit picks what re-checking the whole rank's _peak picks, and its
@@ -154,7 +154,7 @@ def _old_first_fit(rows, k: int, t: int, free: list[int], cap: int) -> int:
     return next((q for q in free if highest[q - lo] + 1 <= cap), t)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(deadline=None)
 @given(data=st.data())
 def test_first_fit_is_the_slot_by_slot_scan(data) -> None:
     n = data.draw(st.integers(1, 6))

@@ -594,7 +594,7 @@ def test_planner_best_is_the_schedule_best_ranks_first():
 
 # ----------------------------------------------------------------- the critical-path bound
 @pytest.mark.parametrize("name", sorted(__import__("pipeoffload.schedules", fromlist=["SCHEDULES"]).SCHEDULES))
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(data=st.data())
 def test_pipeline_bound_never_exceeds_a_timed_schedule(name, data):
     """planner.bounds.pipeline_bound is a lower bound of every registry schedule's makespan, with
