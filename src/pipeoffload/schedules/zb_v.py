@@ -68,6 +68,9 @@ class _GreedyRun:
         #: Whether a partial-gap decision ever depended on the fill_f / fill_b flag (a run
         #: of the other value then makes exactly the same decisions).
         self.consulted = [False, False]
+        #: Whether a partial W was ever put because a gap exceeded the idle allowance: the
+        #: only decision the allowance (hence a re-run's ``approved``) changes.
+        self.allowance_used = False
 
     def run(self, fill_f: bool, fill_b: bool) -> Tracker:
         """Warm-up, steady state, remaining W's; raises :class:`Infeasible`."""
@@ -124,6 +127,7 @@ class _GreedyRun:
             if flag >= 0:
                 self.consulted[flag] = True
             if partial:
+                self.allowance_used = True
                 self.put_weight(rank)
 
     def can_forward(self, rank: int, chunk: int) -> bool:
@@ -285,6 +289,12 @@ def v_candidates(p: int, m: int, costs: Costs, memory: MemoryDeltas, limit: floa
                     break
                 best = bubble
                 approved = list(tr.idle)
+                if not run.allowance_used:
+                    # The re-run's allowances are at least this run's at every step, so a run
+                    # that never acted on one makes the same decisions: the same run, which
+                    # ties and ends the chain (as running it would).
+                    got.append(tr)
+                    break
             chains.append((flags, consulted, got))
             out += got
     return out

@@ -231,7 +231,8 @@ def zb_v(spec: ScheduleSpec) -> Schedule:
     differ share them, :func:`.zb_v.v_candidates`) of O(p·m) ops, each op
     timed incrementally and its round costing O(p) for the idle allowance (O(p²·m) per
     run at worst), the fixed order and, below p units, V-Half's and V-Min's lowerings;
-    in practice 2 runs at p = 64, m = 512, linear in p·m.
+    in practice 1 run at p = 64, m = 512 (a run that never acted on its idle allowance
+    stands for its re-run), linear in p·m.
     """
     spec.no_group()
     spec.resolve_v(2, allowed=(2,))
