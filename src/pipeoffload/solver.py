@@ -212,8 +212,6 @@ def _scale(values: Sequence[float]) -> tuple[int, bool]:
 
 def _default_hint(pl: Placement, m: int, costs: Costs, memory: MemoryDeltas, limit: float) -> Schedule | None:
     """The lowest-bubble generated schedule on this placement that fits ``limit``."""
-    from .schedules import generate
-
     p, v = pl.num_ranks, pl.max_chunks
     if pl.kind == "v":
         cands = [("zb-v", {"mem_limit": limit}), ("v-zb", {}), ("v-half", {}), ("v-min", {})]
@@ -222,16 +220,25 @@ def _default_hint(pl: Placement, m: int, costs: Costs, memory: MemoryDeltas, lim
     else:
         cands = [("group-interleaved", {"v": v, "g": g}) for g in range((p + 1) // 2, p + 1)]
     best = None
-    for name, kw in cands:
-        try:
-            s = generate(name, p=p, m=m, costs=costs, memory=memory, **kw)
-        except Exception:  # noqa: BLE001 - a generator that refuses these parameters is no hint
-            continue
-        tl = simulate(s, costs, memory)
+    for s, tl in _hint_candidates(cands, p, m, costs, memory):
         if max(tl.peak_memory()) <= limit + 1e-9 * max(1.0, abs(limit)):
             if best is None or tl.bubble_rate < best[0]:
                 best = (tl.bubble_rate, s)
     return best[1] if best else None
+
+
+def _hint_candidates(cands: list, p: int, m: int, costs: Costs, memory: MemoryDeltas):
+    """Each generator of ``cands`` (name, keywords) that takes these parameters, as
+    ``(schedule, timeline)``; one that refuses them (a ParameterError) is no hint and is
+    passed over, any other error is raised."""
+    from .schedules import generate
+
+    for name, kw in cands:
+        try:
+            s = generate(name, p=p, m=m, costs=costs, memory=memory, **kw)
+        except ParameterError:
+            continue
+        yield s, simulate(s, costs, memory)
 
 
 def _offload_hint(pl: Placement, m: int, costs: Costs, memory: MemoryDeltas, limit: float,
@@ -242,7 +249,6 @@ def _offload_hint(pl: Placement, m: int, costs: Costs, memory: MemoryDeltas, lim
     limit mode (chunks c < ``offload.offload_chunks``, the same host link, no solo
     speed-up). None when none fits."""
     from .passes.offload import plan_offload
-    from .schedules import generate
 
     p = pl.num_ranks
     if pl.kind == "v":
@@ -253,12 +259,7 @@ def _offload_hint(pl: Placement, m: int, costs: Costs, memory: MemoryDeltas, lim
     else:
         return None
     best = None
-    for name, kw in cands:
-        try:
-            s = generate(name, p=p, m=m, costs=costs, memory=memory, **kw)
-        except Exception:  # noqa: BLE001 - a generator that refuses these parameters is no hint
-            continue
-        tl = simulate(s, costs, memory)
+    for s, tl in _hint_candidates(cands, p, m, costs, memory):
         try:
             res = plan_offload(s, tl, offload_chunks=min(offload.offload_chunks, s.chunks),
                                offload_time=offload.offload_time, link_group=offload.link_group, solo_factor=1.0,

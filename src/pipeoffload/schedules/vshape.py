@@ -96,6 +96,16 @@ def v_zb_block(p: int) -> BuildingBlock:
     return BuildingBlock(pl, PERIOD, place_weight_grads(pl, PERIOD, slots))
 
 
+#: What V-Min, V-Half and V-ZB cost in p and m (their docstrings point here).
+LOWERING_COST = (
+    "the lowering (_lower_block, memoised by its inputs) repeats the block m times and builds up to six "
+    "candidate orders over O(p·m) ops: the building-block reorder scans a rank's memory levels between an "
+    "op's inputs and its slot (O(m) per op, O(p·m²) in the worst case, in C); the slot reorder re-counts a "
+    "move's levels only until they meet the old ones (O(m) per op at worst, a few slots in practice); the W "
+    "refills are O(p·m) each (the rerun without partial gaps is skipped when it would be the same run, e.g. "
+    "at unit costs); the two base candidates and any other that could win are timed, O(p·m) each")
+
+
 def _check(spec: ScheduleSpec) -> None:
     spec.no_group()
     spec.resolve_v(2, allowed=(2,))
@@ -192,15 +202,7 @@ def _pick(timed: list[list[float | None]], cap: float, peak: Callable[[int], flo
 def v_min(spec: ScheduleSpec) -> Schedule:
     """V-Min: peak ``(p+4)//3`` units (≈ ⅓ of 1F1B's), bubble ≈ ⅔ of 1F1B's.
 
-    Cost: the lowering (:func:`_lower_block`, memoised by its inputs) repeats the block
-    m times and builds up to six candidate orders over O(p·m) ops: the building-block
-    reorder scans a rank's memory levels between an op's inputs and its slot (O(m) per op,
-    O(p·m²) in the worst case, in C); the slot reorder re-counts a move's levels only
-    until they meet the old ones (O(m) per op at worst, a few slots in practice); the W
-    refills are O(p·m) each (the rerun without partial gaps is skipped when it would be
-    the same run, e.g. at unit costs); the two base candidates and any other that could
-    win are timed, O(p·m) each; hole filling
-    is capped by its work budget."""
+    Cost: :data:`LOWERING_COST`, with hole filling (capped by its work budget)."""
     _check(spec)
     return _from_block("v-min", spec, holes=True)
 
@@ -208,15 +210,7 @@ def v_min(spec: ScheduleSpec) -> Schedule:
 def v_half(spec: ScheduleSpec) -> Schedule:
     """V-Half: peak ``(p+2)//2`` units (≈ ½ of 1F1B's), bubble ≈ ½ of 1F1B's.
 
-    Cost: the lowering (:func:`_lower_block`, memoised by its inputs) repeats the block
-    m times and builds up to six candidate orders over O(p·m) ops: the building-block
-    reorder scans a rank's memory levels between an op's inputs and its slot (O(m) per op,
-    O(p·m²) in the worst case, in C); the slot reorder re-counts a move's levels only
-    until they meet the old ones (O(m) per op at worst, a few slots in practice); the W
-    refills are O(p·m) each (the rerun without partial gaps is skipped when it would be
-    the same run, e.g. at unit costs); the two base candidates and any other that could
-    win are timed, O(p·m) each; hole filling
-    is capped by its work budget."""
+    Cost: :data:`LOWERING_COST`, with hole filling (capped by its work budget)."""
     _check(spec)
     return _from_block("v-half", spec, holes=True)
 
@@ -224,14 +218,6 @@ def v_half(spec: ScheduleSpec) -> Schedule:
 def v_zb(spec: ScheduleSpec) -> Schedule:
     """V-ZB: 1F1B's peak (``p`` units), bubble ≈ 0.
 
-    Cost: the lowering (:func:`_lower_block`, memoised by its inputs) repeats the block
-    m times and builds up to six candidate orders over O(p·m) ops: the building-block
-    reorder scans a rank's memory levels between an op's inputs and its slot (O(m) per op,
-    O(p·m²) in the worst case, in C); the slot reorder re-counts a move's levels only
-    until they meet the old ones (O(m) per op at worst, a few slots in practice); the W
-    refills are O(p·m) each (the rerun without partial gaps is skipped when it would be
-    the same run, e.g. at unit costs); the two base candidates and any other that could
-    win are timed, O(p·m) each; no hole
-    filling."""
+    Cost: :data:`LOWERING_COST`, without hole filling."""
     _check(spec)
     return _from_block("v-zb", spec)
