@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeoffload.costs import Costs, MemoryDeltas
@@ -16,7 +16,7 @@ from pipeoffload.errors import ParameterError, ScheduleError
 from pipeoffload.ir import OVERLAP, OpKind, overlap_pairs, without_overlap
 from pipeoffload.passes.comm import insert_comm
 from pipeoffload.passes.offload import plan_offload
-from pipeoffload.passes.timing import overlapped_positions, simulate
+from pipeoffload.passes.timing import overlapped_positions, prove_deadlock_free, run_list_schedule, simulate
 from pipeoffload.passes.validate import validate
 from pipeoffload.schedules import generate
 
@@ -142,3 +142,43 @@ def test_without_overlap_runs_each_half_alone():
     assert plain.ranks == s.ranks and OVERLAP not in plain.params and OVERLAP in s.params
     assert not overlapped_positions(plain, insert_comm(plain).ranks)
     assert without_overlap(plain) is plain
+
+
+def _with_pairs(name: str, p: int, m: int, keep) -> object:
+    """``name``'s schedule with the adjacent F→backward pairs ``keep`` selects declared overlapped."""
+    s = generate(name, p=p, m=m)
+    adjacent = [(a.stage, a.microbatch, b.stage, b.microbatch) for lst in s.ranks for a, b in zip(lst, lst[1:])
+                if a.kind is OpKind.F and b.kind.is_backward]
+    return dataclasses.replace(s, params={**s.params, OVERLAP: tuple(x for x in adjacent if keep())})
+
+
+def test_a_pair_that_waits_on_its_own_forward_through_another_rank_deadlocks():
+    # GPipe's last F and first B on a rank before the last: the B's gradient needs the next
+    # rank's forward of that same F's output, so the pair, run as one op, waits on itself
+    t = _with_pairs("gpipe", 3, 4, lambda: True)
+    with pytest.raises(ScheduleError, match="deadlock"):
+        prove_deadlock_free(t)
+    with pytest.raises(ScheduleError, match="deadlock"):
+        run_list_schedule(t, lambda op: 1.0, 0.0)
+
+
+@given(name=st.sampled_from(["gpipe", "1f1b", "dualpipev"]), p=st.integers(2, 4), extra=st.integers(0, 4),
+       seed=st.integers(0, 10**6))
+@settings(deadline=None)
+def test_deadlock_proof_with_pairs_agrees_with_the_timing_pass(name, p, extra, seed):
+    """The proof without timing (pairs placed as one op) raises exactly when timing the
+    same schedule does, for random choices of which adjacent F→backward pairs overlap
+    (GPipe's choices deadlock or not, DualPipeV's and 1F1B's run)."""
+    import random
+
+    rng = random.Random(seed)
+    t = _with_pairs(name, p, 2 * p + extra, lambda: rng.random() < 0.5)
+
+    def fails(f):
+        try:
+            f()
+        except ScheduleError:
+            return True
+        return False
+
+    assert fails(lambda: prove_deadlock_free(t)) == fails(lambda: run_list_schedule(t, lambda op: 1.0, 0.0))

@@ -379,18 +379,22 @@ def prove_deadlock_free(schedule: Schedule) -> None:
     codes, m = _op_codes(schedule, ranks)
     engine = ListScheduler(schedule.placement.stage_to_rank, m, 0.0)
     end, S = engine.end, engine.num_stages
-    if overlapped_positions(schedule, schedule.ranks):  # pairs run as one op: the timing pass decides
-        run_list_schedule(schedule, lambda op: 1.0, 0.0)
-        return
 
     def place(r: int, i: int) -> None:
         code, stage, mb = codes[r][i]
         end[(code * S + stage) * m + mb] = 0.0
 
-    done = place_rank_lists(engine, codes, place)
+    full = overlapped_positions(schedule, schedule.ranks)
+    pairs: set[tuple[int, int]] = set()
+    if full:  # each overlapped pair runs as one op, placed once both halves' inputs are
+        firsts = {schedule.ranks[r][i] for r, i in full}
+        pairs = {(r, i) for r, lst in enumerate(ranks) for i, o in enumerate(lst) if o in firsts}
+        done = _place_overlapped(engine, codes, place, pairs, {})
+    else:
+        done = place_rank_lists(engine, codes, place)
     stuck = [r for r in range(len(ranks)) if done[r] < len(ranks[r])]
     if stuck:
-        raise ScheduleError(_deadlock_message(schedule, ranks, done, stuck))
+        raise ScheduleError(_deadlock_message(schedule, ranks, done, stuck, pairs))
 
 
 def _run_with_pairs(schedule: Schedule, ranks: list[list[Op]], codes: Any, engine: ListScheduler,
@@ -419,7 +423,7 @@ def _run_with_pairs(schedule: Schedule, ranks: list[list[Op]], codes: Any, engin
     done = _place_overlapped(engine, codes, place, pairs, pair_start)
     stuck = [r for r in range(len(ranks)) if done[r] < len(ranks[r])]
     if stuck:
-        raise ScheduleError(_deadlock_message(schedule, ranks, done, stuck))
+        raise ScheduleError(_deadlock_message(schedule, ranks, done, stuck, pairs))
     return events
 
 
@@ -485,19 +489,26 @@ def _place_overlapped(
     return done
 
 
-def _deadlock_message(schedule: Schedule, ranks: list[list[Op]], ptr: list[int], stuck: list[int]) -> str:
+def _deadlock_message(schedule: Schedule, ranks: list[list[Op]], ptr: list[int], stuck: list[int],
+                      pairs: set[tuple[int, int]] = frozenset()) -> str:
+    """Where the stuck ranks wait, as a cycle. ``pairs``: positions in ``ranks`` of the
+    overlapped pairs run as one op, which also wait for their backward half's inputs."""
     S = schedule.num_stages
     runs = {completion_key(o): o for lst in ranks for o in lst}
 
-    def blocker(r: int) -> tuple[Op, Key]:
+    def blocker(r: int) -> tuple[Op | str, Key]:
         op = ranks[r][ptr[r]]
         done = {completion_key(o) for o in ranks[r][: ptr[r]]}
-        for dk in dependencies(op, S):
-            producer = runs.get(dk)
-            if producer is None or producer.rank != r or dk not in done:
-                if producer is None or not _completed(producer, ranks, ptr):
-                    return op, dk
-        return op, dependencies(op, S)[0]
+        halves = [op] + ([ranks[r][ptr[r] + 1]] if (r, ptr[r]) in pairs else [])
+        for half in halves:
+            for dk in dependencies(half, S):
+                if half is not op and dk == completion_key(op):
+                    continue  # the pair's backward on its own forward: inside the one op
+                producer = runs.get(dk)
+                if producer is None or producer.rank != r or dk not in done:
+                    if producer is None or not _completed(producer, ranks, ptr):
+                        return (half if half is op else f"{half} (overlapped with {op}: one op)"), dk
+        return op, next(dk for half in halves for dk in dependencies(half, S))
 
     seen: list[int] = []
     r = stuck[0]
