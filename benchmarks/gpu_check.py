@@ -423,7 +423,6 @@ def _sync() -> None:
 def runner_timing(hidden: int = 4096, seq: int = 4096, heads: int = 32, kv_heads: int = 8) -> dict[str, Any]:
     from pipeoffload.models import ModelConfig
     from pipeoffload.models.transformer import build_stage, lm_loss
-    from pipeoffload.passes.offload import plan_offload
     from pipeoffload.runtime.executor import PipelineRunner
     from pipeoffload.runtime.offload_store import OffloadStore
     from pipeoffload.schedules import generate

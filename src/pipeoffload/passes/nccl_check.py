@@ -746,7 +746,7 @@ class _World:
             s = f"{op.kind.value}(stage={op.stage}, mb={op.microbatch})"
             return s + " (for its header)" if what[2] == HEADER else s
         if tag == "after":
-            g, mk, k = what[1], what[2], what[3]
+            g, k = what[1], what[3]
             grp = f"round {g.round}'s payload group" if g.round != NO_ROUND else \
                 ", ".join(_xfer_name(x.key, x.part, x.send) for x in g.xfers)
             return f"gap {k}, before issuing {grp} (it waits for the header first)"

@@ -16,7 +16,7 @@ from ..costmodel.hardware import Hardware
 from ..ir import Placement
 from ..timeline import Timeline
 from .sharding import NodeProfile, ShardedCosts
-from .space import NODE_GPUS, Split
+from .space import Split
 
 __all__ = ["dp_exposed"]
 
