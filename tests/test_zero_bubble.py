@@ -283,3 +283,24 @@ def test_zb_v_below_p_never_worse_than_the_controllable_blocks(p: int, costs: Co
         fixed = simulate(generate(name, p=p, m=m, costs=costs), costs)
         assert max(zbv.peak_memory()) <= limit + 1e-9
         assert max(zbv.spans()) <= max(fixed.spans()) * (1 + 1e-9)
+
+
+@given(p=st.integers(2, 5), extra=st.integers(0, 12), f=st.floats(0.5, 3), b=st.floats(0.5, 3), w=st.floats(0.2, 3),
+       comm=st.sampled_from([0.0, 0.05, 0.3]))
+@settings(deadline=None)
+def test_zb_v_lower_bounds_hold_for_every_candidate(p, extra, f, b, w, comm):
+    """ZB-V skips its fixed orders when the greedy's best is at these bounds: no candidate,
+    greedy or fixed order, may ever go below them."""
+    from pipeoffload.schedules.zb_auto import Tracker, default_limit
+    from pipeoffload.schedules.zb_v import v_candidates
+    from pipeoffload.schedules.zero_bubble import _replays, _zbv_handcrafted, lower_bounds
+
+    m = 1 + extra
+    pl, costs, memory = Placement.vshape(p), Costs(F=f, B=b, W=w, comm=comm), MemoryDeltas()
+    limit = default_limit(pl, memory)
+    cands = v_candidates(p, m, costs, memory, limit)
+    cands += _replays(lambda: Tracker(pl, m, costs, memory, limit), [_zbv_handcrafted(p, m)])
+    assert cands
+    span, makespan = lower_bounds(cands[0], pl, m)
+    for t in cands:
+        assert t.max_span() >= span - 1e-9 * span and t.makespan() >= makespan - 1e-9 * makespan

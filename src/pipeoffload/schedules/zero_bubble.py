@@ -107,6 +107,28 @@ def _replays(make: Callable[[], Tracker], orders: list[Order]) -> list[Tracker]:
     return out
 
 
+def _unbeatable(best: Tracker, pl: Placement, m: int) -> bool:
+    """Whether no order of ``m`` microbatches on ``pl`` can beat ``best`` by :func:`_best`'s
+    key (longest span, then makespan): both are at :func:`lower_bounds`. Candidates ahead of
+    ``best`` win ties."""
+    span, makespan = lower_bounds(best, pl, m)
+    return best.max_span() <= span and best.makespan() <= makespan
+
+
+def lower_bounds(tracker: Tracker, pl: Placement, m: int) -> tuple[float, float]:
+    """(longest span, makespan) no order of ``m`` microbatches on a loop or V placement ``pl``
+    goes below with ``tracker``'s durations and hop: the busiest rank's compute, and the
+    latest end of a rank's compute started as early as its first forward's inputs allow (the
+    forwards of the layer groups on the ranks before it, one hop each)."""
+    dur, comm = tracker.dur, tracker.comm
+    busy = [m * sum(sum(dur[s]) for s in pl.stages_of(r)) for r in range(pl.num_ranks)]
+    reach = end = 0.0
+    for r in range(pl.num_ranks):
+        end = max(end, reach + busy[r])
+        reach += dur[pl.stages_of(r)[0]][0] + comm
+    return max(busy), end
+
+
 def _check_limit(limit: float, placement: Placement, spec: ScheduleSpec) -> None:
     need = max(d[OpKind.F] for d in spec.memory.delta_table(placement))
     if not limit >= need:
@@ -230,9 +252,10 @@ def zb_v(spec: ScheduleSpec) -> Schedule:
     Cost: up to 28 greedy runs (4 variants × ≤ 7 re-runs; variants whose runs cannot
     differ share them, :func:`.zb_v.v_candidates`) of O(p·m) ops, each op
     timed incrementally and its round costing O(p) for the idle allowance (O(p²·m) per
-    run at worst), the fixed order and, below p units, V-Half's and V-Min's lowerings;
-    in practice 1 run at p = 64, m = 512 (a run that never acted on its idle allowance
-    stands for its re-run), linear in p·m.
+    run at worst), the fixed order and, below p units, V-Half's and V-Min's lowerings
+    (skipped when the greedy's best is at :func:`lower_bounds`: they could only tie);
+    in practice 1 run and no fixed order at p = 64, m = 512 with equal costs (a run that
+    never acted on its idle allowance stands for its re-run), linear in p·m.
     """
     spec.no_group()
     spec.resolve_v(2, allowed=(2,))
@@ -241,10 +264,11 @@ def zb_v(spec: ScheduleSpec) -> Schedule:
     limit = float(spec.mem_limit) if spec.mem_limit is not None else default_limit(pl, spec.memory)
     _check_limit(limit, pl, spec)
     cands = v_candidates(p, m, spec.costs, spec.memory, limit)
-    fresh = lambda: Tracker(pl, m, spec.costs, spec.memory, limit)  # noqa: E731
-    cands += _replays(fresh, [_zbv_handcrafted(p, m)])
-    if limit < default_limit(pl, spec.memory) * (1 - 1e-9):
-        cands += _replays(fresh, _controllable_orders(spec, limit))
+    if not (cands and _unbeatable(_best(cands), pl, m)):  # else the fixed orders could only tie, and lose it
+        fresh = lambda: Tracker(pl, m, spec.costs, spec.memory, limit)  # noqa: E731
+        cands += _replays(fresh, [_zbv_handcrafted(p, m)])
+        if limit < default_limit(pl, spec.memory) * (1 - 1e-9):
+            cands += _replays(fresh, _controllable_orders(spec, limit))
     if not cands:
         raise ParameterError("mem_limit", f"no ZB-V schedule keeps every rank within {limit:g}")
     best = _best(cands)
