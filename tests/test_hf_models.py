@@ -139,19 +139,12 @@ def _check(got: dict, want: dict, what: str) -> None:
 
 
 @pytest.mark.multiproc
-@pytest.mark.parametrize("family", RUNTIME_FAMILIES)
-def test_each_family_at_p2_loop_and_v_with_offload_gives_hf_loss_and_gradients(worlds, family):
-    want = reference(family, 2)
+@pytest.mark.parametrize("p, family", [(2, f) for f in RUNTIME_FAMILIES] + [(4, f) for f in AT_P4])
+def test_each_family_loop_and_v_with_offload_gives_hf_loss_and_gradients(worlds, p, family):
+    """Every runtime family at p = 2, two of them also at p = 4: 1F1B and ZB-V with offload."""
+    want = reference(family, p)
     for name in SCHEDULES:
-        _check(worlds[2][(family, name)], want, f"{family} {name} p=2")
-
-
-@pytest.mark.multiproc
-@pytest.mark.parametrize("family", AT_P4)
-def test_two_families_at_p4_give_hf_loss_and_gradients(worlds, family):
-    want = reference(family, 4)
-    for name in SCHEDULES:
-        _check(worlds[4][(family, name)], want, f"{family} {name} p=4")
+        _check(worlds[p][(family, name)], want, f"{family} {name} p={p}")
 
 
 @pytest.mark.multiproc

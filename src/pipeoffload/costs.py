@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from .errors import ParameterError
+from .errors import ParameterError, read_input
 from .ir import OpKind, Placement
 
 Triple = tuple[float, float, float]
@@ -241,15 +241,11 @@ def _parse_rank_costs(data: Mapping | Sequence) -> dict:
 
 def load_rank_costs(path: str | Path) -> Mapping | Sequence:
     """The JSON of a rank-costs file (for :func:`parse_costs`); errors name ``rank_costs``."""
-    p = Path(path)
+    text = read_input(path, "rank_costs")
     try:
-        return json.loads(p.read_text())
-    except FileNotFoundError:
-        raise ParameterError("rank_costs", f"file not found: {p}") from None
-    except OSError as e:
-        raise ParameterError("rank_costs", f"cannot read {p}: {e.strerror or e}") from None
+        return json.loads(text)
     except json.JSONDecodeError as e:
-        raise ParameterError("rank_costs", f"{p} is not valid JSON: {e}") from None
+        raise ParameterError("rank_costs", f"{Path(path)} is not valid JSON: {e}") from None
 
 
 def load_stage_costs(path: str | Path) -> Mapping | Sequence:

@@ -13,6 +13,7 @@ maps those names to its flags (``pipeoffload.commands.common.CLI_FLAGS``).
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Mapping
 
 
@@ -79,3 +80,18 @@ def require(cond: bool, param: str, message: str) -> None:
     """Raise :class:`ParameterError` for ``param`` unless ``cond`` holds."""
     if not cond:
         raise ParameterError(param, message)
+
+
+def read_input(path: str | Path, param: str, binary: bool = False) -> str | bytes:
+    """The text (or bytes) of a file the user named through ``param``.
+
+    Raises:
+        ParameterError: naming ``param``, for a missing file or one that cannot be read.
+    """
+    p = Path(path)
+    try:
+        return p.read_bytes() if binary else p.read_text()
+    except FileNotFoundError:
+        raise ParameterError(param, f"file not found: {p}") from None
+    except OSError as e:
+        raise ParameterError(param, f"cannot read {p}: {e.strerror or e}") from None

@@ -57,7 +57,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..errors import ParameterError
+from ..errors import ParameterError, read_input
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -316,12 +316,7 @@ def read_table(path: str | Path, param: str) -> dict[str, Any]:
     Raises ParameterError(param) for a missing file, a parse error, or a top level that is not a table.
     """
     p = Path(path)
-    try:
-        text = p.read_text()
-    except FileNotFoundError:
-        raise ParameterError(param, f"file not found: {p}") from None
-    except OSError as e:
-        raise ParameterError(param, f"cannot read {p}: {e.strerror or e}") from None
+    text = read_input(p, param)
     suffix = p.suffix.lower()
     data: Any
     if suffix == ".toml":

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import ParameterError
+from ..errors import ParameterError, read_input
 
 
 def load_corpus(path: str | Path | None = None) -> bytes:
@@ -22,14 +22,7 @@ def load_corpus(path: str | Path | None = None) -> bytes:
         from pydoc_data.topics import topics
 
         return "\n\n".join(topics[k] for k in sorted(topics)).encode("utf-8")
-    p = Path(path)
-    try:
-        data = p.read_bytes()
-    except FileNotFoundError:
-        raise ParameterError("training.corpus", f"file not found: {p}") from None
-    except OSError as e:
-        raise ParameterError("training.corpus", f"cannot read {p}: {e}") from None
-    return data
+    return read_input(path, "training.corpus", binary=True)
 
 
 class ByteCorpus:

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..errors import ParameterError, require
+from ..errors import ParameterError, read_input, require
 from ..models.config import ModelConfig
 from ..recompute import Recompute
 
@@ -224,12 +224,9 @@ class TrainConfig:
         data: dict[str, dict[str, Any]] = {}
         if path is not None:
             p = Path(path)
+            text = read_input(p, "config")
             try:
-                data = tomllib.loads(p.read_text())
-            except FileNotFoundError:
-                raise ParameterError("config", f"file not found: {p}") from None
-            except OSError as e:
-                raise ParameterError("config", f"cannot read {p}: {e.strerror or e}") from None
+                data = tomllib.loads(text)
             except tomllib.TOMLDecodeError as e:
                 raise ParameterError("config", f"{p} is not valid TOML: {e}") from None
         # Old key names read as the new ones before the overrides apply: a flag beats the
