@@ -10,6 +10,10 @@ Sections, in order (each is timed and reports ok / failed; one failing does not 
 the others; the exit status is 1 if any failed):
 
 1. ``env``: device, driver, torch and CUDA versions.
+   ``profile``: the rates a hardware profile is built from, measured on this GPU
+   (``gpu_profile.py``: large and narrow GEMMs with ``gemm_half_width`` fitted,
+   attention, HBM copy, pinned host link each way and both at once) and an overlapped
+   F&B pair on one stream against two.
 2. ``correctness``: the reference transformer on the GPU, one process holding every
    layer group (p = 1, v layer groups; the runner needs no process group then), for
    a loop and a V schedule, fp32 and bf16: losses and gradients with offload equal
@@ -68,7 +72,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import torch  # noqa: E402
 
-SECTIONS = ("env", "correctness", "multiprocess", "runner", "offload", "tests")
+import gpu_profile  # noqa: E402
+
+SECTIONS = ("env", "profile", "correctness", "multiprocess", "runner", "offload", "tests")
 #: The device of the checks; "cpu" only to smoke-test this script where there is no GPU.
 DEV = os.environ.get("GPU_CHECK_DEVICE", "cuda")
 
@@ -620,7 +626,7 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = Path(a.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     jobs: dict[str, Callable[[], dict[str, Any]]] = {
-        "env": env, "correctness": correctness,
+        "env": env, "profile": lambda: gpu_profile.measure(DEV), "correctness": correctness,
         "multiprocess": lambda: multiprocess(out_dir, ps=tuple(a.mp_ranks), schedules=a.mp_schedules,
                                              transports=tuple(a.mp_transports)),
         "runner": runner_timing if DEV == "cuda" else lambda: runner_timing(64, 64, 4, 2),

@@ -234,3 +234,30 @@ def test_offload_replay_with_and_without_the_pipeline_waits_on_cpu(tmp_path):
     assert json.loads((tmp_path / "r.json").read_text())["overhead_with_waits"] == r["overhead_with_waits"]
     old = bench.run(tiny + ["--no-pipeline-waits"])  # the old mode: the bubble-free replay only
     assert list(old["runs"]) == ["no offload", "offload"] and "overhead_with_waits" not in old and "waits" not in old
+
+
+def test_gemm_half_width_fit_recovers_a_known_curve():
+    prof = _load("gpu_profile")
+    for hw in (0.0, 64.0, 320.0, 1000.0):
+        rows = [(w, w / (w + hw)) for w in (128, 256, 512, 1024, 2048, 4096)]
+        assert prof.fit_half_width(rows) == pytest.approx(hw, abs=0.01)
+    # A noisy curve: the fit minimises the squared error (a grid of hw values cannot beat it).
+    rows = [(128, 0.25), (256, 0.45), (512, 0.64), (1024, 0.80), (2048, 0.91), (4096, 0.98)]
+    hw = prof.fit_half_width(rows)
+
+    def err(h: float) -> float:
+        return sum((e - w / (w + h)) ** 2 for w, e in rows)
+
+    assert all(err(hw) <= err(h) + 1e-12 for h in range(0, 2000, 5))
+
+
+def test_profile_section_runs_on_cpu_and_reports_every_figure(tmp_path):
+    env = dict(os.environ, GPU_CHECK_DEVICE="cpu")
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--only", "profile",
+                        "--out", str(tmp_path)], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    prof = json.loads((tmp_path / "gpu_check.json").read_text())["profile"]
+    assert prof["ok"] and prof["gemm"]["tflops"] > 0 and len(prof["gemm"]["rows"]) == 9
+    assert set(prof["suggested"]) == {"compute_tflops", "gemm_half_width", "hbm_tbs", "host_link_gbs"}
+    assert all(r["one_stream_ms"] > 0 and not r["two_streams_measured"] for r in prof["pair_overlap"])
+    assert "F&B pair" in r.stdout
