@@ -257,8 +257,18 @@ A100_MEMORY_ERROR = 0.069
 A100_CALIBRATION = (f"±{A100_THROUGHPUT_ERROR:.1%} throughput, ±{A100_MEMORY_ERROR:.1%} peak memory on the ZB "
                     "paper's measured A100 rows (with the optimizer step this iteration leaves out, 0.1-4% of it)")
 
-#: Built-in profiles (sources: docs/cost-model.md#hardware-profiles). Achieved compute for A100/H100 is
-#: PipeOffload's (docs/algorithms.md#51-the-offload-ratio-k). The host link is one GPU alone on its
+#: The H100 and H200 profiles: fit on our runtime's measured F, B and W of the reference transformer's
+#: layer groups (h 4096-16384, s 4096, bf16; ``benchmarks/fit_gpu_profile.py`` on docs/gpu/gpu_check_*.json),
+#: each checked on the other GPU's run (the same GH100 compute) as a held-out set. ``gemm_half_width``
+#: is the least-squares fit of the H200's measured GEMM sweep (gpu_check's profile section).
+GH100_HALF_WIDTH = 320
+H100_CALIBRATION = ("±8.8% on the layer op times (F, B, W) our runtime measured on an H100 (h 4096-16384, "
+                    "s 4096, bf16), ±8.0% on an H200's, held out; whole iterations not checked on an H100")
+H200_CALIBRATION = ("±6.3% on the layer op times (F, B, W) our runtime measured on an H200 (h 4096-16384, "
+                    "s 4096, bf16), ±7.1% on an H100's, held out; whole iterations not checked on an H200")
+
+#: Built-in profiles (sources: docs/cost-model.md#hardware-profiles). Compute: A100 fit on the ZB paper's
+#: measured runs, H100 and H200 on our own (above). The host link is one GPU alone on its
 #: PCIe link: H100 measured 44-55 GB/s pinned each way (docs/gpu.md), A100 PCIe Gen4 x16 about half;
 #: two GPUs share it (``host_link_gpus``), which brings each to PipeOffload's 15/21 GB/s range.
 #: The inter-stage link is calibrated on ZB's measured T_comm = 0.601 ms for the 1.5B model
@@ -275,17 +285,23 @@ HARDWARE: dict[str, Hardware] = {
         shape_efficiency=True, elementwise_f=4.6, elementwise_b=4.0, p2p_exposed=0.0, calibration=A100_CALIBRATION,
     ),
     "h100-80g": _profile(
-        "h100-80g", 440, 80, 50, 75, 10,
-        "H100 SXM 80GB (HGX): 440 TFLOP/s achieved bf16 (PipeOffload), PCIe Gen5 host link 50 GB/s "
-        "(measured) shared by 2 GPUs, NVLink 4 all-reduce bus bandwidth 360 GB/s, NDR InfiniBand 45 GB/s per GPU",
-        **_hgx(989, 3.35, 360, 45, 256),
+        "h100-80g", 682, 80, 50, 75, 10,
+        "H100 SXM 80GB (HGX): 682 TFLOP/s on a large bf16 GEMM, w/(w+320) of it at smallest GEMM dimension w "
+        "(the H200's measured GEMM sweep: the same GH100 compute), elementwise ops 3.0 (F) and 8.25 (B) passes "
+        "over the bytes F writes at 3.35 TB/s (fit on our runtime's measured F, B, W on an H100, docs/gpu.md), "
+        "PCIe Gen5 host link 50 GB/s (measured 44-55) shared by 2 GPUs, NVLink 4 all-reduce bus bandwidth "
+        "360 GB/s, NDR InfiniBand 45 GB/s per GPU",
+        **_hgx(989, 3.35, 360, 45, GH100_HALF_WIDTH),
+        shape_efficiency=True, elementwise_f=3.0, elementwise_b=8.25, calibration=H100_CALIBRATION,
     ),
     "h200": _profile(
-        "h200", 440, 140, 50, 75, 10,
-        "H200 SXM 141GB: same GH100 compute as H100 (matmuls are compute-bound, so HBM3e's extra "
-        "bandwidth barely moves the achieved rate), the same PCIe Gen5 host path and NVLink 4 as "
-        "H100; only memory (~140 GiB usable) and its bandwidth grow",
-        **_hgx(989, 4.8, 360, 45, 256),
+        "h200", 699, 140, 50, 75, 10,
+        "H200 SXM 141GB: 699 TFLOP/s on a large bf16 GEMM, w/(w+320) of it at smallest GEMM dimension w "
+        "(measured sweep: 754 TFLOP/s at 8192^3), elementwise ops 5.0 (F) and 11.0 (B) passes over the bytes "
+        "F writes at 4.8 TB/s (fit on our runtime's measured F, B, W on an H200, docs/gpu.md), PCIe Gen5 host "
+        "link 50 GB/s (measured 54-55 each way alone) shared by 2 GPUs, NVLink 4 as H100",
+        **_hgx(989, 4.8, 360, 45, GH100_HALF_WIDTH),
+        shape_efficiency=True, elementwise_f=5.0, elementwise_b=11.0, calibration=H200_CALIBRATION,
     ),
     "cpu": _profile(
         "cpu", 0.03, 4, 5, 1, 200,
