@@ -42,22 +42,26 @@ import json
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
-import torch
-from torch import nn
-from torch.autograd.graph import get_gradient_edge, saved_tensors_hooks
+# Run from a checkout on a GPU machine without installing the project (make gpu-check's way).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from pipeoffload.ir import OpKind
-from pipeoffload.models.config import ModelConfig
-from pipeoffload.models.transformer import Block, rotary_tables
-from pipeoffload.costs import Costs
-from pipeoffload.passes.offload import plan_offload
-from pipeoffload.passes.timing import completion_key, dependencies, simulate
-from pipeoffload.runtime.meter import make_meter
-from pipeoffload.runtime.offload_store import RELOAD_ALLOC, OffloadStore
-from pipeoffload.runtime.weight_grad import WeightGradStore, convert_linears
-from pipeoffload.schedules import ScheduleSpec, build
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.autograd.graph import get_gradient_edge, saved_tensors_hooks  # noqa: E402
+
+from pipeoffload.ir import OpKind  # noqa: E402
+from pipeoffload.models.config import ModelConfig  # noqa: E402
+from pipeoffload.models.transformer import Block, rotary_tables  # noqa: E402
+from pipeoffload.costs import Costs  # noqa: E402
+from pipeoffload.passes.offload import plan_offload  # noqa: E402
+from pipeoffload.passes.timing import completion_key, dependencies, simulate  # noqa: E402
+from pipeoffload.runtime.meter import make_meter  # noqa: E402
+from pipeoffload.runtime.offload_store import RELOAD_ALLOC, OffloadStore  # noqa: E402
+from pipeoffload.runtime.weight_grad import WeightGradStore, convert_linears  # noqa: E402
+from pipeoffload.schedules import ScheduleSpec, build  # noqa: E402
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
