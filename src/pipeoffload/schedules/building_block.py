@@ -260,13 +260,16 @@ def reorder(grid: SlotGrid, peaks: Sequence[int] | None = None, steady: Steady |
 
     ``steady`` (:func:`steady_range`, given by :func:`orders_from_block` for a grid just
     built by :func:`repeat`) promises that the grid as given is periodic there; the
-    scan then skips the periods it proves repeat (:func:`_skip_periods`), with the same
+    scan then skips the periods it proves repeat (:class:`_PeriodSkip`), with the same
     result as without it.
 
     Cost: O(p·v·m) ops, each moved with a scan of its rank's memory levels between its
     inputs and its slot, O(m) in the worst case: O(p·v·m²) byte operations, done in C
     (the levels are a bytearray per rank, searched with ``rfind`` and shifted with
-    ``translate``) when every level fits a byte; in Python otherwise."""
+    ``translate``) when every level fits a byte; in Python otherwise. With ``steady`` (and
+    byte levels) the scan stops once the steady state repeats — after the warm-up, about a
+    block's length per rank, O(p·v·L) slots for a block of L slots — and the rest costs
+    O(p·v·m) list and dict writes, plus the cool-down's scan."""
     pl = grid.placement
     S = pl.num_stages
     mem = [grid.memory(r) for r in range(pl.num_ranks)]
@@ -435,12 +438,13 @@ class _PeriodSkip:
             row[a:end] = [None] * (end - a)
         for r, (k, s, j) in done:
             row, q = cells[r], pos[(k, s, j)]
-            for n in range(1, periods + 1):
-                c, u = (k, s, j + n), q + n * T
-                if row[u] is not None:
-                    raise ScheduleError(f"building block: periodic reorder collides at slot {u} (internal error)")
-                row[u] = c
-                pos[c] = u
+            # The op's copies j+1 .. j+periods, each period later than the one before.
+            targets = slice(q + T, q + T * periods + 1, T)
+            if row[targets].count(None) != periods:
+                raise ScheduleError(f"building block: periodic reorder collides after slot {q} (internal error)")
+            copies = [(k, s, j + n) for n in range(1, periods + 1)]
+            row[targets] = copies
+            pos.update(zip(copies, range(q + T, q + T * periods + 1, T)))
         for r, lv in enumerate(self.mem):
             before = lv[end - 1]
             level = lv[a - L - 1] if a - L > 0 else 0
@@ -474,33 +478,55 @@ def compress_cooldown(grid: SlotGrid) -> SlotGrid:
     t = min(start)
     limit = grid.length + 2 * sum(len(x) for x in tails) * max(1, p) + 8
     inputs = {c: _dep_cells(c, S) for tail in tails for c in tail}
-    pos = grid.pos
-    while any(tails):
+    ready: dict[Cell, int] = {}  # slot from which an op's inputs are all done, once they are placed
+    # Per rank, its B's and its W's, each in grid order.
+    lists = [([c for c in tail if c[0] is not _W], [c for c in tail if c[0] is _W]) for tail in tails]
+    left = sum(len(x) for x in tails)
+    while left:
         placed = []
         for r in range(p):
-            if t < start[r] or not tails[r]:
+            if t < start[r]:
                 continue
-            pick = None
-            for want_b in (True, False):
-                for c in tails[r]:
-                    if (c[0] is not _W) != want_b:
-                        continue
-                    # A dependency not yet placed reads as "at t": not done.
-                    if all(pos.get(d, t) < t for d in inputs[c]):
-                        pick = c
-                        break
-                if pick is not None:
-                    break
+            pick = _first_ready(lists[r][0], t, ready, inputs, grid.pos)
+            if pick is None:
+                pick = _first_ready(lists[r][1], t, ready, inputs, grid.pos)
             if pick is not None:
                 placed.append((r, pick))
         # Place after scanning all ranks, so an op placed at t is visible only from t + 1.
         for r, c in placed:
-            tails[r].remove(c)
+            lists[r][c[0] is _W].remove(c)
             grid.put(c, t)
+        left -= len(placed)
         t += 1
         if t > limit:
             raise ScheduleError("building block: cool-down compression made no progress (internal error)")
     return grid
+
+
+def _first_ready(cells: list[Cell], t: int, ready: dict[Cell, int], inputs: dict[Cell, list[Cell]],
+                 pos: dict[Cell, int]) -> Cell | None:
+    """The first of ``cells`` whose inputs are all placed before slot ``t`` (an input not
+    yet placed: not done). An op's slot of readiness is kept once its inputs are placed
+    (they never move again)."""
+    for c in cells:
+        at = ready.get(c)
+        if at is None:
+            at = 0
+            for d in inputs[c]:
+                u = pos.get(d)
+                if u is None:
+                    break
+                if u >= at:
+                    at = u + 1
+            else:
+                ready[c] = at
+                if at <= t:
+                    return c
+                continue
+            continue
+        if at <= t:
+            return c
+    return None
 
 
 def lower(name: str, grid: SlotGrid, **params: object) -> Schedule:
@@ -523,7 +549,9 @@ def orders_from_block(block: BuildingBlock, num_microbatches: int) -> list[list[
     """:func:`schedule_from_block`'s per-rank ``(kind, layer group, microbatch)`` orders
     (repeat, reorder, compress the cool-down, read the slots in order).
 
-    Cost: O(p·v·m) slots, plus :func:`reorder`'s scans."""
+    Cost: O(p·v·m) slots, plus :func:`reorder`'s scans (on the periodic path: the warm-up's
+    and the cool-down's, the steady state shifted) and the cool-down's compression (each
+    tail op's readiness found once its inputs are placed)."""
     grid = repeat(block, num_microbatches)
     reorder(grid, steady=steady_range(block, num_microbatches))
     compress_cooldown(grid)
