@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import deque
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from pipeoffload.costs import Costs, MemoryDeltas
@@ -174,3 +174,50 @@ def test_order_figures_names_a_deadlock_as_simulate_does() -> None:
     orders[1] = orders[1][::-1]  # the last rank's backwards before its forwards
     with pytest.raises(ScheduleError, match="deadlock"):
         order_figures(s.placement, 2, orders, Costs(), MemoryDeltas())
+
+
+@settings(deadline=None, max_examples=40)
+@given(name=st.sampled_from(sorted(BLOCKS)), p=st.integers(1, 6), m=st.integers(1, 14), costs=costs_st,
+       memory=memory_st, holes=st.booleans())
+@example(name="v-zb", p=4, m=8, costs=Costs(), memory=MemoryDeltas(), holes=False)
+@example(name="v-zb", p=3, m=9, costs=Costs(), memory=MemoryDeltas(), holes=True)
+def test_lowering_at_the_bounds_is_the_full_lowering(name: str, p: int, m: int, costs: Costs, memory: MemoryDeltas,
+                                                      holes: bool) -> None:
+    """The V lowering's shortcut at the lower bounds returns what building and comparing
+    every candidate returns."""
+    from pipeoffload.schedules import vshape
+    from pipeoffload.schedules.spec import ScheduleSpec
+
+    spec = ScheduleSpec(name, p, m, costs=costs, memory=memory)
+    fast = vshape._lower_block(name, BLOCKS[name](p), spec, holes)
+    saved = vshape._at_bounds
+    vshape._at_bounds = lambda *a: False
+    try:
+        full = vshape._lower_block(name, BLOCKS[name](p), spec, holes)
+    finally:
+        vshape._at_bounds = saved
+    assert fast == full
+
+
+def test_lowering_shortcut_is_taken() -> None:
+    """V-ZB at equal costs, m >= 2p: the first lowering is at both bounds (so the test above
+    exercises the shortcut); V-Half's is not."""
+    from pipeoffload.schedules import vshape
+    from pipeoffload.schedules.spec import ScheduleSpec
+
+    for name, expect in (("v-zb", True), ("v-half", False)):
+        block = BLOCKS[name](4)
+        orders = orders_from_block(block, 8)
+        figures = order_figures(block.placement, 8, orders, Costs(), MemoryDeltas())
+        assert vshape._at_bounds(list(figures), block.placement, 8, ScheduleSpec(name, 4, 8)) is expect
+
+
+def test_hole_filling_is_skipped_only_when_it_cannot_try() -> None:
+    """Above its budget fill_holes returns the winner itself: the lowering's skip (2·ops >
+    BUDGET) changes nothing."""
+    from pipeoffload.schedules.hole_fill import BUDGET, fill_holes
+
+    p, m = 8, BUDGET // (2 * 6 * 8) + 1
+    s = build_schedule("v-half", m, v_half_block(p).placement, orders_from_block(v_half_block(p), m))
+    assert 2 * sum(len(r) for r in s.ranks) > BUDGET
+    assert fill_holes(s, Costs(F=1, B=2, W=1), MemoryDeltas(), [unit_peak_bound("v-half", p)] * p) is s

@@ -30,6 +30,7 @@ The method is generic over the placement: dependencies are the timing pass's
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 from functools import lru_cache
 from typing import Mapping, Sequence
 
@@ -41,6 +42,9 @@ from ..passes.timing import dependencies
 BlockOp = tuple[OpKind, int]
 #: One cell of a slot grid: (kind, layer group, microbatch).
 Cell = tuple[OpKind, int, int]
+#: ``(period, lo, hi)``: the grid holds, at slot ``u + period`` of every rank, what it
+#: holds at ``u`` with the microbatch one higher, for ``lo <= u`` and ``u + period < hi``.
+Steady = tuple[int, int, int]
 
 _F, _B, _W = OpKind.F, OpKind.B, OpKind.W
 
@@ -173,6 +177,8 @@ class SlotGrid:
         self.m = num_microbatches
         self.cells: list[list[Cell | None]] = [[None] * length for _ in range(placement.num_ranks)]
         self.pos: dict[Cell, int] = {}
+        #: Slots :func:`reorder` wrote by shifting a period it proved to repeat.
+        self.skipped = 0
 
     @property
     def length(self) -> int:
@@ -198,18 +204,17 @@ class SlotGrid:
 
     def memory(self, rank: int) -> list[int]:
         """Level after each slot: chunk activations alive (F +1, W −1)."""
-        level, out = 0, []
-        for c in self.cells[rank]:
-            if c is not None:
-                level += _delta(c[0])
-            out.append(level)
-        return out
+        return list(accumulate(0 if c is None else _DELTA[c[0]] for c in self.cells[rank]))
 
     def peaks(self) -> list[int]:
         return [max([0] + self.memory(r)) for r in range(self.placement.num_ranks)]
 
     def orders(self) -> list[list[Cell]]:
         return [[c for c in row if c is not None] for row in self.cells]
+
+
+#: Chunk activations each kind adds.
+_DELTA = {_F: 1, _B: 0, _W: -1}
 
 
 def _delta(kind: OpKind) -> int:
@@ -236,28 +241,41 @@ def repeat(block: BuildingBlock, m: int) -> SlotGrid:
     """Step 1: the block repeated ``m`` times, microbatch ``j`` shifted by ``j·period``."""
     base = min(block.slots.values())
     last = max(block.slots.values())
-    grid = SlotGrid(block.placement, m, last - base + 1 + block.period * max(m - 1, 0))
-    for j in range(m):
-        for (k, s), t in block.slots.items():
-            grid.put((k, s, j), t - base + block.period * j)
+    T = block.period
+    grid = SlotGrid(block.placement, m, last - base + 1 + T * max(m - 1, 0))
+    pos = grid.pos
+    for (k, s), t in block.slots.items():
+        # One op's copies at once: slots t−base, +T, +2T, ... (unique modulo T per rank).
+        o = t - base
+        copies = [(k, s, j) for j in range(m)]
+        grid.cells[block.placement.rank_of(s)][o:o + T * m:T] = copies
+        pos.update(zip(copies, range(o, o + T * m, T)))
     return grid
 
 
-def reorder(grid: SlotGrid, peaks: Sequence[int] | None = None) -> SlotGrid:
+def reorder(grid: SlotGrid, peaks: Sequence[int] | None = None, steady: Steady | None = None) -> SlotGrid:
     """Step 2, in place: each op, in time order, to its earliest free slot after its
     dependencies, unless moving an F there would take its rank above ``peaks``
     (default: the grid's own per-rank peaks). Never raises a rank's peak.
 
+    ``steady`` (:func:`steady_range`, given by :func:`orders_from_block` for a grid just
+    built by :func:`repeat`) promises that the grid as given is periodic there; the
+    scan then skips the periods it proves repeat (:class:`_PeriodSkip`), with the same
+    result as without it.
+
     Cost: O(p·v·m) ops, each moved with a scan of its rank's memory levels between its
     inputs and its slot, O(m) in the worst case: O(p·v·m²) byte operations, done in C
     (the levels are a bytearray per rank, searched with ``rfind`` and shifted with
-    ``translate``) when every level fits a byte; in Python otherwise."""
+    ``translate``) when every level fits a byte; in Python otherwise. With ``steady`` (and
+    byte levels) the scan stops once the steady state repeats — after the warm-up, about a
+    block's length per rank, O(p·v·L) slots for a block of L slots — and the rest costs
+    O(p·v·m) list and dict writes, plus the cool-down's scan."""
     pl = grid.placement
     S = pl.num_stages
-    peaks = list(peaks) if peaks is not None else grid.peaks()
     mem = [grid.memory(r) for r in range(pl.num_ranks)]
+    peaks = list(peaks) if peaks is not None else [max([0] + lvl) for lvl in mem]
     if max(peaks, default=0) < 255 and all(0 <= min(lvl, default=0) and max(lvl, default=0) < 255 for lvl in mem):
-        return _reorder_bytes(grid, peaks, [bytearray(lvl) for lvl in mem])
+        return _reorder_bytes(grid, peaks, [bytearray(lvl) for lvl in mem], steady)
     for t in range(grid.length):
         for r in range(pl.num_ranks):
             cell = grid.cells[r][t]
@@ -292,17 +310,22 @@ _UP = bytes((b + 1) & 255 for b in range(256))
 _DOWN = bytes((b - 1) & 255 for b in range(256))
 
 
-def _reorder_bytes(grid: SlotGrid, peaks: list[int], mem: list[bytearray]) -> SlotGrid:
+def _reorder_bytes(grid: SlotGrid, peaks: list[int], mem: list[bytearray], steady: Steady | None = None) -> SlotGrid:
     """:func:`reorder`'s loop with each rank's levels as bytes (all in 0..254): the
     stretch below the peak is found with one ``rfind`` over a map of "at or above the
     peak", a move's level change is one ``translate`` of the slots it crosses. The
     moves never raise a level above its rank's peak nor lower it below 0 (a W follows its
-    F), so the levels stay bytes; the decisions are :func:`reorder`'s."""
+    F), so the levels stay bytes; the decisions are :func:`reorder`'s. With ``steady``,
+    the periods proved to repeat are skipped (:class:`_PeriodSkip`)."""
     pl = grid.placement
     S, p = pl.num_stages, pl.num_ranks
     at_peak = [bytes(1 if b >= min(max(pk, 0), 256) else 0 for b in range(256)) for pk in peaks]
     cells, pos = grid.cells, grid.pos
-    for t in range(grid.length):
+    skip = _PeriodSkip(grid, mem, steady) if steady is not None else None
+    t, length = 0, grid.length
+    while t < length:
+        if skip is not None and t % skip.period == 0:
+            t = skip.boundary(t)
         for r in range(p):
             row = cells[r]
             cell = row[t]
@@ -313,6 +336,8 @@ def _reorder_bytes(grid: SlotGrid, peaks: list[int], mem: list[bytearray]) -> Sl
                 u = pos[d] + 1
                 if u > lb:
                     lb = u
+            if skip is not None:
+                skip.note(r, cell, lb)
             kind = cell[0]
             if kind is _F:
                 q = t
@@ -331,7 +356,104 @@ def _reorder_bytes(grid: SlotGrid, peaks: list[int], mem: list[bytearray]) -> Sl
                     mem[r][q:t] = mem[r][q:t].translate(_UP)
                 elif kind is _W:
                     mem[r][q:t] = mem[r][q:t].translate(_DOWN)
+        t += 1
+    if skip is not None:
+        grid.skipped = skip.skipped
     return grid
+
+
+def steady_range(block: BuildingBlock, m: int) -> Steady:
+    """Where :func:`repeat`'s grid of ``block`` repeated ``m`` times is periodic
+    (:data:`Steady`): from the block's last slot (every op of the block has started) up
+    to the first slot of the last copy (none has run out of microbatches)."""
+    base = min(block.slots.values())
+    return block.period, max(block.slots.values()) - base, block.period * (m - 1) + 1
+
+
+class _PeriodSkip:
+    """The periodic steady state of :func:`_reorder_bytes` on a repeated block.
+
+    The scan's decision for the op at slot ``t`` reads only its inputs' slots, and the
+    levels and cells of its rank from ``lb`` (after its latest input) to ``t``; cells at
+    ``t`` and later are still the repeated grid's. So if, at period boundaries ``a − T``
+    and ``a``, the last ``L`` slots of every rank hold the same cells (microbatches one
+    higher, slots ``T`` later) and the same levels, every ``lb`` of the period between
+    was at least ``a − T − L``, and the grid from ``a − T`` on is periodic, then the
+    period from ``a`` makes the same moves shifted by ``T`` and ends in the same state
+    shifted again: by induction every period up to the end of the periodic range does.
+    Those periods are written at once (each op of the proved period shifted ``k``
+    periods goes where it went, ``k·T`` later) and the scan resumes after them. When the
+    check fails at a boundary the scan just goes on; the result is the plain scan's."""
+
+    def __init__(self, grid: SlotGrid, mem: list[bytearray], steady: Steady) -> None:
+        self.grid, self.mem = grid, mem
+        self.period, self.lo, self.hi = steady
+        # The window: a block's length and two periods, as far back as an input is looked for.
+        self.window = steady[1] + 1 + 2 * steady[0]
+        self.snap: tuple[int, list[list[Cell | None]], list[bytes]] | None = None
+        self.done: list[tuple[int, Cell]] = []  # (rank, cell) scanned since the last boundary
+        self.min_lb = 0
+        self.skipped = 0  # slots written by shifting (for the tests)
+
+    def note(self, r: int, cell: Cell, lb: int) -> None:
+        """Record a scanned op and the start of what its decision reads."""
+        self.done.append((r, cell))
+        if lb < self.min_lb:
+            self.min_lb = lb
+
+    def boundary(self, a: int) -> int:
+        """At period boundary ``a`` (slots before it scanned): the slot to go on from."""
+        T, L = self.period, self.window
+        prev, done, min_lb = self.snap, self.done, self.min_lb
+        self.snap, self.done, self.min_lb = None, [], a
+        if a < L or a - T < self.lo or a + 2 * T > self.hi:
+            return a
+        self.snap = (a, [row[a - L:a] for row in self.grid.cells], [bytes(lv[a - L:a]) for lv in self.mem])
+        if prev is None or prev[0] != a - T or min_lb <= a - T - L or not self._same(prev, self.snap):
+            return a
+        periods = (self.hi - T - a) // T + 1  # the periods from a whose grid repeats the one before
+        self.snap, self.min_lb = None, a + periods * T
+        return self._shift(a, periods, done)
+
+    def _same(self, old: tuple, new: tuple) -> bool:
+        """Whether window ``new`` is window ``old`` one period on."""
+        if old[2] != new[2]:
+            return False
+        for ro, rn in zip(old[1], new[1]):
+            for co, cn in zip(ro, rn):
+                if co is None or cn is None:
+                    if co is not cn:
+                        return False
+                elif co[0] is not cn[0] or co[1] != cn[1] or co[2] + 1 != cn[2]:
+                    return False
+        return True
+
+    def _shift(self, a: int, periods: int, done: list[tuple[int, Cell]]) -> int:
+        """Write the ``periods`` periods from ``a`` as the proved one shifted; the levels
+        are recounted from the cells. Returns the slot after them."""
+        grid, T, L = self.grid, self.period, self.window
+        cells, pos = grid.cells, grid.pos
+        end = a + periods * T
+        for row in cells:
+            row[a:end] = [None] * (end - a)
+        for r, (k, s, j) in done:
+            row, q = cells[r], pos[(k, s, j)]
+            # The op's copies j+1 .. j+periods, each period later than the one before.
+            targets = slice(q + T, q + T * periods + 1, T)
+            if row[targets].count(None) != periods:
+                raise ScheduleError(f"building block: periodic reorder collides after slot {q} (internal error)")
+            copies = [(k, s, j + n) for n in range(1, periods + 1)]
+            row[targets] = copies
+            pos.update(zip(copies, range(q + T, q + T * periods + 1, T)))
+        for r, lv in enumerate(self.mem):
+            before = lv[end - 1]
+            level = lv[a - L - 1] if a - L > 0 else 0
+            lv[a - L:end] = bytes(accumulate((0 if c is None else _DELTA[c[0]] for c in cells[r][a - L:end]),
+                                             initial=level))[1:]
+            if lv[end - 1] != before:
+                raise ScheduleError("building block: periodic reorder changed a level (internal error)")
+        self.skipped += end - a
+        return end
 
 
 def compress_cooldown(grid: SlotGrid) -> SlotGrid:
@@ -345,7 +467,9 @@ def compress_cooldown(grid: SlotGrid) -> SlotGrid:
     start: list[int] = []
     for r in range(p):
         row = grid.cells[r]
-        last_f = max((t for t, c in enumerate(row) if c is not None and c[0] is _F), default=-1)
+        last_f = len(row) - 1
+        while last_f >= 0 and (row[last_f] is None or row[last_f][0] is not _F):
+            last_f -= 1
         tail = [c for c in row[last_f + 1:] if c is not None]
         for c in tail:
             grid.take(c)
@@ -353,32 +477,56 @@ def compress_cooldown(grid: SlotGrid) -> SlotGrid:
         start.append(last_f + 1)
     t = min(start)
     limit = grid.length + 2 * sum(len(x) for x in tails) * max(1, p) + 8
-    while any(tails):
+    inputs = {c: _dep_cells(c, S) for tail in tails for c in tail}
+    ready: dict[Cell, int] = {}  # slot from which an op's inputs are all done, once they are placed
+    # Per rank, its B's and its W's, each in grid order.
+    lists = [([c for c in tail if c[0] is not _W], [c for c in tail if c[0] is _W]) for tail in tails]
+    left = sum(len(x) for x in tails)
+    while left:
         placed = []
         for r in range(p):
-            if t < start[r] or not tails[r]:
+            if t < start[r]:
                 continue
-            pick = None
-            for want_b in (True, False):
-                for c in tails[r]:
-                    if (c[0] is not _W) != want_b:
-                        continue
-                    # A dependency not yet placed reads as "at t": not done.
-                    if all(grid.pos.get(d, t) < t for d in _dep_cells(c, S)):
-                        pick = c
-                        break
-                if pick is not None:
-                    break
+            pick = _first_ready(lists[r][0], t, ready, inputs, grid.pos)
+            if pick is None:
+                pick = _first_ready(lists[r][1], t, ready, inputs, grid.pos)
             if pick is not None:
                 placed.append((r, pick))
         # Place after scanning all ranks, so an op placed at t is visible only from t + 1.
         for r, c in placed:
-            tails[r].remove(c)
+            lists[r][c[0] is _W].remove(c)
             grid.put(c, t)
+        left -= len(placed)
         t += 1
         if t > limit:
             raise ScheduleError("building block: cool-down compression made no progress (internal error)")
     return grid
+
+
+def _first_ready(cells: list[Cell], t: int, ready: dict[Cell, int], inputs: dict[Cell, list[Cell]],
+                 pos: dict[Cell, int]) -> Cell | None:
+    """The first of ``cells`` whose inputs are all placed before slot ``t`` (an input not
+    yet placed: not done). An op's slot of readiness is kept once its inputs are placed
+    (they never move again)."""
+    for c in cells:
+        at = ready.get(c)
+        if at is None:
+            at = 0
+            for d in inputs[c]:
+                u = pos.get(d)
+                if u is None:
+                    break
+                if u >= at:
+                    at = u + 1
+            else:
+                ready[c] = at
+                if at <= t:
+                    return c
+                continue
+            continue
+        if at <= t:
+            return c
+    return None
 
 
 def lower(name: str, grid: SlotGrid, **params: object) -> Schedule:
@@ -401,8 +549,10 @@ def orders_from_block(block: BuildingBlock, num_microbatches: int) -> list[list[
     """:func:`schedule_from_block`'s per-rank ``(kind, layer group, microbatch)`` orders
     (repeat, reorder, compress the cool-down, read the slots in order).
 
-    Cost: O(p·v·m) slots, plus :func:`reorder`'s scans."""
+    Cost: O(p·v·m) slots, plus :func:`reorder`'s scans (on the periodic path: the warm-up's
+    and the cool-down's, the steady state shifted) and the cool-down's compression (each
+    tail op's readiness found once its inputs are placed)."""
     grid = repeat(block, num_microbatches)
-    reorder(grid)
+    reorder(grid, steady=steady_range(block, num_microbatches))
     compress_cooldown(grid)
     return grid.orders()

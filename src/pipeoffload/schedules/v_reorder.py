@@ -66,25 +66,33 @@ def reorder_orders(block: BuildingBlock, m: int) -> list[list[tuple[OpKind, int,
 
 def _with_weights(rows: Times, split: bool = False) -> Times:
     """``rows`` (F, f, B, b) plus W's, each in the first free slot after its backward;
-    one W list, or (``split``) chunk 1's then chunk 0's (chunk 1's first when both wait)."""
-    taken = sorted((t, k) for k in range(4) for t in rows[k])
-    busy = {t for t, _ in taken}
-    waiting = [0, 0]
+    one W list, or (``split``) chunk 1's then chunk 0's (chunk 1's first when both wait).
+
+    Cost: O(n log n) in the rank's n ops: the free slots between two ops are handed to
+    the waiting W's at once, not visited one by one."""
+    taken = sorted([t * 8 + k for k in range(4) for t in rows[k]])
     out: Times = [list(r) for r in rows] + ([[], []] if split else [[]])
-    t, i = 0, 0
-    while i < len(taken) or any(waiting):
-        if i < len(taken) and taken[i][0] == t:
-            k = taken[i][1]
-            if k in (_B1, _B0):
-                waiting[(k - _B1) if split else 0] += 1
-            i += 1
-        elif t not in busy:
-            for w in range(2):
-                if waiting[w]:
-                    out[4 + w].append(t)
-                    waiting[w] -= 1
-                    break
-        t += 1
+    w0, w1 = out[4], out[-1]
+    wait0 = wait1 = 0  # W's waiting: chunk 1's (or all), chunk 0's
+    prev = -1
+    for e in taken:
+        t, k = e >> 3, e & 7
+        if wait0 or wait1:
+            free = t - prev - 1  # slots prev+1 .. t-1, each runs one waiting W
+            if free > 0:
+                n = free if free < wait0 else wait0
+                w0.extend(range(prev + 1, prev + 1 + n))
+                wait0 -= n
+                n1 = free - n if free - n < wait1 else wait1
+                w1.extend(range(prev + 1 + n, prev + 1 + n + n1))
+                wait1 -= n1
+        if k == _B1 or (k == _B0 and not split):
+            wait0 += 1
+        elif k == _B0:
+            wait1 += 1
+        prev = t
+    w0.extend(range(prev + 1, prev + 1 + wait0))
+    w1.extend(range(prev + 1 + wait0, prev + 1 + wait0 + wait1))
     return out
 
 
@@ -138,25 +146,50 @@ def _inputs(grid: list[Times], r: int, k: int, j: int) -> int:
 def _reorder(grid: list[Times], m: int, with_w: bool) -> list[Times]:
     """Visit ops in slot order; move warm-up (only ``with_w``) and cool-down ops to the
     earliest free slot after their inputs that keeps every rank within the highest
-    peak. In place; returns ``grid``."""
+    peak. In place; returns ``grid``.
+
+    The warm-up ends at rank 0's first chunk-0 backward, the cool-down starts after the
+    first chunk-0 forward of the last microbatch from there on (slot order). The ops in
+    between stay, so only the ops of the warm-up and the cool-down are visited: those
+    are found by bisecting each type's slots (increasing), and a slot before the visited
+    op is free when no op of its rank is there now (the ops not visited yet are all at
+    later slots)."""
     cap = max(_peak(r) for r in grid)
     ntypes = len(grid[0])
     levels = [_RankLevels(rows) for rows in grid] if ntypes == 4 else None
-    order = sorted((t, r, k, j) for r in range(len(grid)) for k in range(ntypes) for j, t in enumerate(grid[r][k]))
-    occupied: list[set[int]] = [set() for _ in grid]
-    phase = 0
-    for t, r, k, j in order:
-        if phase == 0 and k == _B0 and r == 0:
-            phase = 1
-        if phase == 1 or (phase == 0 and not with_w):
-            if phase == 1 and k == _F0 and j == m - 1:
-                phase = 2
-            occupied[r].add(t)
-            continue
-        rows = grid[r]
-        free = [q for q in range(_inputs(grid, r, k, j) + 1, t) if q not in occupied[r]]
-        rows[k][j] = _first_fit(rows, k, j, t, free, cap) if levels is None else levels[r].first_fit(k, t, free, cap)
-        occupied[r].add(rows[k][j])
+    p = len(grid)
+    n = 1 + max((len(x) for rows in grid for x in rows), default=0)
+
+    def key(t: int, r: int, k: int, j: int) -> int:  # slot order (slot, rank, type, microbatch) as one integer
+        return ((t * p + r) * 8 + k) * n + j
+
+    t1 = grid[0][_B0][0]
+    e1 = key(t1, 0, _B0, 0)
+    last_f = [key(grid[r][_F0][m - 1], r, _F0, m - 1) for r in range(p)]
+    e2 = min((e for e in last_f if e > e1), default=None)
+    t2, r2 = divmod(e2 // n >> 3, p) if e2 is not None else (0, 0)
+    visit = []
+    for r in range(p):
+        for k in range(ntypes):
+            ts = grid[r][k]
+            if with_w:
+                visit.extend(key(ts[j], r, k, j) for j in range(bisect_left(ts, t1)))
+            if e2 is not None:
+                start = bisect_right(ts, t2) if r <= r2 else bisect_left(ts, t2)
+                visit.extend(key(ts[j], r, k, j) for j in range(start, len(ts)))
+    visit.sort()
+    taken = [{t for ts in rows for t in ts} for rows in grid]  # every op's slot, kept up to date
+    for e in visit:
+        e, j = divmod(e, n)
+        k, e = e & 7, e >> 3
+        t, r = divmod(e, p)
+        rows, here = grid[r], taken[r]
+        free = [q for q in range(_inputs(grid, r, k, j) + 1, t) if q not in here]
+        q = _first_fit(rows, k, j, t, free, cap) if levels is None else levels[r].first_fit(k, t, free, cap)
+        if q != t:
+            here.discard(t)
+            here.add(q)
+            rows[k][j] = q
     return grid
 
 
@@ -303,21 +336,36 @@ def _squeeze(grid: list[Times]) -> list[Times]:
     """Each op as early as its rank's order and its inputs allow, unit durations."""
     p = len(grid)
     ntypes = len(grid[0])
-    order = sorted((t, r, k, j) for r in range(p) for k in range(ntypes) for j, t in enumerate(grid[r][k]))
+    n = 1 + max((len(x) for rows in grid for x in rows), default=0)
+    # Slot order as one integer per op (slot, rank, type, microbatch), sorted in C.
+    order = sorted([((t * p + r) * 8 + k) * n + j for r in range(p) for k in range(ntypes)
+                    for j, t in enumerate(grid[r][k])])
     last = [0] * p
     out = [[[0] * len(grid[r][k]) for k in range(ntypes)] for r in range(p)]
     # An op's end is its new slot + 1; each input is placed before it (earlier in slot order).
-    for _, r, k, j in order:
+    for e in order:
+        e, j = divmod(e, n)
+        k, r = e & 7, (e >> 3) % p
         t = last[r]
         rows = out[r]
-        if k in (_F0, _B1) and r > 0:
-            t = max(t, out[r - 1][k][j] + 1)
-        if k in (_F1, _B0) and r + 1 < p:
-            t = max(t, out[r + 1][k][j] + 1)
+        if k == _F0 or k == _B1:
+            if r > 0:
+                u = out[r - 1][k][j] + 1
+                if u > t:
+                    t = u
+        elif k == _F1 or k == _B0:
+            if r + 1 < p:
+                u = out[r + 1][k][j] + 1
+                if u > t:
+                    t = u
         if 0 < k < 4:
-            t = max(t, rows[k - 1][j] + 1)
+            u = rows[k - 1][j] + 1
+            if u > t:
+                t = u
         if j > 0:
-            t = max(t, rows[k][j - 1] + 1)
+            u = rows[k][j - 1] + 1
+            if u > t:
+                t = u
         rows[k][j] = t
         last[r] = t + 1
     return out
@@ -328,5 +376,11 @@ def _lower(pl: Placement, i: int, rows: Times) -> list[tuple[OpKind, int, int]]:
     p = pl.num_ranks
     c0, c1 = i, 2 * p - 1 - i
     what = [(OpKind.F, c0), (OpKind.F, c1), (OpKind.B, c1), (OpKind.B, c0), (OpKind.W, c1), (OpKind.W, c0)]
-    cells = sorted((t, k, j) for k, ts in enumerate(rows) for j, t in enumerate(ts))
-    return [(what[k][0], what[k][1], j) for _, k, j in cells]
+    n = 1 + max((len(ts) for ts in rows), default=0)
+    cells = sorted([(t * 8 + k) * n + j for k, ts in enumerate(rows) for j, t in enumerate(ts)])
+    out = []
+    for e in cells:
+        e, j = divmod(e, n)
+        kind, stage = what[e & 7]
+        out.append((kind, stage, j))
+    return out

@@ -46,11 +46,12 @@ from typing import Callable
 from ..costs import Costs, MemoryDeltas
 from ..ir import OpKind, Placement, Schedule, build_schedule
 from ..passes.timing import order_figures
-from .hole_fill import fill_holes
+from .hole_fill import BUDGET as HOLE_BUDGET, fill_holes
 from .building_block import BuildingBlock, chain_slots, orders_from_block, place_weight_grads
 from .spec import ScheduleSpec
 from .v_reorder import reorder_orders
 from .w_refill import refill_both
+from .zb_auto import Tracker
 
 __all__ = ["v_min", "v_half", "v_zb", "v_min_block", "v_half_block", "v_zb_block", "PERIOD", "unit_peak_bound"]
 
@@ -99,11 +100,16 @@ def v_zb_block(p: int) -> BuildingBlock:
 #: What V-Min, V-Half and V-ZB cost in p and m (their docstrings point here).
 LOWERING_COST = (
     "the lowering (_lower_block, memoised by its inputs) repeats the block m times and builds up to six "
-    "candidate orders over O(p·m) ops: the building-block reorder scans a rank's memory levels between an "
-    "op's inputs and its slot (O(m) per op, O(p·m²) in the worst case, in C); the slot reorder re-counts a "
-    "move's levels only until they meet the old ones (O(m) per op at worst, a few slots in practice); the W "
-    "refills are O(p·m) each (the rerun without partial gaps is skipped when it would be the same run, e.g. "
-    "at unit costs); the two base candidates and any other that could win are timed, O(p·m) each")
+    "candidate orders over O(p·m) ops. The building-block reorder scans each rank's memory levels between an "
+    "op's inputs and its slot (in C), but only over the warm-up, the first periods of the steady state and the "
+    "cool-down, O(p²) slots: the periods it proves repeat are written by shifting, O(p·m) list work in all; "
+    "the slot reorder visits only the warm-up and cool-down ops (O(p²) of them, each re-counting its rank's "
+    "levels until they meet the old ones) after O(p·m log m) sorts and squeezes. When the first lowering's "
+    "longest span and makespan are at their lower bounds (V-ZB at equal costs, m ≥ 2p) it wins and nothing "
+    "else is built. Otherwise the W refills are O(p·m) each (the rerun without partial gaps is skipped when "
+    "it would be the same run, e.g. at unit costs), the two base candidates and any other that could win are "
+    "timed, O(p·m) each, and hole filling runs only while its budget can time a trial (6·p·m ≤ 25 000 ops): "
+    "O(p·m) in all, with the constant of about six timings")
 
 
 def _check(spec: ScheduleSpec) -> None:
@@ -151,52 +157,67 @@ def _lower_block(name: str, block: BuildingBlock, spec: ScheduleSpec, holes: boo
     p, m = spec.p, spec.m
     pl = block.placement
     caps = [unit_peak_bound(name, p)] * p
-    base = [orders_from_block(block, m), reorder_orders(block, m)]
-    cands: list[Orders] = list(base)
-    timed: list[list[float | None]] = [list(order_figures(pl, m, s, spec.costs, spec.memory)) for s in base]
-    for s in base:
+    first = orders_from_block(block, m)
+    figures = list(order_figures(pl, m, first, spec.costs, spec.memory))
+    if _at_bounds(figures, pl, m, spec):
+        return first  # no candidate could be strictly better, and ties keep the earlier
+    second = reorder_orders(block, m)
+    figures2 = list(order_figures(pl, m, second, spec.costs, spec.memory))
+    best = _Best(first, figures, max(figures[0], figures2[0]))
+    best.offer(second, figures2[1], figures2[2], lambda: figures2[0])
+    inputs = [first, second]
+    del first, second  # from here only ``best`` and the refills' next input stay alive
+    while inputs:
         # A run refill_both leaves out would repeat the one before it: equal figures
-        # never win (ties keep the earlier).
-        for tr in refill_both(pl, m, s, spec.costs, MemoryDeltas(), caps):
-            # Its tracker timed it with the timing pass's engine: span and makespan are
-            # known; the peak (under spec.memory) is found only if it could win.
-            cands.append(tr.order)
-            timed.append([None, tr.max_span(), tr.makespan()])
-    cap = max(peak for peak, _, _ in timed[:2])
-
-    def peak(i: int) -> float:
-        if timed[i][0] is None:
-            timed[i][0] = order_figures(pl, m, cands[i], spec.costs, spec.memory)[0]
-        return timed[i][0]
-
-    best = _pick(timed, cap, peak)
-    if holes:
+        # never win (ties keep the earlier). Its tracker timed it with the timing pass's
+        # engine: span and makespan are known; the peak (under spec.memory) is found only
+        # if it could win.
+        for tr in refill_both(pl, m, inputs.pop(0), spec.costs, MemoryDeltas(), caps):
+            best.offer(tr.order, tr.max_span(), tr.makespan(),
+                       lambda o=tr.order: order_figures(pl, m, o, spec.costs, spec.memory)[0])
+    # fill_holes times the whole order once, then each trial move: when its budget cannot
+    # time one trial (6·p·m ops, e.g. p = 64, m = 512), it returns the winner unchanged.
+    if holes and 2 * sum(len(r) for r in best.orders) <= HOLE_BUDGET:
         # The pass only keeps strictly better orders, so the winner can only improve.
-        winner = build_schedule(name, m, pl, cands[best], p=p, m=m, v=2)
+        winner = build_schedule(name, m, pl, best.orders, p=p, m=m, v=2)
         filled = fill_holes(winner, spec.costs, MemoryDeltas(), caps)
         if filled is not winner:
-            cands.append([[(o.kind, o.stage, o.microbatch) for o in r] for r in filled.ranks])
-            timed.append(list(order_figures(pl, m, cands[-1], spec.costs, spec.memory)))
-            best = _pick(timed, cap, peak)
-    return cands[best]
+            orders = [[(o.kind, o.stage, o.microbatch) for o in r] for r in filled.ranks]
+            fig = order_figures(pl, m, orders, spec.costs, spec.memory)
+            best.offer(orders, fig[1], fig[2], lambda: fig[0])
+    return best.orders
 
 
-def _pick(timed: list[list[float | None]], cap: float, peak: Callable[[int], float]) -> int:
-    """Index of the candidate (``[peak, longest span, makespan]`` of its timing) with the
+class _Best:
+    """The winner so far among :func:`_lower_block`'s candidates, offered in turn: the
     shortest longest span, then makespan (ties keep the earlier), among those whose peak
-    is within ``cap``. A peak is asked (``peak(i)``) only of a candidate that would beat
-    the best so far: the others cannot win whatever their peak."""
-    best, best_key = 0, None
-    for i, (_, span, makespan) in enumerate(timed):
-        key = (span, makespan)
-        if best_key is not None:
-            eps = 1e-9 * max(1.0, key[0])
-            if not (key[0] < best_key[0] - eps or (abs(key[0] - best_key[0]) <= eps and key[1] < best_key[1] - eps)):
-                continue
-        if peak(i) > cap * (1 + 1e-9) + 1e-12:
-            continue
-        best, best_key = i, key
-    return best
+    is within ``cap`` (the first two candidates' highest). A candidate's peak is asked
+    only when it would beat the best so far: the others cannot win whatever their peak.
+    Losers are dropped as they come (at p = 128, m = 4096 each order holds 3 M ops)."""
+
+    def __init__(self, orders: Orders, figures: list, cap: float) -> None:
+        self.orders, self.key, self.cap = orders, (figures[1], figures[2]), cap
+
+    def offer(self, orders: Orders, span: float, makespan: float, peak: Callable[[], float]) -> None:
+        eps = 1e-9 * max(1.0, span)
+        if not (span < self.key[0] - eps or (abs(span - self.key[0]) <= eps and makespan < self.key[1] - eps)):
+            return
+        if peak() > self.cap * (1 + 1e-9) + 1e-12:
+            return
+        self.orders, self.key = orders, (span, makespan)
+
+
+def _at_bounds(figures: list, pl: Placement, m: int, spec: ScheduleSpec) -> bool:
+    """Whether a candidate's ``[peak, longest span, makespan]`` is at the two lower bounds
+    no order goes below (:func:`.zero_bubble.lower_bounds`: the busiest rank's compute, the
+    latest end of a rank's compute started as early as its inputs allow). Then no later
+    candidate of :func:`_lower_block` (nor hole filling) can be strictly better, and it wins
+    within any cap holding its own peak — as V-ZB's first lowering does at equal costs
+    from ``m ≥ 2p`` on."""
+    from .zero_bubble import lower_bounds  # zero_bubble imports this module's generators lazily too
+
+    span, makespan = lower_bounds(Tracker(pl, m, spec.costs, spec.memory, float("inf")), pl, m)
+    return figures[1] <= span and figures[2] <= makespan
 
 
 def v_min(spec: ScheduleSpec) -> Schedule:

@@ -78,8 +78,20 @@ def _refill(placement: Placement, m: int, orders: Sequence[Sequence[tuple[OpKind
             consulted: list[bool]) -> Tracker:
     """:func:`refill_tracker`; sets ``consulted[0]`` when a decision depended on ``partial``."""
     tr = Tracker(placement, m, costs, memory, float("inf"))
-    skeleton = [[(KIND_CODE[k], s, j) for k, s, j in lst if k is not OpKind.W] for lst in orders]
-    put = _placer(tr)
+    S, M = tr.num_stages, tr.num_microbatches
+    # The new order reuses the input's op tuples (by slot of the tracker's end table): at
+    # p = 128, m = 4096 a fresh tuple per op would be about 200 MB per run.
+    ops_of: list = [None] * (3 * S * M)
+    skeleton = []
+    for lst in orders:
+        row = []
+        for op in lst:
+            code = KIND_CODE[op[0]]
+            ops_of[(code * S + op[1]) * M + op[2]] = op
+            if code != W_CODE:
+                row.append((code, op[1], op[2]))
+        skeleton.append(row)
+    put = _placer(tr, ops_of)
     S, M, deps, end, clock, origin = tr.num_stages, tr.num_microbatches, tr.deps, tr.end, tr.clock, tr.origin
     dur, mem, level = tr.dur, tr.mem, tr.level
     pending: list[deque] = [deque() for _ in skeleton]
@@ -134,10 +146,11 @@ def _refill(placement: Placement, m: int, orders: Sequence[Sequence[tuple[OpKind
     return tr
 
 
-def _placer(tr: Tracker) -> Callable[[int, int, int, int], None]:
+def _placer(tr: Tracker, ops_of: list) -> Callable[[int, int, int, int], None]:
     """``put(code, stage, mb, rank)``: :meth:`Tracker.put` (no limit: the refill's tracker
     has none) with :meth:`ListScheduler.place` inline, for an op whose inputs are placed
-    — the refill's hot path. Same times, levels, peaks, idle times and order."""
+    — the refill's hot path. Same times, levels, peaks, idle times and order (whose
+    entries are ``ops_of[slot]``, the input's tuple of each op)."""
     S, M, deps, end, clock, origin = tr.num_stages, tr.num_microbatches, tr.deps, tr.end, tr.clock, tr.origin
     dur, mem, level, peak, idle, started, first, order = (
         tr.dur, tr.mem, tr.level, tr.peak, tr.idle, tr.started, tr.first, tr.order)
@@ -162,6 +175,7 @@ def _placer(tr: Tracker) -> Callable[[int, int, int, int], None]:
         level[r] = lv
         if lv > peak[r]:
             peak[r] = lv
-        order[r].append((CODE_KIND[code], stage, mb))
+        op = ops_of[own * M + mb]
+        order[r].append(op if op is not None else (CODE_KIND[code], stage, mb))
 
     return put

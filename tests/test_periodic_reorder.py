@@ -1,0 +1,54 @@
+"""The building-block reorder's periodic steady state (issue 24): the periods it proves
+repeat and writes by shifting give exactly the plain scan's grid, for the three V blocks
+and a sample of V-auto's block family over a grid of (p, m)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeoffload.schedules.building_block import (BuildingBlock, compress_cooldown, orders_from_block, reorder,
+                                                   repeat, steady_range)
+from pipeoffload.schedules.v_auto import block_family
+from pipeoffload.schedules.vshape import v_half_block, v_min_block, v_zb_block
+
+
+def _full(block: BuildingBlock, m: int) -> list:
+    grid = repeat(block, m)
+    reorder(grid)
+    compress_cooldown(grid)
+    assert grid.skipped == 0
+    return grid.orders()
+
+
+def _periodic(block: BuildingBlock, m: int) -> tuple[list, int]:
+    grid = repeat(block, m)
+    reorder(grid, steady=steady_range(block, m))
+    compress_cooldown(grid)
+    return grid.orders(), grid.skipped
+
+
+def _ms(p: int) -> list[int]:
+    return sorted({1, 2, 3, p, 2 * p + 1, 3 * p + 2, 5 * p + 4, 8 * p + 3, 12 * p + 7})
+
+
+@pytest.mark.parametrize("p", list(range(1, 13)) + [16, 20])
+@pytest.mark.parametrize("make", [v_min_block, v_half_block, v_zb_block], ids=["v-min", "v-half", "v-zb"])
+def test_periodic_reorder_is_the_full_scan(make, p: int) -> None:
+    block = make(p)
+    skipped_any = False
+    for m in _ms(p):
+        fast, skipped = _periodic(block, m)
+        assert fast == _full(block, m), (p, m)
+        assert fast == orders_from_block(block, m)
+        skipped_any |= skipped > 0
+    # The test can fail: at the largest m the steady state is found and shifted.
+    assert skipped_any, f"no period was skipped at p={p}"
+
+
+@pytest.mark.parametrize("p", [3, 4, 5, 6, 8])
+def test_periodic_reorder_on_v_auto_blocks(p: int) -> None:
+    family = block_family(p)
+    for block, _ in family[:: max(1, len(family) // 12)]:
+        for m in (p, 3 * p + 1, 10 * p + 3):
+            fast, _ = _periodic(block, m)
+            assert fast == _full(block, m), (p, m, dict(block.slots))
