@@ -58,7 +58,8 @@ from ..costs import Costs
 from ..errors import ScheduleError
 from ..ir import OpKind, Schedule
 from .comm import MessageKey, message_key
-from .timing import simulate
+from .timing import (B_CODE, F_CODE, ListScheduler, _op_codes, _time_rank_lists, overlapped_positions,
+                     run_list_schedule, simulate)
 
 __all__ = ["Xfer", "Group", "RankIssue", "IssuePlan", "issue_plan", "HEADER", "PAYLOAD"]
 
@@ -69,7 +70,7 @@ _SEND = (OpKind.SEND_F, OpKind.SEND_B)
 _RECV = (OpKind.RECV_F, OpKind.RECV_B)
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True, order=True, slots=True)
 class Xfer:
     """One logical P2P op of a rank: a part of a message, sent to or received from ``peer``
     (a pipeline rank). The runtime issues one torch op per tensor of the part."""
@@ -80,7 +81,7 @@ class Xfer:
     peer: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Group:
     """One ``batch_isend_irecv`` of one rank: issued together, progressing together.
 
@@ -181,7 +182,7 @@ def _issue_plan(program: Schedule, headers: Callable[[MessageKey], bool] | bool,
     hdr = (lambda k: bool(headers)) if isinstance(headers, bool) else headers
     gap_of, send_gap, recv_gap, ends = _gaps(program)
     t_end = _producer_end(program)
-    order = sorted(send_gap, key=lambda mk: (t_end[mk], mk[0] == "F", mk[1], mk[2]))
+    order = sorted(send_gap, key=lambda mk: (t_end(mk), mk[0] == "F", mk[1], mk[2]))
 
     # Greedy rounds (module docstring); each message listed on both its ranks as it is placed.
     rounds: dict[MessageKey, int] = {}
@@ -245,17 +246,38 @@ def _gaps(program: Schedule) -> tuple[list[list[int]], dict[MessageKey, int], di
     return gap_of, send_gap, recv_gap, ends
 
 
-def _producer_end(program: Schedule) -> dict[MessageKey, float]:
-    """Per message, the end of its producer in the program timed with unit costs."""
-    tl = simulate(program.compute_only(), Costs())
-    out: dict[MessageKey, float] = {}
-    for e in tl.events:
-        op = e.op
-        if op.kind is OpKind.F:
-            out[("F", op.stage, op.microbatch)] = e.end
-        elif op.kind.is_backward:
-            out[("B", op.stage, op.microbatch)] = e.end
-    return out
+def _producer_end(program: Schedule) -> Callable[[MessageKey], float]:
+    """Per message, the end of its producer in the program timed with unit costs (a
+    lookup function).
+
+    The times are :func:`~pipeoffload.passes.timing.simulate`'s (``Costs()``, the same
+    engine, the same floats), read from the engine's end-time table instead of a
+    timeline of events; a program with overlapped F&B pairs goes through
+    :func:`~pipeoffload.passes.timing.run_list_schedule`, which places each pair as one op."""
+    co = program.compute_only()
+    pl = co.placement
+    dur = Costs().duration_table(pl)
+    if overlapped_positions(co, co.ranks):
+        out: dict[MessageKey, float] = {}
+        for e in run_list_schedule(co, lambda o: dur[o.stage][o.kind], 0.0):
+            op = e.op
+            if op.kind is OpKind.F:
+                out[("F", op.stage, op.microbatch)] = e.end
+            elif op.kind.is_backward:
+                out[("B", op.stage, op.microbatch)] = e.end
+        return out.__getitem__
+    codes, m = _op_codes(co, co.ranks)
+    engine = ListScheduler(pl.stage_to_rank, m, 0.0)
+    done, _ = _time_rank_lists(engine, codes, [[dur[o.stage][o.kind] for o in lst] for lst in co.ranks], None)
+    if any(n < len(lst) for n, lst in zip(done, co.ranks)):
+        simulate(co, Costs())  # raises, naming the cycle
+    end, S = engine.end, engine.num_stages
+    f_base, b_base = F_CODE * S, B_CODE * S
+
+    def t_end(mk: MessageKey) -> float:
+        return end[((f_base if mk[0] == "F" else b_base) + mk[1]) * m + mk[2]]
+
+    return t_end
 
 
 def _place_rank(r: int, mine: dict[int, list[tuple[MessageKey, bool, int]]], send_gap: dict[MessageKey, int],
@@ -322,24 +344,26 @@ def _place_rank(r: int, mine: dict[int, list[tuple[MessageKey, bool, int]]], sen
             groups.append(_group(t, 1, second, tuple([x.key for x in second if not x.send])))
 
 
-def _xfer(key: MessageKey, part: str, send: bool, peer: int, _new: Callable = object.__new__) -> Xfer:
+def _xfer(key: MessageKey, part: str, send: bool, peer: int, _new: Callable = object.__new__,
+          _k: Callable = Xfer.key.__set__, _p: Callable = Xfer.part.__set__,  # type: ignore[attr-defined]
+          _s: Callable = Xfer.send.__set__, _q: Callable = Xfer.peer.__set__) -> Xfer:  # type: ignore[attr-defined]
     """``Xfer(key, part, send, peer)`` without the frozen dataclass's ``__init__`` (same object)."""
     x = _new(Xfer)
-    d = x.__dict__
-    d["key"] = key
-    d["part"] = part
-    d["send"] = send
-    d["peer"] = peer
+    _k(x, key)
+    _p(x, part)
+    _s(x, send)
+    _q(x, peer)
     return x
 
 
 def _group(rnd: int, half: int, xfers: tuple[Xfer, ...], after: tuple[MessageKey, ...],
-           _new: Callable = object.__new__) -> Group:
+           _new: Callable = object.__new__, _r: Callable = Group.round.__set__,  # type: ignore[attr-defined]
+           _h: Callable = Group.half.__set__, _x: Callable = Group.xfers.__set__,  # type: ignore[attr-defined]
+           _a: Callable = Group.after.__set__) -> Group:  # type: ignore[attr-defined]
     """``Group(rnd, half, xfers, after)`` without the frozen dataclass's ``__init__`` (same object)."""
     g = _new(Group)
-    d = g.__dict__
-    d["round"] = rnd
-    d["half"] = half
-    d["xfers"] = xfers
-    d["after"] = after
+    _r(g, rnd)
+    _h(g, half)
+    _x(g, xfers)
+    _a(g, after)
     return g
