@@ -951,8 +951,8 @@ def _check(plan: IssuePlan, communicators: str, send_blocks: bool, ties, tie_pat
         xfers=world.xfers,
         max_groups_per_gap=world.max_per_gap,
         max_recv_ahead=world.max_ahead,
-        stream_items=sum(1 for s in world.stream if s >= 0),
-        collectives=sum(1 for k in world.kind if k == _COLL),
+        stream_items=len(world.stream) - world.stream.count(-1),  # -1: no stream (gloo P2P)
+        collectives=world.kind.count(_COLL),
         max_in_flight=max_fl,
         max_stream_depth=max_depth,
     )
