@@ -366,3 +366,45 @@ def test_pipelines_of_a_mesh_each_build_their_own(tmp_path):
     assert ranks[3]["mismatch"].startswith("rank 1 (global 3): RECV(rank=1): size mismatch: this receive expects "
                                            "12 bytes but the send of rank 0 (global 2) it matches has 8 bytes")
     assert ranks[1]["mismatch"].startswith("rank 1: RECV(rank=1): size mismatch")
+
+
+# ----------------------------------------------------------------------------- a peer that dies
+
+
+def _dying_peer_world(ctx, path, mode):
+    """Rank 1 exchanges one message with rank 0, then its process dies (``os._exit``,
+    code 0 so the launcher lets rank 0 go on); rank 0 then waits for a second message
+    from it through the runtime's P2P layer (timeout 30 s) and records what it raised and
+    when."""
+    from pipeoffload.runtime.p2p import P2P
+
+    me, peer = ctx.rank, 1 - ctx.rank
+    p2p = P2P(me, 30.0, torch.device("cpu"), transport=mode)
+    got = p2p.buffer((4,), torch.float32)
+    works = p2p.issue([(True, torch.ones(4), peer, 1, f"SEND_F(mb=0, rank={me})"),
+                       (False, got, peer, 1, f"RECV_F(mb=0, rank={me})")])
+    p2p.wait(works[1], f"RECV_F(mb=0, rank={me})", peer, "for its input")
+    p2p.finish_sends()
+    if me == 1:
+        os._exit(0)  # the process dies mid-step: no error report, no goodbye
+    t0 = time.monotonic()
+    work = p2p.issue([(False, p2p.buffer((4,), torch.float32), peer, 2, "RECV_B(stage=0, mb=1, rank=0, peer=1)")])[0]
+    try:
+        p2p.wait(work, "RECV_B(stage=0, mb=1, rank=0, peer=1)", peer, "for its input")
+        res = {"error": None}
+    except Exception as e:
+        res = {"error": f"{type(e).__name__}: {e}", "lost_peer": getattr(e, "lost_peer", None)}
+    res["took"] = time.monotonic() - t0
+    torch.save(res, path)
+
+
+@pytest.mark.parametrize("mode", ["torch", "nccl-rules", "nccl-rules-peer"])
+def test_a_dead_peer_is_named_at_once(tmp_path, mode):
+    """Gloo sees a dead peer's connection close at once; the NCCL-rules emulator's
+    handshakes go through the store, which does not, so without its watch receive
+    (transport._watch) the survivor waited the whole 30 s and said only "timed out"."""
+    res = run_world(_dying_peer_world, 2, tmp_path / "dead.pt", mode)
+    assert res["error"] == ("CommError: rank 0: lost rank 1 at RECV_B(stage=0, mb=1, rank=0, peer=1): its "
+                            "connection closed (the process died or failed)"), res
+    assert res["lost_peer"] == 1, res
+    assert res["took"] < 10.0, res

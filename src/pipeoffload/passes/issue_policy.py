@@ -57,8 +57,9 @@ from typing import Callable, Iterable, Iterator
 from ..costs import Costs
 from ..errors import ScheduleError
 from ..ir import OpKind, Schedule
-from .comm import MessageKey, message_key
-from .timing import simulate
+from .comm import MessageKey
+from .timing import (B_CODE, F_CODE, ListScheduler, _op_codes, _time_rank_lists, overlapped_positions,
+                     run_list_schedule, simulate)
 
 __all__ = ["Xfer", "Group", "RankIssue", "IssuePlan", "issue_plan", "HEADER", "PAYLOAD"]
 
@@ -69,7 +70,7 @@ _SEND = (OpKind.SEND_F, OpKind.SEND_B)
 _RECV = (OpKind.RECV_F, OpKind.RECV_B)
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True, order=True, slots=True)
 class Xfer:
     """One logical P2P op of a rank: a part of a message, sent to or received from ``peer``
     (a pipeline rank). The runtime issues one torch op per tensor of the part."""
@@ -80,7 +81,7 @@ class Xfer:
     peer: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Group:
     """One ``batch_isend_irecv`` of one rank: issued together, progressing together.
 
@@ -153,22 +154,37 @@ def issue_plan(
     """
     if lookahead < 0:
         raise ValueError(f"lookahead must be >= 0, got {lookahead}")
-    with paused_gc():
+    with paused_gc(promote=True):
         return _issue_plan(program, headers, lookahead, ranks)
 
 
 @contextmanager
-def paused_gc() -> Iterator[None]:
+def paused_gc(*, promote: bool = False) -> Iterator[None]:
     """The cyclic garbage collector off inside, back as it was after (also on an exception).
 
     For the passes that build a few objects per op and free none until they return
     (:func:`issue_plan`, :func:`~pipeoffload.passes.nccl_check.check_nccl`): the collector
     would rescan the program's ops again and again — about 40 % of ``issue_plan``'s time at
-    p = 64, m = 512 — and finds no cycles there."""
+    p = 64, m = 512 — and finds no cycles there.
+
+    Args:
+        promote: on a normal exit, move every object the collector tracks into its oldest
+            generation without scanning it (``gc.freeze()`` then ``gc.unfreeze()``), for a
+            pass whose result outlives it (:func:`issue_plan`'s plan): otherwise the first
+            young collection after the pause scans everything made inside, and a second
+            one scans it again on its way to the oldest generation (a third of
+            ``issue_plan``'s time at p = 64, m = 512). Nothing is lost: the oldest
+            generation is still collected in full collections. Skipped when the process
+            has frozen objects of its own (``gc.freeze()`` used by the application: an
+            unfreeze would release them).
+    """
     was = gc.isenabled()
     gc.disable()
     try:
         yield
+        if promote and was and gc.get_freeze_count() == 0:
+            gc.freeze()
+            gc.unfreeze()
     finally:
         if was:
             gc.enable()
@@ -179,51 +195,53 @@ def _issue_plan(program: Schedule, headers: Callable[[MessageKey], bool] | bool,
     """:func:`issue_plan` after its argument check."""
     p = program.num_ranks
     hdr = (lambda k: bool(headers)) if isinstance(headers, bool) else headers
-    gap_of, send_gap, recv_gap, ends = _gaps(program)
+    gap_of, msgs = _gaps(program)
     t_end = _producer_end(program)
-    order = sorted(send_gap, key=lambda mk: (t_end[mk], mk[0] == "F", mk[1], mk[2]))
+    order = sorted([(mk, v) for mk, v in msgs.items() if v[0] >= 0],
+                   key=lambda it: (t_end(it[0]), it[0][0] == "F", it[0][1], it[0][2]))
 
-    # Greedy rounds (module docstring); each message listed on both its ranks as it is placed.
+    # Greedy rounds (module docstring); each message listed on both its ranks as it is placed,
+    # as (message, send?, peer, gap of the send or of the consumer, carries a header?).
     rounds: dict[MessageKey, int] = {}
-    mine: list[dict[int, list[tuple[MessageKey, bool, int]]]] = [{} for _ in range(p)]  # rank -> round -> ...
+    mine: list[dict[int, list[tuple[MessageKey, bool, int, int, bool]]]] = [{} for _ in range(p)]
     rnd = 0
     r_send: dict[int, int] = {}  # rank -> its send gap in the current round
     r_cons: dict[int, float] = {}  # rank -> the earliest consumer gap of its receives in the round
-    for mk in order:
-        a, b = ends[mk]
-        g = send_gap[mk]
-        if r_send.get(a, g) != g or r_cons.get(a, math.inf) < g:
+    inf = math.inf
+    header_keys = []
+    for mk, (a, b, g, c) in order:
+        if r_send.get(a, g) != g or r_cons.get(a, inf) < g:
             rnd, r_send, r_cons = rnd + 1, {}, {}
         r_send[a] = g
-        c = recv_gap[mk]
-        if c < r_cons.get(b, math.inf):
+        if c < r_cons.get(b, inf):
             r_cons[b] = c
         rounds[mk] = rnd
+        h = mk[0] == "F" and bool(hdr(mk))
+        if h:
+            header_keys.append(mk)
         lst = mine[a].get(rnd)
         if lst is None:
             lst = mine[a][rnd] = []
-        lst.append((mk, True, b))
+        lst.append((mk, True, b, g, h))
         lst = mine[b].get(rnd)
         if lst is None:
             lst = mine[b][rnd] = []
-        lst.append((mk, False, a))
+        lst.append((mk, False, a, c, h))
     n_rounds = rnd + 1 if order else 0
 
-    with_header = frozenset(mk for mk in order if mk[0] == "F" and hdr(mk))
+    with_header = frozenset(header_keys)
     plans = [RankIssue(gap_of=gap_of[r]) for r in range(p)]
     for r in (range(p) if ranks is None else ranks):
-        _place_rank(r, mine[r], send_gap, recv_gap, with_header, lookahead, plans[r])
+        _place_rank(r, mine[r], bool(with_header), lookahead, plans[r])
     return IssuePlan(program, plans, rounds, with_header, n_rounds)
 
 
-def _gaps(program: Schedule) -> tuple[list[list[int]], dict[MessageKey, int], dict[MessageKey, int],
-                                       dict[MessageKey, tuple[int, int]]]:
-    """Per rank, the gap of each program position (and one past the end); per message, the
-    gap of its send and of its receive, and its ``(sender, receiver)``."""
+def _gaps(program: Schedule) -> tuple[list[list[int]], dict[MessageKey, list[int]]]:
+    """Per rank, the gap of each program position (and one past the end); per message,
+    ``[sender, receiver, gap of its send, gap of its receive]`` (-1 where the program has
+    no such op)."""
     gap_of: list[list[int]] = []
-    send_gap: dict[MessageKey, int] = {}
-    recv_gap: dict[MessageKey, int] = {}
-    ends: dict[MessageKey, tuple[int, int]] = {}
+    msgs: dict[MessageKey, list[int]] = {}
     sf, sb, rf, rb = _SEND + _RECV
     for r, lst in enumerate(program.ranks):
         gaps: list[int] = []
@@ -233,36 +251,66 @@ def _gaps(program: Schedule) -> tuple[list[list[int]], dict[MessageKey, int], di
             put(k)
             kind = op.kind
             if kind is sf or kind is sb:
-                mk = message_key(op)
-                send_gap[mk] = k
-                ends[mk] = (r, op.peer)
+                mk = ("F" if kind is sf else "B", op.stage, op.microbatch)  # message_key, inline
+                v = msgs.get(mk)
+                if v is None:
+                    msgs[mk] = [r, op.peer, k, -1]
+                else:
+                    v[0], v[1], v[2] = r, op.peer, k
             elif kind is rf or kind is rb:
-                recv_gap[message_key(op)] = k
+                mk = ("F", op.stage - 1, op.microbatch) if kind is rf else ("B", op.stage + 1, op.microbatch)
+                v = msgs.get(mk)
+                if v is None:
+                    msgs[mk] = [-1, -1, -1, k]
+                else:
+                    v[3] = k
             else:
                 k += 1
         put(k)
         gap_of.append(gaps)
-    return gap_of, send_gap, recv_gap, ends
+    return gap_of, msgs
 
 
-def _producer_end(program: Schedule) -> dict[MessageKey, float]:
-    """Per message, the end of its producer in the program timed with unit costs."""
-    tl = simulate(program.compute_only(), Costs())
-    out: dict[MessageKey, float] = {}
-    for e in tl.events:
-        op = e.op
-        if op.kind is OpKind.F:
-            out[("F", op.stage, op.microbatch)] = e.end
-        elif op.kind.is_backward:
-            out[("B", op.stage, op.microbatch)] = e.end
-    return out
+def _producer_end(program: Schedule) -> Callable[[MessageKey], float]:
+    """Per message, the end of its producer in the program timed with unit costs (a
+    lookup function).
+
+    The times are :func:`~pipeoffload.passes.timing.simulate`'s (``Costs()``, the same
+    engine, the same floats), read from the engine's end-time table instead of a
+    timeline of events; a program with overlapped F&B pairs goes through
+    :func:`~pipeoffload.passes.timing.run_list_schedule`, which places each pair as one op."""
+    co = program.compute_only()
+    pl = co.placement
+    dur = Costs().duration_table(pl)
+    if overlapped_positions(co, co.ranks):
+        out: dict[MessageKey, float] = {}
+        for e in run_list_schedule(co, lambda o: dur[o.stage][o.kind], 0.0):
+            op = e.op
+            if op.kind is OpKind.F:
+                out[("F", op.stage, op.microbatch)] = e.end
+            elif op.kind.is_backward:
+                out[("B", op.stage, op.microbatch)] = e.end
+        return out.__getitem__
+    codes, m = _op_codes(co, co.ranks)
+    engine = ListScheduler(pl.stage_to_rank, m, 0.0)
+    done, _ = _time_rank_lists(engine, codes, [[dur[o.stage][o.kind] for o in lst] for lst in co.ranks], None)
+    if any(n < len(lst) for n, lst in zip(done, co.ranks)):
+        simulate(co, Costs())  # raises, naming the cycle
+    end, S = engine.end, engine.num_stages
+    f_base, b_base = F_CODE * S, B_CODE * S
+
+    def t_end(mk: MessageKey) -> float:
+        return end[((f_base if mk[0] == "F" else b_base) + mk[1]) * m + mk[2]]
+
+    return t_end
 
 
-def _place_rank(r: int, mine: dict[int, list[tuple[MessageKey, bool, int]]], send_gap: dict[MessageKey, int],
-                recv_gap: dict[MessageKey, int], with_header: frozenset, lookahead: int,
-                out: RankIssue) -> None:
+def _place_rank(r: int, mine: dict[int, list[tuple[MessageKey, bool, int, int, bool]]], headers: bool,
+                lookahead: int, out: RankIssue) -> None:
     """Rank ``r``'s groups: one gap per round it takes part in (module docstring);
-    ``mine[round]`` lists the rank's ``(message, send?, peer)`` of that round.
+    ``mine[round]`` lists the rank's ``(message, send?, peer, gap, header?)`` of that round
+    (the gap of the send, or of the receive's consumer; whether the message carries a
+    header; ``headers``: whether any does).
 
     One pass per round for its bounds, then one for its groups; the ``Xfer``s and ``Group``s
     are made by :func:`_xfer` and :func:`_group` (their fields set directly: the frozen
@@ -274,14 +322,12 @@ def _place_rank(r: int, mine: dict[int, list[tuple[MessageKey, bool, int]]], sen
     for t in rs:
         f: int | None = None
         h = math.inf
-        for mk, s, _ in mine[t]:
+        for _, s, _, g, _ in mine[t]:
             if s:
                 if f is None:
-                    f = send_gap[mk]
-            else:
-                g = recv_gap[mk]
-                if g < h:
-                    h = g
+                    f = g
+            elif g < h:
+                h = g
         fixed.append(f)
         hi.append(h)
     # Upper bound of a receive-only round: no later than any later round before the next send.
@@ -311,35 +357,37 @@ def _place_rank(r: int, mine: dict[int, list[tuple[MessageKey, bool, int]]], sen
         groups = at.get(gap)
         if groups is None:
             groups = at[gap] = []
-        if not with_header:
-            groups.append(_group(t, 0, tuple([_xfer(mk, PAYLOAD, s, peer) for mk, s, peer in xs]), ()))
+        if not headers:
+            groups.append(_group(t, 0, tuple([_xfer(mk, PAYLOAD, s, peer) for mk, s, peer, _, _ in xs]), ()))
             continue
         # a header sorts before its payload ("h" < "p")
-        first = tuple([_xfer(mk, HEADER if mk in with_header else PAYLOAD, s, peer) for mk, s, peer in xs])
+        first = tuple([_xfer(mk, HEADER if h else PAYLOAD, s, peer) for mk, s, peer, _, h in xs])
         groups.append(_group(t, 0, first, ()))
-        second = tuple([_xfer(mk, PAYLOAD, s, peer) for mk, s, peer in xs if mk in with_header])
+        second = tuple([_xfer(mk, PAYLOAD, s, peer) for mk, s, peer, _, h in xs if h])
         if second:
             groups.append(_group(t, 1, second, tuple([x.key for x in second if not x.send])))
 
 
-def _xfer(key: MessageKey, part: str, send: bool, peer: int, _new: Callable = object.__new__) -> Xfer:
+def _xfer(key: MessageKey, part: str, send: bool, peer: int, _new: Callable = object.__new__,
+          _k: Callable = Xfer.key.__set__, _p: Callable = Xfer.part.__set__,  # type: ignore[attr-defined]
+          _s: Callable = Xfer.send.__set__, _q: Callable = Xfer.peer.__set__) -> Xfer:  # type: ignore[attr-defined]
     """``Xfer(key, part, send, peer)`` without the frozen dataclass's ``__init__`` (same object)."""
     x = _new(Xfer)
-    d = x.__dict__
-    d["key"] = key
-    d["part"] = part
-    d["send"] = send
-    d["peer"] = peer
+    _k(x, key)
+    _p(x, part)
+    _s(x, send)
+    _q(x, peer)
     return x
 
 
 def _group(rnd: int, half: int, xfers: tuple[Xfer, ...], after: tuple[MessageKey, ...],
-           _new: Callable = object.__new__) -> Group:
+           _new: Callable = object.__new__, _r: Callable = Group.round.__set__,  # type: ignore[attr-defined]
+           _h: Callable = Group.half.__set__, _x: Callable = Group.xfers.__set__,  # type: ignore[attr-defined]
+           _a: Callable = Group.after.__set__) -> Group:  # type: ignore[attr-defined]
     """``Group(rnd, half, xfers, after)`` without the frozen dataclass's ``__init__`` (same object)."""
     g = _new(Group)
-    d = g.__dict__
-    d["round"] = rnd
-    d["half"] = half
-    d["xfers"] = xfers
-    d["after"] = after
+    _r(g, rnd)
+    _h(g, half)
+    _x(g, xfers)
+    _a(g, after)
     return g

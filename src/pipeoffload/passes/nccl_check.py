@@ -171,13 +171,19 @@ class _Checker:
         self.seq: dict[tuple[int, int, bool], list] = {}
         self.n_groups = self.n_xfers = self.max_per_gap = 0
 
-    def begin(self, r: int, last: int, sinfo: dict, rinfo: dict) -> None:
+    def begin(self, r: int, last: int, sinfo: dict, rinfo: dict, ends: tuple) -> None:
         """Rank ``r``: its last gap; per message it sends (peer, producer's gap), per
-        message it receives (peer, consumer's gap)."""
+        message it receives (peer, consumer's gap); the slice's ends (:meth:`_World.ends`),
+        where :meth:`group` records where each xfer sits."""
         self.r, self.last, self.sinfo, self.rinfo = r, last, sinfo, rinfo
+        self.ends = ends
         self.hdr: set[MessageKey] = set()
-        self.out_s: list[tuple] = []  # (peer, key, part, round, half) in issue order
-        self.out_r: list[tuple] = []
+        #: peer -> [(key, part, round, half)] the rank sends to / receives from it, in issue order
+        self.by_s: dict[int, list] = {}
+        self.by_r: dict[int, list] = {}
+        #: payload sends and receives issued (the ends' sizes before the rank: duplicates show as a gap)
+        self.n_sp = self.n_rp = 0
+        self.sp0, self.rp0 = len(ends[0]), len(ends[2])
 
     def gap(self, k: int) -> None:
         if not 0 <= k <= self.last:
@@ -192,33 +198,56 @@ class _Checker:
     def bad_part(self, x: Xfer) -> None:
         raise ScheduleError(f"rank {self.r}: {_xfer_name(x.key, PAYLOAD, x.send)}: unknown part {x.part!r}")
 
-    def group(self, k: int, g: Group) -> int:
-        """Check one group issued at gap ``k`` (its ``after`` aside); return how many
-        payload receives it issues. (The build inlines this for one group per gap.)"""
-        self.n_xfers += len(g.xfers)
+    def group(self, k: int, g: Group, i: int, sends_of: list[int]) -> int:
+        """Check group ``g``, issued at gap ``k`` (its ``after`` aside), and list its xfers per
+        peer; when ``i >= 0`` (the group is one stream item) also record where each xfer sits
+        and, if it sends, append ``i`` to ``sends_of``. Return how many payload receives it
+        issues. (The hot loop of the build: one pass over the group's xfers.)"""
+        xs = g.xfers
+        self.n_xfers += len(xs)
         n = 0
-        sinfo, rinfo, out_s, out_r = self.sinfo, self.rinfo, self.out_s, self.out_r
+        sp, sh, rp, rh = self.ends
         rnd = g.round
         half = g.half if rnd != NO_ROUND else 0
-        for x in g.xfers:
-            mk = x.key
-            part = x.part
+        slot = 0
+        has_send = False
+        for x in xs:
+            mk, part, peer = x.key, x.part, x.peer
             if part != PAYLOAD and part != HEADER:
                 self.bad_part(x)
             if x.send:
-                e = sinfo.get(mk)
-                if e is None or e[0] != x.peer or k < e[1]:
+                e = self.sinfo.get(mk)
+                if e is None or e[0] != peer or k < e[1]:
                     self._bad(k, x, e)
-                out_s.append((x.peer, mk, part, rnd, half))
+                if part == PAYLOAD:
+                    self.n_sp += 1
+                    if i >= 0:
+                        sp[mk] = (i, slot)
+                elif i >= 0:
+                    sh[mk] = (i, slot)
+                by = self.by_s
+                has_send = True
             else:
-                e = rinfo.get(mk)
-                if e is None or e[0] != x.peer or k > e[1]:
+                e = self.rinfo.get(mk)
+                if e is None or e[0] != peer or k > e[1]:
                     self._bad(k, x, e)
-                out_r.append((x.peer, mk, part, rnd, half))
                 if part == PAYLOAD:
                     n += 1
+                    if i >= 0:
+                        rp[mk] = (i, slot)
                 else:
                     self.hdr.add(mk)
+                    if i >= 0:
+                        rh[mk] = (i, slot)
+                by = self.by_r
+            lst = by.get(peer)
+            if lst is None:
+                lst = by[peer] = []
+            lst.append((mk, part, rnd, half))
+            slot += 1
+        if has_send and i >= 0:
+            sends_of.append(i)
+        self.n_rp += n
         return n
 
     def _bad(self, k: int, x: Xfer, e: tuple | None) -> None:
@@ -234,9 +263,25 @@ class _Checker:
                             "the rank would wait for it before issuing it")
 
     def end(self) -> None:
+        """Every payload sent and received once; the rank's per-peer sequences into :attr:`seq`
+        (sends by peer, then receives by peer)."""
+        sp, _, rp, _ = self.ends
+        n_s, n_r = len(sp) - self.sp0, len(rp) - self.rp0  # distinct payloads (the slice's other ranks have others)
+        if n_s != self.n_sp or n_s != len(self.sinfo) or n_r != self.n_rp or n_r != len(self.rinfo):
+            self._coverage()
+        seq, r = self.seq, self.r
+        for q in sorted(self.by_s):
+            seq[(r, q, True)] = self.by_s[q]
+        for q in sorted(self.by_r):
+            seq[(q, r, False)] = self.by_r[q]
+
+    def _coverage(self) -> None:
+        """The error :meth:`end` found: a payload issued twice, or never (in issue order)."""
         r = self.r
-        for out, table, send in ((self.out_s, self.sinfo, True), (self.out_r, self.rinfo, False)):
-            cov = [t[1] for t in out if t[2] == PAYLOAD]
+        at = self.plan.ranks[r].at
+        xs = [x for k in range(self.last + 1) for g in at.get(k, ()) for x in g.xfers if x.part == PAYLOAD]
+        for send, table in ((True, self.sinfo), (False, self.rinfo)):
+            cov = [x.key for x in xs if x.send == send]
             got = set(cov)
             if len(got) != len(cov):
                 twice = next(mk for mk in got if cov.count(mk) > 1)
@@ -245,13 +290,7 @@ class _Checker:
                 mk = next(mk for mk in table if mk not in got)
                 raise ScheduleError(f"rank {r}: {_xfer_name(mk, PAYLOAD, send)} "
                                     f"{'to' if send else 'from'} rank {table[mk][0]} is never issued")
-            seq = self.seq
-            for t in sorted(out, key=_PEER):  # stable: issue order per peer
-                key = (r, t[0], True) if send else (t[0], r, False)
-                lst = seq.get(key)
-                if lst is None:
-                    lst = seq[key] = []
-                lst.append(t[1:])
+        raise AssertionError("nccl_check: coverage counts disagree with the plan")  # pragma: no cover
 
     def pairs(self) -> None:
         """Both ends of every pair of ranks agree (NCCL: in order, round and half too)."""
@@ -288,11 +327,15 @@ class _Checker:
 
 # ----------------------------------------------------------------------------- the world
 class _World:
-    """Every process's CPU script and every stream item (module docstring)."""
+    """Every process's CPU script and every stream item (module docstring).
+
+    ``describe``: also record what each wait waits for (:attr:`descs`), for
+    :meth:`explain`; :func:`_check` builds the world again with it only when the run is
+    stuck (the run is deterministic, so it sticks at the same place)."""
 
     def __init__(self, plan: IssuePlan, communicators: str, send_blocks: bool, ties, tie_pattern: str,
-                 mesh: MeshModel) -> None:
-        self.plan, self.send_blocks, self.mesh = plan, send_blocks, mesh
+                 mesh: MeshModel, describe: bool = False) -> None:
+        self.plan, self.send_blocks, self.mesh, self.describe = plan, send_blocks, mesh, describe
         self.peer_mode = communicators == "peer"
         self.p = p = plan.program.num_ranks
         self.nslices = mesh.dp * mesh.tp
@@ -307,9 +350,9 @@ class _World:
         self.partners: list = []  # P2P: per Xfer, the item of its match; collective: None
         self.streams: dict[tuple, int] = {}
         self.stream_name: list[str] = []
-        #: per slice: (key, part) -> (item, slot) of the message part's send / receive
-        self.send_end: list[dict] = [{} for _ in range(self.nslices)]
-        self.recv_end: list[dict] = [{} for _ in range(self.nslices)]
+        #: per slice: (payload sends, header sends, payload receives, header receives), each
+        #: message key -> (item, slot) of that part's xfer
+        self.ends: list[tuple[dict, dict, dict, dict]] = [({}, {}, {}, {}) for _ in range(self.nslices)]
         self.descs: list[dict[int, tuple]] = [{} for _ in range(P)]  # step index -> what a wait waits for
         self._skel: dict[int, tuple] = {}
         self.inst_of: dict[tuple, int] = {}
@@ -360,86 +403,185 @@ class _World:
 
     def _skeleton(self, r: int) -> tuple:
         """Rank ``r``'s program by gaps: (last gap, receive markers per gap as (op, key),
-        the non-communication ops in order with their program positions, per message it
-        sends (peer, producer's gap), per message it receives (peer, consumer's gap))."""
+        the program positions of its non-communication ops in order, per message it sends
+        (peer, producer's gap), per message it receives (peer, consumer's gap))."""
         sk = self._skel.get(r)
-        if sk is None:
-            recvs: dict[int, list] = {}
-            nc: list[tuple[int, Op]] = []
-            made: dict[MessageKey, int] = {}
-            sinfo: dict[MessageKey, tuple[int, int]] = {}
-            rinfo: dict[MessageKey, tuple[int, int]] = {}
-            send_ops = []
-            for i, op in enumerate(self.plan.program.ranks[r]):
-                kind = op.kind
-                if kind is _RF or kind is _RB:
-                    mk = message_key(op)
-                    recvs.setdefault(len(nc), []).append((op, mk))
-                    rinfo[mk] = (op.peer, len(nc))
-                elif kind is _SF or kind is _SB:
-                    send_ops.append(op)
-                else:
-                    nc.append((i, op))
-                    if kind is OpKind.F:
-                        made[("F", op.stage, op.microbatch)] = len(nc)
-                    elif kind is OpKind.B or kind is OpKind.BW:
-                        made[("B", op.stage, op.microbatch)] = len(nc)
-            for op in send_ops:
-                mk = message_key(op)
-                sinfo[mk] = (op.peer, made.get(mk, len(nc) + 1))
-            sk = self._skel[r] = (len(nc), recvs, nc, sinfo, rinfo)
+        if sk is not None:
+            return sk
+        recvs: dict[int, list] = {}
+        nc: list[int] = []
+        made: dict[MessageKey, int] = {}
+        rinfo: dict[MessageKey, tuple[int, int]] = {}
+        send_ops = []
+        F, B, BW = OpKind.F, OpKind.B, OpKind.BW
+        n = 0  # non-communication ops so far: the gap
+        for i, op in enumerate(self.plan.program.ranks[r]):
+            kind = op.kind
+            if kind is _RF:  # message_key, inline
+                mk = ("F", op.stage - 1, op.microbatch)
+            elif kind is _RB:
+                mk = ("B", op.stage + 1, op.microbatch)
+            elif kind is _SF or kind is _SB:
+                send_ops.append(op)
+                continue
+            else:
+                nc.append(i)
+                n += 1
+                if kind is F:
+                    made[("F", op.stage, op.microbatch)] = n
+                elif kind is B or kind is BW:
+                    made[("B", op.stage, op.microbatch)] = n
+                continue
+            lst = recvs.get(n)
+            if lst is None:
+                recvs[n] = [(op, mk)]
+            else:
+                lst.append((op, mk))
+            rinfo[mk] = (op.peer, n)
+        sinfo: dict[MessageKey, tuple[int, int]] = {}
+        for op in send_ops:
+            mk = ("F" if op.kind is _SF else "B", op.stage, op.microbatch)
+            sinfo[mk] = (op.peer, made.get(mk, n + 1))
+        sk = self._skel[r] = (n, recvs, nc, sinfo, rinfo)
         return sk
 
+    def _pipe(self, G: int) -> int:
+        """The stream of process ``G``'s pipeline P2P items (one communicator; -1: gloo)."""
+        return -1 if not self.send_blocks else self._stream_id(("pipe", G), "pipeline stream")
+
+    def _place(self, G: int, st: int, xs: tuple, ends: tuple) -> None:
+        """Item: the xfers ``xs`` of process ``G`` on stream ``st``, issued now."""
+        i = len(self.owner)
+        self.owner.append(G)
+        self.stream.append(st)
+        self.kind.append(_P2P)
+        self.info.append(xs)
+        self.partners.append([0] * len(xs))
+        self.scripts[G].append(i)
+        if _record_ends(xs, i, ends):
+            self.sends_of[G].append(i)
+
+    def _place_group(self, G: int, xs: tuple) -> None:
+        """Issue the group ``xs`` of process ``G``: one item, or one per peer's stream with
+        ``communicators="peer"`` (under NCCL's rules)."""
+        sl = G // self.p
+        ends = self.ends[sl]
+        if not (self.send_blocks and self.peer_mode):
+            self._place(G, self._pipe(G), xs, ends)
+            return
+        by: dict[int, list] = {}
+        for x in xs:
+            by.setdefault(x.peer, []).append(x)
+        for q in sorted(by):
+            self._place(G, self._stream_id(("pipe", G, q), f"stream for {self.rank_name(sl * self.p + q)}"),
+                        tuple(by[q]), ends)
+
     def _build(self, sl: int, r: int, check: _Checker | None) -> None:
-        p, mesh = self.p, self.mesh
-        base = sl * p
-        G = base + r
-        d, t = divmod(sl, mesh.tp)
-        at = self.plan.ranks[r].at
-        script = self.scripts[G]
-        desc = self.descs[G]
-        sa = script.append
-        owner, stream, kind, info, partners = self.owner, self.stream, self.kind, self.info, self.partners
-        send_end, recv_end, sends_of = self.send_end[sl], self.recv_end[sl], self.sends_of[G]
-        split = self.send_blocks and self.peer_mode
-        pipe = -1 if not self.send_blocks else 0 if split else self._stream_id(("pipe", G), "pipeline stream")
-        last, recvs_at, nc, sinfo, rinfo = self._skeleton(r)
+        """Process ``(slice sl, rank r)``'s script and items; ``check`` (slice 0) checks the
+        plan's static rules on the way."""
+        mesh = self.mesh
+        G = sl * self.p + r
+        last, _, nc, sinfo, rinfo = self._skeleton(r)
         if check is not None:
-            check.begin(r, last, sinfo, rinfo)
-            for k in at:
+            check.begin(r, last, sinfo, rinfo, self.ends[sl])
+            for k in self.plan.ranks[r].at:
                 check.gap(k)
+        pipe = 0 if self.send_blocks and self.peer_mode else self._pipe(G)
+        dp_items: list[int] = []
+        coll = None
+        if mesh.tp > 1 or (mesh.dp > 1 and mesh.dp_reduce):
+            coll = self._mesh_steps(G, r, nc, dp_items)
+        self._walk(G, r, pipe, check, coll)
+        if check is not None:
+            check.end()
+        self._end_of_step(G, r, dp_items)
+
+    def _walk(self, G: int, r: int, pipe: int, check: _Checker | None,
+              coll: Callable[[int], None] | None) -> None:
+        """Process ``G``'s program gap by gap: its groups (:meth:`_Checker.group` on the
+        first slice), its receive markers' waits, its collectives (``coll(k)``, with a mesh)."""
+        at = self.plan.ranks[r].at
+        last, recvs_at = self._skeleton(r)[:2]
+        script = self.scripts[G]
+        sa = script.append
+        desc = self.descs[G] if self.describe else None
+        ends = self.ends[G // self.p]
+        rp, rh = ends[2], ends[3]
+        owner_a, stream_a, kind_a, info_a, partners_a = (self.owner.append, self.stream.append, self.kind.append,
+                                                         self.info.append, self.partners.append)
+        sends_of = self.sends_of[G]
+        split = self.send_blocks and self.peer_mode
+        chk = check is not None
+        hdr = check.hdr if chk else None
         held = 0  # payload receives issued and not consumed yet
+        for k in range(last + 1):
+            groups = at.get(k)
+            if groups:
+                if chk:
+                    check.n_groups += len(groups)
+                    if len(groups) > check.max_per_gap:
+                        check.max_per_gap = len(groups)
+                for g in groups:
+                    for mk in g.after:
+                        if chk and mk not in hdr:
+                            check.no_header(k, g, mk)
+                        if desc is not None:
+                            desc[len(script)] = ("after", g, mk, k)
+                        sa(~rh[mk][0])
+                    if split:
+                        if chk:
+                            held += check.group(k, g, -1, sends_of)
+                        self._place_group(G, g.xfers)
+                        continue
+                    i = len(self.owner)
+                    xs = g.xfers
+                    owner_a(G)
+                    stream_a(pipe)
+                    kind_a(_P2P)
+                    info_a(xs)
+                    partners_a([0] * len(xs))
+                    sa(i)
+                    if chk:
+                        held += check.group(k, g, i, sends_of)
+                    elif _record_ends(xs, i, ends):
+                        sends_of.append(i)
+                if chk and held > self.max_ahead:
+                    self.max_ahead = held
+            rs = recvs_at.get(k)
+            if rs:
+                for op, mk in rs:
+                    h = rh.get(mk)
+                    if h is not None:
+                        if desc is not None:
+                            desc[len(script)] = ("recv", op, HEADER)
+                        sa(~h[0])
+                    e = rp.get(mk)
+                    if e is None:
+                        raise ScheduleError(f"rank {r}: {_xfer_name(mk, PAYLOAD, False)} is not issued by gap {k}, "
+                                            "its consumer's: the rank would wait for it before issuing it")
+                    if desc is not None:
+                        desc[len(script)] = ("recv", op, PAYLOAD)
+                    sa(~e[0])
+                held -= len(rs)
+            if coll is not None and k != last:
+                coll(k)
 
-        def place(st: int, xs: tuple) -> None:
-            i = len(owner)
-            owner.append(G)
-            stream.append(st)
-            kind.append(_P2P)
-            info.append(xs)
-            partners.append([0] * len(xs))
-            sa(i)
-            if _record_ends(xs, i, send_end, recv_end):
-                sends_of.append(i)
-
-        def place_group(xs: tuple) -> None:
-            if not split:
-                place(pipe, xs)
-                return
-            by: dict[int, list] = {}
-            for x in xs:
-                by.setdefault(x.peer, []).append(x)
-            for q in sorted(by):
-                place(self._stream_id(("pipe", G, q), f"stream for {self.rank_name(base + q)}"), tuple(by[q]))
-
-        dp_on = mesh.dp > 1 and mesh.dp_reduce
-        coll = mesh.tp > 1 or dp_on
-        tp_stages = mesh.tp_stages
+    def _mesh_steps(self, G: int, r: int, nc: list[int], dp_items: list[int]) -> Callable[[int], None]:
+        """With a mesh: the collectives of process ``G`` at each gap ``k`` (after its ``k``-th
+        non-communication op), as a function of ``k`` that issues them; the DP reductions
+        it issues are appended to ``dp_items`` (waited at the end of the step)."""
+        mesh = self.mesh
+        d, t = divmod(G // self.p, mesh.tp)
+        ops = self.plan.program.ranks[r]
+        script, desc = self.scripts[G], self.descs[G]
+        sa = script.append
         dp_at: dict[int, int] = {}
         dp_first: dict[int, int] = {}
-        if dp_on:
+        if mesh.dp > 1 and mesh.dp_reduce:
             last_w: dict[int, int] = {}
             first_op: dict[int, int] = {}
-            for i, op in nc:
+            for i in nc:
+                op = ops[i]
                 if op.kind in _COMPUTE:
                     first_op.setdefault(op.stage, i)
                 if op.kind is OpKind.W or op.kind is OpKind.BW:
@@ -451,120 +593,49 @@ class _World:
             dp_at = {last_w[s]: s2 for s, s2 in zip(stages, order)}
             if mesh.dp_shard:
                 dp_first = {i: s for s, i in first_op.items()}
-        dp_items: list[int] = []
         dp_comm = ("dp", r, t)
-        owner_a, stream_a, kind_a, info_a, partners_a = (owner.append, stream.append, kind.append, info.append,
-                                                         partners.append)
-        sends_a = sends_of.append
-        chk = check is not None
-        if chk:
-            hdr, out_s_a, out_r_a, bad = check.hdr, check.out_s.append, check.out_r.append, check._bad
-        for k in range(last + 1):
-            groups = at.get(k)
-            if groups:
-                if chk:
-                    check.n_groups += len(groups)
-                    if len(groups) > check.max_per_gap:
-                        check.max_per_gap = len(groups)
-                for g in groups:
-                    if g.after:
-                        for mk in g.after:
-                            if chk and mk not in hdr:
-                                check.no_header(k, g, mk)
-                            desc[len(script)] = ("after", g, mk, k)
-                            sa(~recv_end[(mk, HEADER)][0])
-                    xs = g.xfers
-                    if split:
-                        if chk:
-                            held += check.group(k, g)
-                        place_group(xs)
-                        continue
-                    i = len(owner)
-                    owner_a(G)
-                    stream_a(pipe)
-                    kind_a(_P2P)
-                    info_a(xs)
-                    partners_a([0] * len(xs))
-                    sa(i)
-                    slot = 0
-                    has_send = False
-                    if chk:  # place and check (the checker's group(), inlined: the hot loop)
-                        check.n_xfers += len(xs)
-                        rnd = g.round
-                        half = g.half if rnd != NO_ROUND else 0
-                        for x in xs:
-                            mk, part = x.key, x.part
-                            if part != PAYLOAD and part != HEADER:
-                                check.bad_part(x)
-                            if x.send:
-                                send_end[(mk, part)] = (i, slot)
-                                has_send = True
-                                e = sinfo.get(mk)
-                                if e is None or e[0] != x.peer or k < e[1]:
-                                    bad(k, x, e)
-                                out_s_a((x.peer, mk, part, rnd, half))
-                            else:
-                                recv_end[(mk, part)] = (i, slot)
-                                e = rinfo.get(mk)
-                                if e is None or e[0] != x.peer or k > e[1]:
-                                    bad(k, x, e)
-                                out_r_a((x.peer, mk, part, rnd, half))
-                                if part == PAYLOAD:
-                                    held += 1
-                                else:
-                                    hdr.add(mk)
-                            slot += 1
-                    else:
-                        has_send = _record_ends(xs, i, send_end, recv_end)
-                    if has_send:
-                        sends_a(i)
-                if chk and held > self.max_ahead:
-                    self.max_ahead = held
-            rs = recvs_at.get(k)
-            if rs:
-                for op, mk in rs:
-                    h = recv_end.get((mk, HEADER))
-                    if h is not None:
-                        desc[len(script)] = ("recv", op, HEADER)
-                        sa(~h[0])
-                    e = recv_end.get((mk, PAYLOAD))
-                    if e is None:
-                        raise ScheduleError(f"rank {r}: {_xfer_name(mk, PAYLOAD, False)} is not issued by gap {k}, "
-                                            "its consumer's: the rank would wait for it before issuing it")
-                    desc[len(script)] = ("recv", op, PAYLOAD)
-                    sa(~e[0])
-                held -= len(rs)
-            if k == last or not coll:
-                continue
-            i, op = nc[k]
+        tp_stages = mesh.tp_stages
+
+        def blocking(c: int, op: Op) -> None:
+            sa(c)
+            if self.describe:
+                desc[len(script)] = ("coll", op)
+            sa(~c)
+
+        def at_gap(k: int) -> None:
+            i = nc[k]
+            op = ops[i]
             kind_ = op.kind
             if i in dp_first:
                 s = dp_first[i]
-                c = self._collective(G, dp_comm, f"FSDP all-gather of layer group {s}", ("ag", s), mesh.dp)
-                sa(c)
-                desc[len(script)] = ("coll", op)
-                sa(~c)
+                blocking(self._collective(G, dp_comm, f"FSDP all-gather of layer group {s}", ("ag", s), mesh.dp), op)
             if mesh.tp > 1 and kind_ in _COMPUTE and (tp_stages is None or op.stage in tp_stages):
-                c = self._collective(G, ("tp", r, d), f"TP all-reduce in {kind_.value}(stage={op.stage}, "
-                                     f"mb={op.microbatch})", (kind_, op.stage, op.microbatch), mesh.tp)
-                sa(c)
-                desc[len(script)] = ("coll", op)
-                sa(~c)
+                blocking(self._collective(G, ("tp", r, d), f"TP all-reduce in {kind_.value}(stage={op.stage}, "
+                                          f"mb={op.microbatch})", (kind_, op.stage, op.microbatch), mesh.tp), op)
             if i in dp_at:
                 s = dp_at[i]
                 c = self._collective(G, dp_comm, f"DP reduction of layer group {s}", ("ar", s), mesh.dp)
                 sa(c)
                 dp_items.append(c)
-        if check is not None:
-            check.end()
-        # End of the step: sends, then ties and DP reductions in the runtime's order.
-        for i in list(sends_of):
-            desc[len(script)] = ("sends", i)
+
+        return at_gap
+
+    def _end_of_step(self, G: int, r: int, dp_items: list[int]) -> None:
+        """The end of process ``G``'s step: wait for its sends, then the tie exchanges and the
+        DP reductions in the runtime's order."""
+        mesh, p = self.mesh, self.p
+        base = G - r
+        script, desc = self.scripts[G], self.descs[G] if self.describe else None
+        sa = script.append
+        for i in list(self.sends_of[G]):
+            if desc is not None:
+                desc[len(script)] = ("sends", i)
             sa(~i)
 
         def dp_wait() -> None:
             for c in dp_items:
-                desc[len(script)] = ("dp", c)
+                if desc is not None:
+                    desc[len(script)] = ("dp", c)
                 sa(~c)
 
         if mesh.dp_shard:
@@ -580,28 +651,32 @@ class _World:
                 peers = [q for q in holders if q != r]
             for q in peers:
                 n0 = len(script)
-                place_group((Xfer(("T", gi, r * p + q), PAYLOAD, True, q),
-                             Xfer(("T", gi, q * p + r), PAYLOAD, False, q)))
+                self._place_group(G, (Xfer(("T", gi, r * p + q), PAYLOAD, True, q),
+                                      Xfer(("T", gi, q * p + r), PAYLOAD, False, q)))
                 for it in script[n0:]:
-                    desc[len(script)] = ("tie", gi, base + q)
+                    if desc is not None:
+                        desc[len(script)] = ("tie", gi, base + q)
                     sa(~it)
         if not mesh.dp_shard:
             dp_wait()
-        if dp_on and holds_tie:
-            c = self._collective(G, dp_comm, "DP reduction of the shared parameters", ("late",), mesh.dp)
+        if mesh.dp > 1 and mesh.dp_reduce and holds_tie:
+            c = self._collective(G, ("dp", r, (G // p) % mesh.tp), "DP reduction of the shared parameters",
+                                 ("late",), mesh.dp)
             sa(c)
-            desc[len(script)] = ("dp", c)
+            if desc is not None:
+                desc[len(script)] = ("dp", c)
             sa(~c)
 
     def _match(self) -> None:
         """Each P2P op's match: the same message part (the checker proved the per-peer
         orders equal, so this is also NCCL's match by order)."""
         partners = self.partners
-        for send_end, recv_end in zip(self.send_end, self.recv_end):
-            for key, (i, si) in send_end.items():
-                j, sj = recv_end[key]
-                partners[i][si] = j
-                partners[j][sj] = i
+        for sp, sh, rp, rh in self.ends:
+            for sends, recvs in ((sp, rp), (sh, rh)):
+                for key, (i, si) in sends.items():
+                    j, sj = recvs[key]
+                    partners[i][si] = j
+                    partners[j][sj] = i
 
     # ------------------------------------------------------------------ simulation
     def run(self) -> tuple[list[int], int, int]:
@@ -863,6 +938,8 @@ def _check(plan: IssuePlan, communicators: str, send_blocks: bool, ties, tie_pat
     world = _World(plan, communicators, send_blocks, ties, tie_pattern, mesh)
     pos, max_fl, max_depth = world.run()
     if any(pos[G] < len(world.scripts[G]) for G in range(len(pos))):
+        world = _World(plan, communicators, send_blocks, ties, tie_pattern, mesh, describe=True)
+        pos, max_fl, max_depth = world.run()  # the same run, now with what each wait waits for
         how = f"communicators={communicators!r}" if send_blocks else "gloo semantics"
         raise ScheduleError(f"deadlock under NCCL's point-to-point rules ({how}): " + world.explain(pos))
     return NcclReport(
@@ -874,8 +951,8 @@ def _check(plan: IssuePlan, communicators: str, send_blocks: bool, ties, tie_pat
         xfers=world.xfers,
         max_groups_per_gap=world.max_per_gap,
         max_recv_ahead=world.max_ahead,
-        stream_items=sum(1 for s in world.stream if s >= 0),
-        collectives=sum(1 for k in world.kind if k == _COLL),
+        stream_items=len(world.stream) - world.stream.count(-1),  # -1: no stream (gloo P2P)
+        collectives=world.kind.count(_COLL),
         max_in_flight=max_fl,
         max_stream_depth=max_depth,
     )
@@ -974,14 +1051,15 @@ def _gaps(lst: list[Op]) -> list[int]:
     return out
 
 
-def _record_ends(xs: tuple, i: int, send_end: dict, recv_end: dict) -> bool:
-    """Record where each xfer of stream item ``i`` sits (its ``(item, slot)``) in
-    ``send_end`` / ``recv_end``; True when the item sends anything."""
+def _record_ends(xs: tuple, i: int, ends: tuple[dict, dict, dict, dict]) -> bool:
+    """Record where each xfer of stream item ``i`` sits (its ``(item, slot)``) in the
+    slice's ``ends`` (:attr:`_World.ends`); True when the item sends anything."""
+    sp, sh, rp, rh = ends
     has_send = False
     for slot, x in enumerate(xs):
         if x.send:
-            send_end[(x.key, x.part)] = (i, slot)
+            (sp if x.part == PAYLOAD else sh)[x.key] = (i, slot)
             has_send = True
         else:
-            recv_end[(x.key, x.part)] = (i, slot)
+            (rp if x.part == PAYLOAD else rh)[x.key] = (i, slot)
     return has_send
