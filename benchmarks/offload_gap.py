@@ -106,7 +106,8 @@ def heuristic(p: int, m: int, costs: Costs, placement: str, limit: float, link: 
                                   solo_factor=1.0)
         if found is not None and (best is None or found.bubble_rate < best[0] - 1e-12):
             warm, defer = (",".join(map(str, x)) for x in found.windows)
-            best = (found.bubble_rate, f"rank-windows warmup={warm} defer={defer}, C=1, limit",
+            fill = ", holes filled, C=0" if found.filled else ", C=1"
+            best = (found.bubble_rate, f"rank-windows warmup={warm} defer={defer}{fill}, limit",
                     found.result.schedule.compute_only())
     return best
 

@@ -91,10 +91,23 @@ def test_search_reaches_the_proven_optimum_below_1f1b():
                               solo_factor=1.0)
     assert found is not None
     assert found.bubble_rate == pytest.approx(1 / 7)
-    assert found.windows == ((2, 1, 0), (0, 0, 1))
+    assert found.windows == ((2, 1, 0), (0, 0, 1)) and not found.filled
     assert max(found.result.peak) <= 2 + 1e-9 and found.result.transfers
     validate(found.result.schedule.compute_only())
     assert 0 < found.planned <= found.timed
+
+
+def test_hole_filling_within_the_limit_reaches_the_optimum_on_a_slow_link():
+    """Same case, link 1 × F+B+W: a round trip takes two microbatches' compute and the proven
+    optimum (0.28) offloads nothing; the generators reached 1/3 (zb-auto at limit 2). The
+    search's second stage fills the holes of the rank window orders within the limit and
+    finds it, with no copies."""
+    found = best_limited_plan(3, 6, 2, costs=Costs(F=1, B=1, W=1), offload_time=1.0, link_group=2,
+                              solo_factor=1.0)
+    assert found is not None and found.filled
+    assert found.bubble_rate == pytest.approx(0.28)
+    assert not found.result.transfers and max(found.result.peak) <= 2 + 1e-9
+    validate(found.result.schedule)
 
 
 def test_search_refuses_bad_settings_by_name():
