@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from ..costs import Costs, MemoryDeltas
 from ..errors import ParameterError
-from ..ir import OpKind, Placement
+from ..ir import OpKind, Placement, Schedule
 from ..schedules.hole_fill import fill_holes
 from ..schedules.rank_windows import Windows, neighbours, seeds, window_order
 from .offload import OffloadResult, plan_offload
@@ -113,7 +113,7 @@ class _Search:
         self.p, self.m, self.limit, self.costs, self.memory, self.link = p, m, limit, costs, memory, link
         self.plans, self.planned, self.timed = plans, 0, 0
         self.seen: set[Windows] = set()
-        self.fitting: dict[Windows, object] = {}  #: orders timed within the limit: their schedule
+        self.fitting: dict[Windows, Schedule] = {}  #: orders timed within the limit: their schedule
         self.filled: set[Windows] = set()
         self.best: LimitedPlan | None = None
 
@@ -169,6 +169,8 @@ class _Search:
             self.best.planned, self.best.timed = self.planned, self.timed
 
     def _try_all(self, cands: list[Windows]) -> None:
+        """Time each order of ``cands`` not seen yet (noting those within the limit), then give
+        them to the limit mode, lowest bound first, while the bound is below the best."""
         timed = []
         for w in cands:
             if w in self.seen or self.timed >= TIMINGS:
