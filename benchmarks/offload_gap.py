@@ -19,7 +19,9 @@ bound. Heuristic: :func:`heuristic` — the best, within the limit, of the place
 (loop: 1F1B, ZB-H1, ZB-H2, zb-auto at the grid's limits and at this one; V: V-Min, V-Half, V-ZB,
 ZB-V at the grid's limits and at this one), each timed and given to the offload pass (``plan_offload``) for
 every C with "skip" and "delay" and in the pass's limit mode (``mem_limit``; ``--no-limit-mode``
-leaves it out, the "before" of docs/solver.md). Cells: the exact bubble rate and the heuristic's gap
+leaves it out), and on the loop placement the rank window search (``best_limited_plan``: per-rank
+warm-up and W deferral chosen with the limit mode; ``--no-order-search`` leaves it out, the
+"before" of docs/solver.md). Cells: the exact bubble rate and the heuristic's gap
 in percentage points; "none": nothing within the limit. ``--missing``: re-solve only the cases with
 no solution stored; ``--rows``: reuse an earlier ``--out`` instead of running the heuristic.
 
@@ -41,6 +43,7 @@ from optimality_gap import COSTS, SIZES, case_costs, cases
 from pipeoffload.costs import Costs
 from pipeoffload.errors import ParameterError
 from pipeoffload.passes.offload import plan_offload
+from pipeoffload.passes.offload_search import best_limited_plan
 from pipeoffload.passes.timing import simulate
 from pipeoffload.schedules import generate
 
@@ -70,9 +73,11 @@ def generators(p: int, placement: str, limit: float) -> list[tuple[str, dict]]:
 
 
 def heuristic(p: int, m: int, costs: Costs, placement: str, limit: float, link: float,
-              limit_mode: bool = True) -> tuple[float, str, object] | None:
+              limit_mode: bool = True, order_search: bool = True) -> tuple[float, str, object] | None:
     """The lowest bubble rate the generators + offload pass reach within ``limit``, how
-    (generator, C, mode) and the compute-only schedule; None when no combination fits."""
+    (generator, C, mode) and the compute-only schedule; None when no combination fits.
+    ``order_search`` (loop placement, with the limit mode): also the rank window search
+    (``best_limited_plan``)."""
     best = None
     for name, kw in generators(p, placement, limit):
         try:
@@ -96,6 +101,14 @@ def heuristic(p: int, m: int, costs: Costs, placement: str, limit: float, link: 
             b = res.timeline.bubble_rate
             if best is None or b < best[0] - 1e-12:
                 best = (b, how, s)
+    if placement == "loop" and limit_mode and order_search:
+        found = best_limited_plan(p, m, limit, costs=costs, offload_time=link, link_group=LINK_GROUP,
+                                  solo_factor=1.0)
+        if found is not None and (best is None or found.bubble_rate < best[0] - 1e-12):
+            warm, defer = (",".join(map(str, x)) for x in found.windows)
+            fill = ", holes filled, C=0" if found.filled else ", C=1"
+            best = (found.bubble_rate, f"rank-windows warmup={warm} defer={defer}{fill}, limit",
+                    found.result.schedule.compute_only())
     return best
 
 
@@ -155,12 +168,12 @@ def save(entries: list[dict], path: Path = REFERENCE) -> None:
     path.write_text(json.dumps(doc, indent=1) + "\n")
 
 
-def rows(entries: list[dict], limit_mode: bool = True) -> list[dict]:
+def rows(entries: list[dict], limit_mode: bool = True, order_search: bool = True) -> list[dict]:
     """Each stored case with the heuristic's result added."""
     out = []
     for e in entries:
         h = heuristic(e["p"], e["m"], case_costs(e["placement"], e["costs"]), e["placement"], e["limit"], e["link"],
-                      limit_mode)
+                      limit_mode, order_search)
         out.append({**{k: e[k] for k in ("p", "m", "costs", "case", "link")},
                     "heuristic": None if h is None else round(h[0], 9), "how": None if h is None else h[1]})
     return out
@@ -243,6 +256,7 @@ def main() -> None:
     ap.add_argument("--before", default=None, help="an earlier --out, for 'before → after' cells")
     ap.add_argument("--rows", default=None, help="reuse the heuristic's results of an earlier --out")
     ap.add_argument("--no-limit-mode", action="store_true", help="the heuristic without plan_offload's mem_limit")
+    ap.add_argument("--no-order-search", action="store_true", help="the heuristic without the rank window search")
     args = ap.parse_args()
     sizes = [tuple(int(x) for x in s.split("x")) for s in args.sizes.split(",")] if args.sizes else SIZES
     cnames = args.costs.split(",") if args.costs else list(COSTS)
@@ -273,7 +287,7 @@ def main() -> None:
         done = {(r["p"], r["m"], r["costs"], r["case"], r["link"]): r for r in json.loads(Path(args.rows).read_text())}
         got = [done[(e["p"], e["m"], e["costs"], e["case"], e["link"])] for e in entries]
     else:
-        got = rows(entries, not args.no_limit_mode)
+        got = rows(entries, not args.no_limit_mode, not args.no_order_search)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(got, indent=1))
     before = json.loads(Path(args.before).read_text()) if args.before else None

@@ -47,7 +47,7 @@ def test_reference_covers_the_grid():
 
 
 @needs_solver
-@pytest.mark.parametrize("case, heuristic", [("loop, limit p − 1", 0.25), ("loop, limit 2p − 1", 0.0)])
+@pytest.mark.parametrize("case, heuristic", [("loop, limit p − 1", 7 / 43), ("loop, limit 2p − 1", 0.0)])
 def test_sample_is_proven_and_the_heuristic_gap_is_as_stated(case, heuristic):
     """p = 3, m = 6, 1:1:1, link 0.5: the solver proves the stored optimum again; the
     heuristic (generators + offload pass) is where docs/solver.md says."""
@@ -80,3 +80,22 @@ def test_unproven_solve_is_no_worse_than_the_heuristic():
         assert res.timeline.bubble_rate <= h[0] + 1e-9
         assert res.bubble_bound <= res.timeline.bubble_rate + 1e-9
         validate(res.schedule.compute_only())
+
+
+@needs_solver
+def test_solver_starts_from_the_rank_window_search():
+    """Loop, p = 3, m = 6, limit 2, link 0.25: the rank window search's plan is the proven
+    optimum (1/7, docs/solver.md); a solve cut short (0.01 s, CP-SAT finds nothing) returns
+    it, where it used to return the generators' best (0.25)."""
+    from pipeoffload.costs import Costs
+    from pipeoffload.solver import SolverOffload, solve
+
+    h = G.heuristic(3, 6, Costs(F=1, B=1, W=1), "loop", 2, 0.25)
+    assert h is not None and h[0] == pytest.approx(1 / 7) and h[1].startswith("rank-windows")
+    before = G.heuristic(3, 6, Costs(F=1, B=1, W=1), "loop", 2, 0.25, order_search=False)
+    assert before is not None and before[0] == pytest.approx(0.25)
+    res = solve(3, 6, placement="loop", costs=Costs(F=1, B=1, W=1), mem_limit=2, time_limit=0.01, workers=1,
+                offload=SolverOffload(1, 0.25, 2))
+    assert res.timeline.bubble_rate == pytest.approx(1 / 7) and res.offload.transfers
+    assert max(res.offload.peak) <= 2 + 1e-9
+    validate(res.schedule.compute_only())

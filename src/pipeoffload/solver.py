@@ -27,7 +27,8 @@ and host→device copy of fixed duration on its rank's host link (ranks grouped
 ``link_group`` at a time, one copy per direction at a time), the F's memory given back
 when the first copy ends and taken again when the second starts, the second ending
 before the B starts. CP-SAT starts from the offload pass's limit mode on the placement's
-generators (``plan_offload(..., mem_limit=...)``, the same link, no solo speed-up), and
+generators (``plan_offload(..., mem_limit=...)``, the same link, no solo speed-up) and, on
+the loop placement, on the rank window orders (:mod:`.passes.offload_search`), and
 returns that plan with its bound when it finds nothing better in time, so the result is
 never worse than the heuristic's.
 
@@ -247,8 +248,10 @@ def _offload_hint(pl: Placement, m: int, costs: Costs, memory: MemoryDeltas, lim
     when it finds nothing in time: the lowest-bubble plan, within ``limit``, of the
     placement's generators, each as is when it fits and else given to the offload pass's
     limit mode (chunks c < ``offload.offload_chunks``, the same host link, no solo
-    speed-up). None when none fits."""
+    speed-up), and on the loop placement (v = 1) of the rank window search
+    (:func:`~pipeoffload.passes.offload_search.best_limited_plan`). None when none fits."""
     from .passes.offload import plan_offload
+    from .passes.offload_search import best_limited_plan
 
     p = pl.num_ranks
     if pl.kind == "v":
@@ -268,6 +271,11 @@ def _offload_hint(pl: Placement, m: int, costs: Costs, memory: MemoryDeltas, lim
             continue
         if best is None or res.timeline.bubble_rate < best.timeline.bubble_rate:
             best = res
+    if pl.kind != "v" and pl.max_chunks == 1 and offload.offload_chunks >= 1:
+        found = best_limited_plan(p, m, limit, costs=costs, memory=memory, offload_time=offload.offload_time,
+                                  link_group=offload.link_group, solo_factor=1.0)
+        if found is not None and (best is None or found.bubble_rate < best.timeline.bubble_rate):
+            best = found.result
     return best
 
 
