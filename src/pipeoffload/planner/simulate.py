@@ -1,8 +1,11 @@
 """Generating and timing candidates, with microbatch extrapolation and offload. Pure Python.
 
 A candidate (split, family, m, recompute) is generated and timed (the timing pass) with its
-per-GPU costs (:class:`~.sharding.CostTable`); offload goes through the pass pipeline,
-:func:`pipeoffload.passes.lower` with :class:`~pipeoffload.passes.offload.OffloadOptions`.
+per-GPU costs (:class:`~.sharding.CostTable`); offload is the offload step of the pass pipeline
+(:func:`pipeoffload.passes.lower`), :func:`~pipeoffload.passes.offload.plan_offload` with
+:class:`~pipeoffload.passes.offload.OffloadOptions`, on the timeline already simulated. Per-rank
+activation peaks come from the schedules' op orders (:func:`order_peaks`, the timing's floats), so
+the search can tell that a recompute setting does not fit before timing it.
 Microbatches: a schedule is simulated with ``m`` only when ``m`` is within one period of its
 warm-up (:func:`simulated_microbatches`); beyond that at ``m1`` and ``m2 = m1 + period`` with
 ``m1 ≡ m`` modulo the period, and the makespan is extrapolated linearly (exact for a periodic
