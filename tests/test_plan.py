@@ -657,3 +657,29 @@ def test_untimed_peaks_are_the_timelines(name, data):
         assert "overlap_f_b" in sched.params
     else:
         assert ours == simulate(sched, costs, memory).peak_memory()
+
+
+def test_offload_from_the_simulated_timeline_is_lowers():
+    # The planner plans offload on the candidate's simulated m1 timeline (plan_offload) instead of
+    # letting passes.lower time the schedule again: the same plan, transfer for transfer.
+    from pipeoffload.passes import lower
+    from pipeoffload.passes.offload import OffloadOptions
+    from pipeoffload.planner.hostlink import host_links
+    from pipeoffload.planner.simulate import Simulator
+    from pipeoffload.planner.space import Family, Problem, Split
+    from pipeoffload.planner.sharding import node_profile
+
+    prob = Problem(get_model("1.5B"), A100, node_profile(A100), 8 * GiB, 32, 4, PlanOptions())
+    simulator = Simulator(prob)
+    for fam, chunks in ((Family("1f1b"), 1), (Family("group-interleaved", 2, group="half"), 2)):
+        sim, ours = simulator.offload(Split(1, 4, 1), fam, 32, Recompute.NONE, chunks)
+        links = host_links(A100, 1, None)
+        settings_ = OffloadOptions(offload_chunks=chunks, transfer_times=tuple(t * links.slowdown for t in
+                                                                               sim.sharded.transfer_ms),
+                                   link_group=links.link_group, on_infeasible="skip", postpone_warmup=True)
+        theirs = lower(sim.schedule, sim.sharded.costs, sim.sharded.memory, memory_unit="bytes",
+                       offload=settings_, validated=True).offload
+        assert (ours.peak, ours.host_memory, ours.makespan, ours.skipped) == \
+            (theirs.peak, theirs.host_memory, theirs.makespan, theirs.skipped)
+        assert [(e.op, e.start, e.end, e.mem) for e in ours.timeline.events] == \
+            [(e.op, e.start, e.end, e.mem) for e in theirs.timeline.events]
