@@ -619,3 +619,67 @@ def test_pipeline_bound_never_exceeds_a_timed_schedule(name, data):
     costs = Costs(comm=data.draw(st.sampled_from([0.0, 0.3])), group_costs=groups)
     makespan = simulate(sched, costs).makespan
     assert pipeline_bound(groups, sched.placement, m) <= makespan * (1 + 1e-12) + 1e-9
+
+
+@pytest.mark.parametrize("name", sorted(__import__("pipeoffload.schedules", fromlist=["SCHEDULES"]).SCHEDULES))
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(data=st.data())
+def test_untimed_peaks_are_the_timelines(name, data):
+    """planner.simulate.order_peaks (the per-rank peaks the planner decides "does not fit" with
+    before timing, issue 24) equals the timed schedule's peak_memory() float for float, with random
+    per-layer-group durations and memory deltas (B may free or hold more than F saved); None only
+    for overlapped pairs (DualPipeV)."""
+    from pipeoffload.costs import Costs, MemoryDeltas
+    from pipeoffload.passes.timing import simulate
+    from pipeoffload.planner.simulate import order_peaks
+    from pipeoffload.schedules import SCHEDULES, generate
+
+    spec = SCHEDULES[name]
+    p = data.draw(st.integers(1, 5), label="p")
+    v = data.draw(st.integers(1, 3), label="v") if name in ("interleaved-1f1b", "group-interleaved") else spec.default_v
+    m = data.draw(st.integers(1, 3 * p + 2), label="m")
+    g = data.draw(st.integers(-(-p // 2), p), label="g") if name == "group-interleaved" else None
+    try:
+        sched = generate(name, p=p, m=m, v=v, g=g)
+    except ParameterError:
+        assume(False)
+    t = st.floats(1e-3, 4.0, allow_nan=False)  # Costs takes positive durations only
+    groups = tuple((data.draw(t), data.draw(t), data.draw(t)) for _ in range(sched.num_stages))
+    f = st.floats(0.0, 3e9, allow_nan=False)
+    deltas = []
+    for _ in range(sched.num_stages):
+        fd, b = data.draw(f), data.draw(st.floats(-3e9, 1e9, allow_nan=False))
+        deltas.append((fd, b, -(fd + b)))
+    costs = Costs(comm=data.draw(st.sampled_from([0.0, 0.3])), group_costs=groups)
+    memory = MemoryDeltas(F=1.0, B=0.0, W=-1.0, group_deltas=tuple(deltas))
+    ours = order_peaks(sched, costs, memory)
+    if ours is None:
+        assert "overlap_f_b" in sched.params
+    else:
+        assert ours == simulate(sched, costs, memory).peak_memory()
+
+
+def test_offload_from_the_simulated_timeline_is_lowers():
+    # The planner plans offload on the candidate's simulated m1 timeline (plan_offload) instead of
+    # letting passes.lower time the schedule again: the same plan, transfer for transfer.
+    from pipeoffload.passes import lower
+    from pipeoffload.passes.offload import OffloadOptions
+    from pipeoffload.planner.hostlink import host_links
+    from pipeoffload.planner.simulate import Simulator
+    from pipeoffload.planner.space import Family, Problem, Split
+    from pipeoffload.planner.sharding import node_profile
+
+    prob = Problem(get_model("1.5B"), A100, node_profile(A100), 8 * GiB, 32, 4, PlanOptions())
+    simulator = Simulator(prob)
+    for fam, chunks in ((Family("1f1b"), 1), (Family("group-interleaved", 2, group="half"), 2)):
+        sim, ours = simulator.offload(Split(1, 4, 1), fam, 32, Recompute.NONE, chunks)
+        links = host_links(A100, 1, None)
+        settings_ = OffloadOptions(offload_chunks=chunks, transfer_times=tuple(t * links.slowdown for t in
+                                                                               sim.sharded.transfer_ms),
+                                   link_group=links.link_group, on_infeasible="skip", postpone_warmup=True)
+        theirs = lower(sim.schedule, sim.sharded.costs, sim.sharded.memory, memory_unit="bytes",
+                       offload=settings_, validated=True).offload
+        assert (ours.peak, ours.host_memory, ours.makespan, ours.skipped) == \
+            (theirs.peak, theirs.host_memory, theirs.makespan, theirs.skipped)
+        assert [(e.op, e.start, e.end, e.mem) for e in ours.timeline.events] == \
+            [(e.op, e.start, e.end, e.mem) for e in theirs.timeline.events]

@@ -239,16 +239,51 @@ def _plain_phase(problem: Problem, simulator: Simulator, candidates: list[_Candi
         except Refused as e:
             c.refusals.append(e)
             continue
-        for rc in order:
+        if not _fits_untimed(problem, simulator, c, order, ranking):
+            _variants(problem, simulator, c, order, ranking)
+
+
+def _variants(problem: Problem, simulator: Simulator, c: _Candidate, order: list[Recompute],
+              ranking: _Ranking) -> None:
+    """Simulate ``c`` with each recompute setting of ``order`` until one fits (recording every
+    attempt and refusal)."""
+    for rc in order:
+        try:
+            sim = simulator.simulate(c.split, c.family, c.m, rc)
+        except Refused as e:
+            c.refusals.append(e.naming(c.where))
+            if e.kind in ("m", "same") or c.family.schedule in FIXED_ORDER:
+                break
+            continue
+        if ranking.keep(c, assemble(problem, sim)):
+            break
+
+
+def _fits_untimed(problem: Problem, simulator: Simulator, c: _Candidate, order: list[Recompute],
+                  ranking: _Ranking) -> bool:
+    """:func:`_variants` without timing the settings that cannot fit: a setting's memory comes
+    from its schedules' op orders (:meth:`~.simulate.Simulator.peaks`, the same floats as the
+    timing's), so the first setting whose memory fits is simulated and accepted without timing
+    those before it, whose times nobody reads once a later one fits (a family's rejection quotes
+    the attempts' memory, and only when none of its candidates fits). False, with ``c``
+    unchanged, when none fits or a peak needs the timing: then :func:`_variants` decides, as
+    before."""
+    for rc in order:
+        try:
+            act = simulator.peaks(c.split, c.family, c.m, rc)
+        except Refused:
+            return False
+        if act is None:
+            return False
+        if max(a + b + x for (a, b), x in zip(simulator.state(c.split, c.family, rc), act)) <= problem.budget:
             try:
                 sim = simulator.simulate(c.split, c.family, c.m, rc)
-            except Refused as e:
-                c.refusals.append(e.naming(c.where))
-                if e.kind in ("m", "same") or c.family.schedule in FIXED_ORDER:
-                    break
-                continue
-            if ranking.keep(c, assemble(problem, sim)):
-                break
+            except Refused:
+                return False
+            fits = ranking.keep(c, assemble(problem, sim))
+            assert fits, "the untimed peaks are the timing's"
+            return True
+    return False
 
 
 def _offload_phase(problem: Problem, simulator: Simulator, candidates: list[_Candidate], ranking: _Ranking) -> None:

@@ -1,8 +1,11 @@
 """Generating and timing candidates, with microbatch extrapolation and offload. Pure Python.
 
 A candidate (split, family, m, recompute) is generated and timed (the timing pass) with its
-per-GPU costs (:class:`~.sharding.CostTable`); offload goes through the pass pipeline,
-:func:`pipeoffload.passes.lower` with :class:`~pipeoffload.passes.offload.OffloadOptions`.
+per-GPU costs (:class:`~.sharding.CostTable`); offload is the offload step of the pass pipeline
+(:func:`pipeoffload.passes.lower`), :func:`~pipeoffload.passes.offload.plan_offload` with
+:class:`~pipeoffload.passes.offload.OffloadOptions`, on the timeline already simulated. Per-rank
+activation peaks come from the schedules' op orders (:func:`order_peaks`, the timing's floats), so
+the search can tell that a recompute setting does not fit before timing it.
 Microbatches: a schedule is simulated with ``m`` only when ``m`` is within one period of its
 warm-up (:func:`simulated_microbatches`); beyond that at ``m1`` and ``m2 = m1 + period`` with
 ``m1 ≡ m`` modulo the period, and the makespan is extrapolated linearly (exact for a periodic
@@ -28,12 +31,13 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from ..costs import Costs, MemoryDeltas
 from ..errors import ParameterError, PipeoffloadError, ScheduleError
-from ..ir import OpKind, Placement, Schedule
+from ..ir import OVERLAP, OpKind, Placement, Schedule
 from ..passes.issue_policy import paused_gc
 from ..passes.lower import lower
-from ..passes.offload import OffloadOptions, OffloadResult
-from ..timeline import Timeline
+from ..passes.offload import OffloadOptions, OffloadResult, plan_offload
+from ..timeline import Timeline, _clean
 from .bounds import pipeline_bound
 from .dp import dp_exposed
 from .hostlink import host_links
@@ -41,7 +45,9 @@ from .refusals import Refused
 from .sharding import CostTable, ShardedCosts, rank_states
 from .space import BUDGET, FIXED_ORDER, Family, Problem, Split, placement_of
 
-__all__ = ["Simulated", "Simulator", "generator_limit", "simulated_microbatches"]
+__all__ = ["Simulated", "Simulator", "generator_limit", "order_peaks", "simulated_microbatches"]
+
+_COMPUTE = frozenset((OpKind.F, OpKind.B, OpKind.W, OpKind.BW))
 
 #: Steady-state rule per schedule: (warm-up microbatches in multiples of p, period) where period
 #: "p"/"g" means p / the group size. Simulating m ≥ factor·p reaches the steady state. zb-auto
@@ -69,6 +75,43 @@ def simulated_microbatches(m: int, p: int, schedule: str, g: int | None) -> tupl
         return m, None
     m1 = lo + (m - lo) % per
     return m1, m1 + per
+
+
+def order_peaks(schedule: Schedule, costs: Costs, memory: MemoryDeltas) -> list[float] | None:
+    """Per-rank activation peaks of ``schedule`` timed with ``costs`` and ``memory``, from each rank's op
+    order alone, without timing it; None when that is not exact (an op of 0 ms, or overlapped
+    F&B pairs), and the timeline must say.
+
+    Args:
+        schedule: a generated schedule (compute ops per rank).
+        costs, memory: the durations and memory deltas it is timed with.
+
+    Returns:
+        ``simulate(schedule, costs, memory).peak_memory()`` (the plain timing pass), float for
+        float, or None.
+
+    Guarantees: a rank's ops never overlap and each lasts > 0 ms, so its memory changes
+    (an op's positive delta at its start, a negative one at its end, frees first at equal
+    times) come in the rank's order in the timeline's sweep: the same sums in the same order.
+    """
+    if OVERLAP in schedule.params:
+        return None
+    pl = schedule.placement
+    dur, mem = costs.duration_table(pl), memory.delta_table(pl)
+    if any(d[k] <= 0 for d in dur for k in _COMPUTE):
+        return None
+    peaks = []
+    for lst in schedule.ranks:
+        level, top = 0.0, 0.0
+        for o in lst:
+            if o.kind in _COMPUTE:
+                d = mem[o.stage][o.kind]
+                if d:
+                    level += d
+                    if level > top:
+                        top = level
+        peaks.append(_clean(top))
+    return peaks
 
 
 @dataclass
@@ -103,6 +146,7 @@ class Simulator:
                                         crosses_nodes=problem.gpus > problem.hardware.gpus_per_node)
         self._schedules: dict[tuple, Schedule | Refused] = {}
         self._simulations: dict[tuple[Split, Family, int, bool], Simulated | Refused] = {}
+        self._peaks: dict[tuple[Split, Family, int, bool], list[float] | None] = {}
         self.stats = {"simulations": 0, "offload_plans": 0, "generator_calls": 0}
 
     # -- schedules ------------------------------------------------------------------------------
@@ -170,6 +214,29 @@ class Simulator:
             raise hit
         return hit
 
+    def peaks(self, split: Split, family: Family, m: int, recompute: bool) -> list[float] | None:
+        """The candidate's per-rank activation peaks (bytes, at the real ``m``, as
+        :meth:`simulate` gives them in ``Simulated.act``) from its schedules' op orders, without
+        timing them (:func:`order_peaks`; cached); None where only a timing can say. Raises
+        :class:`Refused` as :meth:`simulate` does when the schedule cannot be generated."""
+        key = (split, family, m, recompute)
+        if key not in self._peaks:
+            p = split.pp
+            sh = self.costs.sharded(recompute, p, family.v, split.tp, split.sp)
+            with paused_gc():
+                runs = [(mm, self.schedule(family, p, mm, recompute, split.tp, split.sp, split.dp))
+                        for mm in simulated_microbatches(m, p, family.schedule, family.g(p)) if mm is not None]
+            per_run = [order_peaks(sched, sh.costs, sh.memory) for _, sched in runs]
+            self._peaks[key] = None if any(x is None for x in per_run) else \
+                _extrapolated_peaks(m, [(mm, x) for (mm, _), x in zip(runs, per_run)], family.schedule)  # type: ignore[misc]
+        return self._peaks[key]
+
+    def state(self, split: Split, family: Family, recompute: bool) -> list[tuple[float, float]]:
+        """Per rank: (parameter bytes, gradient + optimizer bytes) per GPU, as a configuration
+        of the candidate counts them (:func:`~.sharding.rank_states`)."""
+        sh = self.costs.sharded(recompute, split.pp, family.v, split.tp, split.sp)
+        return rank_states(sh, placement_of(family, split.pp), split.dp, self.problem.options.dp_sharding)
+
     def _simulate(self, split: Split, family: Family, m: int, recompute: bool) -> Simulated:
         p = split.pp
         sh = self.costs.sharded(recompute, p, family.v, split.tp, split.sp)
@@ -180,7 +247,8 @@ class Simulator:
                 sched = self.schedule(family, p, mm, recompute, split.tp, split.sp, split.dp)
                 runs.append((mm, sched, self._time(sched, sh)))
         floor = pipeline_bound(sh.costs.group_costs, placement, m)  # type: ignore[arg-type]
-        makespan, busy, peaks = _extrapolate(m, [(mm, tl) for mm, _, tl in runs], family.schedule, floor)
+        known = self.peaks(split, family, m, recompute)
+        makespan, busy, peaks = _extrapolate(m, [(mm, tl) for mm, _, tl in runs], family.schedule, floor, known)
         (_, first_schedule, first_timeline), (last_m, _, last_timeline) = runs[0], runs[-1]
         exposed = dp_exposed(last_timeline, sh, split, placement, self.problem.node, self.problem.hardware)
         return Simulated(split, family, m, recompute, first_schedule, first_timeline, sh, placement, makespan,
@@ -213,14 +281,13 @@ class Simulator:
                                   transfer_times=tuple(t * links.slowdown for t in sim.sharded.transfer_ms),
                                   link_group=links.link_group, solo_factor=opts.solo_factor,
                                   on_infeasible="skip", postpone_warmup=True, stash=stash)
-        try:
+        try:  # the offload step of passes.lower on the timeline already made (lower would time it again)
             with paused_gc():
-                lowered = lower(sim.schedule, sim.sharded.costs, sim.sharded.memory, memory_unit="bytes",
-                                offload=settings, validated=True)
+                result = plan_offload(sim.schedule.compute_only(), sim.timeline, comm=sim.sharded.costs.comm,
+                                      options=settings)
         except PipeoffloadError as e:
             raise Refused("offload", f"offload pass refused C={chunks}{' +stash' if stash else ''}: {e}") from None
-        assert lowered.offload is not None
-        return sim, lowered.offload
+        return sim, result
 
 
 def generator_limit(problem: Problem, family: Family, p: int, sh: ShardedCosts, dp: int = 1) -> float | None:
@@ -250,22 +317,34 @@ def generator_limit(problem: Problem, family: Family, p: int, sh: ShardedCosts, 
     return float(family.limit or 1) * default_limit(placement, sh.memory) + b_plus
 
 
-def _extrapolate(m: int, runs: list[tuple[int, Timeline]], schedule: str,
-                 floor: float = 0.0) -> tuple[float, list[float], list[float]]:
+def _extrapolate(m: int, runs: list[tuple[int, Timeline]], schedule: str, floor: float = 0.0,
+                 peaks: list[float] | None = None) -> tuple[float, list[float], list[float]]:
     """(makespan ms, per-rank busy ms, per-rank activation peak bytes) at ``m`` from timelines at
     one or two simulated m (see the module docstring). The makespan is at least the busiest
     rank's busy time and ``floor`` (:func:`~.bounds.pipeline_bound`, which a timed schedule
-    always meets; an extrapolation below it would be impossible, and the planner prunes with it)."""
+    always meets; an extrapolation below it would be impossible, and the planner prunes with it).
+    ``peaks``: the peaks at ``m`` when already known (:meth:`Simulator.peaks`), else from the
+    timelines."""
     (ma, ta), (mb, tb) = runs[0], runs[-1]
-    peaks = tb.peak_memory()
+    if peaks is None:
+        peaks = _extrapolated_peaks(m, [(mm, tl.peak_memory()) for mm, tl in runs], schedule)
     if len(runs) == 2:
-        peaks = [max(x, y) for x, y in zip(peaks, ta.peak_memory())]
-        slope = (tb.makespan - ta.makespan) / (mb - ma)
-        makespan = tb.makespan + (m - mb) * slope
+        ta_end, tb_end = ta.makespan, tb.makespan
+        makespan = tb_end + (m - mb) * ((tb_end - ta_end) / (mb - ma))
     else:
         makespan = tb.makespan
     busy = [b * m / mb for b in tb.busy()]
     makespan = max(makespan, max(busy), floor)
-    if schedule == "gpipe" and mb != m:  # all forwards first: the peak grows with m
-        peaks = [x * m / mb for x in peaks]
     return makespan, busy, peaks
+
+
+def _extrapolated_peaks(m: int, runs: list[tuple[int, list[float]]], schedule: str) -> list[float]:
+    """Per-rank activation peaks at ``m`` from the peaks of the one or two simulated m: the larger
+    of the two (they stop growing after the warm-up), GPipe's scaled by ``m`` over the larger m
+    (all forwards first: its peak grows with m)."""
+    mb, peaks = runs[-1]
+    if len(runs) == 2:
+        peaks = [max(x, y) for x, y in zip(peaks, runs[0][1])]
+    if schedule == "gpipe" and mb != m:
+        peaks = [x * m / mb for x in peaks]
+    return peaks
