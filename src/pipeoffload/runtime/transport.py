@@ -485,9 +485,7 @@ def _watch(link: _Link, g: int) -> None:
     process died or failed: gloo raises "Connection closed by peer"); then ``g`` goes
     into ``link.lost``, and every op waiting for a handshake with ``g`` fails at once
     naming it, instead of at the timeout. (Gloo's data pairs see a dead peer at once, the
-    store does not: the handshakes alone would wait the whole timeout.) The thread lives
-    as long as the process, as the gloo group does (``_RETIRED``): one per peer per
-    emulator built."""
+    store does not: the handshakes alone would wait the whole timeout.)"""
     buf = torch.empty(1, dtype=torch.uint8)
     try:
         link.pg.recv([buf], link.emu_rank[g], _WATCH_TAG).wait()
