@@ -38,12 +38,6 @@ timeout error naming the rank, the op, the peer and the rule:
   cannot finish fails its works with a message naming the rank, the op, the peer and
   what it waited for. A failed communicator stays failed (like an NCCL communicator
   after a timeout): later groups fail at once, citing rule 1 and the first failure.
-- A peer whose process dies is named at once, not at the timeout: the handshakes go
-  through the store, which does not notice, so each emulator also keeps one watch
-  receive per peer on its gloo group (:func:`_watch`, a tag no data uses), which fails
-  as soon as that peer's connection closes; every op then waiting for a handshake with
-  it fails with "lost rank N: its connection closed" (the runtime's
-  :class:`~pipeoffload.runtime.p2p.CommError` with ``lost_peer``, as on plain gloo).
 """
 
 from __future__ import annotations
@@ -356,8 +350,6 @@ class _Link:
         self.me_name = names[me]
         self.timeout_s = timeout_s
         self.closed = False
-        #: global rank -> gloo's words, once that peer's connection closed (:func:`_watch`)
-        self.lost: dict[int, str] = {}
 
     def name(self, g: int) -> str:
         return self.names.get(g, f"global rank {g}")
@@ -391,10 +383,6 @@ class _Link:
             while pending:
                 if self.closed:
                     raise _Failed(f"{self.me_name}: {pending[0].desc}: the transport was closed")
-                if self.lost:
-                    gone = next((o for o in pending if o.spec.peer in self.lost), None)
-                    if gone is not None:
-                        raise _Failed(self._lost(gone))
                 moved = False
                 for o in list(pending):
                     mine, theirs = self._keys(o)
@@ -454,12 +442,6 @@ class _Link:
                 f"of {peer} it matches has {theirs} bytes (NCCL rule 3: sends and receives match by their "
                 f"order between the two ranks, tags are ignored; this is receive #{op.seq} from {peer})")
 
-    def _lost(self, op: _Op) -> str:
-        peer = self.name(op.spec.peer)
-        return (f"{self.me_name}: {op.desc}: lost {peer}: its connection closed (the process died or failed) "
-                f"while this {'send' if op.spec.send else 'receive'} waited for its matching "
-                f"{'receive' if op.spec.send else 'send'} ({self.lost[op.spec.peer]})")
-
     def _timed_out(self, pending: list[_Op], t: float) -> str:
         parts = []
         for o in pending:
@@ -473,26 +455,6 @@ class _Link:
                              f"{peer} that send is not issued yet, or is queued behind an op that cannot finish, "
                              "rule 1)")
         return f"{self.me_name}: timed out after {t:g} s under NCCL rules: " + "; ".join(parts)
-
-
-#: The gloo tag of the watch receives (:func:`_watch`): above every data tag (``seq & 0x3FFFFFFF``).
-_WATCH_TAG = 1 << 30
-
-
-def _watch(link: _Link, g: int) -> None:
-    """Thread body: a one-byte receive from global rank ``g`` that no one ever sends,
-    waited for without a timeout. It fails only when ``g``'s connection closes (its
-    process died or failed: gloo raises "Connection closed by peer"); then ``g`` goes
-    into ``link.lost``, and every op waiting for a handshake with ``g`` fails at once
-    naming it, instead of at the timeout. (Gloo's data pairs see a dead peer at once, the
-    store does not: the handshakes alone would wait the whole timeout.)"""
-    buf = torch.empty(1, dtype=torch.uint8)
-    try:
-        link.pg.recv([buf], link.emu_rank[g], _WATCH_TAG).wait()
-    except RuntimeError as e:
-        link.lost[g] = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
-    except BaseException:  # interpreter shutdown: nothing to report  # pragma: no cover
-        pass
 
 
 def _members(group: Any, ranks: list[int] | None) -> list[int]:
@@ -551,10 +513,6 @@ class NcclRulesTransport(Transport):
         pg.barrier().wait(setup)
         _RETIRED.append(pg)
         self._link = _Link(dist.PrefixStore(prefix + "ctl", base), pg, emu_rank, me, names, self.timeout_s)
-        for g in members:  # a dead peer is named at once, not at the timeout (_watch)
-            if g != me:
-                threading.Thread(target=_watch, args=(self._link, g), name=f"pipeoffload-watch{g}",
-                                 daemon=True).start()
         self._streams: dict[int | None, _Stream] = {}
         self._sent: collections.Counter = collections.Counter()
         self._received: collections.Counter = collections.Counter()
