@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
@@ -593,6 +594,25 @@ def test_planner_best_is_the_schedule_best_ranks_first():
 
 
 # ----------------------------------------------------------------- the critical-path bound
+
+
+def _drawn_schedule(name: str, data: Any) -> tuple[Any, int]:
+    """A registry schedule of family ``name`` at a drawn p (1..5), v, m and g, and its m; shapes the
+    family does not make (e.g. m below its minimum) are rejected as examples."""
+    from pipeoffload.schedules import SCHEDULES, generate
+
+    spec = SCHEDULES[name]
+    p = data.draw(st.integers(1, 5), label="p")
+    v = data.draw(st.integers(1, 3), label="v") if name in ("interleaved-1f1b", "group-interleaved") else spec.default_v
+    m = data.draw(st.integers(1, 3 * p + 2), label="m")
+    g = data.draw(st.integers(-(-p // 2), p), label="g") if name == "group-interleaved" else None
+    try:
+        return generate(name, p=p, m=m, v=v, g=g), m
+    except ParameterError:
+        assume(False)
+        raise  # unreachable: assume(False) rejects the example
+
+
 @pytest.mark.parametrize("name", sorted(__import__("pipeoffload.schedules", fromlist=["SCHEDULES"]).SCHEDULES))
 @settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(data=st.data())
@@ -603,17 +623,8 @@ def test_pipeline_bound_never_exceeds_a_timed_schedule(name, data):
     from pipeoffload.costs import Costs
     from pipeoffload.passes.timing import simulate
     from pipeoffload.planner.bounds import pipeline_bound
-    from pipeoffload.schedules import SCHEDULES, generate
 
-    spec = SCHEDULES[name]
-    p = data.draw(st.integers(1, 5), label="p")
-    v = data.draw(st.integers(1, 3), label="v") if name in ("interleaved-1f1b", "group-interleaved") else spec.default_v
-    m = data.draw(st.integers(1, 3 * p + 2), label="m")
-    g = data.draw(st.integers(-(-p // 2), p), label="g") if name == "group-interleaved" else None
-    try:
-        sched = generate(name, p=p, m=m, v=v, g=g)
-    except ParameterError:
-        assume(False)  # a shape the family does not make (e.g. m below its minimum)
+    sched, m = _drawn_schedule(name, data)
     t = st.floats(0.1, 4.0, allow_nan=False)
     groups = tuple((data.draw(t), data.draw(t), data.draw(t)) for _ in range(sched.num_stages))
     costs = Costs(comm=data.draw(st.sampled_from([0.0, 0.3])), group_costs=groups)
@@ -632,17 +643,8 @@ def test_untimed_peaks_are_the_timelines(name, data):
     from pipeoffload.costs import Costs, MemoryDeltas
     from pipeoffload.passes.timing import simulate
     from pipeoffload.planner.simulate import order_peaks
-    from pipeoffload.schedules import SCHEDULES, generate
 
-    spec = SCHEDULES[name]
-    p = data.draw(st.integers(1, 5), label="p")
-    v = data.draw(st.integers(1, 3), label="v") if name in ("interleaved-1f1b", "group-interleaved") else spec.default_v
-    m = data.draw(st.integers(1, 3 * p + 2), label="m")
-    g = data.draw(st.integers(-(-p // 2), p), label="g") if name == "group-interleaved" else None
-    try:
-        sched = generate(name, p=p, m=m, v=v, g=g)
-    except ParameterError:
-        assume(False)
+    sched, m = _drawn_schedule(name, data)
     t = st.floats(1e-3, 4.0, allow_nan=False)  # Costs takes positive durations only
     groups = tuple((data.draw(t), data.draw(t), data.draw(t)) for _ in range(sched.num_stages))
     f = st.floats(0.0, 3e9, allow_nan=False)

@@ -293,7 +293,8 @@ def test_zb_v_lower_bounds_hold_for_every_candidate(p, extra, f, b, w, comm):
     greedy or fixed order, may ever go below them."""
     from pipeoffload.schedules.zb_auto import Tracker, default_limit
     from pipeoffload.schedules.zb_v import v_candidates
-    from pipeoffload.schedules.zero_bubble import _replays, _zbv_handcrafted, lower_bounds
+    from pipeoffload.schedules.zb_auto import lower_bounds
+    from pipeoffload.schedules.zero_bubble import _replays, _zbv_handcrafted
 
     m = 1 + extra
     pl, costs, memory = Placement.vshape(p), Costs(F=f, B=b, W=w, comm=comm), MemoryDeltas()

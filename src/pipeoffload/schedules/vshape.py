@@ -51,7 +51,7 @@ from .building_block import BuildingBlock, chain_slots, orders_from_block, place
 from .spec import ScheduleSpec
 from .v_reorder import reorder_orders
 from .w_refill import refill_both
-from .zb_auto import Tracker
+from .zb_auto import Tracker, lower_bounds
 
 __all__ = ["v_min", "v_half", "v_zb", "v_min_block", "v_half_block", "v_zb_block", "PERIOD", "unit_peak_bound"]
 
@@ -209,12 +209,11 @@ class _Best:
 
 def _at_bounds(figures: list, pl: Placement, m: int, spec: ScheduleSpec) -> bool:
     """Whether a candidate's ``[peak, longest span, makespan]`` is at the two lower bounds
-    no order goes below (:func:`.zero_bubble.lower_bounds`: the busiest rank's compute, the
+    no order goes below (:func:`.zb_auto.lower_bounds`: the busiest rank's compute, the
     latest end of a rank's compute started as early as its inputs allow). Then no later
     candidate of :func:`_lower_block` (nor hole filling) can be strictly better, and it wins
     within any cap holding its own peak — as V-ZB's first lowering does at equal costs
     from ``m ≥ 2p`` on."""
-    from .zero_bubble import lower_bounds  # zero_bubble imports this module's generators lazily too
 
     span, makespan = lower_bounds(Tracker(pl, m, spec.costs, spec.memory, float("inf")), pl, m)
     return figures[1] <= span and figures[2] <= makespan

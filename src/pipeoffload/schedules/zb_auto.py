@@ -36,7 +36,7 @@ _EPS = 1e-9
 
 __all__ = [
     "F_CODE", "B_CODE", "W_CODE", "CODE_KIND", "Infeasible", "Tracker", "replay", "default_limit",
-    "auto_variant", "auto_candidates", "VARIANTS",
+    "auto_variant", "auto_candidates", "lower_bounds", "VARIANTS",
 ]
 
 
@@ -188,6 +188,20 @@ def _replay_lists(tr: Tracker, lists: list[list[tuple[int, int, int]]]) -> list[
                 ready.extend(woken)
         done[r] = i
     return done
+
+
+def lower_bounds(tracker: Tracker, pl: Placement, m: int) -> tuple[float, float]:
+    """(longest span, makespan) no order of ``m`` microbatches on a loop or V placement ``pl``
+    goes below with ``tracker``'s durations and hop: the busiest rank's compute, and the
+    latest end of a rank's compute started as early as its first forward's inputs allow (the
+    forwards of the layer groups on the ranks before it, one hop each)."""
+    dur, comm = tracker.dur, tracker.comm
+    busy = [m * sum(sum(dur[s]) for s in pl.stages_of(r)) for r in range(pl.num_ranks)]
+    reach = end = 0.0
+    for r in range(pl.num_ranks):
+        end = max(end, reach + busy[r])
+        reach += dur[pl.stages_of(r)[0]][0] + comm
+    return max(busy), end
 
 
 def default_limit(placement: Placement, memory: MemoryDeltas) -> float:

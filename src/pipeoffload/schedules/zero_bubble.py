@@ -16,7 +16,7 @@ from typing import Callable, Sequence
 from ..errors import ParameterError
 from ..ir import OpKind, Placement, Schedule, build_schedule
 from .spec import ScheduleSpec
-from .zb_auto import Infeasible, Tracker, auto_candidates, default_limit, replay
+from .zb_auto import Infeasible, Tracker, auto_candidates, default_limit, lower_bounds, replay
 from .zb_v import v_candidates
 
 F, B, W = OpKind.F, OpKind.B, OpKind.W
@@ -113,20 +113,6 @@ def _unbeatable(best: Tracker, pl: Placement, m: int) -> bool:
     ``best`` win ties."""
     span, makespan = lower_bounds(best, pl, m)
     return best.max_span() <= span and best.makespan() <= makespan
-
-
-def lower_bounds(tracker: Tracker, pl: Placement, m: int) -> tuple[float, float]:
-    """(longest span, makespan) no order of ``m`` microbatches on a loop or V placement ``pl``
-    goes below with ``tracker``'s durations and hop: the busiest rank's compute, and the
-    latest end of a rank's compute started as early as its first forward's inputs allow (the
-    forwards of the layer groups on the ranks before it, one hop each)."""
-    dur, comm = tracker.dur, tracker.comm
-    busy = [m * sum(sum(dur[s]) for s in pl.stages_of(r)) for r in range(pl.num_ranks)]
-    reach = end = 0.0
-    for r in range(pl.num_ranks):
-        end = max(end, reach + busy[r])
-        reach += dur[pl.stages_of(r)[0]][0] + comm
-    return max(busy), end
 
 
 def _check_limit(limit: float, placement: Placement, spec: ScheduleSpec) -> None:
