@@ -66,16 +66,23 @@ def errors(rows: list[dict[str, Any]], *args: float) -> list[float]:
 
 
 def fit(rows: list[dict[str, Any]], half_width: float, hbm: float) -> tuple[float, float, float]:
-    """Least squares over a grid: rate by 1 TFLOP/s, passes by 0.25 (the profile's precision)."""
-    best: tuple[float, float, float, float] | None = None
-    for tf in range(300, 1000):
-        for ef4 in range(0, 64):
-            for eb4 in range(0, 100):
-                s = sum(e * e for e in errors(rows, tf * 1e12, half_width, ef4 / 4, eb4 / 4, hbm))
-                if best is None or s < best[0]:
-                    best = (s, tf * 1e12, ef4 / 4, eb4 / 4)
-    assert best is not None
-    return best[1], best[2], best[3]
+    """Least squares, exactly: each relative error is linear in (1 / rate, elementwise_f,
+    elementwise_b), so the minimum solves the 3 × 3 normal equations. Rounded to the profile's
+    precision (1 TFLOP/s, 0.25 passes)."""
+    a: list[list[float]] = []  # one row per op: coefficients of (1/rate, ew_f, ew_b), target 1
+    for r in rows:
+        flop_ms = 1e3 * (r["w"] + half_width) / r["w"]  # ms per FLOP, times the rate
+        ew = r["bytes"] / hbm * 1e3
+        a += [[r["f"] * flop_ms / r["F"], ew / r["F"], 0.0], [r["b"] * flop_ms / r["B"], 0.0, ew / r["B"]],
+              [r["wf"] * flop_ms / r["W"], 0.0, 0.0]]
+    n = [[sum(x[i] * x[j] for x in a) for j in range(3)] + [sum(x[i] for x in a)] for i in range(3)]
+    for i in range(3):  # Gauss-Jordan on the (positive definite) normal equations
+        for k in range(3):
+            if k != i:
+                f = n[k][i] / n[i][i]
+                n[k] = [u - f * v for u, v in zip(n[k], n[i])]
+    inv_rate, ew_f, ew_b = (n[i][3] / n[i][i] for i in range(3))
+    return round(1 / inv_rate / 1e12) * 1e12, round(4 * ew_f) / 4, round(4 * ew_b) / 4
 
 
 def _show(title: str, rows: list[dict[str, Any]], errs: list[float]) -> None:
