@@ -8,7 +8,9 @@ group with identical weights and identical parameter names, for checking.
 
 Components (nanoGPT-sized, modern style): RMSNorm, rotary position embeddings,
 grouped-query causal attention (``F.scaled_dot_product_attention``), SwiGLU MLP.
-Linear layers have no bias.
+Linear layers have no bias. Nothing draws random numbers (no dropout; attention with
+``dropout_p = 0``): every class is declared :func:`~pipeoffload.runtime.rng.never_draws`,
+so the runner's keyed random streams put no hook on this model.
 
 Recompute hints: the norms' outputs (and their ``x·rsqrt`` intermediate) and SwiGLU's
 ``silu(w1 x)`` and ``silu(w1 x)·w3 x`` are declared
@@ -26,12 +28,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..runtime.activations import recompute_active, recomputable
+from ..runtime.rng import never_draws
 from .config import ModelConfig, layer_ranges
 
 #: Seed offsets of the non-layer parts, far from any layer index.
 _EMBED_SEED, _HEAD_SEED = 1_000_000, 1_000_001
 
 
+@never_draws
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -74,6 +78,7 @@ def apply_rotary(qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torc
     return torch.cat((x1 * c - x2 * sn, x1 * sn + x2 * c), dim=-1)
 
 
+@never_draws
 class Attention(nn.Module):
     """Causal grouped-query attention: ``kv_heads`` key/value heads shared by groups of query heads."""
 
@@ -102,6 +107,7 @@ class Attention(nn.Module):
         return self.wo(y.transpose(1, 2).reshape(b, s, q.shape[1] * self.head_dim))
 
 
+@never_draws
 class SwiGLU(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -123,6 +129,7 @@ class SwiGLU(nn.Module):
         return self.w2(gated)
 
 
+@never_draws
 class Block(nn.Module):
     """Pre-norm transformer layer: x + attn(norm(x)), then x + mlp(norm(x))."""
 
@@ -138,6 +145,7 @@ class Block(nn.Module):
         return hidden + self.mlp(self.mlp_norm(hidden))
 
 
+@never_draws
 class LayerGroup(nn.Module):
     """Consecutive layers ``layer_ids`` (+ embedding if ``first``, + norm/head if ``last``).
 

@@ -11,11 +11,18 @@ size. Random ops written directly in a stage module's own ``forward`` (outside a
 submodule) are keyed by the layer group instead (``"<stage s>"``), so they are
 reproducible for a given split only.
 
-Which modules reseed: all but torch's own deterministic layers, matched by exact type
-(:data:`DETERMINISTIC`: ``nn.Linear``, ``nn.Embedding``, the norms, convolutions and
-activations — subclasses and anything else reseed). Those never draw, and a hook on
-them would cost every call of theirs the module's slow path and a reseed (about 7 µs
-each, ~2% of a CPU step of the bench model) for nothing.
+Which modules reseed: all but those whose own code never draws, matched by exact type
+(subclasses and anything else reseed): torch's deterministic layers and containers
+(:data:`DETERMINISTIC`: ``nn.Linear``, ``nn.Embedding``, the norms, convolutions,
+activations, ``nn.Sequential``/``ModuleList``/``ModuleDict``) and the classes declared
+with :func:`never_draws` (the reference transformer's). A hook on them would cost every
+call of theirs the module's slow path and a reseed (about 10 µs each, with the hook's
+registration and removal around every forward) for nothing: a module's draws are keyed
+by its own reseed, so skipping a module that never draws changes no random number.
+A layer group none of whose modules reseeds costs nothing per forward.
+
+The loss function's draws (if any) are keyed like a module named ``"<loss>"``, called
+once per microbatch: it is reseeded right before the loss, whatever ran before it.
 
 The module names are the runner's parameter names' prefixes (``model.layers.3.mlp``);
 the hooks are forward pre-hooks registered (first in line) on the running layer
@@ -34,6 +41,8 @@ from typing import Any, Iterator, Mapping
 import torch
 from torch import nn
 
+from ..errors import ParameterError
+
 _MASK = (1 << 63) - 1
 _M64 = 0xFFFFFFFFFFFFFFFF
 _START = 0x9E3779B97F4A7C15
@@ -43,7 +52,50 @@ DETERMINISTIC: frozenset[type] = frozenset(t for t in (
     nn.Linear, nn.Bilinear, nn.Embedding, nn.EmbeddingBag, nn.LayerNorm, getattr(nn, "RMSNorm", None),
     nn.GroupNorm, nn.BatchNorm1d, nn.BatchNorm2d, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Identity, nn.Flatten,
     nn.ReLU, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.Softmax, nn.LogSoftmax, nn.Mish, nn.LeakyReLU, nn.ELU,
-    nn.Softplus, nn.Hardtanh, nn.Hardswish, nn.PReLU) if t is not None)
+    nn.Softplus, nn.Hardtanh, nn.Hardswish, nn.PReLU, nn.Sequential, nn.ModuleList, nn.ModuleDict)
+    if t is not None)
+
+#: Classes declared with :func:`never_draws` (matched by exact type).
+_DECLARED: set[type] = set()
+#: The key of the loss function's draws (module docstring).
+LOSS_NAME = "<loss>"
+
+
+def never_draws(cls: type[nn.Module]) -> type[nn.Module]:
+    """Declare that the module class ``cls``'s own code never draws random numbers.
+
+    Its submodules are judged on their own (a declared block holding an ``nn.Dropout``
+    still reseeds that dropout). Modules of exactly this class then carry no reseeding
+    hook (subclasses still do: they may override ``forward``).
+
+    Args:
+        cls: an ``nn.Module`` subclass whose ``forward`` (and every function it calls
+            outside its submodules) calls no random op: no dropout, no ``torch.rand*``,
+            no ``bernoulli``/``multinomial``/``normal_``, no attention with
+            ``dropout_p > 0``.
+
+    Returns:
+        ``cls`` itself (usable as a class decorator).
+
+    Raises:
+        ParameterError: ``cls`` is not an ``nn.Module`` subclass.
+
+    Guarantees:
+        For a class that keeps the promise, every random number of every step is the
+        same with and without the declaration; a false declaration makes the class's
+        own draws follow the stream left by the module reseeded before it.
+    """
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+        raise ParameterError("cls", f"expected an nn.Module subclass, got {cls!r}")
+    _DECLARED.add(cls)
+    return cls
+
+
+def reseeds(module: nn.Module) -> bool:
+    """Whether ``module`` gets a reseeding hook: its exact type is neither in
+    :data:`DETERMINISTIC` nor declared with :func:`never_draws`."""
+    t = type(module)
+    return t not in DETERMINISTIC and t not in _DECLARED
 
 
 def _round(x: int, p: int) -> int:
@@ -85,11 +137,27 @@ class KeyedRNG:
         for s, mod in modules.items():
             seen: dict[int, nn.Module] = {}
             for sub in mod.modules():
-                if id(sub) in self._keys and type(sub) not in DETERMINISTIC:
+                if id(sub) in self._keys and reseeds(sub):
                     seen.setdefault(id(sub), sub)
             self._hooked[s] = list(seen.values())
         self._calls: dict[int, int] = {}
         self._base = 0
+        self._loss_key = _name_key(LOSS_NAME)
+        self._seeders = [torch.default_generator.manual_seed]
+        if self.device.type == "cuda":
+            self._seeders.append(torch.cuda.default_generators[self.device.index or 0].manual_seed)
+
+    def hooks(self, stage: int) -> bool:
+        """Whether a forward of layer group ``stage`` has modules to reseed (else
+        :meth:`forward` is a no-op and may be skipped)."""
+        return bool(self._hooked.get(stage))
+
+    def before_loss(self, step: int, microbatch: int) -> None:
+        """Reseed for the loss function of microbatch ``microbatch`` in step ``step``
+        (keyed like a module named :data:`LOSS_NAME`, called once)."""
+        seed = _mix(_mix(self.seed, step, microbatch), self._loss_key, 0)
+        for seed_with in self._seeders:
+            seed_with(seed)
 
     @contextlib.contextmanager
     def step(self) -> Iterator[None]:
@@ -107,10 +175,14 @@ class KeyedRNG:
     def forward(self, step: int, microbatch: int, stage: int) -> Iterator[None]:
         """Around one forward of layer group ``stage``: each call of its reseeding
         modules reseeds from its key."""
+        mods = self._hooked.get(stage)
+        if not mods:  # nothing in this layer group draws: no hook, no reseed
+            yield
+            return
         self._base = _mix(self.seed, step, microbatch)
         self._calls = {}
         hook = self._hook()
-        handles = [m.register_forward_pre_hook(hook, prepend=True) for m in self._hooked.get(stage, ())]
+        handles = [m.register_forward_pre_hook(hook, prepend=True) for m in mods]
         try:
             yield
         finally:
@@ -122,9 +194,7 @@ class KeyedRNG:
         once (the same seeds, fewer operations per module call)."""
         keys, calls = self._keys, self._calls
         start = _round(_START, self._base)
-        seeders = [torch.default_generator.manual_seed]
-        if self.device.type == "cuda":
-            seeders.append(torch.cuda.default_generators[self.device.index or 0].manual_seed)
+        seeders = self._seeders
 
         def pre_hook(module: nn.Module, args: Any) -> None:
             mid = id(module)
