@@ -33,6 +33,7 @@ _LAZY = {
     "CommTimeout": "p2p", "CommError": "p2p", "StepError": "op_errors",
     "WeightGradStore": "weight_grad", "DeferredLinear": "weight_grad", "convert_linears": "weight_grad",
     "ActivationStore": "activations", "KeepActivations": "activations", "recomputable": "activations",
+    "never_draws": "rng",
     "OffloadStore": "offload_store", "OffloadError": "offload_store",
     "SavedTensorMeter": "meter", "CudaAllocatorMeter": "meter", "MemoryMeter": "meter",
     "launch": "launcher", "DistContext": "launcher", "LaunchError": "launcher",
