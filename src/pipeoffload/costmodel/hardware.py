@@ -255,7 +255,7 @@ def _hgx(peak_tflops: float, hbm_tbs: float, tp_busbw_gbs: float, nic_gbs: float
 A100_THROUGHPUT_ERROR = 0.0981
 A100_MEMORY_ERROR = 0.069
 A100_CALIBRATION = (f"±{A100_THROUGHPUT_ERROR:.1%} throughput, ±{A100_MEMORY_ERROR:.1%} peak memory on the ZB "
-                    "paper's measured A100 rows (with the optimizer step this iteration leaves out, 0.1-4% of it)")
+                    "paper's measured A100 rows")
 
 #: The H100 and H200 profiles: fit on our runtime's measured F, B and W of the reference transformer's
 #: layer groups (h 4096-16384, s 4096, bf16; ``benchmarks/fit_gpu_profile.py`` on docs/gpu/gpu_check_*.json),

@@ -5,8 +5,9 @@ API
 ``MEASURED``: the ZB paper's measured A100-80G rows (:class:`MeasuredRow`), fit rows first.
 ``predict(row, hardware="a100-80g") -> Prediction``: the planner's cost model and simulator on the
 row's exact configuration (pure PP, TP = DP = 1, the row's schedule, m and microbatch), with the P2P of
-the runtime that measured the row (``RUNTIME_OF``, ``RUNTIME_P2P_EXPOSED``) and the step after the
-pipeline (``step_ms``: optimizer step, tied-embedding gradient all-reduce) added.
+the runtime that measured the row (``RUNTIME_OF``, ``RUNTIME_P2P_EXPOSED``); its iteration is the
+planner's, the step after the pipeline (``planner.step``: optimizer step, tied-embedding gradient
+all-reduce) included.
 ``compare(rows=MEASURED, hardware="a100-80g") -> list[Prediction]``; ``ranking_agrees(preds)``:
 per setting, whether the schedules come out in the measured order.
 
@@ -30,8 +31,7 @@ from .hardware import GiB, Hardware, get_hardware
 from .presets import get_model
 
 __all__ = ["MeasuredRow", "Prediction", "MEASURED", "PROFILED_MS", "FIT_MODEL", "SCHEDULE_FAMILIES", "RUNTIME_OF",
-           "RUNTIME_P2P_EXPOSED", "MEASUREMENT_TIE", "OPTIMIZER_BYTES_PER_PARAM", "step_ms", "predict", "compare",
-           "ranking_agrees"]
+           "RUNTIME_P2P_EXPOSED", "MEASUREMENT_TIE", "predict", "compare", "ranking_agrees"]
 
 #: The paper's schedule names → (registry schedule, chunks v, memory limit in multiples of 1F1B's).
 SCHEDULE_FAMILIES: dict[str, tuple[str, int, float | None]] = {
@@ -57,11 +57,6 @@ RUNTIME_P2P_EXPOSED: dict[str, float] = {"megatron": 1.0, "zb": 0.0}
 #: (1.84 against 1.85 is half a unit of the last digit apart, 0.5%, from rounding alone), and its own
 #: repeated settings move by more: ZB-2p* at 14.6B/24 GPUs reads 1.84, 1.84, 1.85 while m doubles.
 MEASUREMENT_TIE = 0.02
-#: Bytes of HBM traffic per parameter of Megatron's 16-bit optimizer step with fp32 master weights:
-#: Adam reads the gradient, master weight, m and v (16) and writes the last three (12), the master
-#: weight is copied to the 16-bit model weight (4 + 2), the gradient is read once for the norm and
-#: once (read + write) for unscaling (12), and the gradient buffer is zeroed (4): 50.
-OPTIMIZER_BYTES_PER_PARAM = 50.0
 
 
 @dataclass(frozen=True)
@@ -175,7 +170,7 @@ class Prediction:
     allocated_gib: float
     reserved_gib: float
     fits: bool
-    step_s: float = 0.0  #: of ``iteration_s``: the step after the pipeline (:func:`step_ms`)
+    step_s: float = 0.0  #: of ``iteration_s``: the step after the pipeline (``planner.step``)
 
     @property
     def throughput_error(self) -> float | None:
@@ -216,8 +211,9 @@ def predict(row: MeasuredRow, hardware: str | Hardware = "a100-80g") -> Predicti
     Guarantees: the configuration is the paper's — pure PP (TP = DP = 1), the first and last stage
     one layer shorter, 1F1B-I with one layer per chunk, no recompute, no offload — simulated at its
     own m (no extrapolation), with the P2P of the runtime that measured it
-    (:data:`RUNTIME_P2P_EXPOSED`; the profile's ``p2p_exposed`` is replaced) and the iteration's step
-    after the pipeline (:func:`step_ms`) added to the planner's iteration.
+    (:data:`RUNTIME_P2P_EXPOSED`; the profile's ``p2p_exposed`` is replaced); the iteration, MFU and
+    throughput are the planner's configuration's, the step after the pipeline included
+    (:func:`pipeoffload.planner.step.step_after_pipeline`, the one implementation of it).
     """
     from ..errors import ParameterError
     from ..planner.config import assemble
@@ -236,42 +232,9 @@ def predict(row: MeasuredRow, hardware: str | Hardware = "a100-80g") -> Predicti
                       PlanOptions(dp_sharding="none", trim_edges=True))
     sim = _simulate_exactly(problem, Split(1, row.gpus, 1), Family(name, v, limit=limit), row.m)
     cfg = assemble(problem, sim)
-    placement = sim.placement
-    shared = model.tie_embeddings and placement.rank_of(0) != placement.rank_of(placement.num_stages - 1)
-    step = step_ms(model, hw, row.gpus, cfg.memory.params / model.dtype_bytes, shared)
-    it_s = (cfg.iteration_ms + step) / 1e3
-    return Prediction(row, row.m * row.microbatch / (it_s * row.gpus), it_s, cfg.mfu * cfg.iteration_ms / (it_s * 1e3),
-                      cfg.memory.device / GiB, hw.reserved(cfg.memory.device) / GiB, cfg.fits, step / 1e3)
-
-
-def step_ms(model: Any, hardware: Hardware, pipeline_ranks: int, params: float, shared_embedding: bool) -> float:
-    """The iteration's time after the pipeline that the planner's iteration leaves out (docs/planner.md §3):
-    the optimizer step over the fullest rank's ``params`` (:data:`OPTIMIZER_BYTES_PER_PARAM` over the
-    HBM bandwidth) and, when the tied embedding's first and last copy are on different ranks
-    (``shared_embedding``), Megatron's all-reduce of that copy's fp32 gradient between the two ranks
-    (``vocab · hidden · 4`` bytes; across nodes, at the profile's inter-node DP rate, when
-    ``pipeline_ranks`` exceed a node; 10 µs latency).
-
-    Args:
-        model: the :class:`~pipeoffload.costmodel.model.ModelSpec`.
-        hardware: the profile (``hbm_bw``, ``dp_intra_bw``/``dp_inter_bw``; node constants otherwise).
-        pipeline_ranks: pipeline ranks, one GPU each (TP = DP = 1).
-        params: parameters on the fullest rank.
-        shared_embedding: the embedding and the head share a weight held on two ranks.
-
-    Returns:
-        Milliseconds.
-    """
-    from ..planner.sharding import node_profile
-
-    node = node_profile(hardware)
-    ms = OPTIMIZER_BYTES_PER_PARAM * params / node.hbm_bw * 1e3
-    if shared_embedding:
-        inter = pipeline_ranks > hardware.gpus_per_node
-        bw = (hardware.dp_inter_bw or hardware.internode_bw or hardware.link_bw) if inter else \
-            (hardware.dp_intra_bw or node.tp_bw)
-        ms += (4.0 * model.vocab * model.hidden / bw + node.collective_latency) * 1e3
-    return ms
+    it_s = cfg.iteration_ms / 1e3
+    return Prediction(row, row.m * row.microbatch / (it_s * row.gpus), it_s, cfg.mfu, cfg.memory.device / GiB,
+                      hw.reserved(cfg.memory.device) / GiB, cfg.fits, cfg.step_ms / 1e3)
 
 
 def _simulate_exactly(problem: Any, split: Any, family: Any, m: int) -> Any:

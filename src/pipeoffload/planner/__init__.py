@@ -18,8 +18,9 @@ Modules, one job each
 ``space``: splits, schedule families, options, the problem. ``sharding``: per-GPU costs under TP
 and their value-keyed cache. ``bounds``: time and memory lower bounds that skip simulations.
 ``simulate``: generating and timing candidates through the pass pipeline, microbatch
-extrapolation, offload. ``dp``: the overlapped data-parallel all-reduce. ``config``: assembling a
-configuration's memory breakdown, time, MFU and bubble. ``search``: ``plan()``. ``result``:
+extrapolation, offload. ``dp``: the overlapped data-parallel all-reduce. ``step``: the step after
+the pipeline (optimizer step, tied-embedding gradient all-reduce). ``config``: assembling a
+configuration's memory breakdown, time (makespan + exposed DP + that step), MFU and bubble. ``search``: ``plan()``. ``result``:
 ``PlanResult``. ``report``: rejection reasons and the text table.
 
 Model (docs/planner.md has the long version)

@@ -14,6 +14,7 @@ from ..ir import Placement
 from .refusals import Refused
 from .sharding import RECOMPUTE_ORDER, CostTable, rank_states
 from .space import Family, Problem, Split, placement_of
+from .step import step_after_pipeline
 
 __all__ = ["time_bound", "pipeline_bound", "check_memory_bound"]
 
@@ -63,11 +64,16 @@ def pipeline_bound(group_costs: tuple[tuple[float, float, float], ...], placemen
     return best
 
 
-def time_bound(costs: CostTable, split: Split, family: Family, m: int, recompute: bool | str) -> float:
+def time_bound(costs: CostTable, split: Split, family: Family, m: int, recompute: bool | str,
+               dp_sharding: str) -> float:
     """A lower bound of the iteration time (ms) of ``family`` on ``split`` with ``recompute``:
-    :func:`pipeline_bound` of its per-GPU costs (the exposed data-parallel time is ≥ 0)."""
+    :func:`pipeline_bound` of its per-GPU costs plus the step after the pipeline (exact:
+    :func:`~.step.step_after_pipeline` with ``dp_sharding``; the exposed data-parallel time is ≥ 0)."""
     sh = costs.sharded(recompute, split.pp, family.v, split.tp, split.sp)
-    return pipeline_bound(sh.costs.group_costs, placement_of(family, split.pp), m)  # type: ignore[arg-type]
+    placement = placement_of(family, split.pp)
+    step = step_after_pipeline(costs.model, costs.hardware, costs.node, sh.state, placement, split.tp, split.dp,
+                               dp_sharding, split.tp * split.pp * split.dp)
+    return pipeline_bound(sh.costs.group_costs, placement, m) + step.ms  # type: ignore[arg-type]
 
 
 def check_memory_bound(problem: Problem, costs: CostTable, split: Split, family: Family, m: int) -> None:

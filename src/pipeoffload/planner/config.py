@@ -2,6 +2,8 @@
 
 :func:`assemble` turns a simulated candidate (:class:`~.simulate.Simulated`) into a
 :class:`Config`; :func:`assemble_offloaded` does the same with the offload pass's plan on top.
+A configuration's iteration is its pipeline makespan, the exposed DP gradient reduction and the
+step after the pipeline (:mod:`.step`: optimizer step, tied-embedding gradient all-reduce).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from .hostlink import check_pinned_host, effective_k, host_links
 from .refusals import Refused
 from .sharding import rank_states
 from .space import BUDGET, Family, Problem, Split
+from .step import NO_STEP, StepAfterPipeline, step_after_pipeline
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..passes.offload import OffloadResult
@@ -72,10 +75,17 @@ class Config:
     notes: list[str] = field(default_factory=list)
     effective_k: float | None = None  #: offloaded plans: k with the host-link sharing (hostlink)
     offload_stash: bool = False  #: the B→W stash window offloaded too (offload_chunks > 0)
+    step: StepAfterPipeline = NO_STEP  #: the step after the pipeline (optimizer, tied embedding)
+
+    @property
+    def step_ms(self) -> float:
+        """ms of the step after the pipeline (:mod:`.step`)."""
+        return self.step.ms
 
     @property
     def iteration_ms(self) -> float:
-        return self.makespan_ms + self.dp_exposed_ms
+        """Pipeline makespan + exposed DP gradient reduction + the step after the pipeline."""
+        return self.makespan_ms + self.dp_exposed_ms + self.step.ms
 
     @property
     def fits(self) -> bool:
@@ -111,7 +121,8 @@ class Config:
             "offload_chunks": self.offload_chunks, "offload_stash": self.offload_stash,
             "memory": self.memory.to_dict(), "fits": self.fits,
             "iteration_s": self.iteration_ms / 1e3, "pipeline_s": self.makespan_ms / 1e3,
-            "dp_exposed_s": self.dp_exposed_ms / 1e3, "bubble_rate": self.bubble_rate, "mfu": self.mfu,
+            "dp_exposed_s": self.dp_exposed_ms / 1e3, "step_s": self.step.ms / 1e3,
+            "step_after_pipeline": self.step.to_dict(), "bubble_rate": self.bubble_rate, "mfu": self.mfu,
             "tokens_per_s": self.tokens_per_s, "simulated_microbatches": self.simulated_m,
             "extrapolated": self.extrapolated, "dropped_offloads": self.dropped_offloads, "notes": list(self.notes),
             "effective_k": self.effective_k,
@@ -125,7 +136,9 @@ def assemble(problem: Problem, sim: "Simulated", offload_chunks: int = 0, act: l
     simulation's) and pinned host memory ``host`` (default none), ``extra_ms`` added to the makespan.
 
     Guarantees: the breakdown is the rank where parameters + gradients/optimizer + activations is
-    highest, and its three parts add up to ``memory.device``; iteration = makespan + exposed DP time;
+    highest, and its three parts add up to ``memory.device``; iteration = makespan + exposed DP time
+    + the step after the pipeline (:func:`~.step.step_after_pipeline`), and MFU and tokens/s are of
+    that iteration;
     a family limited "at the budget" comes back with the multiple of 1F1B's memory that limit was
     (:func:`resolved_family`), which generates the same schedule.
     """
@@ -137,14 +150,16 @@ def assemble(problem: Problem, sim: "Simulated", offload_chunks: int = 0, act: l
     r = max(range(split.pp), key=lambda i: totals[i])
     mem = MemoryBreakdown(state[r][0], state[r][1], act[r], host[r], max(host), r)
     makespan = sim.makespan + extra_ms
-    it_ms = makespan + sim.dp_exposed
+    step = step_after_pipeline(problem.model, problem.hardware, problem.node, sim.sharded.state, sim.placement,
+                               split.tp, split.dp, problem.options.dp_sharding, problem.gpus)
+    it_ms = makespan + sim.dp_exposed + step.ms
     flops = sim.sharded.flops * sim.m * split.dp
     mfu = flops / (it_ms / 1e3 * problem.gpus * problem.node.peak_rate) if it_ms > 0 else 0.0
     tokens = problem.global_batch * problem.model.seq / (it_ms / 1e3) if it_ms > 0 else 0.0
     bubble = 1.0 - max(sim.busy) / makespan if makespan > 0 else 0.0
     return Config(resolved_family(problem, sim), split, sim.m, sim.family.g(split.pp), sim.recompute, offload_chunks, mem,
                   problem.budget, makespan, sim.dp_exposed, bubble, mfu, tokens, sim.simulated_m, sim.extrapolated,
-                  dropped, list(notes))
+                  dropped, list(notes), step=step)
 
 
 def resolved_family(problem: Problem, sim: "Simulated") -> Family:

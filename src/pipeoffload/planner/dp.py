@@ -17,6 +17,7 @@ from ..ir import Placement
 from ..timeline import Timeline
 from .sharding import NodeProfile, ShardedCosts
 from .space import Split
+from .step import dp_bandwidth
 
 __all__ = ["dp_exposed"]
 
@@ -30,9 +31,7 @@ def dp_exposed(timeline: Timeline, sharded: ShardedCosts, split: Split, placemen
     d = split.dp
     if d == 1:
         return 0.0
-    intra = split.tp * d <= hardware.gpus_per_node
-    bw = (hardware.dp_intra_bw or node.tp_bw) if intra else (hardware.dp_inter_bw or hardware.internode_bw
-                                                            or hardware.link_bw)
+    bw = dp_bandwidth(hardware, node, intra=split.tp * d <= hardware.gpus_per_node)
     last = _last_gradient_ops(timeline)
     end = timeline.end
     worst = 0.0

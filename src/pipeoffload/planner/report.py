@@ -101,7 +101,8 @@ def format_table(res: Any) -> str:
         f"{res.stats['seconds']:.1f} s",
     ]
     if res.configs:
-        lines += _config_rows(res.configs) + ["", _best_sentence(res.configs[0]), _prediction_line(res)]
+        lines += _config_rows(res.configs) + ["", _best_sentence(res.configs[0]), _step_line(res.configs[0]),
+                                              _prediction_line(res)]
     else:
         lines += ["", f"no configuration fits {res.budget / GiB:.3g} GiB per device"]
     if res.rejected or res.rejected_splits:
@@ -136,6 +137,12 @@ def _best_sentence(b: Any) -> str:
             + (f"; {'; '.join(b.notes)}" if b.notes else ""))
 
 
+def _step_line(b: Any) -> str:
+    """The best plan's step after the pipeline (planner/step.py), part of its iteration."""
+    share = f", {b.step_ms / b.iteration_ms:.1%} of the iteration" if b.iteration_ms > 0 else ""
+    return f"step after the pipeline: {b.step.describe()}{share}"
+
+
 def calibration_note(hardware: "Hardware") -> str:
     """How far the profile's predictions were from measurements: its ``calibration`` text, or that
     it was not checked against any."""
@@ -146,7 +153,9 @@ def _prediction_line(res: Any) -> str:
     """The best plan's predicted iteration time, MFU and peak memory with the profile's calibration
     error beside them."""
     b, hw = res.configs[0], res.hardware
-    return (f"predicted on {hw.name}: iteration {b.iteration_ms / 1e3:.3f} s, MFU {b.mfu:.1%}, peak "
+    parts = f"pipeline {b.makespan_ms / 1e3:.3f} s" + (f" + DP exposed {b.dp_exposed_ms / 1e3:.3f} s"
+                                                      if b.dp_exposed_ms else "") + f" + step {b.step_ms / 1e3:.3f} s"
+    return (f"predicted on {hw.name}: iteration {b.iteration_ms / 1e3:.3f} s ({parts}), MFU {b.mfu:.1%}, peak "
             f"{b.memory.device / GiB:.1f} GiB allocated ({hw.reserved(b.memory.device) / GiB:.1f} GiB reserved "
             f"by the caching allocator); calibration: {calibration_note(hw)}")
 

@@ -20,6 +20,7 @@ from .refusals import Rejection
 from .report import format_table
 from .sharding import NodeProfile, ShardedCosts
 from .space import PlanOptions, Problem
+from .step import optimizer_bytes_per_param
 
 __all__ = ["NoConfigurationFits", "PlanResult"]
 
@@ -109,6 +110,11 @@ class PlanResult:
                 "tp_link_gbs": self.node.tp_bw / 1e9, "hbm_gbs": self.node.hbm_bw / 1e9,
                 "peak_tflops": self.node.peak_rate / 1e12, "node_constants": self.node.source,
                 "dp": "fp32 gradient ring all-reduce per layer bucket, overlapped with the last backward",
+                "step": "after the pipeline and the exposed DP reduction: the optimizer step at "
+                        f"{optimizer_bytes_per_param(self.model.dtype, 1, 'none'):g} B of HBM traffic per parameter "
+                        "of the rank with the most (ZeRO-1: all but the gradient zeroing on the 1/DP shard; FSDP: "
+                        "all of it), and the tied embedding's fp32 gradient all-reduced between the first and "
+                        "last rank when they differ",
                 "state_bytes_per_param": {
                     "none": "2 weights + 4 fp32 grads + 12 Adam/master (16-bit training) on every replica",
                     "optimizer": "Megatron's distributed optimizer (ZeRO-1): 6 + 12/DP",
@@ -129,6 +135,8 @@ class PlanResult:
         b = self.configs[0] if self.configs else None
         return {
             "iteration_s": b.iteration_ms / 1e3 if b else None, "mfu": b.mfu if b else None,
+            "pipeline_s": b.makespan_ms / 1e3 if b else None, "dp_exposed_s": b.dp_exposed_ms / 1e3 if b else None,
+            "step_s": b.step_ms / 1e3 if b else None,
             "peak_allocated_gib": b.memory.device / GiB if b else None,
             "peak_reserved_gib": self.hardware.reserved(b.memory.device) / GiB if b else None,
             "calibration": calibration_note(self.hardware), "calibrated": bool(self.hardware.calibration),

@@ -220,7 +220,8 @@ def _plain_phase(problem: Problem, simulator: Simulator, candidates: list[_Candi
     if not order:
         return
     for c in candidates:
-        c.bound = max(c.bound, min(time_bound(simulator.costs, c.split, c.family, c.m, rc) for rc in order))
+        c.bound = max(c.bound, min(time_bound(simulator.costs, c.split, c.family, c.m, rc,
+                                              problem.options.dp_sharding) for rc in order))
     fits_v_zb = {(c.split, c.m) for c in (everyone or candidates) if c.family.schedule == "v-zb" and c.fit}
     for c in sorted(candidates, key=lambda c: c.bound):
         if c.family.schedule == "v-auto" and (c.split, c.m) in fits_v_zb:
