@@ -20,13 +20,14 @@ per-op release times (the offload pass's delayed backwards and postponed forward
 from __future__ import annotations
 
 import math
+from array import array
 from collections import deque
 from typing import Any, Callable, Mapping, Sequence
 
 from ..costs import Costs, MemoryDeltas
 from ..errors import ScheduleError
 from ..ir import Op, OpKind, Placement, Schedule, overlap_pairs
-from ..timeline import ALLOC, FREE, TimedOp, Timeline, _clean, memory_sweep
+from ..timeline import ALLOC, FREE, EventColumns, TimedOp, Timeline, _clean, memory_sweep
 
 #: Completion key of an op: ("F"|"B"|"W", stage, microbatch). B and BW both
 #: complete the "B" key (they produce the input gradient).
@@ -553,21 +554,139 @@ def simulate(
     pl = schedule.placement
     dur = costs.duration_table(pl)
     mem = memory.delta_table(pl)
+    fields = dict(name=schedule.name, num_microbatches=schedule.num_microbatches, chunks=schedule.chunks,
+                  memory_unit=memory_unit, meta={"params": dict(schedule.params)})
+    columns = _timed_columns(schedule, dur, mem, costs.comm)
+    if columns is not None:
+        return Timeline.from_columns(schedule.num_ranks, columns, **fields)
     events = run_list_schedule(
         schedule,
         lambda o: dur[o.stage][o.kind],
         costs.comm,
         lambda o: mem[o.stage][o.kind],
     )
-    return Timeline(
-        num_ranks=schedule.num_ranks,
-        events=events,
-        name=schedule.name,
-        num_microbatches=schedule.num_microbatches,
-        chunks=schedule.chunks,
-        memory_unit=memory_unit,
-        meta={"params": dict(schedule.params)},
-    )
+    return Timeline(num_ranks=schedule.num_ranks, events=events, **fields)
+
+
+#: The compute kinds in the compact addresses' order: an op's *table index* is
+#: ``kind index · S + stage``, which gives its engine code, duration and memory delta.
+_TABLE_KINDS = (OpKind.F, OpKind.B, OpKind.W, OpKind.BW)
+_TABLE_KIND_INDEX = {k: i for i, k in enumerate(_TABLE_KINDS)}
+
+
+def _compact_addresses(schedule: Schedule) -> tuple[list[list[Op]], list[array], list[array], int] | None:
+    """Per rank: its compute ops (the schedule's own list when it holds nothing else),
+    each op's table index (:data:`_TABLE_KINDS`) and microbatch as ``array('l')``, and
+    the number of microbatches to size the engine for. None when an op is outside the
+    placement's layer groups, has a negative microbatch or sits in another rank's list
+    (the general path then raises or times it as before)."""
+    S, m = schedule.num_stages, schedule.num_microbatches
+    kind_index = _TABLE_KIND_INDEX
+    ops_out, tis_out, mbs_out = [], [], []
+    top = m - 1
+    for r, lst in enumerate(schedule.ranks):
+        tis, mbs = array("l"), array("l")
+        ti_add, mb_add = tis.append, mbs.append
+        other = False
+        for op in lst:
+            k = kind_index.get(op.kind)
+            if k is None:
+                other = True
+                continue
+            s, j = op.stage, op.microbatch
+            if not (0 <= s < S and j >= 0) or op.rank != r:
+                return None
+            if j > top:
+                top = j
+            ti_add(k * S + s)
+            mb_add(j)
+        ops_out.append([o for o in lst if o.kind in _COMPUTE] if other else lst)
+        tis_out.append(tis)
+        mbs_out.append(mbs)
+    return ops_out, tis_out, mbs_out, top + 1
+
+
+def _timed_columns(schedule: Schedule, dur: Sequence[Mapping[OpKind, float]],
+                   mem: Sequence[Mapping[OpKind, float]], comm: float) -> EventColumns | None:
+    """:func:`simulate`'s timing as :class:`EventColumns`, without an :class:`Op` lookup
+    per op of the durations and deltas nor a :class:`TimedOp`: the same engine and fused
+    loop as :func:`run_list_schedule`, the same floats in the same event order.
+
+    None (the caller takes :func:`run_list_schedule`, which then raises or times as
+    ever) for overlapped pairs, a deadlock, a duration or delta that is not a float,
+    and the cases :func:`_compact_addresses` leaves out. Cost: O(number of ops)."""
+    if overlap_pairs(schedule):
+        return None
+    S = schedule.num_stages
+    dur_of = [dur[s][k] for k in _TABLE_KINDS for s in range(S)]
+    mem_of = [mem[s][k] for k in _TABLE_KINDS for s in range(S)]
+    if not all(type(x) is float for x in dur_of + mem_of):  # an int would print as one
+        return None
+    addr = _compact_addresses(schedule)
+    if addr is None:
+        return None
+    ops, tis, mbs, m = addr
+    engine = ListScheduler(schedule.placement.stage_to_rank, m, comm, 0.0)
+    own_of = [KIND_CODE[k] * S + s for k in _TABLE_KINDS for s in range(S)]
+    starts = [array("d", bytes(8 * len(t))) for t in tis]
+    ends = [array("d", bytes(8 * len(t))) for t in tis]
+    order = _time_compact(engine, tis, mbs, own_of, dur_of, starts, ends)
+    if len(order) < sum(map(len, tis)):
+        return None  # deadlock: run_list_schedule names the cycle
+    mems = [array("d", map(mem_of.__getitem__, t)) for t in tis]
+    return EventColumns(ops, starts, ends, mems, order)
+
+
+def _time_compact(engine: ListScheduler, tis: Sequence[array], mbs: Sequence[array], own_of: Sequence[int],
+                  dur_of: Sequence[float], starts: Sequence[array], ends: Sequence[array]) -> array:
+    """:func:`_time_rank_lists` over compact addresses (rank ``r``'s op ``i`` is
+    ``own_of[tis[r][i]]``, microbatch ``mbs[r][i]``, runs for ``dur_of[tis[r][i]]``):
+    writes each op's start and end into ``starts``/``ends`` and returns the rank of each
+    placed op in placement order (as many as were placed: fewer on a deadlock)."""
+    S, m = engine.num_stages, engine.num_microbatches
+    deps, clock, origin = engine.deps, engine.clock, engine.origin
+    unplaced = _NOT_PLACED
+    end = array("d", [unplaced]) * len(engine.end)  # the engine's end table, 8 bytes a slot
+    rank_of = [engine.rank_of[own % S] for own in own_of]  # per table index
+    p = len(tis)
+    done = [0] * p
+    order = array("l")
+    note = order.append
+    waiting: dict[int, list[int]] = {}
+    ready = deque(range(p))
+    while ready:
+        r = ready.popleft()
+        ti, mb_of, st, en = tis[r], mbs[r], starts[r], ends[r]
+        i, n = done[r], len(ti)
+        while i < n:
+            k, mb = ti[i], mb_of[i]
+            own = own_of[k]
+            t = origin
+            missing = -1
+            for base, latency in deps[own]:
+                e = end[base + mb]
+                if e == unplaced:
+                    missing = base + mb
+                    break
+                e += latency
+                if e > t:
+                    t = e
+            if missing >= 0:
+                waiting.setdefault(missing, []).append(r)
+                break
+            q = rank_of[k]
+            if clock[q] > t:
+                t = clock[q]
+            slot = own * m + mb
+            st[i] = t
+            en[i] = end[slot] = clock[q] = t + dur_of[k]
+            note(r)
+            i += 1
+            woken = waiting.pop(slot, None)
+            if woken:
+                ready.extend(woken)
+        done[r] = i
+    return order
 
 
 def order_figures(
