@@ -11,8 +11,8 @@ Rules checked, in order:
 5. deadlock freedom: cross-rank dependencies can be satisfied (no cycle), each
    overlapped pair run as one op (its F waits for its backward's inputs).
 
-Cost: O(number of ops) for p ranks, v chunks and m microbatches, i.e. O(p·v·m), each
-rule one pass with flat per-(layer group, microbatch) tables (rule 2 is a byte scan in
+Cost: O(number of ops) for p ranks, v chunks and m microbatches, i.e. O(p·v·m), rules 1 and 3
+in one pass, with flat per-(layer group, microbatch) tables (rule 2 is a byte scan in
 C); rule 5 is the timing pass's engine without the timing (docs/algorithms.md#9-speed).
 """
 
@@ -43,22 +43,28 @@ def validate(schedule: Schedule) -> None:
         raise ScheduleError(f"schedule has {m} microbatches; need at least 1")
     if len(schedule.ranks) != pl.num_ranks:
         raise ScheduleError(f"schedule has {len(schedule.ranks)} op lists but the placement has {pl.num_ranks} ranks")
-    counts = _check_shape(schedule)
+    counts, order_error = _check_shape(schedule)
     _check_complete(schedule, counts)
-    _check_local_order(schedule)
+    if order_error:  # rule 3, found in rule 1's pass and raised after rule 2
+        raise ScheduleError(order_error)
     _check_overlap(schedule)
     prove_deadlock_free(schedule)
 
 
-def _check_shape(schedule: Schedule) -> list[bytearray]:
-    """Rule 1, and no op twice: each compute op agrees with the placement. Returns, per
-    kind (F, B, W, BW), a 0/1 table over ``stage·m + microbatch`` of the ops present."""
+def _check_shape(schedule: Schedule) -> tuple[list[bytearray], str | None]:
+    """Rule 1, and no op twice: each compute op agrees with the placement; in the same
+    pass, rule 3 (:func:`_check_local_order`), whose first error is returned, not raised
+    (rule 2 comes first). Returns, per kind (F, B, W, BW), a 0/1 table over
+    ``stage·m + microbatch`` of the ops present, and rule 3's error message or None."""
     pl = schedule.placement
     S, m = pl.num_stages, schedule.num_microbatches
     counts = [bytearray(S * m) for _ in range(4)]
     have_b, have_w, have_bw = counts[_B], counts[_W], counts[_BW]
     rank_of, chunk_of = pl.stage_to_rank, pl._chunk_of
     kind_index = _KIND_INDEX
+    local, done = _local_inputs(schedule), bytearray(3 * S * m)
+    code_of = (0, 1, 2, 1)  # KIND_CODE by kind index: a BW completes the B
+    order_error = None
     for r, lst in enumerate(schedule.ranks):
         for i, op in enumerate(lst):
             k = kind_index.get(op.kind)
@@ -89,7 +95,35 @@ def _check_shape(schedule: Schedule) -> list[bytearray]:
                         bad = "B/W together with BW for the same layer group and microbatch"
             if bad:
                 raise ScheduleError(f"rank {r}, position {i}: {op}: {bad}")
-    return counts
+            own = code_of[k] * S + stage
+            for base, _, _ in local[own]:
+                if not done[base + j] and order_error is None:
+                    order_error = _local_order_error(local[own], done, r, i, op)
+            done[own * m + j] = 1
+    return counts, order_error
+
+
+def _local_inputs(schedule: Schedule) -> list[tuple[tuple[int, int, int], ...]]:
+    """Per (code, stage): its same-rank inputs as (slot of microbatch 0, code, stage)."""
+    pl = schedule.placement
+    S, m = pl.num_stages, schedule.num_microbatches
+    rank_of = pl.stage_to_rank
+    return [
+        tuple(((dc * S + ds) * m, dc, ds) for dc, ds in _code_dependencies(c, s, S) if rank_of[ds] == rank_of[s])
+        for c in range(3) for s in range(S)
+    ]
+
+
+def _local_order_error(inputs: tuple[tuple[int, int, int], ...], done: bytearray, r: int, i: int,
+                       op: object) -> str | None:
+    """Rule 3's message for ``op`` (rank ``r``, position ``i``) if a same-rank input is
+    not ``done`` yet, else None."""
+    mb = op.microbatch
+    for base, dc, ds in inputs:
+        if not done[base + mb]:
+            return (f"rank {r}, position {i}: {op} comes before its same-rank dependency "
+                    f"{'FBW'[dc]}(stage={ds}, mb={mb}) (rule: local order)")
+    return None
 
 
 def _check_complete(schedule: Schedule, counts: list[bytearray]) -> None:
@@ -113,35 +147,6 @@ def _check_complete(schedule: Schedule, counts: list[bytearray]) -> None:
         f"missing {miss} for (stage={s}, mb={j}) on rank {pl.rank_of(s)} "
         f"(rule: one BW, or one B and one W)"
     )
-
-
-def _check_local_order(schedule: Schedule) -> None:
-    """Rule 3: on each rank an op comes after its dependencies that share its rank.
-    (Rule 1 holds: every op sits on its layer group's rank, so one table of completed
-    ops over all ranks answers each rank's question.)"""
-    pl = schedule.placement
-    S, m = pl.num_stages, schedule.num_microbatches
-    rank_of = pl.stage_to_rank
-    # Per (code, stage): the same-rank inputs as (slot of microbatch 0, code, stage).
-    local = [
-        tuple(((dc * S + ds) * m, dc, ds) for dc, ds in _code_dependencies(c, s, S) if rank_of[ds] == rank_of[s])
-        for c in range(3) for s in range(S)
-    ]
-    done = bytearray(3 * S * m)
-    kind_code = KIND_CODE
-    for r, lst in enumerate(schedule.ranks):
-        for i, op in enumerate(lst):
-            code = kind_code.get(op.kind)
-            if code is None:  # not a compute op
-                continue
-            own, mb = code * S + op.stage, op.microbatch
-            for base, dc, ds in local[own]:
-                if not done[base + mb]:
-                    raise ScheduleError(
-                        f"rank {r}, position {i}: {op} comes before its same-rank dependency "
-                        f"{'FBW'[dc]}(stage={ds}, mb={mb}) (rule: local order)"
-                    )
-            done[own * m + mb] = 1
 
 
 def _check_overlap(schedule: Schedule) -> None:
