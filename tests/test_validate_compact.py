@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeoffload.errors import ScheduleError
-from pipeoffload.ir import OpKind, Schedule
+from pipeoffload.ir import OpKind, Schedule, build_schedule
 from pipeoffload.passes import validate as V
 from pipeoffload.passes.timing import (KIND_CODE, _code_dependencies, _compact_addresses, _proved_compact,
-                                       prove_deadlock_free, run_list_schedule)
+                                       prove_deadlock_free, run_list_schedule, simulate)
 from pipeoffload.schedules import generate
 
 
@@ -151,3 +151,19 @@ def test_edits_reach_every_rule() -> None:
     assert verdicts == [_verdict(_old_validate, sched.with_ranks(ranks)) for ranks in (
         [r0, [r1[1], r1[0]] + r1[2:]], [[dataclasses.replace(r0[0], chunk=1)] + r0[1:], r1], [r0[1:], r1],
         [r0[:1] + [r0[2], r0[1]] + r0[3:], [r1[2], r1[0], r1[1], r1[3]]])]
+
+
+@settings(max_examples=300, deadline=None)
+@given(sched=broken())
+def test_compact_schedule_gives_the_old_verdict(sched: Schedule) -> None:
+    """The same broken orders built as compact arrays (build_schedule: each op's rank
+    and chunk are its layer group's) are judged by their arrays as the Op lists are."""
+    triples = [[(o.kind, o.stage, o.microbatch) for o in lst] for lst in sched.ranks]
+    compact = build_schedule(sched.name, sched.num_microbatches, sched.placement, triples)
+    assert compact.compact is not None
+    ops = build_schedule(sched.name, sched.num_microbatches, sched.placement, triples)
+    expected = _verdict(_old_validate, ops.with_ranks(ops.ranks))
+    assert _verdict(V.validate, compact) == expected
+    if expected == "valid":
+        assert compact.compact is not None  # judged without making the Op lists
+        assert simulate(compact).summary() == simulate(ops.with_ranks(ops.ranks)).summary()

@@ -21,7 +21,7 @@ from array import array
 from collections import deque
 from dataclasses import dataclass, field
 from itertools import accumulate
-from operator import itemgetter, sub
+from operator import itemgetter, le, lt, sub
 from typing import Iterable, Iterator, Sequence
 
 from .ir import Op
@@ -281,8 +281,7 @@ class Timeline:
         """Per rank, the highest activation memory over the iteration (≥ 0)."""
         if self._columns is not None:  # one rank's changes at a time
             cols, n = self._columns, len(self._columns.ops)
-            return [_clean(max([0.0] + [level for _, _, level in memory_sweep(_column_changes(cols, r))]))
-                    if r < n else 0.0 for r in range(self.num_ranks)]
+            return [_clean(_column_peak(cols, r)) if r < n else 0.0 for r in range(self.num_ranks)]
         return [_clean(max([0.0] + [level for _, _, level in sweep])) for sweep in self.memory_sweeps()]
 
     def summary(self) -> dict:
@@ -340,6 +339,20 @@ class Timeline:
                 first[r], last[r] = min(st), max(en)
                 busy[r] = deque(accumulate(map(sub, en, st), initial=0.0), maxlen=1)[0]
         return first, last, busy
+
+
+def _column_peak(cols: EventColumns, r: int) -> float:
+    """``max([0.0] + levels of memory_sweep(rank r's changes))``. A rank's ops run one
+    after another, each starting no earlier than the previous one's end; when every one
+    lasts a positive time, its changes (an allocation at its start, or a free at its end)
+    are then already in the sweep's order (times never decrease, and where two meet it
+    is a free at one op's end before an allocation at the next one's start), so the
+    levels are the running sums of the deltas in the rank's order, taken in C. Otherwise
+    the sweep itself."""
+    st, en, mem = cols.start[r], cols.end[r], cols.mem[r]
+    if all(map(lt, st, en)) and all(map(le, en, st[1:])):
+        return max(accumulate(mem, initial=0.0))
+    return max([0.0] + [level for _, _, level in memory_sweep(_column_changes(cols, r))])
 
 
 def _column_changes(cols: EventColumns, r: int) -> list[Change]:

@@ -22,11 +22,12 @@ from __future__ import annotations
 import math
 from array import array
 from collections import deque
+from operator import add
 from typing import Any, Callable, Mapping, Sequence
 
 from ..costs import Costs, MemoryDeltas
 from ..errors import ScheduleError
-from ..ir import Op, OpKind, Placement, Schedule, overlap_pairs
+from ..ir import CompactOrders, Op, OpKind, Placement, RankOps, Schedule, overlap_pairs
 from ..timeline import ALLOC, FREE, EventColumns, TimedOp, Timeline, _clean, memory_sweep
 
 #: Completion key of an op: ("F"|"B"|"W", stage, microbatch). B and BW both
@@ -621,6 +622,9 @@ def _compact_addresses(schedule: Schedule) -> tuple[list[list[Op]], list[array],
     placement's layer groups, has a negative microbatch or sits in another rank's list
     (the general path then raises or times it as before)."""
     S, m = schedule.num_stages, schedule.num_microbatches
+    compact = schedule.compact
+    if compact is not None and compact.compute_only():
+        return _compact_from_arrays(schedule, compact)
     kind_index = _TABLE_KIND_INDEX
     ops_out, tis_out, mbs_out = [], [], []
     top = m - 1
@@ -644,6 +648,24 @@ def _compact_addresses(schedule: Schedule) -> tuple[list[list[Op]], list[array],
         tis_out.append(tis)
         mbs_out.append(mbs)
     return ops_out, tis_out, mbs_out, top + 1
+
+
+def _compact_from_arrays(schedule: Schedule, compact: CompactOrders
+                         ) -> tuple[list[RankOps], list[array], list[array], int] | None:
+    """:func:`_compact_addresses` of a schedule still held as compute-only
+    :class:`CompactOrders` (its kind codes are the table's kind indices, F, B, W, BW;
+    every layer group is in range), in C: no :class:`Op` is made."""
+    pl = schedule.placement
+    S, m, rank_of = pl.num_stages, schedule.num_microbatches, pl.stage_to_rank
+    tis_out, top = [], m - 1
+    for r, (ks, ss, js) in enumerate(zip(compact.kinds, compact.stages, compact.mbs)):
+        if js and (min(js) < 0 or set(map(rank_of.__getitem__, ss)) != {r}):
+            return None
+        if js:
+            top = max(top, max(js))
+        tis_out.append(array("l", map(add, map(S.__mul__, ks), ss)))
+    ops = [compact.rank_ops(pl, r) for r in range(len(tis_out))]
+    return ops, tis_out, list(compact.mbs), top + 1
 
 
 def _timed_columns(schedule: Schedule, dur: Sequence[Mapping[OpKind, float]],

@@ -19,7 +19,7 @@ C); rule 5 is the timing pass's engine without the timing (docs/algorithms.md#9-
 from __future__ import annotations
 
 from ..errors import ScheduleError
-from ..ir import OpKind, Schedule, overlap_pairs
+from ..ir import CompactOrders, OpKind, Schedule, overlap_pairs
 from .timing import KIND_CODE, _code_dependencies, prove_deadlock_free
 
 #: Index of each compute kind in the validator's per-kind tables.
@@ -41,9 +41,11 @@ def validate(schedule: Schedule) -> None:
     m = schedule.num_microbatches
     if m < 1:
         raise ScheduleError(f"schedule has {m} microbatches; need at least 1")
-    if len(schedule.ranks) != pl.num_ranks:
-        raise ScheduleError(f"schedule has {len(schedule.ranks)} op lists but the placement has {pl.num_ranks} ranks")
-    counts, order_error = _check_shape(schedule)
+    compact = schedule.compact
+    lists = len(compact.kinds) if compact is not None else len(schedule.ranks)
+    if lists != pl.num_ranks:
+        raise ScheduleError(f"schedule has {lists} op lists but the placement has {pl.num_ranks} ranks")
+    counts, order_error = _check_shape(schedule) if compact is None else _check_shape_compact(schedule, compact)
     _check_complete(schedule, counts)
     if order_error:  # rule 3, found in rule 1's pass and raised after rule 2
         raise ScheduleError(order_error)
@@ -99,6 +101,50 @@ def _check_shape(schedule: Schedule) -> tuple[list[bytearray], str | None]:
             for base, _, _ in local[own]:
                 if not done[base + j] and order_error is None:
                     order_error = _local_order_error(local[own], done, r, i, op)
+            done[own * m + j] = 1
+    return counts, order_error
+
+
+def _check_shape_compact(schedule: Schedule, compact: CompactOrders) -> tuple[list[bytearray], str | None]:
+    """:func:`_check_shape` over a schedule still held as :class:`CompactOrders`: the
+    same checks, tables and messages (an op's rank and chunk are its layer group's, so
+    rule 1 asks only whether that rank is the list's), an :class:`Op` made only for a
+    message."""
+    pl = schedule.placement
+    S, m = pl.num_stages, schedule.num_microbatches
+    counts = [bytearray(S * m) for _ in range(4)]
+    have_b, have_w, have_bw = counts[_B], counts[_W], counts[_BW]
+    rank_of = pl.stage_to_rank
+    local, done = _local_inputs(schedule), bytearray(3 * S * m)
+    code_of = (0, 1, 2, 1)  # KIND_CODE by kind index: a BW completes the B
+    order_error = None
+    for r, (ks, ss, js) in enumerate(zip(compact.kinds, compact.stages, compact.mbs)):
+        for i, (k, stage, j) in enumerate(zip(ks, ss, js)):
+            if k >= 4:  # not a compute op
+                continue
+            bad = None
+            if not 0 <= j < m:
+                bad = f"microbatch out of range 0..{m - 1}"
+            elif rank_of[stage] != r:
+                bad = (f"layer group {stage} is placed on rank {rank_of[stage]}, "
+                       f"not rank {r} (rule: placement consistent)")
+            else:
+                idx = stage * m + j
+                table = counts[k]
+                if table[idx]:
+                    bad = "duplicate op (rule: each op runs exactly once)"
+                else:
+                    table[idx] = 1
+                    if k == _BW and (have_b[idx] or have_w[idx]):
+                        bad = "BW together with B/W for the same layer group and microbatch"
+                    elif (k == _B or k == _W) and have_bw[idx]:
+                        bad = "B/W together with BW for the same layer group and microbatch"
+            if bad:
+                raise ScheduleError(f"rank {r}, position {i}: {compact.op(pl, r, i)}: {bad}")
+            own = code_of[k] * S + stage
+            for base, _, _ in local[own]:
+                if not done[base + j] and order_error is None:
+                    order_error = _local_order_error(local[own], done, r, i, compact.op(pl, r, i))
             done[own * m + j] = 1
     return counts, order_error
 
