@@ -12,7 +12,6 @@ from array import array
 from collections.abc import Sequence as _SequenceABC
 from dataclasses import dataclass, field
 from enum import Enum
-from operator import itemgetter
 from typing import Iterable, Iterator, Sequence
 
 from .errors import ParameterError, require
@@ -255,6 +254,7 @@ Schedule.ranks = property(Schedule._get_ranks, Schedule._set_ranks,
 #: Every OpKind in declaration order: a compact order's kind codes index it (F, B, W, BW
 #: first: the compute kinds are codes 0..3).
 ALL_KINDS: tuple[OpKind, ...] = tuple(OpKind)
+_TRIPLE = 3  #: the length of a (kind, stage, microbatch) triple
 _KIND_CODE = {k: i for i, k in enumerate(ALL_KINDS)}
 
 
@@ -281,8 +281,10 @@ class CompactOrders:
         S = placement.num_stages
         kinds, stages, mbs = [], [], []
         for lst in per_rank:
-            lst = lst if isinstance(lst, list) else list(lst)
-            ks, ss, js = (list(map(itemgetter(i), lst)) for i in range(3))
+            lst = lst if isinstance(lst, (list, tuple)) else list(lst)
+            if any(map(_TRIPLE.__ne__, map(len, lst))):
+                return None
+            ks, ss, js = zip(*lst) if lst else ((), (), ())
             if not (set(map(type, ks)) <= {OpKind} and set(map(type, ss)) <= {int} and set(map(type, js)) <= {int}):
                 return None
             if ss and (min(ss) < 0 or max(ss) >= S):

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from ..errors import ScheduleError
 from ..ir import CompactOrders, OpKind, Schedule, overlap_pairs
-from .timing import KIND_CODE, _code_dependencies, prove_deadlock_free
+from .timing import KIND_CODE, _code_dependencies, _compact_addresses, _proved_compact, prove_deadlock_free
 
 #: Index of each compute kind in the validator's per-kind tables.
 _F, _B, _W, _BW = 0, 1, 2, 3
@@ -45,7 +45,12 @@ def validate(schedule: Schedule) -> None:
     lists = len(compact.kinds) if compact is not None else len(schedule.ranks)
     if lists != pl.num_ranks:
         raise ScheduleError(f"schedule has {lists} op lists but the placement has {pl.num_ranks} ranks")
-    counts, order_error = _check_shape(schedule) if compact is None else _check_shape_compact(schedule, compact)
+    if compact is not None:
+        _check_complete(schedule, _check_shape_compact(schedule, compact))
+        if not overlap_pairs(schedule) and _proved(schedule):
+            return  # rules 3 to 5 hold: a proof that places every op places its same-rank inputs first
+        # else the Op lists' checks below name the first broken rule
+    counts, order_error = _check_shape(schedule)
     _check_complete(schedule, counts)
     if order_error:  # rule 3, found in rule 1's pass and raised after rule 2
         raise ScheduleError(order_error)
@@ -105,19 +110,24 @@ def _check_shape(schedule: Schedule) -> tuple[list[bytearray], str | None]:
     return counts, order_error
 
 
-def _check_shape_compact(schedule: Schedule, compact: CompactOrders) -> tuple[list[bytearray], str | None]:
-    """:func:`_check_shape` over a schedule still held as :class:`CompactOrders`: the
-    same checks, tables and messages (an op's rank and chunk are its layer group's, so
-    rule 1 asks only whether that rank is the list's), an :class:`Op` made only for a
-    message."""
+def _proved(schedule: Schedule) -> bool:
+    """Whether the compact deadlock proof places every compute op (no overlapped pairs).
+    It places each rank's ops in order, each once its inputs are placed, so when it
+    places them all, every op came after its same-rank inputs (rule 3) too."""
+    addr = _compact_addresses(schedule)
+    return addr is not None and _proved_compact(schedule, *addr)
+
+
+def _check_shape_compact(schedule: Schedule, compact: CompactOrders) -> list[bytearray]:
+    """Rule 1 and no op twice, as :func:`_check_shape`, over a schedule still held as
+    :class:`CompactOrders`: the same checks, tables and messages (an op's rank and chunk
+    are its layer group's, so rule 1 asks only whether that rank is the list's), an
+    :class:`Op` made only for a message; rule 3 is left to the proof (:func:`_proved`)."""
     pl = schedule.placement
     S, m = pl.num_stages, schedule.num_microbatches
     counts = [bytearray(S * m) for _ in range(4)]
     have_b, have_w, have_bw = counts[_B], counts[_W], counts[_BW]
     rank_of = pl.stage_to_rank
-    local, done = _local_inputs(schedule), bytearray(3 * S * m)
-    code_of = (0, 1, 2, 1)  # KIND_CODE by kind index: a BW completes the B
-    order_error = None
     for r, (ks, ss, js) in enumerate(zip(compact.kinds, compact.stages, compact.mbs)):
         for i, (k, stage, j) in enumerate(zip(ks, ss, js)):
             if k >= 4:  # not a compute op
@@ -141,12 +151,7 @@ def _check_shape_compact(schedule: Schedule, compact: CompactOrders) -> tuple[li
                         bad = "B/W together with BW for the same layer group and microbatch"
             if bad:
                 raise ScheduleError(f"rank {r}, position {i}: {compact.op(pl, r, i)}: {bad}")
-            own = code_of[k] * S + stage
-            for base, _, _ in local[own]:
-                if not done[base + j] and order_error is None:
-                    order_error = _local_order_error(local[own], done, r, i, compact.op(pl, r, i))
-            done[own * m + j] = 1
-    return counts, order_error
+    return counts
 
 
 def _local_inputs(schedule: Schedule) -> list[tuple[tuple[int, int, int], ...]]:

@@ -359,14 +359,14 @@ class _PeriodSkip:
         the i-th one microbatch ``i`` and ``i·delta`` later; move the state on by ``k``."""
         run, tr = self.run, self.run.tracker
         S, M, end, clock = tr.num_stages, tr.num_microbatches, tr.end, tr.clock
+        shifts = [i * delta for i in range(1, k + 1)]
         for r, order in enumerate(tr.order):
-            last = [(kind, s, j, (KIND_CODE[kind] * S + s) * M + j) for kind, s, j in order[before[r]:after[r]]]
-            add = order.append
-            for i in range(1, k + 1):
-                shift = i * delta
-                for kind, s, j, slot in last:
-                    add((kind, s, j + i))
-                    end[slot + i] = end[slot] + shift
+            block = order[before[r]:after[r]]
+            order.extend([(kind, s, j + i) for i in range(1, k + 1) for kind, s, j in block])
+            for kind, s, j in block:  # an op's copies are the next k slots of its row
+                slot = (KIND_CODE[kind] * S + s) * M + j
+                e = end[slot]
+                end[slot + 1:slot + k + 1] = [e + x for x in shifts]
             clock[r] += k * delta
         for counts in run.forwards + run.backwards:
             for r in range(run.p):
