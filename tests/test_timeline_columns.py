@@ -82,5 +82,11 @@ def test_general_path_cases_still_raise_or_time() -> None:
     wrong = sched.with_ranks([[dataclasses.replace(first, rank=1)] + sched.ranks[0][1:], sched.ranks[1]])
     tl = simulate(wrong)  # an op saying rank 1 in rank 0's list: timed as before, by the general path
     assert tl._columns is None and tl.summary() == _general(wrong, Costs(), MemoryDeltas()).summary()
+    zb = generate("zb-h1", 2, 3)
+    last_w = zb.ranks[1][-1]
+    assert last_w.kind.value == "W"
+    moved = zb.with_ranks([zb.ranks[0] + [dataclasses.replace(last_w, rank=0)], zb.ranks[1][:-1]])
+    tl = simulate(moved)  # rank 1's W in rank 0's list, saying rank 0: the engine runs it on rank 1's clock
+    assert tl._columns is None and tl.events == _general(moved, Costs(), MemoryDeltas()).events
     ints = simulate(sched, Costs(), MemoryDeltas(F=2, B=0, W=-2))
     assert ints.summary() == _general(sched, Costs(), MemoryDeltas(F=2, B=0, W=-2)).summary()

@@ -620,12 +620,13 @@ def _compact_addresses(schedule: Schedule) -> tuple[list[list[Op]], list[array],
     each op's table index (:data:`_TABLE_KINDS`) and microbatch as ``array('l')``, and
     the number of microbatches to size the engine for. None when an op is outside the
     placement's layer groups, has a negative microbatch or sits in another rank's list
-    (the general path then raises or times it as before)."""
+    (its ``rank`` or its layer group's rank is not the list's): the general path then
+    raises or times it as before."""
     S, m = schedule.num_stages, schedule.num_microbatches
     compact = schedule.compact
     if compact is not None and compact.compute_only():
         return _compact_from_arrays(schedule, compact)
-    kind_index = _TABLE_KIND_INDEX
+    kind_index, rank_of = _TABLE_KIND_INDEX, schedule.placement.stage_to_rank
     ops_out, tis_out, mbs_out = [], [], []
     top = m - 1
     for r, lst in enumerate(schedule.ranks):
@@ -638,7 +639,7 @@ def _compact_addresses(schedule: Schedule) -> tuple[list[list[Op]], list[array],
                 other = True
                 continue
             s, j = op.stage, op.microbatch
-            if not (0 <= s < S and j >= 0) or op.rank != r:
+            if not (0 <= s < S and j >= 0) or op.rank != r or rank_of[s] != r:
                 return None
             if j > top:
                 top = j
@@ -709,7 +710,6 @@ def _time_compact(engine: ListScheduler, tis: Sequence[array], mbs: Sequence[arr
     deps, clock, origin = engine.deps, engine.clock, engine.origin
     unplaced = _NOT_PLACED
     end = array("d", [unplaced]) * len(engine.end)  # the engine's end table, 8 bytes a slot
-    rank_of = [engine.rank_of[own % S] for own in own_of]  # per table index
     p = len(tis)
     done = [0] * p
     order = array("l")
@@ -720,6 +720,7 @@ def _time_compact(engine: ListScheduler, tis: Sequence[array], mbs: Sequence[arr
         r = ready.popleft()
         ti, mb_of, st, en = tis[r], mbs[r], starts[r], ends[r]
         i, n = done[r], len(ti)
+        c = clock[r]  # every op of list r is on rank r (_compact_addresses): its clock, while r runs
         while i < n:
             k, mb = ti[i], mb_of[i]
             own = own_of[k]
@@ -736,18 +737,17 @@ def _time_compact(engine: ListScheduler, tis: Sequence[array], mbs: Sequence[arr
             if missing >= 0:
                 waiting.setdefault(missing, []).append(r)
                 break
-            q = rank_of[k]
-            if clock[q] > t:
-                t = clock[q]
+            if c > t:
+                t = c
             slot = own * m + mb
             st[i] = t
-            en[i] = end[slot] = clock[q] = t + dur_of[k]
+            en[i] = end[slot] = c = t + dur_of[k]
             note(r)
             i += 1
             woken = waiting.pop(slot, None)
             if woken:
                 ready.extend(woken)
-        done[r] = i
+        done[r], clock[r] = i, c
     return order
 
 
