@@ -14,6 +14,9 @@ Rules checked, in order:
 Cost: O(number of ops) for p ranks, v chunks and m microbatches, i.e. O(p·v·m), rules 1 and 3
 in one pass, with flat per-(layer group, microbatch) tables (rule 2 is a byte scan in
 C); rule 5 is the timing pass's engine without the timing (docs/algorithms.md#9-speed).
+A schedule still held as arrays (:class:`~pipeoffload.ir.CompactOrders`) is checked on
+them: rules 1 and 2, then the proof, which implies rule 3; only when it fails are the
+Op lists made to name the first broken rule (docs/algorithms.md §9.1).
 """
 
 from __future__ import annotations

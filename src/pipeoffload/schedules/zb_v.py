@@ -18,6 +18,12 @@ local. A reading of the ZB reference scheduler:
 Variants (partial-gap filling before F and before B on or off, and re-runs that
 allow each rank the idle time the previous run found) are all kept as candidates;
 :func:`v_candidates` returns them, timed exactly by :class:`Tracker`.
+
+Cost: a run is O(p) per op (a round visits every rank and the idle allowance takes a
+max over ranks); with exact float times (durations and comm multiples of 2**-10, unit
+costs included) the steady state's repeated rounds are written at once
+(:class:`_PeriodSkip`), so a run costs its warm-up and cool-down (O(p²) ops, O(p) each) plus
+O(p·m) to write the rest: at p = 128, m = 4096, 639 + 387 rounds of ≈ 8.2 k.
 """
 
 from __future__ import annotations
