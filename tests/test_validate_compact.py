@@ -56,7 +56,7 @@ def _old_shape(schedule: Schedule) -> list[bytearray]:
 def _old_local_order(schedule: Schedule) -> None:
     """Rule 3 before the fusion: its own pass."""
     pl = schedule.placement
-    S, m = pl.num_stages, schedule.num_microbatches
+    S = pl.num_stages
     done = set()
     for r, lst in enumerate(schedule.ranks):
         for i, op in enumerate(lst):

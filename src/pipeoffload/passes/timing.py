@@ -706,7 +706,7 @@ def _time_compact(engine: ListScheduler, tis: Sequence[array], mbs: Sequence[arr
     ``own_of[tis[r][i]]``, microbatch ``mbs[r][i]``, runs for ``dur_of[tis[r][i]]``):
     writes each op's start and end into ``starts``/``ends`` and returns the rank of each
     placed op in placement order (as many as were placed: fewer on a deadlock)."""
-    S, m = engine.num_stages, engine.num_microbatches
+    m = engine.num_microbatches
     deps, clock, origin = engine.deps, engine.clock, engine.origin
     unplaced = _NOT_PLACED
     end = array("d", [unplaced]) * len(engine.end)  # the engine's end table, 8 bytes a slot
