@@ -17,9 +17,12 @@ and group-interleaved schedules, whose rank 0 both starts first and ends last.
 
 from __future__ import annotations
 
+from array import array
+from collections import deque
 from dataclasses import dataclass, field
-from operator import itemgetter
-from typing import Iterable
+from itertools import accumulate
+from operator import itemgetter, le, lt, sub
+from typing import Iterable, Iterator, Sequence
 
 from .ir import Op
 
@@ -72,9 +75,65 @@ class TimedOp:
         return self.end - self.start
 
 
+class EventColumns:
+    """A timeline's compute events held compactly: per rank, its ops (in the rank's
+    order), their starts, ends and memory deltas as ``array('d')``, and the rank of
+    each event in event order. :class:`TimedOp` objects are made only on demand.
+
+    Guarantees: :meth:`timed_ops` gives the :class:`TimedOp` list these columns stand
+    for (event ``k`` is the next op of rank ``order[k]``), every op on the
+    ``"compute"`` stream and with ``op.rank`` its column's rank.
+    """
+
+    __slots__ = ("ops", "start", "end", "mem", "order")
+
+    def __init__(self, ops: Sequence[Sequence[Op]], start: Sequence[array], end: Sequence[array],
+                 mem: Sequence[array], order: array) -> None:
+        self.ops, self.start, self.end, self.mem, self.order = ops, start, end, mem, order
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def rows(self, sort: bool = False) -> Iterator[tuple[Op, float, float, str, float]]:
+        """Each event as ``(op, start, end, "compute", mem)``: in event order, or with
+        ``sort`` in the order of a stable sort by (rank, start) — a rank's events come
+        in its list order, so that is each rank's indices sorted by start, rank by rank."""
+        ops, start, end, mem = self.ops, self.start, self.end, self.mem
+        if sort:
+            for r in range(len(ops)):
+                o, st, en, me = ops[r], start[r], end[r], mem[r]
+                for i in sorted(range(len(st)), key=st.__getitem__):
+                    yield o[i], st[i], en[i], "compute", me[i]
+            return
+        cursor = [0] * len(ops)
+        for r in self.order:
+            i = cursor[r]
+            cursor[r] = i + 1
+            yield ops[r][i], start[r][i], end[r][i], "compute", mem[r][i]
+
+    def timed_ops(self) -> list[TimedOp]:
+        """The events as :class:`TimedOp` objects, in event order."""
+        cursor = [0] * len(self.ops)
+        ops, start, end, mem = self.ops, self.start, self.end, self.mem
+        out = []
+        append = out.append
+        for r in self.order:
+            i = cursor[r]
+            cursor[r] = i + 1
+            append(TimedOp(ops[r][i], start[r][i], end[r][i], "compute", mem[r][i]))
+        return out
+
+
 @dataclass
 class Timeline:
-    """Every op's start/end per rank, with memory deltas. Times in any unit."""
+    """Every op's start/end per rank, with memory deltas. Times in any unit.
+
+    ``events`` is a plain list of :class:`TimedOp`; a timeline made by the timing pass
+    (:meth:`from_columns`) holds them as :class:`EventColumns` instead and makes that
+    list the first time ``events`` is read (from then on the list is the timeline's
+    events: appending to it or replacing it works as for any timeline). The metrics
+    below read the columns directly while they are there, with the same floats.
+    """
 
     num_ranks: int
     events: list[TimedOp]
@@ -85,6 +144,31 @@ class Timeline:
     memory_unit: str = "units"
     #: Free-form facts (e.g. parameters, predicted values, peaks without offload).
     meta: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_columns(cls, num_ranks: int, columns: EventColumns, **kwargs: object) -> "Timeline":
+        """A timeline of compute events held as ``columns`` (``kwargs``: the other fields)."""
+        tl = cls(num_ranks, [], **kwargs)
+        tl._events, tl._columns = None, columns
+        return tl
+
+    def _get_events(self) -> list[TimedOp]:
+        if self._events is None:
+            self._events, self._columns = self._columns.timed_ops(), None
+        return self._events
+
+    def _set_events(self, events: list[TimedOp]) -> None:
+        self._events, self._columns = events, None
+
+    def event_rows(self, sort: bool = False) -> Iterator[tuple[Op, float, float, str, float]]:
+        """Each event as ``(op, start, end, stream, mem)``, in event order, or with
+        ``sort`` by (rank, start) as ``sorted(events, key=(rank, start))`` orders them
+        (ties keep event order); no :class:`TimedOp` is made for a columns timeline."""
+        cols = self._columns
+        if cols is None:
+            evs = sorted(self._events, key=_RANK_START) if sort else self._events
+            return ((e.op, e.start, e.end, e.stream, e.mem) for e in evs)
+        return cols.rows(sort)
 
     # --- selection -----------------------------------------------------------------
     def rank_events(self, rank: int, stream: str | None = "compute") -> list[TimedOp]:
@@ -99,10 +183,14 @@ class Timeline:
     # --- time metrics --------------------------------------------------------------
     @property
     def start(self) -> float:
+        if self._columns is not None:
+            return min((min(a) for a in self._columns.start if a), default=0.0)
         return min((e.start for e in self.compute_events()), default=0.0)
 
     @property
     def end(self) -> float:
+        if self._columns is not None:
+            return max((max(a) for a in self._columns.end if a), default=0.0)
         return max((e.end for e in self.compute_events()), default=0.0)
 
     @property
@@ -111,6 +199,9 @@ class Timeline:
 
     def spans(self) -> list[float]:
         """Per rank: its last compute op's end − its first compute op's start."""
+        if self._columns is not None:
+            first, last, _ = self._column_figures(self._columns)
+            return [b - a if b >= a else 0.0 for a, b in zip(first, last)]
         first = [float("inf")] * self.num_ranks
         last = [float("-inf")] * self.num_ranks
         for e in self.compute_events():
@@ -128,6 +219,8 @@ class Timeline:
 
     def busy(self) -> list[float]:
         """Total compute time of each rank."""
+        if self._columns is not None:
+            return self._column_figures(self._columns)[2]
         out = [0.0] * self.num_ranks
         for e in self.compute_events():
             out[e.rank] += e.duration
@@ -155,6 +248,10 @@ class Timeline:
         """Per rank, every memory change of its events as ``(time, FREE|ALLOC, delta)``:
         a positive ``mem`` at the event's start, a negative one at its end."""
         points: list[list[Change]] = [[] for _ in range(self.num_ranks)]
+        if self._columns is not None:
+            for r in range(len(self._columns.ops)):
+                points[r] = _column_changes(self._columns, r)
+            return points
         for e in self.events:
             mem = e.mem
             if mem > 0:
@@ -182,11 +279,36 @@ class Timeline:
 
     def peak_memory(self) -> list[float]:
         """Per rank, the highest activation memory over the iteration (≥ 0)."""
+        if self._columns is not None:  # one rank's changes at a time
+            cols, n = self._columns, len(self._columns.ops)
+            return [_clean(_column_peak(cols, r)) if r < n else 0.0 for r in range(self.num_ranks)]
         return [_clean(max([0.0] + [level for _, _, level in sweep])) for sweep in self.memory_sweeps()]
 
     def summary(self) -> dict:
         """The JSON-ready core metrics: those of the properties above, from one pass over
         the events (each property alone makes its own pass)."""
+        if self._columns is not None:
+            first, last, busy = self._column_figures(self._columns)
+            start, end = min(first, default=float("inf")), max(last, default=float("-inf"))
+        else:
+            start, end, first, last, busy = self._event_figures()
+        if start > end:  # no compute event: as the properties' defaults
+            start = end = 0.0
+        makespan = end - start
+        it = max([y - x if y >= x else 0.0 for x, y in zip(first, last)], default=0.0)
+        top = max(busy)
+        return {
+            "makespan": _clean(makespan),
+            "iteration_time": _clean(it),
+            "bubble_rate": _clean(1.0 - top / it if it > 0 else 0.0),
+            "bubble_rate_makespan": _clean(1.0 - top / makespan if makespan > 0 else 0.0),
+            "peak_memory": self.peak_memory(),
+            "busy": [_clean(b) for b in busy],
+        }
+
+    def _event_figures(self) -> tuple[float, float, list[float], list[float], list[float]]:
+        """Over the compute events: first start, last end, and per rank the first
+        start, last end and busy time (summed in event order)."""
         n = self.num_ranks
         start, end = float("inf"), float("-inf")
         first, last, busy = [float("inf")] * n, [float("-inf")] * n, [0.0] * n
@@ -203,19 +325,57 @@ class Timeline:
             if b > last[r]:
                 last[r] = b
             busy[r] += b - a
-        if start > end:  # no compute event: as the properties' defaults
-            start = end = 0.0
-        makespan = end - start
-        it = max([y - x if y >= x else 0.0 for x, y in zip(first, last)], default=0.0)
-        top = max(busy)
-        return {
-            "makespan": _clean(makespan),
-            "iteration_time": _clean(it),
-            "bubble_rate": _clean(1.0 - top / it if it > 0 else 0.0),
-            "bubble_rate_makespan": _clean(1.0 - top / makespan if makespan > 0 else 0.0),
-            "peak_memory": self.peak_memory(),
-            "busy": [_clean(b) for b in busy],
-        }
+        return start, end, first, last, busy
+
+    def _column_figures(self, cols: EventColumns) -> tuple[list[float], list[float], list[float]]:
+        """:meth:`_event_figures`' per-rank lists from the columns, in C: a rank's busy
+        time is the running sum of its ``end − start`` in its order (its event order),
+        the same additions as the loop over the events."""
+        n = self.num_ranks
+        first, last, busy = [float("inf")] * n, [float("-inf")] * n, [0.0] * n
+        for r in range(len(cols.ops)):
+            st, en = cols.start[r], cols.end[r]
+            if st:
+                first[r], last[r] = min(st), max(en)
+                busy[r] = deque(accumulate(map(sub, en, st), initial=0.0), maxlen=1)[0]
+        return first, last, busy
+
+
+def _column_peak(cols: EventColumns, r: int) -> float:
+    """``max([0.0] + levels of memory_sweep(rank r's changes))``. A rank's ops run one
+    after another, each starting no earlier than the previous one's end; when every one
+    lasts a positive time, its changes (an allocation at its start, or a free at its end)
+    are then already in the sweep's order (times never decrease, and where two meet it
+    is a free at one op's end before an allocation at the next one's start), so the
+    levels are the running sums of the deltas in the rank's order, taken in C. Otherwise
+    the sweep itself."""
+    st, en, mem = cols.start[r], cols.end[r], cols.mem[r]
+    if all(map(lt, st, en)) and all(map(le, en, st[1:])):
+        return max(accumulate(mem, initial=0.0))
+    return max([0.0] + [level for _, _, level in memory_sweep(_column_changes(cols, r))])
+
+
+def _column_changes(cols: EventColumns, r: int) -> list[Change]:
+    """Rank ``r``'s memory changes from the columns, as :meth:`Timeline.memory_changes`
+    makes them from its events (the rank's events are in its order)."""
+    out: list[Change] = []
+    append = out.append
+    for a, b, mem in zip(cols.start[r], cols.end[r], cols.mem[r]):
+        if mem > 0:
+            append((a, ALLOC, mem))
+        elif mem < 0:
+            append((b, FREE, mem))
+    return out
+
+
+#: Timeline.events is a property over ``_events`` / ``_columns`` (a dataclass field can
+#: not be one in the class body); the generated ``__init__``, ``__eq__``, ``__repr__`` and
+#: :func:`dataclasses.replace` go through it.
+Timeline._events = None
+Timeline._columns = None
+Timeline.events = property(Timeline._get_events, Timeline._set_events,
+                           doc="Every event as a :class:`TimedOp` list (made from the columns when first read).")
+_RANK_START = lambda e: (e.rank, e.start)  # noqa: E731  the --ops listing's sort key
 
 
 def _clean(x: float) -> float:

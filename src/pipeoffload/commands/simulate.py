@@ -109,10 +109,10 @@ def spec_from_args(args: argparse.Namespace, name: str | None = None) -> Schedul
 def timeline_json(tl: Timeline, include_ops: bool) -> dict:
     out = tl.summary()
     if include_ops:
-        out["ops"] = [
-            {"rank": e.rank, "kind": e.op.kind.value, "stage": e.op.stage, "chunk": e.op.chunk,
-             "microbatch": e.op.microbatch, "stream": e.stream, "start": e.start, "end": e.end, "mem": e.mem}
-            for e in sorted(tl.events, key=lambda e: (e.rank, e.start))
+        out["ops"] = [  # by (rank, start), ties in event order; no TimedOp made (Timeline.event_rows)
+            {"rank": op.rank, "kind": op.kind.value, "stage": op.stage, "chunk": op.chunk,
+             "microbatch": op.microbatch, "stream": stream, "start": start, "end": end, "mem": mem}
+            for op, start, end, stream, mem in tl.event_rows(sort=True)
         ]
         out["memory_curves"] = tl.memory_curves()
     return out

@@ -20,13 +20,15 @@ per-op release times (the offload pass's delayed backwards and postponed forward
 from __future__ import annotations
 
 import math
+from array import array
 from collections import deque
+from operator import add
 from typing import Any, Callable, Mapping, Sequence
 
 from ..costs import Costs, MemoryDeltas
 from ..errors import ScheduleError
-from ..ir import Op, OpKind, Placement, Schedule, overlap_pairs
-from ..timeline import ALLOC, FREE, TimedOp, Timeline, _clean, memory_sweep
+from ..ir import CompactOrders, Op, OpKind, Placement, RankOps, Schedule, overlap_pairs
+from ..timeline import ALLOC, FREE, EventColumns, TimedOp, Timeline, _clean, memory_sweep
 
 #: Completion key of an op: ("F"|"B"|"W", stage, microbatch). B and BW both
 #: complete the "B" key (they produce the input gradient).
@@ -375,6 +377,9 @@ def prove_deadlock_free(schedule: Schedule) -> None:
     timing (only whether each op's inputs are placed matters).
 
     Cost: O(number of ops)."""
+    addr = None if overlap_pairs(schedule) else _compact_addresses(schedule)
+    if addr is not None and _proved_compact(schedule, *addr):
+        return  # else the general proof below names the cycle (or the bad op)
     ranks = [[o for o in lst if o.kind in _COMPUTE] for lst in schedule.ranks]
     codes, m = _op_codes(schedule, ranks)
     engine = ListScheduler(schedule.placement.stage_to_rank, m, 0.0)
@@ -395,6 +400,43 @@ def prove_deadlock_free(schedule: Schedule) -> None:
     stuck = [r for r in range(len(ranks)) if done[r] < len(ranks[r])]
     if stuck:
         raise ScheduleError(_deadlock_message(schedule, ranks, done, stuck, pairs))
+
+
+def _proved_compact(schedule: Schedule, ops: Sequence[Sequence[Op]], tis: Sequence[array],
+                    mbs: Sequence[array], m: int) -> bool:
+    """Whether every compute op runs: :func:`place_rank_lists` over the compact addresses
+    of :func:`_compact_addresses`, a 0/1 table of the ops placed, no timing and no
+    callback per op. Cost: O(number of ops)."""
+    S = schedule.num_stages
+    engine = ListScheduler(schedule.placement.stage_to_rank, m, 0.0)
+    deps = [tuple(base for base, _ in d) for d in engine.deps]
+    own_of = [KIND_CODE[k] * S + s for k in _TABLE_KINDS for s in range(S)]
+    placed = bytearray(len(engine.end))
+    done = [0] * len(tis)
+    waiting: dict[int, list[int]] = {}
+    ready = deque(range(len(tis)))
+    while ready:
+        r = ready.popleft()
+        ti, mb_of = tis[r], mbs[r]
+        i, n = done[r], len(ti)
+        while i < n:
+            own, mb = own_of[ti[i]], mb_of[i]
+            missing = -1
+            for base in deps[own]:
+                if not placed[base + mb]:
+                    missing = base + mb
+                    break
+            if missing >= 0:
+                waiting.setdefault(missing, []).append(r)
+                break
+            slot = own * m + mb
+            placed[slot] = 1
+            i += 1
+            woken = waiting.pop(slot, None)
+            if woken:
+                ready.extend(woken)
+        done[r] = i
+    return all(d == len(t) for d, t in zip(done, tis))
 
 
 def _run_with_pairs(schedule: Schedule, ranks: list[list[Op]], codes: Any, engine: ListScheduler,
@@ -553,21 +595,160 @@ def simulate(
     pl = schedule.placement
     dur = costs.duration_table(pl)
     mem = memory.delta_table(pl)
+    fields = dict(name=schedule.name, num_microbatches=schedule.num_microbatches, chunks=schedule.chunks,
+                  memory_unit=memory_unit, meta={"params": dict(schedule.params)})
+    columns = _timed_columns(schedule, dur, mem, costs.comm)
+    if columns is not None:
+        return Timeline.from_columns(schedule.num_ranks, columns, **fields)
     events = run_list_schedule(
         schedule,
         lambda o: dur[o.stage][o.kind],
         costs.comm,
         lambda o: mem[o.stage][o.kind],
     )
-    return Timeline(
-        num_ranks=schedule.num_ranks,
-        events=events,
-        name=schedule.name,
-        num_microbatches=schedule.num_microbatches,
-        chunks=schedule.chunks,
-        memory_unit=memory_unit,
-        meta={"params": dict(schedule.params)},
-    )
+    return Timeline(num_ranks=schedule.num_ranks, events=events, **fields)
+
+
+#: The compute kinds in the compact addresses' order: an op's *table index* is
+#: ``kind index · S + stage``, which gives its engine code, duration and memory delta.
+_TABLE_KINDS = (OpKind.F, OpKind.B, OpKind.W, OpKind.BW)
+_TABLE_KIND_INDEX = {k: i for i, k in enumerate(_TABLE_KINDS)}
+
+
+def _compact_addresses(schedule: Schedule) -> tuple[list[list[Op]], list[array], list[array], int] | None:
+    """Per rank: its compute ops (the schedule's own list when it holds nothing else),
+    each op's table index (:data:`_TABLE_KINDS`) and microbatch as ``array('l')``, and
+    the number of microbatches to size the engine for. None when an op is outside the
+    placement's layer groups, has a negative microbatch or sits in another rank's list
+    (its ``rank`` or its layer group's rank is not the list's): the general path then
+    raises or times it as before."""
+    S, m = schedule.num_stages, schedule.num_microbatches
+    compact = schedule.compact
+    if compact is not None and compact.compute_only():
+        return _compact_from_arrays(schedule, compact)
+    kind_index, rank_of = _TABLE_KIND_INDEX, schedule.placement.stage_to_rank
+    ops_out, tis_out, mbs_out = [], [], []
+    top = m - 1
+    for r, lst in enumerate(schedule.ranks):
+        tis, mbs = array("l"), array("l")
+        ti_add, mb_add = tis.append, mbs.append
+        other = False
+        for op in lst:
+            k = kind_index.get(op.kind)
+            if k is None:
+                other = True
+                continue
+            s, j = op.stage, op.microbatch
+            if not (0 <= s < S and j >= 0) or op.rank != r or rank_of[s] != r:
+                return None
+            if j > top:
+                top = j
+            ti_add(k * S + s)
+            mb_add(j)
+        ops_out.append([o for o in lst if o.kind in _COMPUTE] if other else lst)
+        tis_out.append(tis)
+        mbs_out.append(mbs)
+    return ops_out, tis_out, mbs_out, top + 1
+
+
+def _compact_from_arrays(schedule: Schedule, compact: CompactOrders
+                         ) -> tuple[list[RankOps], list[array], list[array], int] | None:
+    """:func:`_compact_addresses` of a schedule still held as compute-only
+    :class:`CompactOrders` (its kind codes are the table's kind indices, F, B, W, BW;
+    every layer group is in range), in C: no :class:`Op` is made."""
+    pl = schedule.placement
+    S, m, rank_of = pl.num_stages, schedule.num_microbatches, pl.stage_to_rank
+    tis_out, top = [], m - 1
+    for r, (ks, ss, js) in enumerate(zip(compact.kinds, compact.stages, compact.mbs)):
+        if js and (min(js) < 0 or set(map(rank_of.__getitem__, ss)) != {r}):
+            return None
+        if js:
+            top = max(top, max(js))
+        tis_out.append(array("l", map(add, map(S.__mul__, ks), ss)))
+    ops = [compact.rank_ops(pl, r) for r in range(len(tis_out))]
+    return ops, tis_out, list(compact.mbs), top + 1
+
+
+def _timed_columns(schedule: Schedule, dur: Sequence[Mapping[OpKind, float]],
+                   mem: Sequence[Mapping[OpKind, float]], comm: float) -> EventColumns | None:
+    """:func:`simulate`'s timing as :class:`EventColumns`, without an :class:`Op` lookup
+    per op of the durations and deltas nor a :class:`TimedOp`: the same engine and fused
+    loop as :func:`run_list_schedule`, the same floats in the same event order.
+
+    None (the caller takes :func:`run_list_schedule`, which then raises or times as
+    ever) for overlapped pairs, a deadlock, a duration or delta that is not a float,
+    and the cases :func:`_compact_addresses` leaves out. Cost: O(number of ops)."""
+    if overlap_pairs(schedule):
+        return None
+    S = schedule.num_stages
+    dur_of = [dur[s][k] for k in _TABLE_KINDS for s in range(S)]
+    mem_of = [mem[s][k] for k in _TABLE_KINDS for s in range(S)]
+    if not all(type(x) is float for x in dur_of + mem_of):  # an int would print as one
+        return None
+    addr = _compact_addresses(schedule)
+    if addr is None:
+        return None
+    ops, tis, mbs, m = addr
+    engine = ListScheduler(schedule.placement.stage_to_rank, m, comm, 0.0)
+    own_of = [KIND_CODE[k] * S + s for k in _TABLE_KINDS for s in range(S)]
+    starts = [array("d", bytes(8 * len(t))) for t in tis]
+    ends = [array("d", bytes(8 * len(t))) for t in tis]
+    order = _time_compact(engine, tis, mbs, own_of, dur_of, starts, ends)
+    if len(order) < sum(map(len, tis)):
+        return None  # deadlock: run_list_schedule names the cycle
+    mems = [array("d", map(mem_of.__getitem__, t)) for t in tis]
+    return EventColumns(ops, starts, ends, mems, order)
+
+
+def _time_compact(engine: ListScheduler, tis: Sequence[array], mbs: Sequence[array], own_of: Sequence[int],
+                  dur_of: Sequence[float], starts: Sequence[array], ends: Sequence[array]) -> array:
+    """:func:`_time_rank_lists` over compact addresses (rank ``r``'s op ``i`` is
+    ``own_of[tis[r][i]]``, microbatch ``mbs[r][i]``, runs for ``dur_of[tis[r][i]]``):
+    writes each op's start and end into ``starts``/``ends`` and returns the rank of each
+    placed op in placement order (as many as were placed: fewer on a deadlock)."""
+    m = engine.num_microbatches
+    deps, clock, origin = engine.deps, engine.clock, engine.origin
+    unplaced = _NOT_PLACED
+    end = array("d", [unplaced]) * len(engine.end)  # the engine's end table, 8 bytes a slot
+    p = len(tis)
+    done = [0] * p
+    order = array("l")
+    note = order.append
+    waiting: dict[int, list[int]] = {}
+    ready = deque(range(p))
+    while ready:
+        r = ready.popleft()
+        ti, mb_of, st, en = tis[r], mbs[r], starts[r], ends[r]
+        i, n = done[r], len(ti)
+        c = clock[r]  # every op of list r is on rank r (_compact_addresses): its clock, while r runs
+        while i < n:
+            k, mb = ti[i], mb_of[i]
+            own = own_of[k]
+            t = origin
+            missing = -1
+            for base, latency in deps[own]:
+                e = end[base + mb]
+                if e == unplaced:
+                    missing = base + mb
+                    break
+                e += latency
+                if e > t:
+                    t = e
+            if missing >= 0:
+                waiting.setdefault(missing, []).append(r)
+                break
+            if c > t:
+                t = c
+            slot = own * m + mb
+            st[i] = t
+            en[i] = end[slot] = c = t + dur_of[k]
+            note(r)
+            i += 1
+            woken = waiting.pop(slot, None)
+            if woken:
+                ready.extend(woken)
+        done[r], clock[r] = i, c
+    return order
 
 
 def order_figures(

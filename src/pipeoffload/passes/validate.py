@@ -11,16 +11,19 @@ Rules checked, in order:
 5. deadlock freedom: cross-rank dependencies can be satisfied (no cycle), each
    overlapped pair run as one op (its F waits for its backward's inputs).
 
-Cost: O(number of ops) for p ranks, v chunks and m microbatches, i.e. O(p·v·m), each
-rule one pass with flat per-(layer group, microbatch) tables (rule 2 is a byte scan in
+Cost: O(number of ops) for p ranks, v chunks and m microbatches, i.e. O(p·v·m), rules 1 and 3
+in one pass, with flat per-(layer group, microbatch) tables (rule 2 is a byte scan in
 C); rule 5 is the timing pass's engine without the timing (docs/algorithms.md#9-speed).
+A schedule still held as arrays (:class:`~pipeoffload.ir.CompactOrders`) is checked on
+them: rules 1 and 2, then the proof, which implies rule 3; only when it fails are the
+Op lists made to name the first broken rule (docs/algorithms.md §9.1).
 """
 
 from __future__ import annotations
 
 from ..errors import ScheduleError
-from ..ir import OpKind, Schedule, overlap_pairs
-from .timing import KIND_CODE, _code_dependencies, prove_deadlock_free
+from ..ir import CompactOrders, OpKind, Schedule, overlap_pairs
+from .timing import _code_dependencies, _compact_addresses, _proved_compact, prove_deadlock_free
 
 #: Index of each compute kind in the validator's per-kind tables.
 _F, _B, _W, _BW = 0, 1, 2, 3
@@ -41,24 +44,37 @@ def validate(schedule: Schedule) -> None:
     m = schedule.num_microbatches
     if m < 1:
         raise ScheduleError(f"schedule has {m} microbatches; need at least 1")
-    if len(schedule.ranks) != pl.num_ranks:
-        raise ScheduleError(f"schedule has {len(schedule.ranks)} op lists but the placement has {pl.num_ranks} ranks")
-    counts = _check_shape(schedule)
+    compact = schedule.compact
+    lists = len(compact.kinds) if compact is not None else len(schedule.ranks)
+    if lists != pl.num_ranks:
+        raise ScheduleError(f"schedule has {lists} op lists but the placement has {pl.num_ranks} ranks")
+    if compact is not None:
+        _check_complete(schedule, _check_shape_compact(schedule, compact))
+        if not overlap_pairs(schedule) and _proved(schedule):
+            return  # rules 3 to 5 hold: a proof that places every op places its same-rank inputs first
+        # else the Op lists' checks below name the first broken rule
+    counts, order_error = _check_shape(schedule)
     _check_complete(schedule, counts)
-    _check_local_order(schedule)
+    if order_error:  # rule 3, found in rule 1's pass and raised after rule 2
+        raise ScheduleError(order_error)
     _check_overlap(schedule)
     prove_deadlock_free(schedule)
 
 
-def _check_shape(schedule: Schedule) -> list[bytearray]:
-    """Rule 1, and no op twice: each compute op agrees with the placement. Returns, per
-    kind (F, B, W, BW), a 0/1 table over ``stage·m + microbatch`` of the ops present."""
+def _check_shape(schedule: Schedule) -> tuple[list[bytearray], str | None]:
+    """Rule 1, and no op twice: each compute op agrees with the placement; in the same
+    pass, rule 3 (:func:`_check_local_order`), whose first error is returned, not raised
+    (rule 2 comes first). Returns, per kind (F, B, W, BW), a 0/1 table over
+    ``stage·m + microbatch`` of the ops present, and rule 3's error message or None."""
     pl = schedule.placement
     S, m = pl.num_stages, schedule.num_microbatches
     counts = [bytearray(S * m) for _ in range(4)]
     have_b, have_w, have_bw = counts[_B], counts[_W], counts[_BW]
     rank_of, chunk_of = pl.stage_to_rank, pl._chunk_of
     kind_index = _KIND_INDEX
+    local, done = _local_inputs(schedule), bytearray(3 * S * m)
+    code_of = (0, 1, 2, 1)  # KIND_CODE by kind index: a BW completes the B
+    order_error = None
     for r, lst in enumerate(schedule.ranks):
         for i, op in enumerate(lst):
             k = kind_index.get(op.kind)
@@ -89,7 +105,79 @@ def _check_shape(schedule: Schedule) -> list[bytearray]:
                         bad = "B/W together with BW for the same layer group and microbatch"
             if bad:
                 raise ScheduleError(f"rank {r}, position {i}: {op}: {bad}")
+            own = code_of[k] * S + stage
+            for base, _, _ in local[own]:
+                if not done[base + j] and order_error is None:
+                    order_error = _local_order_error(local[own], done, r, i, op)
+            done[own * m + j] = 1
+    return counts, order_error
+
+
+def _proved(schedule: Schedule) -> bool:
+    """Whether the compact deadlock proof places every compute op (no overlapped pairs).
+    It places each rank's ops in order, each once its inputs are placed, so when it
+    places them all, every op came after its same-rank inputs (rule 3) too."""
+    addr = _compact_addresses(schedule)
+    return addr is not None and _proved_compact(schedule, *addr)
+
+
+def _check_shape_compact(schedule: Schedule, compact: CompactOrders) -> list[bytearray]:
+    """Rule 1 and no op twice, as :func:`_check_shape`, over a schedule still held as
+    :class:`CompactOrders`: the same checks, tables and messages (an op's rank and chunk
+    are its layer group's, so rule 1 asks only whether that rank is the list's), an
+    :class:`Op` made only for a message; rule 3 is left to the proof (:func:`_proved`)."""
+    pl = schedule.placement
+    S, m = pl.num_stages, schedule.num_microbatches
+    counts = [bytearray(S * m) for _ in range(4)]
+    have_b, have_w, have_bw = counts[_B], counts[_W], counts[_BW]
+    rank_of = pl.stage_to_rank
+    for r, (ks, ss, js) in enumerate(zip(compact.kinds, compact.stages, compact.mbs)):
+        for i, (k, stage, j) in enumerate(zip(ks, ss, js)):
+            if k >= 4:  # not a compute op
+                continue
+            bad = None
+            if not 0 <= j < m:
+                bad = f"microbatch out of range 0..{m - 1}"
+            elif rank_of[stage] != r:
+                bad = (f"layer group {stage} is placed on rank {rank_of[stage]}, "
+                       f"not rank {r} (rule: placement consistent)")
+            else:
+                idx = stage * m + j
+                table = counts[k]
+                if table[idx]:
+                    bad = "duplicate op (rule: each op runs exactly once)"
+                else:
+                    table[idx] = 1
+                    if k == _BW and (have_b[idx] or have_w[idx]):
+                        bad = "BW together with B/W for the same layer group and microbatch"
+                    elif (k == _B or k == _W) and have_bw[idx]:
+                        bad = "B/W together with BW for the same layer group and microbatch"
+            if bad:
+                raise ScheduleError(f"rank {r}, position {i}: {compact.op(pl, r, i)}: {bad}")
     return counts
+
+
+def _local_inputs(schedule: Schedule) -> list[tuple[tuple[int, int, int], ...]]:
+    """Per (code, stage): its same-rank inputs as (slot of microbatch 0, code, stage)."""
+    pl = schedule.placement
+    S, m = pl.num_stages, schedule.num_microbatches
+    rank_of = pl.stage_to_rank
+    return [
+        tuple(((dc * S + ds) * m, dc, ds) for dc, ds in _code_dependencies(c, s, S) if rank_of[ds] == rank_of[s])
+        for c in range(3) for s in range(S)
+    ]
+
+
+def _local_order_error(inputs: tuple[tuple[int, int, int], ...], done: bytearray, r: int, i: int,
+                       op: object) -> str | None:
+    """Rule 3's message for ``op`` (rank ``r``, position ``i``) if a same-rank input is
+    not ``done`` yet, else None."""
+    mb = op.microbatch
+    for base, dc, ds in inputs:
+        if not done[base + mb]:
+            return (f"rank {r}, position {i}: {op} comes before its same-rank dependency "
+                    f"{'FBW'[dc]}(stage={ds}, mb={mb}) (rule: local order)")
+    return None
 
 
 def _check_complete(schedule: Schedule, counts: list[bytearray]) -> None:
@@ -113,35 +201,6 @@ def _check_complete(schedule: Schedule, counts: list[bytearray]) -> None:
         f"missing {miss} for (stage={s}, mb={j}) on rank {pl.rank_of(s)} "
         f"(rule: one BW, or one B and one W)"
     )
-
-
-def _check_local_order(schedule: Schedule) -> None:
-    """Rule 3: on each rank an op comes after its dependencies that share its rank.
-    (Rule 1 holds: every op sits on its layer group's rank, so one table of completed
-    ops over all ranks answers each rank's question.)"""
-    pl = schedule.placement
-    S, m = pl.num_stages, schedule.num_microbatches
-    rank_of = pl.stage_to_rank
-    # Per (code, stage): the same-rank inputs as (slot of microbatch 0, code, stage).
-    local = [
-        tuple(((dc * S + ds) * m, dc, ds) for dc, ds in _code_dependencies(c, s, S) if rank_of[ds] == rank_of[s])
-        for c in range(3) for s in range(S)
-    ]
-    done = bytearray(3 * S * m)
-    kind_code = KIND_CODE
-    for r, lst in enumerate(schedule.ranks):
-        for i, op in enumerate(lst):
-            code = kind_code.get(op.kind)
-            if code is None:  # not a compute op
-                continue
-            own, mb = code * S + op.stage, op.microbatch
-            for base, dc, ds in local[own]:
-                if not done[base + mb]:
-                    raise ScheduleError(
-                        f"rank {r}, position {i}: {op} comes before its same-rank dependency "
-                        f"{'FBW'[dc]}(stage={ds}, mb={mb}) (rule: local order)"
-                    )
-            done[own * m + mb] = 1
 
 
 def _check_overlap(schedule: Schedule) -> None:

@@ -18,6 +18,12 @@ local. A reading of the ZB reference scheduler:
 Variants (partial-gap filling before F and before B on or off, and re-runs that
 allow each rank the idle time the previous run found) are all kept as candidates;
 :func:`v_candidates` returns them, timed exactly by :class:`Tracker`.
+
+Cost: a run is O(p) per op (a round visits every rank and the idle allowance takes a
+max over ranks); with exact float times (durations and comm multiples of 2**-10, unit
+costs included) the steady state's repeated rounds are written at once
+(:class:`_PeriodSkip`), so a run costs its warm-up and cool-down (O(p²) ops, O(p) each) plus
+O(p·m) to write the rest: at p = 128, m = 4096, 639 + 387 rounds of ≈ 8.2 k.
 """
 
 from __future__ import annotations
@@ -26,11 +32,14 @@ from collections import deque
 
 from ..costs import Costs, MemoryDeltas
 from ..ir import Placement
+from ..passes.timing import KIND_CODE
 from .zb_auto import B_CODE, F_CODE, W_CODE, Infeasible, Tracker
 
 #: Re-runs with the previous run's idle times as allowances (the reference's
 #: "approved bubble" loop), at most this many per variant.
 MAX_RERUNS = 6
+#: The longest period (in rounds) the steady state's repetition is looked for with.
+_MAX_PERIOD = 4
 
 
 def v_variant(
@@ -192,15 +201,18 @@ class _GreedyRun:
         backward cannot run yet takes the other chunk's, or sits the round out, so
         unequal costs and memory deltas cannot break the rhythm.)"""
         b0, b1 = self.backwards
-        rounds = 0
+        rounds, most = 0, 4 * (self.m + self.p)
+        skip = _PeriodSkip(self) if _PeriodSkip.exact(self) else None
         while any(b0[i] + b1[i] < 2 * self.m for i in range(self.p)):
             rounds += 1
-            if rounds > 4 * (self.m + self.p):
+            if rounds > most:
                 raise Infeasible("steady state does not converge")
             progressed = self._backward_round(fill_b)
             progressed = self._forward_round(fill_f) or progressed
             if not progressed:
                 raise Infeasible("no op can run")
+            if skip is not None:
+                rounds += skip.after_round(most - rounds)
 
     def _backward_round(self, fill_b: bool) -> bool:
         """One backward per rank that can run one; whether any ran."""
@@ -253,6 +265,122 @@ class _GreedyRun:
         for rank in range(self.p):
             while self.pending[rank]:
                 self.put_weight(rank)
+
+
+class _PeriodSkip:
+    """The steady state's repeated rounds, written at once (docs/algorithms.md §9).
+
+    A round's decisions read only: the per-chunk forward and backward counts, the
+    pending W's, each rank's clock, memory level and idle time (and peak), and the end
+    times of forwards and backwards at microbatches from the smallest count or pending
+    W on (the inputs of the ops the round may place; a W's input is its pending B),
+    besides comparisons of counts with ``m``. When float sums of times are exact
+    (:meth:`exact`), these comparisons do not change when every time moves by the same
+    amount. So if the state after a round is the state ``T`` rounds before (``T`` ≤
+    :data:`_MAX_PERIOD`) with every count and pending microbatch one higher and every
+    clock and every such end time ``delta`` later (level, idle time and peak equal), the
+    next ``T`` rounds make the same moves one microbatch and ``delta`` on, and so on by
+    induction, as long as every count stays below ``m − 1`` (the comparisons with ``m``
+    then all come out as in the copied rounds). Those rounds are written at once: the
+    copied rounds' ops, microbatch ``+ i`` and ends ``+ i·delta``. The run is the plain
+    run: the same orders, end times, clocks, levels, idle times, peaks and flags.
+    """
+
+    __slots__ = ("run", "prev", "skipped", "_delta")
+
+    def __init__(self, run: "_GreedyRun") -> None:
+        #: The states after the last rounds (up to _MAX_PERIOD + 1), oldest first.
+        self.run, self.prev, self.skipped, self._delta = run, [], 0, 0.0
+
+    @staticmethod
+    def exact(run: "_GreedyRun") -> bool:
+        """Whether every time of ``run`` is a multiple of 2**-10 below 2**40, so that
+        float sums and differences of times are exact: every duration and the comm
+        latency are such multiples (unit costs are: a chunk's share is F/2), and all
+        of them together stay below the bound."""
+        tr = run.tracker
+        durs = [d for row in tr.dur for d in row] + [tr.comm]
+        if not all(d >= 0 and float(d * 1024).is_integer() for d in durs):
+            return False
+        return (max(durs) + 1) * 3 * tr.num_stages * (run.m + 1) < 2.0 ** 40
+
+    def _state(self) -> tuple:
+        run, tr = self.run, self.run.tracker
+        counts = run.forwards[0] + run.forwards[1] + run.backwards[0] + run.backwards[1]
+        return (counts, list(tr.clock), list(tr.level), list(tr.idle), list(tr.peak),
+                [tuple(q) for q in run.pending], [len(o) for o in tr.order])
+
+    def after_round(self, budget: int) -> int:
+        """Called after each steady-state round: how many later rounds were written at
+        once (0 when the state does not repeat shifted, or no round may be skipped)."""
+        state = self._state()
+        self.prev.append(state)
+        if len(self.prev) > _MAX_PERIOD + 1:
+            del self.prev[0]
+        if not all(self.run.tracker.started):
+            return 0
+        for period in range(1, len(self.prev)):
+            k = self._repeats(self.prev[-1 - period], state, budget // period)
+            if k:
+                self._write(self.prev[-1 - period][6], state[6], self._delta, k)
+                self.prev, self.skipped = [], self.skipped + k * period
+                return k * period
+        return 0
+
+    def _repeats(self, prev: tuple, state: tuple, most: int) -> int:
+        """How many copies of the rounds from ``prev`` to ``state`` may be written, when
+        ``state`` is ``prev`` one microbatch and ``delta`` (kept in ``_delta``) on; else 0."""
+        counts, clock, level, idle, peak, pending, _ = state
+        if counts != [c + 1 for c in prev[0]] or (level, idle, peak) != (prev[2], prev[3], prev[4]):
+            return 0
+        delta = clock[0] - prev[1][0]
+        if delta <= 0 or clock != [c + delta for c in prev[1]]:
+            return 0
+        if pending != [tuple((s, j + 1) for s, j in q) for q in prev[5]]:
+            return 0
+        mbs = counts + [j for q in pending for _, j in q]
+        k = min(self.run.m - 2 - max(mbs), most)
+        if k <= 0 or not self._ends_shifted(min(mbs), delta):
+            return 0
+        self._delta = delta
+        return k
+
+    def _ends_shifted(self, lo: int, delta: float) -> bool:
+        """Whether every placed forward and backward at microbatch ``j ≥ lo`` ends
+        ``delta`` after the same op at ``j − 1`` (the counts, one higher than the round
+        before, say which are placed)."""
+        run, tr = self.run, self.run.tracker
+        S, M, end = tr.num_stages, tr.num_microbatches, tr.end
+        for code, counts in ((F_CODE, run.forwards), (B_CODE, run.backwards)):
+            for chunk in (0, 1):
+                for rank in range(run.p):
+                    base = (code * S + run.stage(rank, chunk)) * M
+                    now = end[base + lo:base + counts[chunk][rank]]
+                    if now != [e + delta for e in end[base + lo - 1:base + counts[chunk][rank] - 1]]:
+                        return False
+        return True
+
+    def _write(self, before: list[int], after: list[int], delta: float, k: int) -> None:
+        """Append ``k`` copies of the last round (ops ``before[r]:after[r]`` of each rank),
+        the i-th one microbatch ``i`` and ``i·delta`` later; move the state on by ``k``."""
+        run, tr = self.run, self.run.tracker
+        S, M, end, clock = tr.num_stages, tr.num_microbatches, tr.end, tr.clock
+        shifts = [i * delta for i in range(1, k + 1)]
+        for r, order in enumerate(tr.order):
+            block = order[before[r]:after[r]]
+            order.extend([(kind, s, j + i) for i in range(1, k + 1) for kind, s, j in block])
+            for kind, s, j in block:  # an op's copies are the next k slots of its row
+                slot = (KIND_CODE[kind] * S + s) * M + j
+                e = end[slot]
+                end[slot + 1:slot + k + 1] = [e + x for x in shifts]
+            clock[r] += k * delta
+        for counts in run.forwards + run.backwards:
+            for r in range(run.p):
+                counts[r] += k
+        for q in run.pending:
+            shifted = [(s, j + k) for s, j in q]
+            q.clear()
+            q.extend(shifted)
 
 
 def v_candidates(p: int, m: int, costs: Costs, memory: MemoryDeltas, limit: float) -> list[Tracker]:

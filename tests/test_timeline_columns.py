@@ -1,0 +1,92 @@
+"""The timing pass's compact timeline (``Timeline.from_columns``) against the general
+path: the same events, metrics, curves and --ops order, float for float."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeoffload.costs import Costs, MemoryDeltas
+from pipeoffload.errors import ScheduleError
+from pipeoffload.ir import Schedule
+from pipeoffload.passes.timing import run_list_schedule, simulate
+from pipeoffload.schedules import generate
+from pipeoffload.timeline import Timeline
+
+
+def _general(sched: Schedule, costs: Costs, memory: MemoryDeltas) -> Timeline:
+    """``simulate`` through :func:`run_list_schedule` (a TimedOp per op)."""
+    dur, mem = costs.duration_table(sched.placement), memory.delta_table(sched.placement)
+    events = run_list_schedule(sched, lambda o: dur[o.stage][o.kind], costs.comm, lambda o: mem[o.stage][o.kind])
+    return Timeline(sched.num_ranks, events, sched.name, sched.num_microbatches, sched.chunks)
+
+
+def _check_same(sched: Schedule, costs: Costs, memory: MemoryDeltas) -> None:
+    ref = _general(sched, costs, memory)
+    fast = simulate(sched, costs, memory)
+    assert fast._columns is not None  # the compact path was taken
+    # Metrics first, from the columns (no TimedOp made yet) ...
+    assert fast.summary() == ref.summary()
+    assert fast.spans() == ref.spans() and fast.busy() == ref.busy()
+    assert (fast.start, fast.end, fast.makespan) == (ref.start, ref.end, ref.makespan)
+    assert fast.memory_curves() == ref.memory_curves()
+    assert fast.peak_memory() == ref.peak_memory()
+    rows = list(fast.event_rows(sort=True))
+    assert rows == [(e.op, e.start, e.end, e.stream, e.mem) for e in sorted(ref.events, key=lambda e: (e.rank, e.start))]
+    assert list(fast.event_rows()) == [(e.op, e.start, e.end, e.stream, e.mem) for e in ref.events]
+    assert fast._columns is not None
+    # ... then the TimedOp list, in the same event order.
+    assert fast.events == ref.events
+    assert fast._columns is None and fast.summary() == ref.summary()
+
+
+@pytest.mark.parametrize("name,p,m", [("1f1b", 4, 8), ("zb-v", 4, 10), ("v-half", 6, 14),
+                                      ("interleaved-1f1b", 4, 8), ("zb-h1", 5, 7), ("gpipe", 3, 5)])
+def test_columns_match_the_general_path(name: str, p: int, m: int) -> None:
+    _check_same(generate(name, p, m), Costs(F=1.0, B=2.0, W=0.5, comm=0.25), MemoryDeltas(F=2.0, B=-0.5, W=-1.5))
+
+
+@settings(max_examples=40, deadline=None)
+@given(name=st.sampled_from(["1f1b", "zb-v", "zb-h2", "v-min", "interleaved-1f1b"]),
+       p=st.integers(1, 6), extra=st.integers(0, 9),
+       f=st.floats(0.1, 3.0), b=st.floats(0.1, 3.0), w=st.floats(0.1, 3.0), comm=st.floats(0.0, 1.0))
+def test_columns_match_any_costs(name: str, p: int, extra: int, f: float, b: float, w: float, comm: float) -> None:
+    m = 2 * p + extra
+    kwargs = {"v": 2} if name == "interleaved-1f1b" else {}
+    if name == "interleaved-1f1b" and m % p:
+        m += p - m % p
+    _check_same(generate(name, p, m, **kwargs), Costs(F=f, B=b, W=w, comm=comm), MemoryDeltas())
+
+
+def test_events_list_is_the_timeline_once_read() -> None:
+    """Reading ``events`` makes the list; appending to it or replacing it is seen."""
+    tl = simulate(generate("1f1b", 2, 4))
+    n = len(tl.events)
+    tl.events.append(dataclasses.replace(tl.events[0], start=100.0, end=101.0))
+    assert len(tl.events) == n + 1 and tl.end == 101.0
+    tl.events = []
+    assert tl.summary()["makespan"] == 0.0
+    assert dataclasses.replace(simulate(generate("1f1b", 2, 4)), memory_unit="bytes").events
+
+
+def test_general_path_cases_still_raise_or_time() -> None:
+    """A deadlock and an op naming another rank than its list take the general path."""
+    sched = generate("1f1b", 2, 2)
+    swapped = sched.with_ranks([list(reversed(lst)) for lst in sched.ranks])
+    with pytest.raises(ScheduleError, match="deadlock"):
+        simulate(swapped)
+    first = sched.ranks[0][0]
+    wrong = sched.with_ranks([[dataclasses.replace(first, rank=1)] + sched.ranks[0][1:], sched.ranks[1]])
+    tl = simulate(wrong)  # an op saying rank 1 in rank 0's list: timed as before, by the general path
+    assert tl._columns is None and tl.summary() == _general(wrong, Costs(), MemoryDeltas()).summary()
+    zb = generate("zb-h1", 2, 3)
+    last_w = zb.ranks[1][-1]
+    assert last_w.kind.value == "W"
+    moved = zb.with_ranks([zb.ranks[0] + [dataclasses.replace(last_w, rank=0)], zb.ranks[1][:-1]])
+    tl = simulate(moved)  # rank 1's W in rank 0's list, saying rank 0: the engine runs it on rank 1's clock
+    assert tl._columns is None and tl.events == _general(moved, Costs(), MemoryDeltas()).events
+    ints = simulate(sched, Costs(), MemoryDeltas(F=2, B=0, W=-2))
+    assert ints.summary() == _general(sched, Costs(), MemoryDeltas(F=2, B=0, W=-2)).summary()
