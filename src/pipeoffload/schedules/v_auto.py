@@ -69,9 +69,9 @@ from functools import lru_cache
 from ..costs import Costs, MemoryDeltas
 from ..errors import ParameterError
 from ..ir import OpKind, Placement, Schedule, build_schedule
-from ..passes.timing import order_figures
 from .building_block import BuildingBlock, orders_from_block, steady_peak
 from .spec import ScheduleSpec
+from .steady_timing import steady_figures
 from .v_grid_lowering import Cell, grid_orders, lower_grid, repeated_grid, time_grid
 from .hole_fill import lex_better
 from .v_reorder import reorder_orders
@@ -173,8 +173,9 @@ Orders = list[list[Cell]]  #: per rank, (kind, layer group, microbatch)
 def _key(pl: Placement, m: int, orders: Orders, costs: Costs, memory: MemoryDeltas) -> tuple[float, float, float]:
     """Longest rank span (what the bubble rate measures), then makespan, then peak, of
     ``orders`` timed as :func:`~pipeoffload.passes.timing.simulate` times them
-    (:func:`~pipeoffload.passes.timing.order_figures`: no timeline is built)."""
-    peak, span, makespan = order_figures(pl, m, orders, costs, memory)
+    (:func:`.steady_timing.steady_figures`: no timeline is built, the periodic steady
+    state is shifted where that is exact)."""
+    peak, span, makespan = steady_figures(pl, m, orders, costs, memory)
     return (span, makespan, peak)
 
 
