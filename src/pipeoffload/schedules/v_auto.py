@@ -201,7 +201,9 @@ def v_auto(spec: ScheduleSpec) -> Schedule:
 
     Cost: the fixed V lowerings (see :func:`.vshape.v_half`) plus, per block of the family
     scanned (at most SCAN, REFINE of them refined), one slot reorder and timing over
-    O(p·m) ops, i.e. the V lowering's O(p·m) to O(p·m²) times a constant number of blocks."""
+    O(p·m) ops, i.e. the V lowering's O(p·m) to O(p·m²) times a constant number of blocks.
+    The timings and W refills go through the periodic steady state when the costs are
+    binary fractions (:mod:`.steady_timing`): O(p²) ops placed, O(p·m) list work in C."""
     spec.no_group()
     spec.resolve_v(2, allowed=(2,))
     p, m, costs, memory = spec.p, spec.m, spec.costs, spec.memory

@@ -106,10 +106,13 @@ LOWERING_COST = (
     "the slot reorder visits only the warm-up and cool-down ops (O(p²) of them, each re-counting its rank's "
     "levels until they meet the old ones) after O(p·m log m) sorts and squeezes. When the first lowering's "
     "longest span and makespan are at their lower bounds (V-ZB at equal costs, m ≥ 2p) it wins and nothing "
-    "else is built. Otherwise the W refills are O(p·m) each (the rerun without partial gaps is skipped when "
-    "it would be the same run, e.g. at unit costs), the two base candidates and any other that could win are "
-    "timed, O(p·m) each, and hole filling runs only while its budget can time a trial (6·p·m ≤ 25 000 ops): "
-    "O(p·m) in all, with the constant of about six timings")
+    "else is built. Otherwise the W refills (the rerun without partial gaps is skipped when it would be the "
+    "same run, e.g. at unit costs) and the timings of the two base candidates and of any other that could win "
+    "go through the periodic steady state when the costs are binary fractions (unit costs, halves: "
+    ":mod:`.steady_timing`, :func:`.w_refill.refill_both`): the warm-up and cool-down, O(p²) ops, are placed "
+    "and the proved periods written by slices, O(p·m) list work in C; with other costs each is O(p·m) ops. "
+    "Hole filling runs only while its budget can time a trial (6·p·m ≤ 25 000 ops): O(p·m) in all, with the "
+    "constant of about six timings (about two with binary-fraction costs)")
 
 
 def _check(spec: ScheduleSpec) -> None:
