@@ -36,7 +36,7 @@ def _candidates(name: str, p: int, m: int, costs: Costs):
 
 def _grid():
     for name in BLOCKS:
-        for p in (1, 2, 3, 4, 5, 6, 8, 12, 16):
+        for p in (1, 2, 3, 4, 5, 6, 8, 12):
             for m in sorted({1, p, 2 * p + 1, 4 * p + 3}):
                 yield name, p, m
 
