@@ -96,9 +96,11 @@ PROXY_CELLS = 260_000
 GRID_WORK = 200_000
 
 
-def _w_phases(ph: list[int]) -> tuple[int, int] | None:
+@lru_cache(maxsize=None)
+def _w_phases(ph: tuple[int, int, int, int]) -> tuple[int, int] | None:
     """W phases for one rank's (F, f, B, b) phases: each the first free phase after its
-    B (chunk 1's W first)."""
+    B (chunk 1's W first). Remembered: at most 6⁴ inputs, asked about 10⁵ times by
+    :func:`block_family` at p = 64."""
     used = set(ph)
     out = []
     for b in (ph[2], ph[3]):
@@ -146,22 +148,22 @@ def block_family(p: int) -> tuple[tuple[BuildingBlock, int], ...]:
                 for d0 in steps:
                     for d1 in range(1, d0 + 1):
                         for k in range(1, p) if d1 < d0 else [p]:
-                            ph = [0, f1, b1, b0]
+                            ph = (0, f1, b1, b0)
                             rows = []
                             for i in range(p):
                                 if i:
                                     d = d0 if i <= k else d1
-                                    ph = [(ph[0] + d) % PERIOD, (ph[1] - 1) % PERIOD,
-                                          (ph[2] + d) % PERIOD, (ph[3] - 1) % PERIOD]
+                                    ph = ((ph[0] + d) % PERIOD, (ph[1] - 1) % PERIOD,
+                                          (ph[2] + d) % PERIOD, (ph[3] - 1) % PERIOD)
                                     if len(set(ph)) < 4:
                                         break
                                 w = _w_phases(ph)
                                 if w is None:
                                     break
-                                rows.append(ph + list(w))
+                                rows.append(list(ph) + list(w))
                             else:
                                 blk = _block_from_phases(p, rows)
-                                key = tuple(sorted((k_.value, s, t) for (k_, s), t in blk.slots.items()))
+                                key = frozenset(blk.slots.items())  # equal blocks, equal keys
                                 if key not in seen:
                                     seen[key] = (blk, max(steady_peak(blk)))
     return tuple(sorted(seen.values(), key=lambda bp: bp[1]))
