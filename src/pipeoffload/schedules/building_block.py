@@ -322,6 +322,8 @@ def _reorder_bytes(grid: SlotGrid, peaks: list[int], mem: list[bytearray], stead
     at_peak = [bytes(1 if b >= min(max(pk, 0), 256) else 0 for b in range(256)) for pk in peaks]
     cells, pos = grid.cells, grid.pos
     skip = _PeriodSkip(grid, mem, steady) if steady is not None else None
+    # Each (kind, layer group)'s inputs (:func:`_dep_cells`, without a list per op).
+    inputs = {(k, s): _dep_kinds(k, s, S) for k in (_F, _B, _W) for s in range(S)}
     t, length = 0, grid.length
     while t < length:
         if skip is not None and t % skip.period == 0:
@@ -331,14 +333,14 @@ def _reorder_bytes(grid: SlotGrid, peaks: list[int], mem: list[bytearray], stead
             cell = row[t]
             if cell is None:
                 continue
-            lb = 0
-            for d in _dep_cells(cell, S):
-                u = pos[d] + 1
+            kind, stage, j = cell
+            lb = pos[(kind, stage, j - 1)] + 1 if j > 0 else 0
+            for dk, ds in inputs[kind, stage]:
+                u = pos[(dk, ds, j)] + 1
                 if u > lb:
                     lb = u
             if skip is not None:
                 skip.note(r, cell, lb)
-            kind = cell[0]
             if kind is _F:
                 q = t
                 if lb < t:

@@ -69,9 +69,9 @@ from functools import lru_cache
 from ..costs import Costs, MemoryDeltas
 from ..errors import ParameterError
 from ..ir import OpKind, Placement, Schedule, build_schedule
-from ..passes.timing import order_figures
 from .building_block import BuildingBlock, orders_from_block, steady_peak
 from .spec import ScheduleSpec
+from .steady_timing import steady_figures
 from .v_grid_lowering import Cell, grid_orders, lower_grid, repeated_grid, time_grid
 from .hole_fill import lex_better
 from .v_reorder import reorder_orders
@@ -96,9 +96,11 @@ PROXY_CELLS = 260_000
 GRID_WORK = 200_000
 
 
-def _w_phases(ph: list[int]) -> tuple[int, int] | None:
+@lru_cache(maxsize=None)
+def _w_phases(ph: tuple[int, int, int, int]) -> tuple[int, int] | None:
     """W phases for one rank's (F, f, B, b) phases: each the first free phase after its
-    B (chunk 1's W first)."""
+    B (chunk 1's W first). Remembered: at most 6⁴ inputs, asked about 10⁵ times by
+    :func:`block_family` at p = 64."""
     used = set(ph)
     out = []
     for b in (ph[2], ph[3]):
@@ -146,22 +148,22 @@ def block_family(p: int) -> tuple[tuple[BuildingBlock, int], ...]:
                 for d0 in steps:
                     for d1 in range(1, d0 + 1):
                         for k in range(1, p) if d1 < d0 else [p]:
-                            ph = [0, f1, b1, b0]
+                            ph = (0, f1, b1, b0)
                             rows = []
                             for i in range(p):
                                 if i:
                                     d = d0 if i <= k else d1
-                                    ph = [(ph[0] + d) % PERIOD, (ph[1] - 1) % PERIOD,
-                                          (ph[2] + d) % PERIOD, (ph[3] - 1) % PERIOD]
+                                    ph = ((ph[0] + d) % PERIOD, (ph[1] - 1) % PERIOD,
+                                          (ph[2] + d) % PERIOD, (ph[3] - 1) % PERIOD)
                                     if len(set(ph)) < 4:
                                         break
                                 w = _w_phases(ph)
                                 if w is None:
                                     break
-                                rows.append(ph + list(w))
+                                rows.append(list(ph) + list(w))
                             else:
                                 blk = _block_from_phases(p, rows)
-                                key = tuple(sorted((k_.value, s, t) for (k_, s), t in blk.slots.items()))
+                                key = frozenset(blk.slots.items())  # equal blocks, equal keys
                                 if key not in seen:
                                     seen[key] = (blk, max(steady_peak(blk)))
     return tuple(sorted(seen.values(), key=lambda bp: bp[1]))
@@ -173,8 +175,9 @@ Orders = list[list[Cell]]  #: per rank, (kind, layer group, microbatch)
 def _key(pl: Placement, m: int, orders: Orders, costs: Costs, memory: MemoryDeltas) -> tuple[float, float, float]:
     """Longest rank span (what the bubble rate measures), then makespan, then peak, of
     ``orders`` timed as :func:`~pipeoffload.passes.timing.simulate` times them
-    (:func:`~pipeoffload.passes.timing.order_figures`: no timeline is built)."""
-    peak, span, makespan = order_figures(pl, m, orders, costs, memory)
+    (:func:`.steady_timing.steady_figures`: no timeline is built, the periodic steady
+    state is shifted where that is exact)."""
+    peak, span, makespan = steady_figures(pl, m, orders, costs, memory)
     return (span, makespan, peak)
 
 
@@ -200,7 +203,9 @@ def v_auto(spec: ScheduleSpec) -> Schedule:
 
     Cost: the fixed V lowerings (see :func:`.vshape.v_half`) plus, per block of the family
     scanned (at most SCAN, REFINE of them refined), one slot reorder and timing over
-    O(p·m) ops, i.e. the V lowering's O(p·m) to O(p·m²) times a constant number of blocks."""
+    O(p·m) ops, i.e. the V lowering's O(p·m) to O(p·m²) times a constant number of blocks.
+    The timings and W refills go through the periodic steady state when the costs are
+    binary fractions (:mod:`.steady_timing`): O(p²) ops placed, O(p·m) list work in C."""
     spec.no_group()
     spec.resolve_v(2, allowed=(2,))
     p, m, costs, memory = spec.p, spec.m, spec.costs, spec.memory

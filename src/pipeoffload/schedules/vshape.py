@@ -45,10 +45,10 @@ from typing import Callable
 
 from ..costs import Costs, MemoryDeltas
 from ..ir import OpKind, Placement, Schedule, build_schedule
-from ..passes.timing import order_figures
 from .hole_fill import BUDGET as HOLE_BUDGET, fill_holes
 from .building_block import BuildingBlock, chain_slots, orders_from_block, place_weight_grads
 from .spec import ScheduleSpec
+from .steady_timing import steady_figures
 from .v_reorder import reorder_orders
 from .w_refill import refill_both
 from .zb_auto import Tracker, lower_bounds
@@ -106,10 +106,13 @@ LOWERING_COST = (
     "the slot reorder visits only the warm-up and cool-down ops (O(p²) of them, each re-counting its rank's "
     "levels until they meet the old ones) after O(p·m log m) sorts and squeezes. When the first lowering's "
     "longest span and makespan are at their lower bounds (V-ZB at equal costs, m ≥ 2p) it wins and nothing "
-    "else is built. Otherwise the W refills are O(p·m) each (the rerun without partial gaps is skipped when "
-    "it would be the same run, e.g. at unit costs), the two base candidates and any other that could win are "
-    "timed, O(p·m) each, and hole filling runs only while its budget can time a trial (6·p·m ≤ 25 000 ops): "
-    "O(p·m) in all, with the constant of about six timings")
+    "else is built. Otherwise the W refills (the rerun without partial gaps is skipped when it would be the "
+    "same run, e.g. at unit costs) and the timings of the two base candidates and of any other that could win "
+    "go through the periodic steady state when the costs are binary fractions (unit costs, halves: "
+    ":mod:`.steady_timing`, :func:`.w_refill.refill_both`): the warm-up and cool-down, O(p²) ops, are placed "
+    "and the proved periods written by slices, O(p·m) list work in C; with other costs each is O(p·m) ops. "
+    "Hole filling runs only while its budget can time a trial (6·p·m ≤ 25 000 ops): O(p·m) in all, with the "
+    "constant of about six timings (about two with binary-fraction costs)")
 
 
 def _check(spec: ScheduleSpec) -> None:
@@ -149,8 +152,9 @@ def _lower_block(name: str, block: BuildingBlock, spec: ScheduleSpec, holes: boo
     the unit peak bound), kept on the same terms. Returns the per-rank orders.
 
     Each candidate is compared by three figures of its timing
-    (:func:`~pipeoffload.passes.timing.order_figures`: those of ``simulate``'s timeline,
-    without building it), and only the winner becomes a Schedule (for hole filling).
+    (:func:`.steady_timing.steady_figures`: those of ``simulate``'s timeline, without
+    building it, the periodic steady state shifted where that is exact), and only the
+    winner becomes a Schedule (for hole filling).
 
     Guarantees: per-rank peak at most :func:`unit_peak_bound` units (unit accounting,
     any costs); the longest span is no longer than either of the first two lowerings'."""
@@ -158,11 +162,11 @@ def _lower_block(name: str, block: BuildingBlock, spec: ScheduleSpec, holes: boo
     pl = block.placement
     caps = [unit_peak_bound(name, p)] * p
     first = orders_from_block(block, m)
-    figures = list(order_figures(pl, m, first, spec.costs, spec.memory))
+    figures = list(steady_figures(pl, m, first, spec.costs, spec.memory))
     if _at_bounds(figures, pl, m, spec):
         return first  # no candidate could be strictly better, and ties keep the earlier
     second = reorder_orders(block, m)
-    figures2 = list(order_figures(pl, m, second, spec.costs, spec.memory))
+    figures2 = list(steady_figures(pl, m, second, spec.costs, spec.memory))
     best = _Best(first, figures, max(figures[0], figures2[0]))
     best.offer(second, figures2[1], figures2[2], lambda: figures2[0])
     inputs = [first, second]
@@ -174,7 +178,7 @@ def _lower_block(name: str, block: BuildingBlock, spec: ScheduleSpec, holes: boo
         # if it could win.
         for tr in refill_both(pl, m, inputs.pop(0), spec.costs, MemoryDeltas(), caps):
             best.offer(tr.order, tr.max_span(), tr.makespan(),
-                       lambda o=tr.order: order_figures(pl, m, o, spec.costs, spec.memory)[0])
+                       lambda o=tr.order: steady_figures(pl, m, o, spec.costs, spec.memory)[0])
     # fill_holes times the whole order once, then each trial move: when its budget cannot
     # time one trial (6·p·m ops, e.g. p = 64, m = 512), it returns the winner unchanged.
     if holes and 2 * sum(len(r) for r in best.orders) <= HOLE_BUDGET:
@@ -183,7 +187,7 @@ def _lower_block(name: str, block: BuildingBlock, spec: ScheduleSpec, holes: boo
         filled = fill_holes(winner, spec.costs, MemoryDeltas(), caps)
         if filled is not winner:
             orders = [[(o.kind, o.stage, o.microbatch) for o in r] for r in filled.ranks]
-            fig = order_figures(pl, m, orders, spec.costs, spec.memory)
+            fig = steady_figures(pl, m, orders, spec.costs, spec.memory)
             best.offer(orders, fig[1], fig[2], lambda: fig[0])
     return best.orders
 

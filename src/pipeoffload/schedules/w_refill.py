@@ -12,7 +12,13 @@ B ≠ F (found by comparing them with the exact scheduler's orders, docs/solver.
 Guarantees: every op once, in a dependency-respecting order; each rank's F/B order is
 the input's; its peak (in the units of the memory deltas) is at most ``caps[r]``
 when the input's is (a W is forced before a forward that would exceed it: the level
-with no W pending is the input's own level minus its pending W's). Pure Python.
+with no W pending is the input's own level minus its pending W's).
+
+When every time is an exact binary fraction (durations and latency multiples of 2⁻²⁰:
+unit costs, halves), the greedy is run up to cuts one period apart on the skeleton's
+periodic range until a rank state repeats shifted by the period's time; the periods up
+to the end of that range are then written at once (:func:`_skip_steady`, with the
+argument why the result is the plain greedy's). Pure Python.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from ..costs import Costs, MemoryDeltas
 from ..ir import OpKind, Placement, Schedule, build_schedule
 from ..passes.timing import _NOT_PLACED as _UNPLACED
 from ..passes.timing import B_CODE, CODE_KIND, KIND_CODE, W_CODE
+from .steady_timing import _exact, _first_period, _index, _period_range
 from .zb_auto import Infeasible, Tracker
 
 __all__ = ["refill_weights", "refill_tracker", "refill_both"]
@@ -34,7 +41,8 @@ def refill_weights(schedule: Schedule, costs: Costs, memory: MemoryDeltas, caps:
     """``schedule`` with its W's re-placed (module docstring); ``caps``: per-rank memory
     caps. Raises :class:`.zb_auto.Infeasible` if a rank cannot keep its cap.
 
-    Cost: O(p·v·m), one greedy placement of every op."""
+    Cost: O(p·v·m), one greedy placement of every op (the periodic steady state shifted
+    instead where that is exact: :func:`refill_both`)."""
     pl, m = schedule.placement, schedule.num_microbatches
     orders = [[(o.kind, o.stage, o.microbatch) for o in lst] for lst in schedule.ranks]
     tr = refill_tracker(pl, m, orders, costs, memory, caps, partial)
@@ -58,7 +66,9 @@ def refill_both(placement: Placement, m: int, orders: Sequence[Sequence[tuple[Op
     partly idle gap with a W pending (the only decision ``partial`` changes: the second
     would be the same run, e.g. with unit costs).
 
-    Cost: O(p·v·m) per run."""
+    Cost: O(p·v·m) per run; with binary-fraction costs (unit costs, halves) the periodic
+    steady state is shifted once proved (:func:`_skip_steady`): O(p²) ops placed for the
+    V orders, plus O(p·v·m) list work in C."""
     out = []
     consulted = [False]
     try:
@@ -76,74 +86,242 @@ def refill_both(placement: Placement, m: int, orders: Sequence[Sequence[tuple[Op
 def _refill(placement: Placement, m: int, orders: Sequence[Sequence[tuple[OpKind, int, int]]],
             costs: Costs, memory: MemoryDeltas, caps: Sequence[float], partial: bool,
             consulted: list[bool]) -> Tracker:
-    """:func:`refill_tracker`; sets ``consulted[0]`` when a decision depended on ``partial``."""
-    tr = Tracker(placement, m, costs, memory, float("inf"))
-    S, M = tr.num_stages, tr.num_microbatches
-    # The new order reuses the input's op tuples (by slot of the tracker's end table): at
-    # p = 128, m = 4096 a fresh tuple per op would be about 200 MB per run.
-    ops_of: list = [None] * (3 * S * M)
-    skeleton = []
-    for lst in orders:
-        row = []
-        for op in lst:
-            code = KIND_CODE[op[0]]
-            ops_of[(code * S + op[1]) * M + op[2]] = op
-            if code != W_CODE:
-                row.append((code, op[1], op[2]))
-        skeleton.append(row)
-    put = _placer(tr, ops_of)
-    S, M, deps, end, clock, origin = tr.num_stages, tr.num_microbatches, tr.deps, tr.end, tr.clock, tr.origin
-    dur, mem, level = tr.dur, tr.mem, tr.level
-    pending: list[deque] = [deque() for _ in skeleton]
-    done = [0] * len(skeleton)
-    waiting: dict[int, list[int]] = {}
-    ready = deque(range(len(skeleton)))
-    while ready:
-        r = ready.popleft()
-        ops, pend, cap = skeleton[r], pending[r], caps[r]
-        tol = 1e-9 * max(1.0, abs(cap))
-        i = done[r]
-        while i < len(ops):
-            code, stage, mb = ops[i]
-            own = code * S + stage
-            missing, arrive = -1, origin  # tr.missing_input and tr.arrival, inline
-            for base, latency in deps[own]:
-                e = end[base + mb]
-                if e == _UNPLACED:
-                    missing = base + mb
-                    break
-                e += latency
-                if e > arrive:
-                    arrive = e
-            if missing >= 0:
-                waiting.setdefault(missing, []).append(r)
-                break
-            # Pending W's: those that end before the input arrives, one more for a partly
-            # idle gap (partial), and those the op's memory needs.
-            while pend and clock[r] + dur[pend[0][0]][W_CODE] <= arrive + 1e-12:
-                put(W_CODE, *pend.popleft(), r)
-            if pend and clock[r] < arrive - 1e-12:
-                consulted[0] = True
-                if partial:
-                    put(W_CODE, *pend.popleft(), r)
-            while level[r] + mem[stage][code] > cap + tol:
-                if not pend:
-                    raise Infeasible(f"rank {r} cannot keep its cap {cap:g}")
-                put(W_CODE, *pend.popleft(), r)
-            put(code, stage, mb, r)
-            if code == B_CODE:
-                pend.append((stage, mb))
-            i += 1
-            woken = waiting.pop(own * M + mb, None)
-            if woken:
-                ready.extend(woken)
-        done[r] = i
-    if any(done[r] < len(skeleton[r]) for r in range(len(skeleton))):
+    """:func:`refill_tracker`; sets ``consulted[0]`` when a decision depended on ``partial``.
+    The periodic steady state is shifted instead of placed when that is exact
+    (:class:`_Refill`, :func:`_skip_steady`); the result is the same."""
+    run = _Refill(placement, m, orders, costs, memory, caps, partial, consulted)
+    if _shiftable(run.tr, placement, costs, sum(map(len, orders))):
+        flag = consulted[0]
+        try:
+            run.skipped = _skip_steady(run)
+        except Infeasible:  # placed in another rank order: start again, to fail as the plain run does
+            consulted[0] = flag
+            run = _Refill(placement, m, orders, costs, memory, caps, partial, consulted)
+    run.pos = None
+    run.lim = [len(s) for s in run.skeleton]
+    run.run()
+    if any(run.done[r] < len(run.skeleton[r]) for r in range(len(run.skeleton))):
         raise Infeasible("the skeleton deadlocks")
-    for r, q in enumerate(pending):
+    for r, q in enumerate(run.pending):
         while q:
-            put(W_CODE, *q.popleft(), r)
-    return tr
+            run.put(W_CODE, *q.popleft(), r)
+    return run.tr
+
+
+class _Refill:
+    """The refill's greedy (module docstring) as a resumable loop: each rank places its
+    skeleton ops, W's put before them, up to a per-rank limit (``lim``); while
+    ``pos`` is set, a rank stopped at its limit goes on to an op another rank waits
+    for (:func:`_skip_steady` stops every rank at a cut to check it)."""
+
+    def __init__(self, placement: Placement, m: int, orders: Sequence[Sequence[tuple[OpKind, int, int]]],
+                 costs: Costs, memory: MemoryDeltas, caps: Sequence[float], partial: bool,
+                 consulted: list[bool]) -> None:
+        tr = Tracker(placement, m, costs, memory, float("inf"))
+        S, M = tr.num_stages, tr.num_microbatches
+        # The new order reuses the input's op tuples (by slot of the tracker's end table): at
+        # p = 128, m = 4096 a fresh tuple per op would be about 200 MB per run.
+        ops_of: list = [None] * (3 * S * M)
+        skeleton = []
+        for lst in orders:
+            row = []
+            for op in lst:
+                code = KIND_CODE[op[0]]
+                ops_of[(code * S + op[1]) * M + op[2]] = op
+                if code != W_CODE:
+                    row.append((code, op[1], op[2]))
+            skeleton.append(row)
+        self.tr, self.ops_of, self.skeleton, self.caps = tr, ops_of, skeleton, caps
+        self.partial, self.consulted = partial, consulted
+        self.put = _placer(tr, ops_of)
+        self.pending: list[deque] = [deque() for _ in skeleton]
+        self.done = [0] * len(skeleton)
+        self.lim = [len(row) for row in skeleton]
+        self.blocked = [False] * len(skeleton)
+        self.waiting: dict[int, list[int]] = {}
+        #: While limited: each skeleton op's ``slot → index`` on its rank, so that a rank
+        #: stopped at its limit goes on to an op another rank waits for.
+        self.pos: dict[int, int] | None = None
+        self.skipped = 0  #: periods shifted (for the tests)
+
+    def run(self) -> bool:
+        """Place every rank's ops up to its limit; whether each got there."""
+        tr, put, skeleton, pending, caps, done, lim, waiting, blocked = (
+            self.tr, self.put, self.skeleton, self.pending, self.caps, self.done, self.lim, self.waiting,
+            self.blocked)
+        S, M, deps, end, clock, origin = tr.num_stages, tr.num_microbatches, tr.deps, tr.end, tr.clock, tr.origin
+        dur, mem, level, partial = tr.dur, tr.mem, tr.level, self.partial
+        ready = deque(r for r in range(len(skeleton)) if not blocked[r] and done[r] < lim[r])
+        while ready:
+            r = ready.popleft()
+            ops, pend, cap = skeleton[r], pending[r], caps[r]
+            tol = 1e-9 * max(1.0, abs(cap))
+            i, n = done[r], lim[r]
+            blocked[r] = False
+            while i < n:
+                code, stage, mb = ops[i]
+                own = code * S + stage
+                missing, arrive = -1, origin  # tr.missing_input and tr.arrival, inline
+                for base, latency in deps[own]:
+                    e = end[base + mb]
+                    if e == _UNPLACED:
+                        missing = base + mb
+                        break
+                    e += latency
+                    if e > arrive:
+                        arrive = e
+                if missing >= 0:
+                    waiting.setdefault(missing, []).append(r)
+                    blocked[r] = True
+                    if self.pos is not None:  # limited: the rank that owes the op goes on to it
+                        q, k = tr.rank_of[(missing // M) % S], self.pos[missing]
+                        if q != r and k >= lim[q]:
+                            if done[q] == lim[q] and not blocked[q]:
+                                ready.append(q)
+                            lim[q] = k + 1
+                    break
+                # Pending W's: those that end before the input arrives, one more for a partly
+                # idle gap (partial), and those the op's memory needs.
+                while pend and clock[r] + dur[pend[0][0]][W_CODE] <= arrive + 1e-12:
+                    put(W_CODE, *pend.popleft(), r)
+                if pend and clock[r] < arrive - 1e-12:
+                    self.consulted[0] = True
+                    if partial:
+                        put(W_CODE, *pend.popleft(), r)
+                while level[r] + mem[stage][code] > cap + tol:
+                    if not pend:
+                        raise Infeasible(f"rank {r} cannot keep its cap {cap:g}")
+                    put(W_CODE, *pend.popleft(), r)
+                put(code, stage, mb, r)
+                if code == B_CODE:
+                    pend.append((stage, mb))
+                i += 1
+                woken = waiting.pop(own * M + mb, None)
+                if woken:
+                    ready.extend(woken)
+            done[r] = i
+        return all(d == n for d, n in zip(done, lim))
+
+
+def _shiftable(tr: Tracker, placement: Placement, costs: Costs, n_ops: int) -> bool:
+    """Whether every time of the refill is an exact binary fraction (durations and the
+    latency multiples of 2⁻²⁰, totals below 2³¹): then shifting a period by its time
+    is exact, and the greedy's comparisons (with their 1e-12 slack) come out the same."""
+    return _exact([d for row in tr.dur for d in row] + [costs.comm], n_ops)
+
+
+def _skip_steady(run: _Refill) -> int:
+    """Place the skeleton up to cuts one period apart until the state at a cut is the
+    state one period before shifted (:func:`_same_state`), then write the periods up to
+    the end of the periodic range at once (:func:`_shift_periods`). Returns the periods
+    shifted (0: none; the caller places the rest).
+
+    Why it is exact: a rank's decisions for its next skeleton op read only its clock,
+    level and pending W's and the ends of the op's inputs. At the cut every rank's clock
+    is ``T`` later than a period before, its level and pending W's (one microbatch on)
+    the same, and every input end the next periods can read among the ops already placed
+    is ``T`` after its copy a period before; the inputs of an op one microbatch on are
+    its copy's one microbatch on. So the next period makes the same decisions shifted by
+    ``T`` and ends in the same state shifted again, and by induction every period does
+    while the skeleton and the inputs stay in the periodic ranges. With exact binary
+    times (:func:`_shiftable`) a shift commutes with max, + and the 1e-12 comparisons."""
+    tr, m = run.tr, run.tr.num_microbatches
+    S = tr.num_stages
+    codes = [[(c * S + s) * m + j for c, s, j in row] for row in run.skeleton]
+    periods = [len(c) // m if len(c) % m == 0 else 0 for c in codes]
+    if not all(periods):
+        return 0
+    ranges = [_period_range(c, per) for c, per in zip(codes, periods)]
+    refs = [_first_period(c, lo, per, m) for c, (lo, _), per in zip(codes, ranges, periods)]
+    if None in refs:
+        return 0
+
+    run.pos = {x: i for row in codes for i, x in enumerate(row)}
+    run.lim = [lo + 2 * per for (lo, _), per in zip(ranges, periods)]
+    before, fails = None, 0
+    # Checked while at least half the periodic range is left to shift (past that the
+    # checks would cost more than they can save).
+    while all(2 * (n + per) <= lo + hi for n, per, (lo, hi) in zip(run.lim, periods, ranges)):
+        if not run.run():
+            return 0
+        now = _state(run)
+        if before is not None and all(a == b + per for a, b, per in zip(run.done, before[0], periods)):
+            shift = _same_state(run, before, now, codes, periods, ranges, refs)
+            n = min((hi - d) // per for d, per, (_, hi) in zip(run.done, periods, ranges))
+            if shift is not None and n >= 1:
+                _shift_periods(run, before, now, n, shift, periods)
+                return n
+            fails += 1
+            if fails >= 8:  # not steady yet: the next check a few periods on (fewer stops)
+                before = None
+                run.lim = [d + per * (fails // 8) for d, per in zip(run.done, periods)]
+                continue
+        before = now
+        run.lim = [d + per for d, per in zip(run.done, periods)]
+    return 0
+
+
+def _state(run: _Refill) -> tuple:
+    """What :func:`_same_state` compares: per rank the skeleton position, clock, level,
+    pending W's, length of the new order and idle time."""
+    tr = run.tr
+    return (list(run.done), list(tr.clock), list(tr.level), [tuple(q) for q in run.pending],
+            [len(o) for o in tr.order], list(tr.idle))
+
+
+def _same_state(run: _Refill, before: tuple, now: tuple, codes: list[list[int]], periods: list[int],
+                ranges: list[tuple[int, int]], refs: list) -> float | None:
+    """The period's time ``T`` if the state ``now`` is ``before`` one period on
+    (:func:`_skip_steady`), else None."""
+    tr, m = run.tr, run.tr.num_microbatches
+    shift = now[1][0] - before[1][0]
+    if not shift > 0 or now[2] != before[2]:
+        return None
+    if any(b + shift != a for a, b in zip(now[1], before[1])):
+        return None
+    for a, b in zip(now[3], before[3]):
+        if len(a) != len(b) or any(x[0] != y[0] or x[1] != y[1] + 1 for x, y in zip(a, b)):
+            return None
+    S, end = tr.num_stages, tr.end
+    low = list(now[0])
+    for r, row in enumerate(codes):
+        for x in row[before[0][r]:now[0][r]]:
+            own, mb = divmod(x, m)
+            for base, _ in tr.deps[own]:
+                y = base + mb
+                q = tr.rank_of[(y // m) % S]
+                k = _index(y, codes[q], ranges[q], refs[q], m, periods[q])
+                if k is None:
+                    return None
+                if k < low[q]:
+                    low[q] = k
+    for q, row in enumerate(codes):
+        if low[q] < ranges[q][0]:
+            return None
+        for x in row[low[q] + periods[q]:now[0][q]]:
+            if end[x - 1] + shift != end[x]:
+                return None
+    return shift
+
+
+def _shift_periods(run: _Refill, before: tuple, now: tuple, n: int, shift: float, periods: list[int]) -> None:
+    """Write ``n`` periods after the cut: each rank's ops of the last period, one to ``n``
+    microbatches on (the input's op tuples), their ends ``k·T`` later; the clocks, idle
+    times, pending W's and positions moved on."""
+    tr, m = run.tr, run.tr.num_microbatches
+    S, end, ops_of = tr.num_stages, tr.end, run.ops_of
+    steps = [k * shift for k in range(1, n + 1)]
+    for r, order in enumerate(tr.order):
+        slots = [(KIND_CODE[k] * S + s) * m + j for k, s, j in order[before[4][r]:now[4][r]]]
+        for k in range(1, n + 1):
+            order.extend([ops_of[x + k] for x in slots])
+        for x in slots:
+            e = end[x]
+            end[x + 1:x + n + 1] = [e + d for d in steps]
+        tr.clock[r] += n * shift
+        tr.idle[r] += n * (now[5][r] - before[5][r])
+        run.pending[r] = deque((s, j + n) for s, j in run.pending[r])
+        run.done[r] += n * periods[r]
 
 
 def _placer(tr: Tracker, ops_of: list) -> Callable[[int, int, int, int], None]:

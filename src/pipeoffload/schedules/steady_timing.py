@@ -1,0 +1,345 @@
+"""The three figures of a candidate order, timed through its periodic steady state.
+
+:func:`order_figures` (the timing pass's engine) times every op of a lowering's
+candidate orders, O(p·m) steps of Python. The V lowerings' orders are periodic in
+their middle: on each rank the op ``P`` places later is the same op one microbatch on
+(``P`` = the rank's ops per microbatch). Once the list-scheduling recurrence
+(``end = max(rank clock, inputs' ends + latency) + duration``) has settled, every op of
+a period ends exactly ``T`` later than its copy one period before, and then so does
+every later op of the periodic range (an induction over the recurrence, below), so the
+middle need not be timed.
+
+The check, at a cut ``c_r`` on each rank once every op before ``c_r + P`` is timed:
+each op of the period ``[c_r, c_r + P)`` has its inputs at index ≥ ``lo_q + P`` on
+their rank (inside the periodic range, one period in); on every rank, every op from
+the earliest such input (or the cut) to ``c_r + P`` ends exactly ``T`` after its copy
+one period before. Then by induction on the recurrence (an op's predecessor and inputs
+are its copy's, one microbatch on, and max and + commute with a shift when the
+arithmetic is exact) op ``[c_r + i]`` shifted ``n`` periods ends ``n·T`` later, for
+every ``n`` that keeps it and its inputs inside the periodic ranges. Those ends are
+written by slices of the engine's end table, and the timing resumes after them for
+the cool-down. When the check fails the run goes on one period and checks again; if it
+never passes, every op is timed as in :func:`order_figures`.
+
+Exactness: a shift commutes with the recurrence bit for bit only when every sum is
+exact, so the shortcut applies only when every duration, the latency and every memory
+delta is a multiple of 2⁻²⁰ and the totals stay below 2³¹ (unit costs and halves, as
+the defaults): then all times are exact binary fractions and the figures are the same
+floats. With positive durations a rank's memory sweep (sorted by time, frees first) is
+its ops' order, so its peak is the highest running sum of the deltas in op order; a
+period's deltas sum to 0 exactly in a steady V order, so the skipped periods repeat
+levels already seen. Otherwise (other costs, zero durations, BW ops, a period whose
+deltas do not cancel) :func:`steady_figures` is :func:`order_figures`.
+
+Pure Python.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import deque
+from itertools import accumulate
+from operator import itemgetter, sub
+from typing import Callable, Sequence
+
+from ..costs import Costs, MemoryDeltas
+from ..ir import OpKind, Placement
+from ..passes.timing import _NOT_PLACED, CODE_KIND, ListScheduler, order_figures
+from ..timeline import _clean
+
+__all__ = ["steady_figures"]
+
+_GRAIN = float(1 << 20)  #: times and deltas must be multiples of 1/_GRAIN
+_LIMIT = float(1 << 31)  #: ... and their totals below this: every sum is exact
+_CODE = {OpKind.F: 0, OpKind.B: 1, OpKind.W: 2}  #: the engine's completion codes (no BW)
+_RUN = re.compile(rb"\x01+")
+
+
+def steady_figures(placement: Placement, num_microbatches: int,
+                   orders: Sequence[Sequence[tuple[OpKind, int, int]]], costs: Costs,
+                   memory: MemoryDeltas) -> tuple[float, float, float]:
+    """``(highest peak, longest span, makespan)`` of per-rank ``(kind, layer group,
+    microbatch)`` orders: :func:`~pipeoffload.passes.timing.order_figures`, with the
+    periodic steady state shifted instead of timed where that is exact (module docstring).
+
+    Args:
+        placement: the layer groups' ranks.
+        num_microbatches: m.
+        orders: each rank's compute ops in order.
+        costs, memory: the durations, latency and memory deltas.
+
+    Returns:
+        The three figures.
+
+    Raises:
+        ScheduleError: the orders deadlock (as :func:`order_figures`).
+
+    Guarantees: the same floats as :func:`order_figures` for any input. Cost: O(p·m)
+    list work in C (one integer per op, the periodic ranges) plus the engine over the
+    warm-up and cool-down, O(p²) ops for the V lowerings' orders (O(p·m) when the
+    shortcut does not apply).
+    """
+    figures, _ = _steady(placement, num_microbatches, orders, costs, memory)
+    if figures is None:
+        return order_figures(placement, num_microbatches, orders, costs, memory)
+    return figures
+
+
+def _steady(placement: Placement, m: int, orders: Sequence[Sequence[tuple[OpKind, int, int]]],
+            costs: Costs, memory: MemoryDeltas) -> tuple[tuple[float, float, float] | None, int]:
+    """The figures and how many periods were shifted (0: none), or ``(None, 0)`` when the
+    shortcut does not apply (then :func:`order_figures` must time the orders)."""
+    S = placement.num_stages
+    if not orders or any(not lst for lst in orders):
+        return None, 0
+    if any(max(map(itemgetter(2), lst)) >= m or not set(map(itemgetter(0), lst)) <= _CODE.keys()
+           for lst in orders):
+        return None, 0
+    dur_t, mem_t = costs.duration_table(placement), memory.delta_table(placement)
+    durc = [dur_t[s][CODE_KIND[c]] for c in range(3) for s in range(S)]
+    memc = [mem_t[s][CODE_KIND[c]] for c in range(3) for s in range(S)]
+    n_ops = sum(map(len, orders))
+    if not (_exact(durc + [costs.comm], n_ops) and _exact(memc, n_ops) and min(durc) > 0):
+        return None, 0
+    codes = [[(_CODE[k] * S + s) * m + j for k, s, j in lst] for lst in orders]
+    eng = _Engine(placement, m, costs.comm, codes, durc)
+    skipped = _run_with_skip(eng, m)
+    if any(eng.done[r] < len(c) for r, c in enumerate(codes)):
+        return None, 0  # deadlock: order_figures names it
+    peaks = [_rank_peak(c, memc, m, eng.cut[r]) for r, c in enumerate(codes)]
+    if None in peaks:
+        return None, 0
+    peak = max(peaks)
+    first, last = eng.first, eng.clock
+    spans = [b - a if b >= a else 0.0 for a, b in zip(first, last)]
+    return (peak, max(spans), max(last) - min(first)), skipped
+
+
+def _exact(values: list[float], n_ops: int) -> bool:
+    """Whether sums of up to ``n_ops`` of ``values`` are exact binary fractions (module
+    docstring): each a multiple of 2⁻²⁰, their largest times ``2·(n_ops + 1)`` below 2³¹."""
+    if any(not math.isfinite(x) or not (x * _GRAIN).is_integer() for x in values):
+        return False
+    return 2.0 * max(abs(x) for x in values) * (n_ops + 1) < _LIMIT
+
+
+def _period_range(codes: list[int], period: int) -> tuple[int, int]:
+    """``[lo, hi)``: the longest run where ``codes[i + period] == codes[i] + 1`` (the same
+    op one microbatch on) for every ``lo ≤ i < hi − period``; ``(0, 0)`` if none."""
+    same = bytes(map((1).__eq__, map(sub, codes[period:], codes[:-period])))
+    best = (0, 0)
+    for run in _RUN.finditer(same):
+        if run.end() - run.start() > best[1] - best[0]:
+            best = (run.start(), run.end())
+    if best == (0, 0):
+        return 0, 0
+    return best[0], best[1] + period
+
+
+class _Engine:
+    """The timing pass's fused list-scheduling loop (``_time_rank_lists``: the same
+    recurrence, the same float operations) on integer op codes, with a per-rank limit so
+    it can stop at a cut, be checked, shifted and resumed."""
+
+    def __init__(self, placement: Placement, m: int, comm: float, codes: list[list[int]],
+                 durc: list[float]) -> None:
+        ls = ListScheduler(placement.stage_to_rank, m, comm)
+        self.m, self.codes, self.durc = m, codes, durc
+        self.deps, self.end, self.origin, self.rank_of = ls.deps, ls.end, ls.origin, ls.rank_of
+        p = len(codes)
+        self.clock = [ls.origin] * p
+        self.first = [math.inf] * p
+        self.done = [0] * p
+        self.lim = [0] * p
+        self.cut = [None] * p  # per rank, (start, stop) of the shifted indices, or None
+        self.waiting: dict[int, list[int]] = {}
+        self.blocked = [False] * p
+        #: While limited: ``slot → (rank, index)`` of an op (None if unknown), so that a
+        #: rank stopped at its limit goes on to an op another rank waits for.
+        self.locate: Callable[[int], tuple[int, int] | None] | None = None
+
+    def _demand(self, slot: int, waiter: int, ready: deque) -> None:
+        """Raise the limit of the rank of op ``slot`` (which ``waiter`` waits for) to
+        include it, and restart that rank if it was stopped at its limit."""
+        where = self.locate(slot)
+        if where is None:
+            return
+        q, k = where
+        if q == waiter or k < self.lim[q]:
+            return
+        stopped = self.done[q] == self.lim[q] and not self.blocked[q]
+        self.lim[q] = k + 1
+        if stopped:
+            ready.append(q)
+
+    def run(self) -> bool:
+        """Time every rank up to its limit; whether each got there."""
+        m, deps, end, durc, origin, unplaced = self.m, self.deps, self.end, self.durc, self.origin, _NOT_PLACED
+        clock, done, lim, waiting, blocked, first = (
+            self.clock, self.done, self.lim, self.waiting, self.blocked, self.first)
+        ready = deque(r for r in range(len(done)) if not blocked[r] and done[r] < lim[r])
+        while ready:
+            r = ready.popleft()
+            ops, i, n = self.codes[r], done[r], lim[r]
+            blocked[r] = False
+            while i < n:
+                slot = ops[i]
+                own, mb = divmod(slot, m)
+                t = origin
+                missing = -1
+                for base, latency in deps[own]:
+                    e = end[base + mb]
+                    if e == unplaced:
+                        missing = base + mb
+                        break
+                    e += latency
+                    if e > t:
+                        t = e
+                if missing >= 0:
+                    waiting.setdefault(missing, []).append(r)
+                    blocked[r] = True
+                    if self.locate is not None:
+                        self._demand(missing, r, ready)
+                    break
+                if clock[r] > t:
+                    t = clock[r]
+                if i == 0:
+                    first[r] = t
+                end[slot] = clock[r] = t + durc[own]
+                i += 1
+                woken = waiting.pop(slot, None)
+                if woken:
+                    ready.extend(woken)
+            done[r] = i
+        return all(d == n for d, n in zip(done, lim))
+
+
+def _run_with_skip(eng: _Engine, m: int) -> int:
+    """Time ``eng``'s orders, shifting the steady state once the check at a cut passes
+    (module docstring); returns how many periods were shifted (0: none, every op timed)."""
+    codes = eng.codes
+    periods = [len(c) // m if len(c) % m == 0 else 0 for c in codes]
+    skipped = 0
+    if all(periods):
+        ranges = [_period_range(c, per) for c, per in zip(codes, periods)]
+        refs = [_first_period(c, lo, per, m) for c, (lo, _), per in zip(codes, ranges, periods)]
+        eng.lim = [lo + 3 * per for (lo, _), per in zip(ranges, periods)]
+        S = len(eng.deps) // 3
+
+        def locate(slot: int) -> tuple[int, int] | None:
+            q = eng.rank_of[(slot // m) % S]
+            k = _index(slot, codes[q], ranges[q], refs[q], m, periods[q])
+            return None if k is None else (q, k)
+
+        eng.locate = locate
+        while None not in refs and _run_to_limits(eng, periods, ranges):
+            cut = [n - per for n, per in zip(eng.lim, periods)]
+            n = min((hi - n) // per for n, per, (_, hi) in zip(eng.lim, periods, ranges))
+            shift = _steady_shift(eng, cut, periods, ranges, refs) if n >= 1 else None
+            if shift is not None:
+                _shift(eng, cut, periods, n, shift)
+                skipped = n
+                break
+            eng.lim = [n + per for n, per in zip(eng.lim, periods)]
+    eng.locate = None
+    eng.lim = [len(c) for c in codes]
+    eng.run()
+    return skipped
+
+
+def _run_to_limits(eng: _Engine, periods: list[int], ranges: list[tuple[int, int]]) -> bool:
+    """Run ``eng`` until every rank is at its limit (a rank goes past it to an op another
+    rank waits for); False once a limit leaves its rank's periodic range or the limited
+    orders cannot reach their limits (then no cut is left to check)."""
+    if any(n + per > hi for n, per, (_, hi) in zip(eng.lim, periods, ranges)):
+        return False
+    return eng.run() and all(n + per <= hi for n, per, (_, hi) in zip(eng.lim, periods, ranges))
+
+
+def _first_period(codes: list[int], lo: int, period: int, m: int) -> dict[int, tuple[int, int]] | None:
+    """Each op of the periodic range's first period: ``code·S + stage`` → ``(index,
+    microbatch)``; None if a kind of op comes twice in it."""
+    out = {}
+    for i in range(lo, min(lo + period, len(codes))):
+        own, mb = divmod(codes[i], m)
+        if own in out:
+            return None
+        out[own] = (i, mb)
+    return out
+
+
+def _index(slot: int, codes: list[int], rng: tuple[int, int], ref: dict[int, tuple[int, int]],
+           m: int, period: int) -> int | None:
+    """The index of op ``slot`` in ``codes`` when it is in the periodic range, else None."""
+    own, mb = divmod(slot, m)
+    if own not in ref:
+        return None
+    i0, mb0 = ref[own]
+    k = i0 + (mb - mb0) * period
+    return k if rng[0] <= k < rng[1] and codes[k] == slot else None
+
+
+def _steady_shift(eng: _Engine, cut: list[int], periods: list[int], ranges: list[tuple[int, int]],
+                  refs: list) -> float | None:
+    """The period's time ``T`` when the check at ``cut`` passes (module docstring), else
+    None. Every op before ``cut[r] + periods[r]`` is timed."""
+    codes, end, m, deps = eng.codes, eng.end, eng.m, eng.deps
+    x0 = codes[0][cut[0]]
+    shift = end[x0] - end[x0 - 1]
+    for r, ops in enumerate(codes):  # the period after the cut first: it fails fast
+        for x in ops[cut[r]:cut[r] + periods[r]]:
+            if end[x - 1] + shift != end[x]:
+                return None
+    S = len(deps) // 3
+    rank_of = eng.rank_of
+    low = list(cut)
+    for r, ops in enumerate(codes):
+        for i in range(cut[r], cut[r] + periods[r]):
+            own, mb = divmod(ops[i], m)
+            for base, _ in deps[own]:
+                y = base + mb
+                q = rank_of[(y // m) % S]
+                k = _index(y, codes[q], ranges[q], refs[q], m, periods[q])
+                if k is None or k < ranges[q][0] + periods[q]:
+                    return None
+                if k < low[q]:
+                    low[q] = k
+    if not shift > 0:
+        return None
+    for q, ops in enumerate(codes):
+        for x in ops[low[q]:cut[q]]:
+            if end[x - 1] + shift != end[x]:
+                return None
+    return shift
+
+
+def _shift(eng: _Engine, cut: list[int], periods: list[int], n: int, shift: float) -> None:
+    """Write the ends of the ``n`` periods after each rank's checked one (each op ``k·T``
+    after its copy in it, one slice per op) and resume the engine after them."""
+    end = eng.end
+    steps = [k * shift for k in range(1, n + 1)]
+    for r, ops in enumerate(eng.codes):
+        a, per = cut[r], periods[r]
+        for x in ops[a:a + per]:
+            e = end[x]
+            end[x + 1:x + n + 1] = [e + d for d in steps]
+        eng.clock[r] = end[ops[a + per - 1] + n]
+        eng.done[r] = a + per + n * per
+        eng.cut[r] = (a + per, a + per + n * per)
+
+
+def _rank_peak(codes: list[int], memc: list[float], m: int, cut: tuple[int, int] | None) -> float | None:
+    """A rank's peak: the highest running sum of its deltas in op order (its memory sweep
+    when every duration is positive), without the shifted periods ``cut`` (they repeat
+    levels of the period before them when a period's deltas sum to 0 exactly; None if
+    they do not)."""
+    if cut is None:
+        kept = codes
+    else:
+        a, b = cut
+        per = len(codes) // m
+        if sum([memc[x // m] for x in codes[a - per:a]]) != 0:
+            return None
+        kept = codes[:a] + codes[b:]
+    return _clean(max(0.0, max(accumulate([memc[x // m] for x in kept]), default=0.0)))
