@@ -66,6 +66,9 @@ class _Candidate:
     fit: Config | None = None  #: the accepted variant
     pruned: str | None = None  #: why it was not (fully) evaluated
     bound: float = 0.0  #: lower bound of its iteration time, ms
+    #: Offload tries proved unable to fit and not made: (index into attempts, into refusals,
+    #: recompute) where they belong; made only if the family ends without a configuration.
+    deferred: list[tuple[int, int, Any]] = field(default_factory=list)
 
     @property
     def where(self) -> str:
@@ -134,6 +137,7 @@ def plan(
             _offload_phase(problem, simulator, group, ranking)
         _plain_phase(problem, simulator, [c for c in group if c.fit is None and c.attempts], ranking,
                      light=False, everyone=candidates)
+    _complete_deferred(problem, simulator, candidates)
     configs = sorted((c.fit for c in candidates if c.fit), key=lambda x: (x.iteration_ms, x.memory.device))
     stats: dict[str, Any] = dict(simulator.stats)
     stats.update(splits=len(splits), splits_rejected=len(rejected_splits), candidates=len(candidates),
@@ -308,10 +312,18 @@ def _offload_phase(problem: Problem, simulator: Simulator, candidates: list[_Can
             _offload_variants(problem, simulator, c, rc, ranking)
 
 
-def _offload_variants(problem: Problem, simulator: Simulator, c: _Candidate, rc: bool, ranking: _Ranking) -> None:
+def _offload_variants(problem: Problem, simulator: Simulator, c: _Candidate, rc: bool, ranking: _Ranking,
+                      prove: bool = True) -> None:
     """Offload ``c`` with recompute ``rc`` in the order ``pipeoffload best`` uses
     (:func:`~.space.offload_tries`: C = 1..v) until one fits or the offload pass (or the
     simulation) refuses; the refusal is recorded and ends this recompute setting only.
+
+    With ``prove``, first the floor of the plans with every chunk offloaded
+    (:meth:`~.simulate.Simulator.offload_floor`): when even that exceeds the budget, no try
+    can fit, so none is made here and ``c.deferred`` says where their attempts and refusals
+    belong (:func:`_complete_deferred` makes them if ``c``'s family ends without a
+    configuration, the one output that reads them). Nothing else reads them: a try that does
+    not fit changes neither the ranking nor what is searched next.
 
     Without the B→W stash window that ``best`` tries after C = v: the extra offload plans doubled
     the search where nothing fits (98.5B on 64 GPUs at 28 GiB). A configuration that does use it
@@ -320,6 +332,10 @@ def _offload_variants(problem: Problem, simulator: Simulator, c: _Candidate, rc:
         tries = offload_tries(simulator.simulate(c.split, c.family, c.m, rc).schedule, stash=False)
     except Refused as e:
         c.refusals.append(e.naming(c.where))
+        return
+    if prove and not any(stash for _, stash in tries) and \
+            _offload_cannot_fit(problem, simulator, c, rc, max(chunks for chunks, _ in tries)):
+        c.deferred.append((len(c.attempts), len(c.refusals), rc))
         return
     for chunks, stash in tries:
         try:
@@ -330,3 +346,37 @@ def _offload_variants(problem: Problem, simulator: Simulator, c: _Candidate, rc:
             return
         if ranking.keep(c, cfg):
             return
+
+
+#: Relative slack of the offload floor's test: the floor's sums run in another order than the
+#: plan's, so a floor over the budget by less than this proves nothing.
+_FLOOR_SLACK = 1e-9
+
+
+def _offload_cannot_fit(problem: Problem, simulator: Simulator, c: _Candidate, rc: Any, chunks: int) -> bool:
+    """Whether no offload plan of ``c`` with ``rc`` and up to ``chunks`` chunks can fit the
+    budget: the floor with ``chunks`` (every offload instantaneous, none dropped; fewer chunks
+    only keep more on the device) plus the fullest rank's states already exceeds it."""
+    floor = simulator.offload_floor(c.split, c.family, c.m, rc, chunks)
+    if floor is None:
+        return False
+    state = simulator.state(c.split, c.family, rc)
+    return max(a + b + x for (a, b), x in zip(state, floor)) > problem.budget * (1.0 + _FLOOR_SLACK)
+
+
+def _complete_deferred(problem: Problem, simulator: Simulator, candidates: list[_Candidate]) -> None:
+    """The offload tries :func:`_offload_variants` proved unable to fit and left out, made
+    for the candidates of every family without a configuration (whose rejection quotes
+    them), each put where it would have been among the candidate's attempts and refusals."""
+    fitted = {c.family.label for c in candidates if c.fit}
+    for c in candidates:
+        if not c.deferred or c.family.label in fitted:
+            continue
+        for at, ref, rc in reversed(c.deferred):  # the later first: the earlier indices stay valid
+            alone = _Candidate(c.split, c.family, c.m)
+            _offload_variants(problem, simulator, alone, rc, _Ranking(problem.options.top), prove=False)
+            if alone.fit is not None:
+                raise AssertionError(f"{c.where}: an offload plan fits under its proved floor")
+            c.attempts[at:at] = alone.attempts
+            c.refusals[ref:ref] = alone.refusals
+        c.deferred = []

@@ -36,7 +36,7 @@ from ..errors import ParameterError, PipeoffloadError, ScheduleError
 from ..ir import OVERLAP, OpKind, Placement, Schedule
 from ..passes.issue_policy import paused_gc
 from ..passes.lower import lower
-from ..passes.offload import OffloadOptions, OffloadResult, plan_offload
+from ..passes.offload import OffloadOptions, OffloadResult, offload_peak_floor, plan_offload
 from ..timeline import Timeline, _clean
 from .bounds import pipeline_bound
 from .dp import dp_exposed
@@ -266,6 +266,28 @@ class Simulator:
             raise Refused("generator", f"schedule deadlocks: {e}") from None
 
     # -- offload --------------------------------------------------------------------------------
+    def _offload_options(self, split: Split, sim: Simulated, chunks: int, stash: bool) -> OffloadOptions:
+        opts = self.problem.options
+        links = host_links(self.problem.hardware, split.tp, opts.link_group)
+        return OffloadOptions(offload_chunks=chunks,
+                              transfer_times=tuple(t * links.slowdown for t in sim.sharded.transfer_ms),
+                              link_group=links.link_group, solo_factor=opts.solo_factor,
+                              on_infeasible="skip", postpone_warmup=True, stash=stash)
+
+    def offload_floor(self, split: Split, family: Family, m: int, recompute: bool, chunks: int) -> list[float] | None:
+        """Per rank, activation bytes that no offload plan of :meth:`offload` with ``chunks``
+        (without the stash window) goes below, as the configuration counts them (the plan's
+        floor, :func:`~pipeoffload.passes.offload.offload_peak_floor`, plus what the plain
+        peak grew by between ``m1`` and ``m``); None where the pass cannot say. Raises
+        :class:`Refused` as :meth:`simulate` does."""
+        sim = self.simulate(split, family, m, recompute)
+        with paused_gc():
+            floor = offload_peak_floor(sim.schedule.compute_only(), sim.timeline, comm=sim.sharded.costs.comm,
+                                       options=self._offload_options(split, sim, chunks, False))
+        if floor is None:
+            return None
+        return [a + max(0.0, b - c) for a, b, c in zip(floor, sim.act, sim.timeline.peak_memory())]
+
     def offload(self, split: Split, family: Family, m: int, recompute: bool, chunks: int,
                 stash: bool = False) -> tuple[Simulated, OffloadResult]:
         """The candidate simulated, and the offload pass's plan for chunks ``0..chunks−1`` of every
@@ -274,13 +296,8 @@ class Simulator:
         transfer times), with the B→W stash window too when ``stash``. Raises :class:`Refused`
         ("offload") when the pass refuses."""
         sim = self.simulate(split, family, m, recompute)
-        opts = self.problem.options
         self.stats["offload_plans"] += 1
-        links = host_links(self.problem.hardware, split.tp, opts.link_group)
-        settings = OffloadOptions(offload_chunks=chunks,
-                                  transfer_times=tuple(t * links.slowdown for t in sim.sharded.transfer_ms),
-                                  link_group=links.link_group, solo_factor=opts.solo_factor,
-                                  on_infeasible="skip", postpone_warmup=True, stash=stash)
+        settings = self._offload_options(split, sim, chunks, stash)
         try:  # the offload step of passes.lower on the timeline already made (lower would time it again)
             with paused_gc():
                 result = plan_offload(sim.schedule.compute_only(), sim.timeline, comm=sim.sharded.costs.comm,
