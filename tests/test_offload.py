@@ -511,11 +511,12 @@ def test_options_is_the_one_settings_value_and_keywords_beside_it_are_refused():
     postpone=st.booleans(),
     c_frac=st.floats(0, 1),
 )
-def test_offload_peak_floor_is_below_every_plan_and_met_by_instant_copies(name, p, extra_m, costs, memory, ot,
+def test_offload_floor_is_below_every_plan_and_met_by_instant_copies_host_ceiling_above(name, p, extra_m, costs, memory, ot,
                                                                            link_group, postpone, c_frac):
     # The planner skips offload tries whose floor is over the budget (docs/planner.md §4): the floor
-    # must never exceed a plan's peak, and with instantaneous copies (nothing dropped) it is the peak.
-    from pipeoffload.passes.offload import OffloadOptions, offload_peak_floor
+    # must never exceed a plan's peak, and with instantaneous copies (nothing dropped) it is the peak;
+    # the host ceiling (which proves a try is not refused for pinned memory) is never below a plan's.
+    from pipeoffload.passes.offload import OffloadOptions, offload_bounds, offload_peak_floor
 
     m = max(p + extra_m, 2 * p) if name == "dualpipev" else p + extra_m
     sched = generate(name, p=p, m=m)
@@ -525,10 +526,13 @@ def test_offload_peak_floor_is_below_every_plan_and_met_by_instant_copies(name, 
                           postpone_warmup=postpone)
     floor = offload_peak_floor(sched, tl, comm=costs.comm, options=opts)
     assert floor is not None
+    (same, ceiling), = offload_bounds(sched, tl, comm=costs.comm, options=opts, chunks=[C]).values()
+    assert same == floor
     res = plan_offload(sched, tl, comm=costs.comm, options=opts)
     for r, (f, peak) in enumerate(zip(floor, res.peak)):
         assert f <= peak + 1e-9 * max(1.0, abs(peak)), (r, f, peak)
         assert f <= tl.peak_memory()[r] + 1e-9
+        assert res.host_memory[r] <= ceiling[r] * (1 + 1e-9), (r, res.host_memory[r], ceiling[r])
     if ot == 0.0:
         assert floor == pytest.approx(res.peak, abs=1e-9)
 

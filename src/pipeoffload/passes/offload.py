@@ -95,7 +95,7 @@ from .timing import completion_key, dependents, run_list_schedule, simulate
 
 __all__ = [
     "LinkModel", "Transfer", "OffloadOptions", "OffloadResult", "plan_offload", "largest_feasible_chunks",
-    "host_memory_curve", "host_memory_curves", "offload_from_slots", "offload_peak_floor",
+    "host_memory_curve", "host_memory_curves", "offload_from_slots", "offload_peak_floor", "offload_bounds",
 ]
 
 _EPS = 1e-9
@@ -375,13 +375,28 @@ def offload_peak_floor(schedule: Schedule, timeline: Timeline, *, comm: float,
     than their forward and its reloads start no later than their backward, a dropped or
     skipped copy keeps its activation resident, and every other memory change is the same,
     so its level is at least the floor's at every moment."""
+    C = schedule.chunks if options.offload_chunks is None else options.offload_chunks
+    got = offload_bounds(schedule, timeline, comm=comm, options=options, chunks=(C,))
+    return None if got is None else got[C][0]
+
+
+def offload_bounds(schedule: Schedule, timeline: Timeline, *, comm: float, options: OffloadOptions,
+                   chunks: Sequence[int]) -> dict[int, tuple[list[float], list[float]]] | None:
+    """Per C of ``chunks``: (:func:`offload_peak_floor` with C, a ceiling of the plan's host
+    memory per rank), from one context; None where the floor cannot say.
+
+    The ceiling: the largest sum of the offloadable activations (chunks ``< C``) whose forward
+    has ended and whose backward has not started, each counted a little (10⁻⁶ of the makespan)
+    before and after — a plan holds a copy on the host only between its offload's start (at or
+    after the forward's end, within 10⁻⁹ of the slot period for the fixed slots) and its
+    reload's end (by the backward's start, within the same), so ``host_memory[r] ≤`` it."""
     o = options
     if o.auto or o.stash or o.mem_limit is not None or o.on_infeasible != "skip" or o.postpone_warmup is None:
         return None
     schedule, timeline, comm = _timed_inputs(schedule, timeline, None, None, "units", comm)
     ctx = _Context.make(schedule, timeline, o.offload_time, o.transfer_times, o.link_group, o.solo_factor, comm)
-    C = schedule.chunks if o.offload_chunks is None else o.offload_chunks
-    _check_chunks(C, schedule.chunks)
+    for C in chunks:
+        _check_chunks(C, schedule.chunks)
     events = ctx.base_events
     if o.postpone_warmup:
         try:
@@ -390,16 +405,24 @@ def offload_peak_floor(schedule: Schedule, timeline: Timeline, *, comm: float,
             return None
         events = _postponed_warmup(ctx)[0]
     back = {(e.op.stage, e.op.microbatch): e.start for e in events if e.op.kind.is_backward}
-    changes: list[list] = [[] for _ in range(timeline.num_ranks)]
-    for e in events:
-        mem, pts = e.mem, changes[e.op.rank]
-        if e.op.kind is OpKind.F and e.op.chunk < C and mem > _EPS:
-            pts += [(e.start, ALLOC, mem), (e.end, FREE, -mem), (back[(e.op.stage, e.op.microbatch)], ALLOC, mem)]
-        elif mem > 0:
-            pts.append((e.start, ALLOC, mem))
-        elif mem < 0:
-            pts.append((e.end, FREE, mem))
-    return [max([0.0] + [lvl for _, _, lvl in memory_sweep(pts)]) for pts in changes]
+    widen = 1e-6 * max(1.0, abs(ctx.base_makespan))
+    out = {}
+    for C in chunks:
+        changes: list[list] = [[] for _ in range(timeline.num_ranks)]
+        held: list[list] = [[] for _ in range(timeline.num_ranks)]
+        for e in events:
+            mem, pts = e.mem, changes[e.op.rank]
+            if e.op.kind is OpKind.F and e.op.chunk < C and mem > _EPS:
+                b = back[(e.op.stage, e.op.microbatch)]
+                pts += [(e.start, ALLOC, mem), (e.end, FREE, -mem), (b, ALLOC, mem)]
+                held[e.op.rank] += [(e.end - widen, ALLOC, mem), (b + widen, FREE, -mem)]
+            elif mem > 0:
+                pts.append((e.start, ALLOC, mem))
+            elif mem < 0:
+                pts.append((e.end, FREE, mem))
+        out[C] = ([max([0.0] + [lvl for _, _, lvl in memory_sweep(pts)]) for pts in changes],
+                  [max([0.0] + [lvl for _, _, lvl in memory_sweep(pts)]) for pts in held])
+    return out
 
 
 def offload_from_slots(schedule: Schedule, timeline: Timeline, slots: Sequence[tuple], *, offload_chunks: int,

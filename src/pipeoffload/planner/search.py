@@ -41,6 +41,7 @@ from .refusals import Refused, Rejection
 from .report import family_rejections
 from .result import PlanResult
 from ..recompute import Recompute
+from .hostlink import check_pinned_host
 from .sharding import RECOMPUTE_ORDER, node_profile
 from .simulate import Simulator
 from .space import FIXED_ORDER, Family, PlanOptions, Problem, Split, enumerate_splits, families, offload_tries
@@ -67,8 +68,9 @@ class _Candidate:
     pruned: str | None = None  #: why it was not (fully) evaluated
     bound: float = 0.0  #: lower bound of its iteration time, ms
     #: Offload tries proved unable to fit and not made: (index into attempts, into refusals,
-    #: recompute) where they belong; made only if the family ends without a configuration.
-    deferred: list[tuple[int, int, Any]] = field(default_factory=list)
+    #: recompute, C or None for all) where they belong; made only if the family ends without a
+    #: configuration.
+    deferred: list[tuple[int, int, Any, int | None]] = field(default_factory=list)
 
     @property
     def where(self) -> str:
@@ -319,11 +321,13 @@ def _offload_variants(problem: Problem, simulator: Simulator, c: _Candidate, rc:
     simulation) refuses; the refusal is recorded and ends this recompute setting only.
 
     With ``prove``, first the floor of the plans with every chunk offloaded
-    (:meth:`~.simulate.Simulator.offload_floor`): when even that exceeds the budget, no try
+    (:meth:`~.simulate.Simulator.offload_bounds`): when even that exceeds the budget, no try
     can fit, so none is made here and ``c.deferred`` says where their attempts and refusals
     belong (:func:`_complete_deferred` makes them if ``c``'s family ends without a
-    configuration, the one output that reads them). Nothing else reads them: a try that does
-    not fit changes neither the ranking nor what is searched next.
+    configuration, the one output that reads them). Else each try whose own floor exceeds the
+    budget and whose host ceiling cannot be refused is left out the same way, and the next C
+    is tried. Nothing else reads a try that does not fit: it changes neither the ranking nor
+    what is searched next.
 
     Without the B→W stash window that ``best`` tries after C = v: the extra offload plans doubled
     the search where nothing fits (98.5B on 64 GPUs at 28 GiB). A configuration that does use it
@@ -335,9 +339,12 @@ def _offload_variants(problem: Problem, simulator: Simulator, c: _Candidate, rc:
         return
     if prove and not any(stash for _, stash in tries) and \
             _offload_cannot_fit(problem, simulator, c, rc, max(chunks for chunks, _ in tries)):
-        c.deferred.append((len(c.attempts), len(c.refusals), rc))
+        c.deferred.append((len(c.attempts), len(c.refusals), rc, None))
         return
     for chunks, stash in tries:
+        if prove and not stash and _offload_cannot_fit(problem, simulator, c, rc, chunks, host=True):
+            c.deferred.append((len(c.attempts), len(c.refusals), rc, chunks))  # the next C is tried as before
+            continue
         try:
             sim, res = simulator.offload(c.split, c.family, c.m, rc, chunks, stash)
             cfg = assemble_offloaded(problem, sim, res, chunks, stash)  # refuses pinned host memory over the node's
@@ -353,12 +360,18 @@ def _offload_variants(problem: Problem, simulator: Simulator, c: _Candidate, rc:
 _FLOOR_SLACK = 1e-9
 
 
-def _offload_cannot_fit(problem: Problem, simulator: Simulator, c: _Candidate, rc: Any, chunks: int) -> bool:
-    """Whether no offload plan of ``c`` with ``rc`` and up to ``chunks`` chunks can fit the
-    budget: the floor with ``chunks`` (every offload instantaneous, none dropped; fewer chunks
-    only keep more on the device) plus the fullest rank's states already exceeds it."""
-    floor = simulator.offload_floor(c.split, c.family, c.m, rc, chunks)
-    if floor is None:
+def _offload_cannot_fit(problem: Problem, simulator: Simulator, c: _Candidate, rc: Any, chunks: int,
+                        host: bool = False) -> bool:
+    """Whether no offload plan of ``c`` with ``rc`` and ``chunks`` chunks can fit the budget:
+    its floor (every offload instantaneous, none dropped; fewer chunks only keep more on the
+    device, so it holds for them too) plus the fullest rank's states already exceeds it. With
+    ``host``, also that the plan cannot be refused for its pinned host memory (its ceiling fits
+    the node), so the tries after it are made as they would have been."""
+    bounds = simulator.offload_bounds(c.split, c.family, c.m, rc)
+    if bounds is None or chunks not in bounds:
+        return False
+    floor, ceiling = bounds[chunks]
+    if host and check_pinned_host(problem.hardware, [x * (1.0 + _FLOOR_SLACK) for x in ceiling], problem.gpus):
         return False
     state = simulator.state(c.split, c.family, rc)
     return max(a + b + x for (a, b), x in zip(state, floor)) > problem.budget * (1.0 + _FLOOR_SLACK)
@@ -372,11 +385,15 @@ def _complete_deferred(problem: Problem, simulator: Simulator, candidates: list[
     for c in candidates:
         if not c.deferred or c.family.label in fitted:
             continue
-        for at, ref, rc in reversed(c.deferred):  # the later first: the earlier indices stay valid
+        for at, ref, rc, chunks in reversed(c.deferred):  # the later first: the earlier indices stay valid
             alone = _Candidate(c.split, c.family, c.m)
-            _offload_variants(problem, simulator, alone, rc, _Ranking(problem.options.top), prove=False)
-            if alone.fit is not None:
-                raise AssertionError(f"{c.where}: an offload plan fits under its proved floor")
+            if chunks is None:  # every try of ``rc``
+                _offload_variants(problem, simulator, alone, rc, _Ranking(problem.options.top), prove=False)
+            else:  # one try, proved neither to fit nor to be refused
+                sim, res = simulator.offload(c.split, c.family, c.m, rc, chunks, False)
+                alone.attempts.append(assemble_offloaded(problem, sim, res, chunks, False))
+            if alone.fit is not None or any(a.fits for a in alone.attempts) or (chunks and alone.refusals):
+                raise AssertionError(f"{c.where}: an offload try proved hopeless fits or is refused")
             c.attempts[at:at] = alone.attempts
             c.refusals[ref:ref] = alone.refusals
         c.deferred = []

@@ -36,7 +36,7 @@ from ..errors import ParameterError, PipeoffloadError, ScheduleError
 from ..ir import OVERLAP, OpKind, Placement, Schedule
 from ..passes.issue_policy import paused_gc
 from ..passes.lower import lower
-from ..passes.offload import OffloadOptions, OffloadResult, offload_peak_floor, plan_offload
+from ..passes.offload import OffloadOptions, OffloadResult, offload_bounds, plan_offload
 from ..timeline import Timeline, _clean
 from .bounds import pipeline_bound
 from .dp import dp_exposed
@@ -147,6 +147,7 @@ class Simulator:
         self._schedules: dict[tuple, Schedule | Refused] = {}
         self._simulations: dict[tuple[Split, Family, int, bool], Simulated | Refused] = {}
         self._peaks: dict[tuple[Split, Family, int, bool], list[float] | None] = {}
+        self._bounds: dict[tuple[Split, Family, int, bool], dict | None] = {}
         self.stats = {"simulations": 0, "offload_plans": 0, "generator_calls": 0}
 
     # -- schedules ------------------------------------------------------------------------------
@@ -274,19 +275,25 @@ class Simulator:
                               link_group=links.link_group, solo_factor=opts.solo_factor,
                               on_infeasible="skip", postpone_warmup=True, stash=stash)
 
-    def offload_floor(self, split: Split, family: Family, m: int, recompute: bool, chunks: int) -> list[float] | None:
-        """Per rank, activation bytes that no offload plan of :meth:`offload` with ``chunks``
-        (without the stash window) goes below, as the configuration counts them (the plan's
-        floor, :func:`~pipeoffload.passes.offload.offload_peak_floor`, plus what the plain
-        peak grew by between ``m1`` and ``m``); None where the pass cannot say. Raises
-        :class:`Refused` as :meth:`simulate` does."""
-        sim = self.simulate(split, family, m, recompute)
-        with paused_gc():
-            floor = offload_peak_floor(sim.schedule.compute_only(), sim.timeline, comm=sim.sharded.costs.comm,
-                                       options=self._offload_options(split, sim, chunks, False))
-        if floor is None:
-            return None
-        return [a + max(0.0, b - c) for a, b, c in zip(floor, sim.act, sim.timeline.peak_memory())]
+    def offload_bounds(self, split: Split, family: Family, m: int, recompute: bool
+                       ) -> dict[int, tuple[list[float], list[float]]] | None:
+        """Per C = 1..v: per rank, activation bytes that no offload plan of :meth:`offload`
+        with C chunks (without the stash window) goes below, as the configuration counts them
+        (the pass's floor, :func:`~pipeoffload.passes.offload.offload_bounds`, plus what the
+        plain peak grew by between ``m1`` and ``m``), and host bytes no such plan exceeds;
+        None where the pass cannot say (cached). Raises :class:`Refused` as :meth:`simulate`."""
+        key = (split, family, m, recompute)
+        if key not in self._bounds:
+            sim = self.simulate(split, family, m, recompute)
+            with paused_gc():
+                got = offload_bounds(sim.schedule.compute_only(), sim.timeline, comm=sim.sharded.costs.comm,
+                                     options=self._offload_options(split, sim, 1, False),
+                                     chunks=range(1, sim.schedule.chunks + 1))
+            peak0 = sim.timeline.peak_memory()
+            self._bounds[key] = None if got is None else {
+                C: ([a + max(0.0, b - c) for a, b, c in zip(floor, sim.act, peak0)], host)
+                for C, (floor, host) in got.items()}
+        return self._bounds[key]
 
     def offload(self, split: Split, family: Family, m: int, recompute: bool, chunks: int,
                 stash: bool = False) -> tuple[Simulated, OffloadResult]:
