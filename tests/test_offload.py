@@ -545,3 +545,28 @@ def test_offload_peak_floor_says_nothing_for_other_modes():
                  OffloadOptions(offload_chunks=1, on_infeasible="skip", stash=True),
                  OffloadOptions(offload_chunks=1, on_infeasible="skip")):  # postpone None: plans both ways
         assert offload_peak_floor(sched, tl, comm=0.0, options=opts) is None
+
+
+@settings(deadline=None, max_examples=300)
+@given(
+    gaps=st.lists(st.tuples(st.floats(0, 3), st.floats(0.01, 3)), max_size=12),
+    t=st.floats(-1, 30), d=st.floats(0.01, 4), limit=st.floats(-1, 40),
+)
+def test_bounded_gap_searches_answer_as_the_full_ones(gaps, t, d, limit):
+    # The peak placement asks whether a copy ends by (starts after) a point; the scans stop once it
+    # cannot, which must change no answer to that question (and no gap it books).
+    from pipeoffload.passes.offload import _earliest_gap, _latest_gap
+
+    busy, at = [], 0.0
+    for gap, length in gaps:
+        at += gap
+        busy.append((at, at + length))
+        at += length
+    full, bounded = _earliest_gap(busy, t, d), _earliest_gap(busy, t, d, limit)
+    assert (full + d > limit) == (bounded + d > limit)
+    if full + d <= limit:
+        assert bounded == full
+    full, bounded = _latest_gap(busy, t, d), _latest_gap(busy, t, d, limit)
+    assert (full - d <= limit) == (bounded - d <= limit)
+    if full - d > limit:
+        assert bounded == full
