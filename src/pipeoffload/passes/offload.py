@@ -1382,7 +1382,7 @@ def _build_result(ctx: _Context, C: int, events: list[TimedOp], cands: list[_Can
     False, a draft: everything a plan is compared by (timeline, transfers, peaks,
     makespan) but the schedule's op lists and the host memory, which
     :func:`_finish` adds (the same values, made only for the plan that is kept)."""
-    sched, tl = ctx.schedule, ctx.timeline
+    tl = ctx.timeline
     transfers = [Transfer(c.rank, c.stage, c.chunk, c.microbatch, c.amount, *placed[id(c)], c.backward_start, c.link,
                           c.window) for c in cands]
     _apply_solo_speedup(transfers, [c.forward_end for c in cands], ctx.link.solo_factor)
