@@ -497,3 +497,76 @@ def test_options_is_the_one_settings_value_and_keywords_beside_it_are_refused():
     assert by_options.settings["link_group"] == 1 and by_options.settings["on_infeasible"] == "error"
     with pytest.raises(ParameterError, match=r"^options: give the settings either .* \(also given: stash\)"):
         plan_offload(sched, options=opts, stash=True)
+
+
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow], max_examples=40)
+@given(
+    name=st.sampled_from(_CLASSIC + ["zb-h1", "zb-h2", "zb-v", "v-min", "v-half", "v-zb", "dualpipev"]),
+    p=st.integers(2, 5),
+    extra_m=st.integers(0, 6),
+    costs=st.sampled_from([Costs(), Costs(F=1, B=2, W=1, comm=0.1), Costs(F=1, B=1.5, W=0.5, comm=0.3)]),
+    memory=st.sampled_from([MemoryDeltas(), MemoryDeltas(2.0, -0.5, -1.5)]),
+    ot=st.sampled_from([0.0, 0.1, 0.5, 1.0]),
+    link_group=st.integers(1, 3),
+    postpone=st.booleans(),
+    c_frac=st.floats(0, 1),
+)
+def test_offload_floor_is_below_every_plan_and_met_by_instant_copies_host_ceiling_above(name, p, extra_m, costs, memory, ot,
+                                                                           link_group, postpone, c_frac):
+    # The planner skips offload tries whose floor is over the budget (docs/planner.md §4): the floor
+    # must never exceed a plan's peak, and with instantaneous copies (nothing dropped) it is the peak;
+    # the host ceiling (which proves a try is not refused for pinned memory) is never below a plan's.
+    from pipeoffload.passes.offload import OffloadOptions, offload_bounds, offload_peak_floor
+
+    m = max(p + extra_m, 2 * p) if name == "dualpipev" else p + extra_m
+    sched = generate(name, p=p, m=m)
+    tl = simulate(sched, costs, memory)
+    C = max(1, round(c_frac * sched.chunks))
+    opts = OffloadOptions(offload_chunks=C, offload_time=ot, link_group=link_group, on_infeasible="skip",
+                          postpone_warmup=postpone)
+    floor = offload_peak_floor(sched, tl, comm=costs.comm, options=opts)
+    assert floor is not None
+    (same, ceiling), = offload_bounds(sched, tl, comm=costs.comm, options=opts, chunks=[C]).values()
+    assert same == floor
+    res = plan_offload(sched, tl, comm=costs.comm, options=opts)
+    for r, (f, peak) in enumerate(zip(floor, res.peak)):
+        assert f <= peak + 1e-9 * max(1.0, abs(peak)), (r, f, peak)
+        assert f <= tl.peak_memory()[r] + 1e-9
+        assert res.host_memory[r] <= ceiling[r] * (1 + 1e-9), (r, res.host_memory[r], ceiling[r])
+    if ot == 0.0:
+        assert floor == pytest.approx(res.peak, abs=1e-9)
+
+
+def test_offload_peak_floor_says_nothing_for_other_modes():
+    from pipeoffload.passes.offload import OffloadOptions, offload_peak_floor
+
+    sched, tl = _timed("1f1b", p=4, m=8)
+    for opts in (OffloadOptions(auto=True), OffloadOptions(offload_chunks=1, on_infeasible="delay"),
+                 OffloadOptions(offload_chunks=1, on_infeasible="skip", stash=True),
+                 OffloadOptions(offload_chunks=1, on_infeasible="skip")):  # postpone None: plans both ways
+        assert offload_peak_floor(sched, tl, comm=0.0, options=opts) is None
+
+
+@settings(deadline=None, max_examples=300)
+@given(
+    gaps=st.lists(st.tuples(st.floats(0, 3), st.floats(0.01, 3)), max_size=12),
+    t=st.floats(-1, 30), d=st.floats(0.01, 4), limit=st.floats(-1, 40),
+)
+def test_bounded_gap_searches_answer_as_the_full_ones(gaps, t, d, limit):
+    # The peak placement asks whether a copy ends by (starts after) a point; the scans stop once it
+    # cannot, which must change no answer to that question (and no gap it books).
+    from pipeoffload.passes.offload import _earliest_gap, _latest_gap
+
+    busy, at = [], 0.0
+    for gap, length in gaps:
+        at += gap
+        busy.append((at, at + length))
+        at += length
+    full, bounded = _earliest_gap(busy, t, d), _earliest_gap(busy, t, d, limit)
+    assert (full + d > limit) == (bounded + d > limit)
+    if full + d <= limit:
+        assert bounded == full
+    full, bounded = _latest_gap(busy, t, d), _latest_gap(busy, t, d, limit)
+    assert (full - d <= limit) == (bounded - d <= limit)
+    if full - d > limit:
+        assert bounded == full

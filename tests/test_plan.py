@@ -685,3 +685,33 @@ def test_offload_from_the_simulated_timeline_is_lowers():
             (theirs.peak, theirs.host_memory, theirs.makespan, theirs.skipped)
         assert [(e.op, e.start, e.end, e.mem) for e in ours.timeline.events] == \
             [(e.op, e.start, e.end, e.mem) for e in theirs.timeline.events]
+
+
+@pytest.mark.parametrize("budget", [5, 6])
+def test_offload_tries_proved_unable_to_fit_give_the_same_result(monkeypatch, budget):
+    # The tries the offload floor proves hopeless are skipped during the search and made at the
+    # end for the families without a configuration, in their places (their rejections quote
+    # them): the result equals the search that makes every try. 5 GiB: nothing fits, every try
+    # is made in the end; 6 GiB: six configurations fit and the families that have one skip theirs.
+    from pipeoffload.planner import search
+
+    proved = []
+    real = search._offload_cannot_fit
+
+    def spy(*a, **k):
+        out = real(*a, **k)
+        proved.append(out)
+        return out
+
+    opts = PlanOptions(recompute=(False, True))
+    monkeypatch.setattr(search, "_offload_cannot_fit", spy)
+    fast = plan("1.5B", "a100-80g", 8, memory_budget=budget * GiB, options=opts)
+    assert any(proved), "the floor never proved a try hopeless: the test checks nothing"
+    monkeypatch.setattr(search, "_offload_cannot_fit", lambda *a, **k: False)
+    every = plan("1.5B", "a100-80g", 8, memory_budget=budget * GiB, options=opts)
+    assert every.rejected and any("offload" in r.reason for r in every.rejected)
+    a, b = fast.to_dict(), every.to_dict()
+    for k in ("simulations", "offload_plans", "generator_calls", "seconds"):
+        a["search"].pop(k), b["search"].pop(k)
+    assert a == b and fast.table().split("\n")[2:] == every.table().split("\n")[2:]
+    assert (fast.stats["offload_plans"] < every.stats["offload_plans"]) == bool(every.configs)

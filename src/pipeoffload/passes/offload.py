@@ -95,7 +95,7 @@ from .timing import completion_key, dependents, run_list_schedule, simulate
 
 __all__ = [
     "LinkModel", "Transfer", "OffloadOptions", "OffloadResult", "plan_offload", "largest_feasible_chunks",
-    "host_memory_curve", "host_memory_curves", "offload_from_slots",
+    "host_memory_curve", "host_memory_curves", "offload_from_slots", "offload_peak_floor", "offload_bounds",
 ]
 
 _EPS = 1e-9
@@ -314,6 +314,7 @@ def plan_offload(
     ctx = _Context.make(schedule, timeline, o.offload_time, o.transfer_times, o.link_group, o.solo_factor, comm)
     ctx.stash = bool(o.stash)
     res, mode = _plan_by_mode(ctx, o)
+    res = _finish(res)  # only the plan kept gets its op lists and host memory
     res.settings = {**o.summary(mode), **res.settings}
     return res
 
@@ -357,6 +358,71 @@ def largest_feasible_chunks(schedule: Schedule, timeline: Timeline, **kwargs) ->
         raise TypeError(f"unexpected arguments: {', '.join(kwargs)}")
     feasible = (c for c in range(schedule.chunks, -1, -1) if _plan_for_chunks(ctx, c, "error", postpone) is not None)
     return next(feasible)
+
+
+def offload_peak_floor(schedule: Schedule, timeline: Timeline, *, comm: float,
+                       options: OffloadOptions) -> list[float] | None:
+    """Per rank, a peak that no plan of :func:`plan_offload` with ``options`` goes below: the
+    activation level if every activation of the offloaded chunks left the device the moment
+    its forward ended and came back the moment its backward started (instantaneous copies,
+    none dropped), on the compute times the plan keeps (warm-up forwards postponed when
+    ``options.postpone_warmup`` is True). None where it cannot say (options other than an
+    exact C in "skip" mode without the stash window or a limit, or a timeline that re-timing
+    does not reproduce, where :func:`plan_offload` itself refuses to postpone).
+
+    Guarantees: ``plan_offload(schedule, timeline, comm=comm, options=options).peak[r] ≥``
+    the floor's ``[r]`` (up to float rounding of the sums): a plan's copies end no earlier
+    than their forward and its reloads start no later than their backward, a dropped or
+    skipped copy keeps its activation resident, and every other memory change is the same,
+    so its level is at least the floor's at every moment."""
+    C = schedule.chunks if options.offload_chunks is None else options.offload_chunks
+    got = offload_bounds(schedule, timeline, comm=comm, options=options, chunks=(C,))
+    return None if got is None else got[C][0]
+
+
+def offload_bounds(schedule: Schedule, timeline: Timeline, *, comm: float, options: OffloadOptions,
+                   chunks: Sequence[int]) -> dict[int, tuple[list[float], list[float]]] | None:
+    """Per C of ``chunks``: (:func:`offload_peak_floor` with C, a ceiling of the plan's host
+    memory per rank), from one context; None where the floor cannot say.
+
+    The ceiling: the largest sum of the offloadable activations (chunks ``< C``) whose forward
+    has ended and whose backward has not started, each counted a little (10⁻⁶ of the makespan)
+    before and after — a plan holds a copy on the host only between its offload's start (at or
+    after the forward's end, within 10⁻⁹ of the slot period for the fixed slots) and its
+    reload's end (by the backward's start, within the same), so ``host_memory[r] ≤`` it."""
+    o = options
+    if o.auto or o.stash or o.mem_limit is not None or o.on_infeasible != "skip" or o.postpone_warmup is None:
+        return None
+    schedule, timeline, comm = _timed_inputs(schedule, timeline, None, None, "units", comm)
+    ctx = _Context.make(schedule, timeline, o.offload_time, o.transfer_times, o.link_group, o.solo_factor, comm)
+    for C in chunks:
+        _check_chunks(C, schedule.chunks)
+    events = ctx.base_events
+    if o.postpone_warmup:
+        try:
+            ctx.check_retimable()
+        except ParameterError:
+            return None
+        events = _postponed_warmup(ctx)[0]
+    back = {(e.op.stage, e.op.microbatch): e.start for e in events if e.op.kind.is_backward}
+    widen = 1e-6 * max(1.0, abs(ctx.base_makespan))
+    out = {}
+    for C in chunks:
+        changes: list[list] = [[] for _ in range(timeline.num_ranks)]
+        held: list[list] = [[] for _ in range(timeline.num_ranks)]
+        for e in events:
+            mem, pts = e.mem, changes[e.op.rank]
+            if e.op.kind is OpKind.F and e.op.chunk < C and mem > _EPS:
+                b = back[(e.op.stage, e.op.microbatch)]
+                pts += [(e.start, ALLOC, mem), (e.end, FREE, -mem), (b, ALLOC, mem)]
+                held[e.op.rank] += [(e.end - widen, ALLOC, mem), (b + widen, FREE, -mem)]
+            elif mem > 0:
+                pts.append((e.start, ALLOC, mem))
+            elif mem < 0:
+                pts.append((e.end, FREE, mem))
+        out[C] = ([max([0.0] + [lvl for _, _, lvl in memory_sweep(pts)]) for pts in changes],
+                  [max([0.0] + [lvl for _, _, lvl in memory_sweep(pts)]) for pts in held])
+    return out
 
 
 def offload_from_slots(schedule: Schedule, timeline: Timeline, slots: Sequence[tuple], *, offload_chunks: int,
@@ -506,6 +572,7 @@ def _no_worse_than_fewer_chunks(ctx: _Context, res: OffloadResult, mode: str, po
             best, placed = other, fewer
     if best is res:
         return res
+    best = _finish(best)
     dropped = sum(1 for e in ctx.base_events if e.op.kind is OpKind.F and placed <= e.op.chunk < C and e.mem > _EPS)
     skipped = {**best.skipped, SKIP_GAIN: best.skipped.get(SKIP_GAIN, 0) + dropped}
     best.skipped = {k: skipped[k] for k in sorted(skipped)}
@@ -636,6 +703,10 @@ class _Context:
     last_failure: str = ""
     retimable: bool = False
     stash: bool = False  #: also plan the stash window (B→W)
+    #: What every plan of this call shares, made once: the postponed warm-up
+    #: (:func:`_postponed_warmup`), the candidates per (events, C) (:func:`_candidates`),
+    #: the timeline's peaks and memory curves without offload.
+    memo: dict = field(default_factory=dict)
 
     def check_retimable(self) -> None:
         """Re-timing (delay, postpone) needs the timeline's own rules: re-timing with no
@@ -752,7 +823,7 @@ def _plan_with_placement(ctx: _Context, C: int, mode: str, postpone: bool, place
     for attempt in range(_MAX_RETIMES):
         if attempt or waits:
             events = _retime(ctx, release)
-        cands, skipped = _candidates(ctx, events, C)
+        cands, skipped = _shared_candidates(ctx, events, C)
         if getattr(place, "long_lived", False):
             short = [c for c in cands if c.backward_start - c.forward_end <= 6 * c.transfer_time + _EPS]
             if short and all(c.transfer_time <= _EPS for c in short):
@@ -766,7 +837,7 @@ def _plan_with_placement(ctx: _Context, C: int, mode: str, postpone: bool, place
                 skipped[SKIP_LINK] += len(failed)
                 gone = {id(c) for c in failed}
                 cands = [c for c in cands if id(c) not in gone]
-            return _build_result(ctx, C, events, cands, placed, skipped)
+            return _build_result(ctx, C, events, cands, placed, skipped, finish=False)
         if mode == "error":
             first = min(failed, key=lambda c: c.backward_start)
             consumer = "weight gradient (W)" if first.window == "stash" else "backward"
@@ -810,6 +881,20 @@ def _candidates(ctx: _Context, events: list[TimedOp], C: int) -> tuple[list[_Can
             if be.op.chunk < C:
                 _add_candidate(ctx, out, skipped, be, -we.mem, we.start, "stash")
     return out, skipped
+
+
+def _shared_candidates(ctx: _Context, events: list[TimedOp], C: int) -> tuple[list[_Candidate], Counter]:
+    """:func:`_candidates`, made once per C for every placement heuristic of this call on
+    the base or the postponed events (the heuristics only read the candidates; re-timed
+    events are new each time and not kept); the skip counts are a copy."""
+    postponed = ctx.memo.get("postponed")
+    if events is not ctx.base_events and (postponed is None or events is not postponed[0]):
+        return _candidates(ctx, events, C)
+    key = ("candidates", events is ctx.base_events, C)
+    hit = ctx.memo.get(key)
+    if hit is None:
+        hit = ctx.memo[key] = _candidates(ctx, events, C)
+    return list(hit[0]), Counter(hit[1])
 
 
 def _add_candidate(ctx: _Context, out: list[_Candidate], skipped: Counter, producer: TimedOp, amount: float,
@@ -861,10 +946,13 @@ def _postponed_warmup(ctx: _Context) -> tuple[list[TimedOp], dict]:
     """The base timeline with its warm-up forwards postponed, and those forwards' new
     starts as release times. Postponed once, on the undelayed timeline: later
     re-timings keep these F starts as lower bounds (postponing again after a delay
-    would feed back)."""
-    events = _postpone_warmup(ctx, ctx.base_events)
-    base = {e.op.key: e.start for e in ctx.base_events}
-    return events, {e.op.key: e.start for e in events if e.start > base[e.op.key]}
+    would feed back). Made once per call (``ctx.memo``); callers copy, never change it."""
+    hit = ctx.memo.get("postponed")
+    if hit is None:
+        events = _postpone_warmup(ctx, ctx.base_events)
+        base = {e.op.key: e.start for e in ctx.base_events}
+        hit = ctx.memo["postponed"] = (events, {e.op.key: e.start for e in events if e.start > base[e.op.key]})
+    return hit
 
 
 def _warmup_forwards(events: list[TimedOp]) -> list[tuple[TimedOp, TimedOp | None]]:
@@ -919,25 +1007,38 @@ def _postpone_warmup(ctx: _Context, events: list[TimedOp]) -> list[TimedOp]:
 # --------------------------------------------------------------------------------------
 
 
-def _earliest_gap(busy: list[tuple[float, float]], t: float, d: float) -> float:
+def _earliest_gap(busy: list[tuple[float, float]], t: float, d: float, end_by: float = math.inf) -> float:
     """Earliest start ≥ ``t`` of a ``d``-long interval that avoids ``busy`` (sorted,
-    disjoint)."""
+    disjoint). The start only grows as the scan goes on, so once ``start + d`` passes
+    ``end_by`` the scan stops and returns that start (not the earliest one): a caller
+    that rejects every start with ``start + d > end_by`` gets the same answer sooner."""
     i = bisect_right(busy, (t, math.inf)) - 1
     if i >= 0 and busy[i][1] > t:
         t = busy[i][1]
     i += 1
-    while i < len(busy) and busy[i][0] < t + d - _EPS:
-        t = max(t, busy[i][1])
+    n = len(busy)
+    while i < n and t + d <= end_by:
+        a, b = busy[i]
+        if a >= t + d - _EPS:
+            break
+        if b > t:
+            t = b
         i += 1
     return t
 
 
-def _latest_gap(busy: list[tuple[float, float]], T: float, d: float) -> float:
-    """Latest end ≤ ``T`` of a ``d``-long interval that avoids ``busy``."""
+def _latest_gap(busy: list[tuple[float, float]], T: float, d: float, start_after: float = -math.inf) -> float:
+    """Latest end ≤ ``T`` of a ``d``-long interval that avoids ``busy``. The end only
+    falls as the scan goes on, so once ``end − d`` is at or below ``start_after`` the
+    scan stops and returns that end, as :func:`_earliest_gap` does with ``end_by``."""
     e = T
     j = bisect_left(busy, (T, -math.inf)) - 1
-    while j >= 0 and busy[j][1] > e - d + _EPS:
-        e = min(e, busy[j][0])
+    while j >= 0 and e - d > start_after:
+        a, b = busy[j]
+        if b <= e - d + _EPS:
+            break
+        if a < e:
+            e = a
         j -= 1
     return e
 
@@ -1241,9 +1342,12 @@ def _slots_around(c: _Candidate, t_peak: float, up: list[tuple[float, float]],
     d = c.transfer_time
     if d <= _EPS:
         return (c.forward_end, c.forward_end, c.backward_start, c.backward_start)
-    off_start = _earliest_gap(up, c.forward_end, d)
-    rel_end = _latest_gap(down, c.backward_start, d)
-    if off_start + d > t_peak + _EPS or rel_end - d <= t_peak + _EPS:
+    limit = t_peak + _EPS  # the offload must end by then and the reload start after it
+    off_start = _earliest_gap(up, c.forward_end, d, limit)
+    if off_start + d > limit:
+        return None
+    rel_end = _latest_gap(down, c.backward_start, d, limit)
+    if rel_end - d <= limit:
         return None
     insort(up, (off_start, off_start + d))
     insort(down, (rel_end - d, rel_end))
@@ -1273,9 +1377,12 @@ _STRATEGIES = {"value": _place_by_value, "deadline": _place_by_deadline,
 
 
 def _build_result(ctx: _Context, C: int, events: list[TimedOp], cands: list[_Candidate],
-                  placed: dict[int, _Slots], skipped: Counter) -> OffloadResult:
-    """The offloaded schedule and timeline for the placed candidates."""
-    sched, tl = ctx.schedule, ctx.timeline
+                  placed: dict[int, _Slots], skipped: Counter, finish: bool = True) -> OffloadResult:
+    """The offloaded schedule and timeline for the placed candidates. With ``finish``
+    False, a draft: everything a plan is compared by (timeline, transfers, peaks,
+    makespan) but the schedule's op lists and the host memory, which
+    :func:`_finish` adds (the same values, made only for the plan that is kept)."""
+    tl = ctx.timeline
     transfers = [Transfer(c.rank, c.stage, c.chunk, c.microbatch, c.amount, *placed[id(c)], c.backward_start, c.link,
                           c.window) for c in cands]
     _apply_solo_speedup(transfers, [c.forward_end for c in cands], ctx.link.solo_factor)
@@ -1290,26 +1397,44 @@ def _build_result(ctx: _Context, C: int, events: list[TimedOp], cands: list[_Can
         memory_unit=tl.memory_unit,
         meta=dict(tl.meta),
     )
-    new_tl.meta["baseline_memory_curves"] = tl.memory_curves()
-    new_sched = sched.with_ranks(_insert_ops(sched, compute, t_events))
-    new_sched.params = dict(sched.params, offload_chunks=C)
+    if "baseline" not in ctx.memo:
+        ctx.memo["baseline"] = (tl.memory_curves(), tl.peak_memory())
+    curves, peaks = ctx.memo["baseline"]
+    new_tl.meta["baseline_memory_curves"] = curves if finish else None  # a placeholder keeps the key order
     base_b = {e.op.key: e.start for e in ctx.base_events if e.op.kind.is_backward}
     delayed = sum(1 for e in events if e.op.kind.is_backward and e.start > base_b[e.op.key] + _EPS)
-    host = [_clean(max(x for _, x in curve)) for curve in host_memory_curves(new_tl)]
     res = OffloadResult(
-        schedule=new_sched,
+        schedule=None,  # type: ignore[arg-type]  # set by _finish
         timeline=new_tl,
         offloaded_chunks=C,
         transfers=transfers,
         skipped={k: skipped[k] for k in sorted(skipped)},
         delayed=delayed,
-        peak_no_offload=tl.peak_memory(),
+        peak_no_offload=list(peaks),
         peak=new_tl.peak_memory(),
-        host_memory=host,
+        host_memory=[],
         makespan_no_offload=ctx.base_makespan,
         makespan=new_tl.makespan,
     )
     new_tl.meta["offload"] = {"chunks": C, "transfers": len(transfers), "skipped": dict(res.skipped)}
+    res._pending = (ctx, C, compute, t_events)  # type: ignore[attr-defined]
+    return _finish(res) if finish else res
+
+
+def _finish(res: OffloadResult | None) -> OffloadResult | None:
+    """A draft of :func:`_build_result` completed: the schedule with its transfer ops and
+    the host memory (a finished result is returned as it is)."""
+    pending = getattr(res, "_pending", None)
+    if pending is None:
+        return res
+    ctx, C, compute, t_events = pending
+    del res._pending  # type: ignore[union-attr]
+    sched = ctx.schedule
+    new_sched = sched.with_ranks(_insert_ops(sched, compute, t_events))
+    new_sched.params = dict(sched.params, offload_chunks=C)
+    res.schedule = new_sched  # type: ignore[union-attr]
+    res.host_memory = [_clean(max(x for _, x in curve)) for curve in host_memory_curves(res.timeline)]  # type: ignore[union-attr]
+    res.timeline.meta["baseline_memory_curves"] = ctx.memo["baseline"][0]  # type: ignore[union-attr]
     return res
 
 

@@ -41,6 +41,7 @@ from .refusals import Refused, Rejection
 from .report import family_rejections
 from .result import PlanResult
 from ..recompute import Recompute
+from .hostlink import check_pinned_host
 from .sharding import RECOMPUTE_ORDER, node_profile
 from .simulate import Simulator
 from .space import FIXED_ORDER, Family, PlanOptions, Problem, Split, enumerate_splits, families, offload_tries
@@ -66,6 +67,10 @@ class _Candidate:
     fit: Config | None = None  #: the accepted variant
     pruned: str | None = None  #: why it was not (fully) evaluated
     bound: float = 0.0  #: lower bound of its iteration time, ms
+    #: Offload tries proved unable to fit and not made: (index into attempts, into refusals,
+    #: recompute, C or None for all) where they belong; made only if the family ends without a
+    #: configuration.
+    deferred: list[tuple[int, int, Any, int | None]] = field(default_factory=list)
 
     @property
     def where(self) -> str:
@@ -134,6 +139,7 @@ def plan(
             _offload_phase(problem, simulator, group, ranking)
         _plain_phase(problem, simulator, [c for c in group if c.fit is None and c.attempts], ranking,
                      light=False, everyone=candidates)
+    _complete_deferred(problem, simulator, candidates)
     configs = sorted((c.fit for c in candidates if c.fit), key=lambda x: (x.iteration_ms, x.memory.device))
     stats: dict[str, Any] = dict(simulator.stats)
     stats.update(splits=len(splits), splits_rejected=len(rejected_splits), candidates=len(candidates),
@@ -309,10 +315,20 @@ def _offload_phase(problem: Problem, simulator: Simulator, candidates: list[_Can
             _offload_variants(problem, simulator, c, rc, ranking)
 
 
-def _offload_variants(problem: Problem, simulator: Simulator, c: _Candidate, rc: bool, ranking: _Ranking) -> None:
+def _offload_variants(problem: Problem, simulator: Simulator, c: _Candidate, rc: bool, ranking: _Ranking,
+                      prove: bool = True) -> None:
     """Offload ``c`` with recompute ``rc`` in the order ``pipeoffload best`` uses
     (:func:`~.space.offload_tries`: C = 1..v) until one fits or the offload pass (or the
     simulation) refuses; the refusal is recorded and ends this recompute setting only.
+
+    With ``prove``, first the floor of the plans with every chunk offloaded
+    (:meth:`~.simulate.Simulator.offload_bounds`): when even that exceeds the budget, no try
+    can fit, so none is made here and ``c.deferred`` says where their attempts and refusals
+    belong (:func:`_complete_deferred` makes them if ``c``'s family ends without a
+    configuration, the one output that reads them). Else each try whose own floor exceeds the
+    budget and whose host ceiling cannot be refused is left out the same way, and the next C
+    is tried. Nothing else reads a try that does not fit: it changes neither the ranking nor
+    what is searched next.
 
     Without the B→W stash window that ``best`` tries after C = v: the extra offload plans doubled
     the search where nothing fits (98.5B on 64 GPUs at 28 GiB). A configuration that does use it
@@ -322,7 +338,14 @@ def _offload_variants(problem: Problem, simulator: Simulator, c: _Candidate, rc:
     except Refused as e:
         c.refusals.append(e.naming(c.where))
         return
+    if prove and not any(stash for _, stash in tries) and \
+            _offload_cannot_fit(problem, simulator, c, rc, max(chunks for chunks, _ in tries)):
+        c.deferred.append((len(c.attempts), len(c.refusals), rc, None))
+        return
     for chunks, stash in tries:
+        if prove and not stash and _offload_cannot_fit(problem, simulator, c, rc, chunks, host=True):
+            c.deferred.append((len(c.attempts), len(c.refusals), rc, chunks))  # the next C is tried as before
+            continue
         try:
             sim, res = simulator.offload(c.split, c.family, c.m, rc, chunks, stash)
             cfg = assemble_offloaded(problem, sim, res, chunks, stash)  # refuses pinned host memory over the node's
@@ -331,3 +354,47 @@ def _offload_variants(problem: Problem, simulator: Simulator, c: _Candidate, rc:
             return
         if ranking.keep(c, cfg):
             return
+
+
+#: Relative slack of the offload floor's test: the floor's sums run in another order than the
+#: plan's, so a floor over the budget by less than this proves nothing.
+_FLOOR_SLACK = 1e-9
+
+
+def _offload_cannot_fit(problem: Problem, simulator: Simulator, c: _Candidate, rc: Any, chunks: int,
+                        host: bool = False) -> bool:
+    """Whether no offload plan of ``c`` with ``rc`` and ``chunks`` chunks can fit the budget:
+    its floor (every offload instantaneous, none dropped; fewer chunks only keep more on the
+    device, so it holds for them too) plus the fullest rank's states already exceeds it. With
+    ``host``, also that the plan cannot be refused for its pinned host memory (its ceiling fits
+    the node), so the tries after it are made as they would have been."""
+    bounds = simulator.offload_bounds(c.split, c.family, c.m, rc)
+    if bounds is None or chunks not in bounds:
+        return False
+    floor, ceiling = bounds[chunks]
+    if host and check_pinned_host(problem.hardware, [x * (1.0 + _FLOOR_SLACK) for x in ceiling], problem.gpus):
+        return False
+    state = simulator.state(c.split, c.family, rc)
+    return max(a + b + x for (a, b), x in zip(state, floor)) > problem.budget * (1.0 + _FLOOR_SLACK)
+
+
+def _complete_deferred(problem: Problem, simulator: Simulator, candidates: list[_Candidate]) -> None:
+    """The offload tries :func:`_offload_variants` proved unable to fit and left out, made
+    for the candidates of every family without a configuration (whose rejection quotes
+    them), each put where it would have been among the candidate's attempts and refusals."""
+    fitted = {c.family.label for c in candidates if c.fit}
+    for c in candidates:
+        if not c.deferred or c.family.label in fitted:
+            continue
+        for at, ref, rc, chunks in reversed(c.deferred):  # the later first: the earlier indices stay valid
+            alone = _Candidate(c.split, c.family, c.m)
+            if chunks is None:  # every try of ``rc``
+                _offload_variants(problem, simulator, alone, rc, _Ranking(problem.options.top), prove=False)
+            else:  # one try, proved neither to fit nor to be refused
+                sim, res = simulator.offload(c.split, c.family, c.m, rc, chunks, False)
+                alone.attempts.append(assemble_offloaded(problem, sim, res, chunks, False))
+            if alone.fit is not None or any(a.fits for a in alone.attempts) or (chunks and alone.refusals):
+                raise AssertionError(f"{c.where}: an offload try proved hopeless fits or is refused")
+            c.attempts[at:at] = alone.attempts
+            c.refusals[ref:ref] = alone.refusals
+        c.deferred = []

@@ -36,7 +36,7 @@ from ..errors import ParameterError, PipeoffloadError, ScheduleError
 from ..ir import OVERLAP, OpKind, Placement, Schedule
 from ..passes.issue_policy import paused_gc
 from ..passes.lower import lower
-from ..passes.offload import OffloadOptions, OffloadResult, plan_offload
+from ..passes.offload import OffloadOptions, OffloadResult, offload_bounds, plan_offload
 from ..timeline import Timeline, _clean
 from .bounds import pipeline_bound
 from .dp import dp_exposed
@@ -147,6 +147,7 @@ class Simulator:
         self._schedules: dict[tuple, Schedule | Refused] = {}
         self._simulations: dict[tuple[Split, Family, int, bool], Simulated | Refused] = {}
         self._peaks: dict[tuple[Split, Family, int, bool], list[float] | None] = {}
+        self._bounds: dict[tuple[Split, Family, int, bool], dict | None] = {}
         self.stats = {"simulations": 0, "offload_plans": 0, "generator_calls": 0}
 
     # -- schedules ------------------------------------------------------------------------------
@@ -266,6 +267,34 @@ class Simulator:
             raise Refused("generator", f"schedule deadlocks: {e}") from None
 
     # -- offload --------------------------------------------------------------------------------
+    def _offload_options(self, split: Split, sim: Simulated, chunks: int, stash: bool) -> OffloadOptions:
+        opts = self.problem.options
+        links = host_links(self.problem.hardware, split.tp, opts.link_group)
+        return OffloadOptions(offload_chunks=chunks,
+                              transfer_times=tuple(t * links.slowdown for t in sim.sharded.transfer_ms),
+                              link_group=links.link_group, solo_factor=opts.solo_factor,
+                              on_infeasible="skip", postpone_warmup=True, stash=stash)
+
+    def offload_bounds(self, split: Split, family: Family, m: int, recompute: bool
+                       ) -> dict[int, tuple[list[float], list[float]]] | None:
+        """Per C = 1..v: per rank, activation bytes that no offload plan of :meth:`offload`
+        with C chunks (without the stash window) goes below, as the configuration counts them
+        (the pass's floor, :func:`~pipeoffload.passes.offload.offload_bounds`, plus what the
+        plain peak grew by between ``m1`` and ``m``), and host bytes no such plan exceeds;
+        None where the pass cannot say (cached). Raises :class:`Refused` as :meth:`simulate`."""
+        key = (split, family, m, recompute)
+        if key not in self._bounds:
+            sim = self.simulate(split, family, m, recompute)
+            with paused_gc():
+                got = offload_bounds(sim.schedule.compute_only(), sim.timeline, comm=sim.sharded.costs.comm,
+                                     options=self._offload_options(split, sim, 1, False),
+                                     chunks=range(1, sim.schedule.chunks + 1))
+            peak0 = sim.timeline.peak_memory()
+            self._bounds[key] = None if got is None else {
+                C: ([a + max(0.0, b - c) for a, b, c in zip(floor, sim.act, peak0)], host)
+                for C, (floor, host) in got.items()}
+        return self._bounds[key]
+
     def offload(self, split: Split, family: Family, m: int, recompute: bool, chunks: int,
                 stash: bool = False) -> tuple[Simulated, OffloadResult]:
         """The candidate simulated, and the offload pass's plan for chunks ``0..chunks−1`` of every
@@ -274,13 +303,8 @@ class Simulator:
         transfer times), with the B→W stash window too when ``stash``. Raises :class:`Refused`
         ("offload") when the pass refuses."""
         sim = self.simulate(split, family, m, recompute)
-        opts = self.problem.options
         self.stats["offload_plans"] += 1
-        links = host_links(self.problem.hardware, split.tp, opts.link_group)
-        settings = OffloadOptions(offload_chunks=chunks,
-                                  transfer_times=tuple(t * links.slowdown for t in sim.sharded.transfer_ms),
-                                  link_group=links.link_group, solo_factor=opts.solo_factor,
-                                  on_infeasible="skip", postpone_warmup=True, stash=stash)
+        settings = self._offload_options(split, sim, chunks, stash)
         try:  # the offload step of passes.lower on the timeline already made (lower would time it again)
             with paused_gc():
                 result = plan_offload(sim.schedule.compute_only(), sim.timeline, comm=sim.sharded.costs.comm,
