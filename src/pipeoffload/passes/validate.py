@@ -48,9 +48,9 @@ def validate(schedule: Schedule) -> None:
     lists = len(compact.kinds) if compact is not None else len(schedule.ranks)
     if lists != pl.num_ranks:
         raise ScheduleError(f"schedule has {lists} op lists but the placement has {pl.num_ranks} ranks")
-    if compact is not None:
+    if compact is not None and not overlap_pairs(schedule):  # pairs need the Op lists' checks
         _check_complete(schedule, _check_shape_compact(schedule, compact))
-        if not overlap_pairs(schedule) and _proved(schedule):
+        if _proved(schedule):
             return  # rules 3 to 5 hold: a proof that places every op places its same-rank inputs first
         # else the Op lists' checks below name the first broken rule
     counts, order_error = _check_shape(schedule)
