@@ -94,15 +94,10 @@ def _check_shape(schedule: Schedule) -> tuple[list[bytearray], str | None]:
                        f"{chunk_of[stage]} of rank {r} (rule: placement consistent)")
             else:
                 idx = stage * m + j
-                table = counts[k]
-                if table[idx]:
-                    bad = "duplicate op (rule: each op runs exactly once)"
-                else:
-                    table[idx] = 1
-                    if k == _BW and (have_b[idx] or have_w[idx]):
-                        bad = "BW together with B/W for the same layer group and microbatch"
-                    elif (k == _B or k == _W) and have_bw[idx]:
-                        bad = "B/W together with BW for the same layer group and microbatch"
+                if counts[k][idx] or (have_bw[idx] if k == _B or k == _W else
+                                      k == _BW and (have_b[idx] or have_w[idx])):
+                    bad = _conflict(counts, k, idx)
+                counts[k][idx] = 1
             if bad:
                 raise ScheduleError(f"rank {r}, position {i}: {op}: {bad}")
             own = code_of[k] * S + stage
@@ -111,6 +106,17 @@ def _check_shape(schedule: Schedule) -> tuple[list[bytearray], str | None]:
                     order_error = _local_order_error(local[own], done, r, i, op)
             done[own * m + j] = 1
     return counts, order_error
+
+
+def _conflict(counts: list[bytearray], k: int, idx: int) -> str:
+    """Why op kind ``k`` at ``idx`` (``stage·m + microbatch``) cannot join the 0/1 tables
+    ``counts`` (rule 2's op-once part), for the rare op that cannot; the shape checks
+    test the same condition inline, per op, and call this only for the message."""
+    if counts[k][idx]:
+        return "duplicate op (rule: each op runs exactly once)"
+    if k == _BW:
+        return "BW together with B/W for the same layer group and microbatch"
+    return "B/W together with BW for the same layer group and microbatch"
 
 
 def _proved(schedule: Schedule) -> bool:
@@ -143,15 +149,10 @@ def _check_shape_compact(schedule: Schedule, compact: CompactOrders) -> list[byt
                        f"not rank {r} (rule: placement consistent)")
             else:
                 idx = stage * m + j
-                table = counts[k]
-                if table[idx]:
-                    bad = "duplicate op (rule: each op runs exactly once)"
-                else:
-                    table[idx] = 1
-                    if k == _BW and (have_b[idx] or have_w[idx]):
-                        bad = "BW together with B/W for the same layer group and microbatch"
-                    elif (k == _B or k == _W) and have_bw[idx]:
-                        bad = "B/W together with BW for the same layer group and microbatch"
+                if counts[k][idx] or (have_bw[idx] if k == _B or k == _W else
+                                      k == _BW and (have_b[idx] or have_w[idx])):
+                    bad = _conflict(counts, k, idx)
+                counts[k][idx] = 1
             if bad:
                 raise ScheduleError(f"rank {r}, position {i}: {compact.op(pl, r, i)}: {bad}")
     return counts
