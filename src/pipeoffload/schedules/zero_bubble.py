@@ -241,7 +241,10 @@ def zb_v(spec: ScheduleSpec) -> Schedule:
     run at worst), the fixed order and, below p units, V-Half's and V-Min's lowerings
     (skipped when the greedy's best is at :func:`lower_bounds`: they could only tie);
     in practice 1 run and no fixed order at p = 64, m = 512 with equal costs (a run that
-    never acted on its idle allowance stands for its re-run), linear in p·m.
+    never acted on its idle allowance stands for its re-run). With exact float times
+    (unit costs included) a run writes its periodic steady state at once
+    (:class:`.zb_v._PeriodSkip`): O(p³) for the warm-up and cool-down rounds (O(p²) ops,
+    O(p) each) plus O(p·m) to write the rest; otherwise O(p²·m).
     """
     spec.no_group()
     spec.resolve_v(2, allowed=(2,))
