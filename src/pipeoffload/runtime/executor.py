@@ -801,7 +801,7 @@ class PipelineRunner:
         if (s, j) in self._cur_plan.split:
             stack.enter_context(self.wg.defer(s, j, self._params))
         stack.enter_context(store.capture(s, j, owned))
-        if self.rng is not None and self.rng.hooks(s):
+        if self.rng is not None:
             stack.enter_context(self.rng.forward(self.steps_done, j, s))
         stack.enter_context(self._forward_amp())
         return stack
@@ -846,8 +846,7 @@ class PipelineRunner:
         """An F of an eval step or an inference: no graph, no hooks; loss or output kept."""
         s, j = op.stage, op.microbatch
         flat = self._stage_input(s, j)
-        ctx = self.rng.forward(self.steps_done, j, s) if self.rng is not None and self.rng.hooks(s) \
-            else contextlib.nullcontext()
+        ctx = self.rng.forward(self.steps_done, j, s) if self.rng is not None else contextlib.nullcontext()
         with ctx, self._forward_amp():
             y = self.modules[s](flat.rebuild())
             if s == self.num_stages - 1:

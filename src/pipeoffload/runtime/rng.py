@@ -147,11 +147,6 @@ class KeyedRNG:
         if self.device.type == "cuda":
             self._seeders.append(torch.cuda.default_generators[self.device.index or 0].manual_seed)
 
-    def hooks(self, stage: int) -> bool:
-        """Whether a forward of layer group ``stage`` has modules to reseed (else
-        :meth:`forward` is a no-op and may be skipped)."""
-        return bool(self._hooked.get(stage))
-
     def before_loss(self, step: int, microbatch: int) -> None:
         """Reseed for the loss function of microbatch ``microbatch`` in step ``step``
         (keyed like a module named :data:`LOSS_NAME`, called once)."""
