@@ -68,7 +68,7 @@ from functools import lru_cache
 
 from ..costs import Costs, MemoryDeltas
 from ..errors import ParameterError
-from ..ir import OpKind, Placement, Schedule, build_schedule
+from ..ir import ALL_KINDS, OpKind, Placement, Schedule, build_schedule
 from .building_block import BuildingBlock, orders_from_block, steady_peak
 from .spec import ScheduleSpec
 from .steady_timing import steady_figures
@@ -134,11 +134,81 @@ def _block_from_phases(p: int, phases: list[list[int]]) -> BuildingBlock:
     return BuildingBlock(pl, PERIOD, slots)
 
 
+def _rows(p: int, params: tuple[int, ...]) -> list[list[int]]:
+    """Per-rank phases (F, f, B, b, W1, W0) of the family member ``params`` =
+    ``(f1, b1, b0, d0, d1, k)`` (module docstring), walked rank by rank."""
+    f1, b1, b0, d0, d1, k = params
+    ph = (0, f1, b1, b0)
+    rows = []
+    for i in range(p):
+        if i:
+            d = d0 if i <= k else d1
+            ph = ((ph[0] + d) % PERIOD, (ph[1] - 1) % PERIOD, (ph[2] + d) % PERIOD, (ph[3] - 1) % PERIOD)
+        w = _w_phases(ph)
+        if len(set(ph)) < 4 or w is None:
+            raise ParameterError("params", f"{params} is no block of the family for p = {p}")
+        rows.append(list(ph) + list(w))
+    return rows
+
+
+def _collides(ph: tuple[int, int, int, int], d: int, n: int) -> int:
+    """The first of the next ``n`` ranks (1-based) whose four phases collide when ``F``
+    and ``B`` move ``+d`` and ``f`` and ``b`` move ``−1`` per rank from ``ph``, or 0.
+    The phases repeat every 6 ranks, so only the first 6 are looked at. (Four distinct
+    phases always leave a W phase free: only the collision can end a rank walk.)"""
+    a, f, b, c = ph
+    for j in range(1, min(n, PERIOD) + 1):
+        if len({(a + j * d) % PERIOD, (f - j) % PERIOD, (b + j * d) % PERIOD, (c - j) % PERIOD}) < 4:
+            return j
+    return 0
+
+
+def _peak(p: int, params: tuple[int, ...]) -> int:
+    """:func:`.building_block.steady_peak`'s highest rank for the family member
+    ``params``, without building the block.
+
+    The slots are closed-form: ``F`` and ``B`` hop ``d`` slots a rank (``d0`` up to rank
+    ``k``, ``d1`` after), ``f`` and ``b`` one slot; the three turns (``F→f`` on the last
+    rank, ``f→B`` on rank 0, ``B→b`` on the last rank) and each W's distance to its B
+    follow from the phases. Within a stretch of one step ``d`` the phases repeat every
+    6 ranks, and 6 ranks on a chunk-0 lifespan is ``6(d+1)`` slots shorter and the
+    chunk-1 one as much longer: every phase's count moves by ``d+1`` down and up, so the
+    rank's peak is the same. Only the first 6 ranks of each stretch are counted."""
+    f1, b1, b0, d0, d1, k = params
+    n0 = min(k, p - 1)  # ranks reached with step d0
+
+    def phases(r: int) -> tuple[int, int, int, int, int]:
+        s = d0 * min(r, n0) + d1 * max(0, r - n0)  # F(r)'s slot
+        return s % PERIOD, (f1 - r) % PERIOD, (b1 + s) % PERIOD, (b0 - r) % PERIOD, s
+
+    pF, pf, pB, pb, last = phases(p - 1)
+    f_last = last + 1 + (pf - pF - 1) % PERIOD  # f on the last rank
+    b_first = f_last + p - 1 + 1 + (b1 - f1 - 1) % PERIOD  # B on rank 0
+    b0_last = b_first + last + 1 + (pb - pB - 1) % PERIOD  # b on the last rank
+    best = 0
+    for r in set(range(min(n0, 5) + 1)) | set(range(n0, min(p - 1, n0 + 5) + 1)):
+        a, fph, bph, cph, s = phases(r)
+        w1, w0 = _w_phases((a, fph, bph, cph))
+        f_r, big_b, b_r = f_last + p - 1 - r, b_first + s, b0_last + p - 1 - r
+        e1 = big_b + 1 + (w1 - big_b - 1) % PERIOD
+        e0 = b_r + 1 + (w0 - b_r - 1) % PERIOD
+        for t in range(PERIOD):
+            n = (t - s) // PERIOD - (t - e0) // PERIOD + (t - f_r) // PERIOD - (t - e1) // PERIOD
+            if n > best:
+                best = n
+    return best
+
+
 @lru_cache(maxsize=64)
-def block_family(p: int) -> tuple[tuple[BuildingBlock, int], ...]:
-    """Every distinct block of the uniform-offset family for ``p`` ranks, with its
-    steady-state peak (chunk activations, highest rank), lowest peak first."""
-    seen: dict[tuple, tuple[BuildingBlock, int]] = {}
+def _family(p: int) -> tuple[tuple[int, tuple[int, ...]], ...]:
+    """``(steady peak, params)`` of every distinct block of the family for ``p`` ranks, in
+    :func:`block_family`'s order (lowest peak first, then the order the loops meet them),
+    without building one: a member is valid when no rank's phases collide, which within a
+    stretch of one step depends on its first 6 ranks only (:func:`_collides`); members
+    are told apart by their step sequence (``k ≥ p − 1`` is one step throughout, whatever
+    ``d1``); the peak is :func:`_peak`. O(p) members, O(1) each."""
+    seen: set[tuple[int, ...]] = set()
+    out = []
     steps = range(1, PERIOD)
     for f1 in steps:
         for b1 in steps:
@@ -146,27 +216,45 @@ def block_family(p: int) -> tuple[tuple[BuildingBlock, int], ...]:
                 if len({f1, b1, b0}) < 3:
                     continue
                 for d0 in steps:
+                    fail0 = _collides((0, f1, b1, b0), d0, p - 1)
                     for d1 in range(1, d0 + 1):
                         for k in range(1, p) if d1 < d0 else [p]:
-                            ph = (0, f1, b1, b0)
-                            rows = []
-                            for i in range(p):
-                                if i:
-                                    d = d0 if i <= k else d1
-                                    ph = ((ph[0] + d) % PERIOD, (ph[1] - 1) % PERIOD,
-                                          (ph[2] + d) % PERIOD, (ph[3] - 1) % PERIOD)
-                                    if len(set(ph)) < 4:
-                                        break
-                                w = _w_phases(ph)
-                                if w is None:
-                                    break
-                                rows.append(list(ph) + list(w))
-                            else:
-                                blk = _block_from_phases(p, rows)
-                                key = frozenset(blk.slots.items())  # equal blocks, equal keys
-                                if key not in seen:
-                                    seen[key] = (blk, max(steady_peak(blk)))
-    return tuple(sorted(seen.values(), key=lambda bp: bp[1]))
+                            n0 = min(k, p - 1)
+                            if fail0 and fail0 <= n0:
+                                continue
+                            s = d0 * n0
+                            at_k = (s % PERIOD, (f1 - n0) % PERIOD, (b1 + s) % PERIOD, (b0 - n0) % PERIOD)
+                            if n0 < p - 1 and _collides(at_k, d1, p - 1 - n0):
+                                continue
+                            steps_seq = (f1, b1, b0, n0, d0 if n0 else 0, d1 if n0 < p - 1 else 0)
+                            if steps_seq not in seen:
+                                seen.add(steps_seq)
+                                params = (f1, b1, b0, d0, d1, k)
+                                out.append((_peak(p, params), params))
+    return tuple(sorted(out, key=lambda x: x[0]))
+
+
+@lru_cache(maxsize=4096)
+def _family_block(p: int, params: tuple[int, ...]) -> BuildingBlock:
+    """The block of the family member ``params`` (:func:`_rows`, :func:`_block_from_phases`)."""
+    return _block_from_phases(p, _rows(p, params))
+
+
+@lru_cache(maxsize=64)
+def block_family(p: int) -> tuple[tuple[BuildingBlock, int], ...]:
+    """Every distinct block of the uniform-offset family for ``p`` ranks, with its
+    steady-state peak (chunk activations, highest rank), lowest peak first.
+
+    Args:
+        p: pipeline ranks.
+
+    Returns:
+        ``(block, peak)`` pairs: the members of :func:`_family`, each block built.
+
+    Guarantees: the same blocks, peaks and order as walking every member rank by rank
+    and deduplicating by slots (tests/test_v_auto_family.py keeps that walk). V-auto
+    itself builds only the blocks it lowers."""
+    return tuple((_family_block(p, params), peak) for peak, params in _family(p))
 
 
 Orders = list[list[Cell]]  #: per rank, (kind, layer group, microbatch)
@@ -194,6 +282,11 @@ def _loses(a: tuple, b: tuple) -> bool:
 
 
 def _orders(s: Schedule) -> Orders:
+    """Per-rank ``(kind, layer group, microbatch)`` orders of ``s``: read from its arrays
+    while it holds them (no :class:`~pipeoffload.ir.Op` is made), else from its Op lists."""
+    c = s.compact
+    if c is not None:
+        return [list(zip(map(ALL_KINDS.__getitem__, ks), ss, js)) for ks, ss, js in zip(c.kinds, c.stages, c.mbs)]
     return [[(o.kind, o.stage, o.microbatch) for o in r] for r in s.ranks]
 
 
@@ -242,9 +335,9 @@ def v_auto(spec: ScheduleSpec) -> Schedule:
     cap = units if m >= 2 * p else max(units, 2 * m)
     # The blocks nearest the limit leave the least idle time: lower those first, at most
     # SCAN; with few microbatches, the blocks that fit in the steady state come first.
-    fitting = sorted((bp for bp in block_family(p) if bp[1] <= cap + 1e-9),
-                     key=lambda bp: (bp[1] > units + 1e-9, -bp[1]))
-    fitting = [blk for blk, _ in fitting]
+    fam = _family(p)
+    fitting = sorted((pp for pp in fam if pp[0] <= cap + 1e-9), key=lambda pp: (pp[0] > units + 1e-9, -pp[0]))
+    fitting = [_family_block(p, params) for _, params in fitting[:SCAN]]
     ranked = []
     for blk in fitting[:SCAN]:
         s = reorder_orders(blk, m)
@@ -279,19 +372,19 @@ def v_auto(spec: ScheduleSpec) -> Schedule:
 
 
 @lru_cache(maxsize=4096)
-def _lowered(p: int, m: int, index: int, release: bool) -> tuple[str, ...] | None:
-    """The grid lowering of ``block_family(p)[index]`` (rows as strings), or None.
+def _lowered(p: int, m: int, params: tuple[int, ...], release: bool) -> tuple[str, ...] | None:
+    """The grid lowering of the family member ``params`` (rows as strings), or None.
 
     Cached: it depends on neither the costs nor the limit."""
-    grid = lower_grid(block_family(p)[index][0], m, release)
+    grid = lower_grid(_family_block(p, params), m, release)
     return None if grid is None else tuple("".join(row) for row in grid)
 
 
 @lru_cache(maxsize=4096)
-def _repeated(p: int, m: int, index: int) -> tuple[str, ...]:
-    """``block_family(p)[index]`` repeated ``m`` times (rows as strings): its per-rank
+def _repeated(p: int, m: int, params: tuple[int, ...]) -> tuple[str, ...]:
+    """The family member ``params`` repeated ``m`` times (rows as strings): its per-rank
     orders are what the block's steady state runs, so its real-cost span ranks blocks."""
-    return tuple("".join(row) for row in repeated_grid(block_family(p)[index][0], m))
+    return tuple("".join(row) for row in repeated_grid(_family_block(p, params), m))
 
 
 def _grid_candidate(p: int, m: int, costs: Costs, memory: MemoryDeltas, units: float,
@@ -308,19 +401,22 @@ def _grid_candidate(p: int, m: int, costs: Costs, memory: MemoryDeltas, units: f
     pl = Placement.vshape(p)
     dur, delta = costs.duration_table(pl), memory.delta_table(pl)
     cap = min(2 * p, units) if m >= 2 * p else 2 * p
-    fam = block_family(p)
-    order = sorted((i for i, (_, pk) in enumerate(fam) if pk <= cap + 1e-9), key=lambda i: (-fam[i][1], i))
+    fam = _family(p)
+    order = sorted((i for i, (pk, _) in enumerate(fam) if pk <= cap + 1e-9), key=lambda i: (-fam[i][0], i))
     n_proxy = max(1, PROXY_CELLS // (p * PERIOD * m))
-    proxy = {i: time_grid(_repeated(p, m, i), dur, costs.comm, delta) for i in order[:n_proxy]}
-    # Blocks whose plain repeated grid fits the limit first (the lowering rarely lowers a
-    # peak much), each group fastest first.
-    ranked = sorted(proxy, key=lambda i: (proxy[i][2] > limit, proxy[i][0], i))
+    if len(order[:n_proxy]) > 1:
+        proxy = {i: time_grid(_repeated(p, m, fam[i][1]), dur, costs.comm, delta) for i in order[:n_proxy]}
+        # Blocks whose plain repeated grid fits the limit first (the lowering rarely lowers a
+        # peak much), each group fastest first.
+        ranked = sorted(proxy, key=lambda i: (proxy[i][2] > limit, proxy[i][0], i))
+    else:
+        ranked = order[:n_proxy]  # one block: nothing to rank, its repeated grid is not timed
     releases = (True, False) if m <= p else (True,)
     n_grid = max(1, min(GRID_SCAN, GRID_WORK // (p * p * (max(m, 2 * p) + 4 * p) * len(releases))))
     best = None
     for i in ranked[:n_grid]:
         for release in releases:
-            grid = _lowered(p, m, i, release)
+            grid = _lowered(p, m, fam[i][1], release)
             if grid is None:
                 continue
             span, makespan, peak = time_grid(grid, dur, costs.comm, delta)
