@@ -147,3 +147,24 @@ def test_one_proxy_block_is_lowered_without_its_repeated_grid(monkeypatch):
     va._repeated.cache_clear()
     monkeypatch.setattr(va, "_repeated", lambda *a: pytest.fail("a lone proxy block was timed"))
     assert va._grid_candidate(4, 9, spec.costs, spec.memory, 10.0, 10.0) == out
+
+
+@pytest.mark.parametrize("p, m", [(3, 4), (4, 9), (5, 11), (8, 17), (12, 27)])
+@pytest.mark.parametrize("costs", [Costs(), Costs(F=1, B=2, W=1), Costs(F=1.3, B=1, W=2.1, comm=0.05)])
+@pytest.mark.parametrize("memory", [MemoryDeltas(), MemoryDeltas(1.0, -0.25, -0.75)])
+def test_time_grid_figures_are_the_timing_passes(p, m, costs, memory):
+    """V-auto drops a grid lowering on time_grid's span before making it orders: those
+    figures are the timing pass's (steady_figures of the orders) bit for bit."""
+    from pipeoffload.ir import Placement
+
+    pl = Placement.vshape(p)
+    dur, delta = costs.duration_table(pl), memory.delta_table(pl)
+    fam = va._family(p)
+    n = 0
+    for pk, params in fam[::max(1, len(fam) // 5)]:
+        grid = va._lowered(p, m, params, True) if pk <= 2 * p else None
+        if grid is not None:
+            n += 1
+            key = va._key(pl, m, va.grid_orders(grid), costs, memory)
+            assert va.time_grid(grid, dur, costs.comm, delta) == key
+    assert n > 0

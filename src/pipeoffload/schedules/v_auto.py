@@ -69,7 +69,7 @@ from functools import lru_cache
 from ..costs import Costs, MemoryDeltas
 from ..errors import ParameterError
 from ..ir import ALL_KINDS, OpKind, Placement, Schedule, build_schedule
-from .building_block import BuildingBlock, orders_from_block, steady_peak
+from .building_block import BuildingBlock, orders_from_block
 from .spec import ScheduleSpec
 from .steady_timing import steady_figures
 from .v_grid_lowering import Cell, grid_orders, lower_grid, repeated_grid, time_grid
@@ -294,11 +294,30 @@ def v_auto(spec: ScheduleSpec) -> Schedule:
     """V-auto: the best V schedule of the block search (module docstring) within
     ``spec.mem_limit`` (units of ``spec.memory``; default V-Half's published peak).
 
-    Cost: the fixed V lowerings (see :func:`.vshape.v_half`) plus, per block of the family
-    scanned (at most SCAN, REFINE of them refined), one slot reorder and timing over
-    O(p·m) ops, i.e. the V lowering's O(p·m) to O(p·m²) times a constant number of blocks.
-    The timings and W refills go through the periodic steady state when the costs are
-    binary fractions (:mod:`.steady_timing`): O(p²) ops placed, O(p·m) list work in C."""
+    Args:
+        spec: p, m, costs, memory deltas and ``mem_limit``; v must be 2 (or unset), no group.
+
+    Returns:
+        The winning per-rank orders as a Schedule (params p, m, v = 2, mem_limit).
+
+    Raises:
+        ParameterError: ``mem_limit`` ≤ 0, or no candidate fits it (the message quotes
+            V-Min's peak); ``v`` or ``g`` as :class:`.spec.ScheduleSpec` checks them.
+
+    Guarantees: see the module docstring; the same orders whatever the family's members
+    cost to find (tests/test_v_auto_family.py).
+
+    Cost in p and m: the family in closed form, O(p) members at O(1) each (3.6 k at
+    p = 64; :func:`_family`), none built but the ones lowered. Then a constant number
+    of lowerings, each over O(p·m) ops: V-Min and V-Half (and V-ZB when its bound may
+    fit; :data:`.vshape.LOWERING_COST`), :data:`SCAN` slot reorders and timings,
+    :data:`REFINE` building-block pipelines with their W refills; the timings and refills
+    go through the periodic steady state when the costs are binary fractions
+    (:mod:`.steady_timing`: O(p²) ops placed, O(p·m) list work in C). The grid rules
+    lower ``max(1, min(GRID_SCAN, GRID_WORK / (p²·(max(m, 2p) + 4p))))`` blocks at
+    O(p²·(max(m, 2p) + 4p)) each — one at large p·m, the largest single term (p = 64,
+    m = 512) — after timing ``min(family, PROXY_CELLS / 6pm)`` repeated grids, O(p·m)
+    each (none when only one would be timed)."""
     spec.no_group()
     spec.resolve_v(2, allowed=(2,))
     p, m, costs, memory = spec.p, spec.m, spec.costs, spec.memory
@@ -310,15 +329,7 @@ def v_auto(spec: ScheduleSpec) -> Schedule:
         limit = float(spec.mem_limit)
         if limit <= 0:
             raise ParameterError("mem_limit", f"must be > 0, got {spec.mem_limit!r}")
-    # The fixed blocks whose peak may fit the limit: their published bound is reached
-    # exactly from m = p on under unit accounting (B frees nothing), so only then can a
-    # bound above the limit skip one. V-Min always runs: it names the lowest peak in the error.
-    exact = m >= p and memory.B == 0 and memory.group_deltas is None
-    fixed = []
-    for name, gen in (("v-min", v_min), ("v-half", v_half), ("v-zb", v_zb)):
-        if name == "v-min" or not exact or unit_peak_bound(name, p) * memory.F <= limit * (1 + 1e-9):
-            s = _orders(gen(ScheduleSpec(spec.name, p, m, costs=costs, memory=memory)))
-            fixed.append((s, _key(pl, m, s, costs, memory)))
+    fixed = _fixed(spec, pl, limit)
     tol = limit * 1e-9 + 1e-12
 
     def fits(key: tuple[float, float, float]) -> bool:
@@ -337,31 +348,13 @@ def v_auto(spec: ScheduleSpec) -> Schedule:
     # SCAN; with few microbatches, the blocks that fit in the steady state come first.
     fam = _family(p)
     fitting = sorted((pp for pp in fam if pp[0] <= cap + 1e-9), key=lambda pp: (pp[0] > units + 1e-9, -pp[0]))
-    fitting = [_family_block(p, params) for _, params in fitting[:SCAN]]
-    ranked = []
-    for blk in fitting[:SCAN]:
-        s = reorder_orders(blk, m)
-        ranked.append((_key(pl, m, s, costs, memory), len(ranked), blk, s))
-    ranked.sort(key=lambda x: (x[0], x[1]))
-    for key, _, blk, s in ranked[:REFINE]:
-        cands = [(s, key)]
-        s2 = orders_from_block(blk, m)
-        cands.append((s2, _key(pl, m, s2, costs, memory)))
-        for base, _k in list(cands):
-            # A run refill_both leaves out would repeat the one before it (never better).
-            # Its tracker timed it (the timing pass's engine): span and makespan are known,
-            # the peak is timed below only if they do not already lose.
-            for tr in refill_both(pl, m, base, costs, memory, [limit] * p):
-                cands.append((tr.order, (tr.max_span(), tr.makespan(), None)))
-        for c, ckey in cands:
-            if best is not None and _loses(ckey, best[1]):
-                continue
-            if ckey[2] is None:
-                ckey = _key(pl, m, c, costs, memory)
-            if fits(ckey) and (best is None or lex_better(ckey, best[1])):
-                best = (c, ckey)
-    grid = _grid_candidate(p, m, costs, memory, units, limit + tol)
-    if grid is not None:
+    best = _scan_blocks(pl, m, [_family_block(p, params) for _, params in fitting[:SCAN]], costs, memory,
+                        limit, best)
+    found = _grid_candidate(p, m, costs, memory, units, limit + tol)
+    # time_grid's span is the timing pass's (tests/test_v_auto_family.py): a grid whose
+    # span is clearly longer than the best's cannot win, and is not made into orders.
+    if found is not None and (best is None or found[1][0] <= best[1][0] * (1 + 1e-6) + 1e-12):
+        grid = grid_orders(found[0])
         key = _key(pl, m, grid, costs, memory)
         if fits(key) and lex_better(key, None if best is None else best[1]):
             best = (grid, key)
@@ -369,6 +362,56 @@ def v_auto(spec: ScheduleSpec) -> Schedule:
         raise ParameterError("mem_limit", f"no V-auto schedule keeps every rank within {limit:g}; "
                              f"V-Min's peak is {fixed[0][1][2]:g}")
     return build_schedule(spec.name, m, pl, best[0], p=p, m=m, v=2, mem_limit=limit)
+
+
+Key = tuple[float, float, float]  #: longest rank span, makespan, peak (:func:`_key`)
+
+
+def _scan_blocks(pl: Placement, m: int, blocks: list[BuildingBlock], costs: Costs, memory: MemoryDeltas,
+                 limit: float, best: tuple[Orders, Key] | None) -> tuple[Orders, Key] | None:
+    """The slot reorder of each of ``blocks``, timed; the :data:`REFINE` best of them
+    also by the building-block pipeline and each base with its W's refilled under
+    ``limit``. Returns the best of ``best`` and those candidates whose peak fits
+    ``limit`` (shortest span, then makespan, then peak; ties keep the earlier)."""
+    tol = limit * 1e-9 + 1e-12
+    ranked = []
+    for blk in blocks:
+        s = reorder_orders(blk, m)
+        ranked.append((_key(pl, m, s, costs, memory), len(ranked), blk, s))
+    ranked.sort(key=lambda x: (x[0], x[1]))
+    for key, _, blk, s in ranked[:REFINE]:
+        cands: list[tuple[Orders, tuple]] = [(s, key)]
+        s2 = orders_from_block(blk, m)
+        cands.append((s2, _key(pl, m, s2, costs, memory)))
+        for base, _k in list(cands):
+            # A run refill_both leaves out would repeat the one before it (never better).
+            # Its tracker timed it (the timing pass's engine): span and makespan are known,
+            # the peak is timed below only if they do not already lose.
+            for tr in refill_both(pl, m, base, costs, memory, [limit] * pl.num_ranks):
+                cands.append((tr.order, (tr.max_span(), tr.makespan(), None)))
+        for c, ckey in cands:
+            if best is not None and _loses(ckey, best[1]):
+                continue
+            if ckey[2] is None:
+                ckey = _key(pl, m, c, costs, memory)
+            if ckey[2] <= limit + tol and (best is None or lex_better(ckey, best[1])):
+                best = (c, ckey)
+    return best
+
+
+def _fixed(spec: ScheduleSpec, pl: Placement, limit: float) -> list[tuple[Orders, Key]]:
+    """V-Min's, V-Half's and V-ZB's orders and keys, those whose peak may fit ``limit``:
+    their published bound is reached exactly from m = p on under unit accounting (B frees
+    nothing), so only then can a bound above the limit skip one. V-Min always runs (first):
+    it names the lowest peak in the error."""
+    p, m, costs, memory = spec.p, spec.m, spec.costs, spec.memory
+    exact = m >= p and memory.B == 0 and memory.group_deltas is None
+    fixed = []
+    for name, gen in (("v-min", v_min), ("v-half", v_half), ("v-zb", v_zb)):
+        if name == "v-min" or not exact or unit_peak_bound(name, p) * memory.F <= limit * (1 + 1e-9):
+            s = _orders(gen(ScheduleSpec(spec.name, p, m, costs=costs, memory=memory)))
+            fixed.append((s, _key(pl, m, s, costs, memory)))
+    return fixed
 
 
 @lru_cache(maxsize=4096)
@@ -388,8 +431,10 @@ def _repeated(p: int, m: int, params: tuple[int, ...]) -> tuple[str, ...]:
 
 
 def _grid_candidate(p: int, m: int, costs: Costs, memory: MemoryDeltas, units: float,
-                    limit: float) -> list[list[Cell]] | None:
-    """The best grid lowering (:mod:`.v_grid_lowering`) within ``limit``, as per-rank orders.
+                    limit: float) -> tuple[tuple[str, ...], tuple[float, float, float]] | None:
+    """The best grid lowering (:mod:`.v_grid_lowering`) within ``limit`` (rows of labels,
+    :func:`.v_grid_lowering.grid_orders` makes them orders) and its time_grid figures
+    (longest span, makespan, peak), or None.
 
     Admissible blocks: steady peak at most ``2p`` (the rules refuse more) and, when
     ``m ≥ 2p`` (the steady state is reached), at most ``units``. Nearest the limit first,
@@ -423,4 +468,4 @@ def _grid_candidate(p: int, m: int, costs: Costs, memory: MemoryDeltas, units: f
             key = (span, makespan, peak)
             if peak <= limit and lex_better(key, None if best is None else best[0]):
                 best = (key, grid)
-    return None if best is None else grid_orders(best[1])
+    return None if best is None else (best[1], best[0])
