@@ -23,7 +23,9 @@ are members or close to them.
 is walked in dependency order, each op in the first slot after its predecessor that
 has its phase; each W in the first slot after its B with its phase. That gives the
 absolute slots of a :class:`.building_block.BuildingBlock`, whose repeated grid's
-per-rank peak is :func:`.building_block.steady_peak`.
+per-rank peak is :func:`.building_block.steady_peak`. The search needs only each
+member's peak, which is closed-form (the hops are ``d`` or one slot, the phases repeat
+every 6 ranks: :func:`_peak`); a block is built only when it is lowered.
 
 **Search.** Blocks whose steady peak exceeds the limit (in chunk activations) are
 dropped unless ``m`` is too small to reach it. Each kept block can be lowered three ways:
@@ -99,8 +101,8 @@ GRID_WORK = 200_000
 @lru_cache(maxsize=None)
 def _w_phases(ph: tuple[int, int, int, int]) -> tuple[int, int] | None:
     """W phases for one rank's (F, f, B, b) phases: each the first free phase after its
-    B (chunk 1's W first). Remembered: at most 6⁴ inputs, asked about 10⁵ times by
-    :func:`block_family` at p = 64."""
+    B (chunk 1's W first). Remembered: at most 6⁴ inputs, asked for every rank counted by
+    :func:`_peak` and walked by :func:`_rows`."""
     used = set(ph)
     out = []
     for b in (ph[2], ph[3]):
