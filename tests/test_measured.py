@@ -103,6 +103,24 @@ def test_every_setting_ranks_as_measured_within_measurement_ties():
     assert [s for s, ok in loose.items() if not ok] == ["ZB Table 4: 1.5B, 8 GPUs, m=64"]
 
 
+def test_zb_runtime_inputs_are_the_runtimes():
+    from pipeoffload.costmodel.measured import zb_runtime_inputs
+    from pipeoffload.costs import Costs
+
+    model = get_model("1.5B")
+    costs = Costs(group_costs=[(12.45, 12.16, 6.24)] + [(18.5768, 18.1575, 9.3537)] * 6 + [(13.1, 14.2, 6.3)],
+                  comm=0.5762)
+    got = zb_runtime_inputs(model, costs, 8, 2.0)
+    c, mem = got["costs"], got["memory"]
+    assert (c.F, c.B, c.W, c.comm) == (18576, 18157, 9353, 576)  # upper medians, whole microseconds
+    assert (mem.F, mem.B, mem.W) == (201216, -127488, -73728)  # ZB's 34h + 5as, the rest, -32h
+    assert got["mem_limit"] == 2 * 8 * 201216
+    with pytest.raises(ParameterError, match="limit"):
+        zb_runtime_inputs(model, costs, 8, 0.0)
+    with pytest.raises(ParameterError, match="p"):
+        zb_runtime_inputs(model, costs, 0, 1.0)
+
+
 def test_predictions_carry_the_planners_step_after_the_pipeline():
     # One implementation: predict() takes the planner's configuration whole, the step included.
     from pipeoffload.planner.step import OPTIMIZER_BYTES_PER_PARAM

@@ -10,6 +10,9 @@ planner's, the step after the pipeline (``planner.step``: optimizer step, tied-e
 all-reduce) included.
 ``compare(rows=MEASURED, hardware="a100-80g") -> list[Prediction]``; ``ranking_agrees(preds)``:
 per setting, whether the schedules come out in the measured order.
+``zb_runtime_inputs(model, costs, p, limit)``: what the ZB runtime gives its automatic scheduler
+(the ZB-1p and ZB-2p rows ran the order it generates from these);
+``row_problem(row)``: the planner's problem and schedule family of a row.
 
 Sources (docs/planner.md#calibration): Qi et al., "Zero Bubble Pipeline Parallelism" — the ICLR 2024
 version's Table 3 (settings), Table 4 (throughput and memory of 1F1B, 1F1B-I, ZB-1p, ZB-2p) and
@@ -31,7 +34,8 @@ from .hardware import GiB, Hardware, get_hardware
 from .presets import get_model
 
 __all__ = ["MeasuredRow", "Prediction", "MEASURED", "PROFILED_MS", "FIT_MODEL", "SCHEDULE_FAMILIES", "RUNTIME_OF",
-           "RUNTIME_P2P_EXPOSED", "MEASUREMENT_TIE", "predict", "compare", "ranking_agrees"]
+           "RUNTIME_P2P_EXPOSED", "MEASUREMENT_TIE", "predict", "compare", "ranking_agrees",
+           "row_problem", "zb_runtime_inputs"]
 
 #: The paper's schedule names → (registry schedule, chunks v, memory limit in multiples of 1F1B's).
 SCHEDULE_FAMILIES: dict[str, tuple[str, int, float | None]] = {
@@ -215,10 +219,27 @@ def predict(row: MeasuredRow, hardware: str | Hardware = "a100-80g") -> Predicti
     throughput are the planner's configuration's, the step after the pipeline included
     (:func:`pipeoffload.planner.step.step_after_pipeline`, the one implementation of it).
     """
-    from ..errors import ParameterError
     from ..planner.config import assemble
+    from ..planner.space import Split
+
+    problem, family = row_problem(row, hardware)
+    sim = _simulate_exactly(problem, Split(1, row.gpus, 1), family, row.m)
+    cfg = assemble(problem, sim)
+    it_s = cfg.iteration_ms / 1e3
+    return Prediction(row, row.m * row.microbatch / (it_s * row.gpus), it_s, cfg.mfu, cfg.memory.device / GiB,
+                      problem.hardware.reserved(cfg.memory.device) / GiB, cfg.fits, cfg.step_ms / 1e3)
+
+
+def row_problem(row: MeasuredRow, hardware: str | Hardware = "a100-80g") -> tuple[Any, Any]:
+    """The planner's :class:`~pipeoffload.planner.space.Problem` and
+    :class:`~pipeoffload.planner.space.Family` of one measured row (see :func:`predict`).
+
+    Raises:
+        ParameterError: an unknown model, schedule or hardware.
+    """
+    from ..errors import ParameterError
     from ..planner.sharding import node_profile
-    from ..planner.space import Family, PlanOptions, Problem, Split
+    from ..planner.space import Family, PlanOptions, Problem
 
     if row.schedule not in SCHEDULE_FAMILIES:
         raise ParameterError("schedule", f"unknown schedule {row.schedule!r}; valid: {', '.join(SCHEDULE_FAMILIES)}")
@@ -230,23 +251,70 @@ def predict(row: MeasuredRow, hardware: str | Hardware = "a100-80g") -> Predicti
     # The paper's split: the first and last stage (chunk) one layer shorter (embedding, loss).
     problem = Problem(model, hw, node_profile(hw), hw.default_budget, row.m * row.microbatch, row.gpus,
                       PlanOptions(dp_sharding="none", trim_edges=True))
-    sim = _simulate_exactly(problem, Split(1, row.gpus, 1), Family(name, v, limit=limit), row.m)
-    cfg = assemble(problem, sim)
-    it_s = cfg.iteration_ms / 1e3
-    return Prediction(row, row.m * row.microbatch / (it_s * row.gpus), it_s, cfg.mfu, cfg.memory.device / GiB,
-                      hw.reserved(cfg.memory.device) / GiB, cfg.fits, cfg.step_ms / 1e3)
+    return problem, Family(name, v, limit=limit)
 
 
-def _simulate_exactly(problem: Any, split: Any, family: Any, m: int) -> Any:
+def zb_runtime_inputs(model: Any, costs: Any, p: int, limit: float) -> dict[str, Any]:
+    """What the ZB runtime gives its automatic scheduler for a ``p``-rank loop pipeline.
+
+    Read from the authors' code of the paper's version (sail-sg/zero-bubble-pipeline-parallelism,
+    branch ``arxiv``, ``megatron/core/pipeline_parallel/zb_schedules.py``): ``update_schedule``
+    gathers every rank's profiled mean F, B, W (ms), takes each one's upper median over the ranks
+    and passes them with the measured hop as whole microseconds (``max(int(t * 1000), 1)``), the
+    same on every stage; ``get_zero_bubble_forward_backward_func`` gives the memory model
+    F +(34h + 5as), W −32h, B the rest per stage and ``max_mem`` = ``--zero-bubble-max-pending-backward``
+    (p for ZB-1p, 2p for ZB-2p) forwards.
+
+    Args:
+        model: the :class:`~.model.ModelSpec` (``hidden``, ``heads``, ``seq``).
+        costs: the per-stage :class:`~pipeoffload.costs.Costs` the ranks would profile (ms).
+        p: pipeline ranks (one stage each).
+        limit: the memory limit in multiples of ``p`` forwards (1.0: ZB-1p, 2.0: ZB-2p).
+
+    Returns:
+        ``costs``, ``memory`` and ``mem_limit`` keyword arguments for ``ScheduleSpec("zb-auto", ...)``
+        (times in microseconds, memory in the runtime's units).
+
+    Raises:
+        ParameterError: ``p`` < 1 or ``limit`` ≤ 0.
+
+    Guarantees: whole microseconds as the runtime's: the heuristic compares sums of durations, and
+    its ties are then exact (fed the same medians in float milliseconds, the 1.5B model's ZB-1p at
+    m = 64 comes out with 149 ms of bubble instead of the runtime order's 173).
+    """
+    from ..costs import Costs, MemoryDeltas
+    from ..errors import ParameterError
+    from ..ir import OpKind, Placement
+
+    if p < 1:
+        raise ParameterError("p", f"needs at least one rank, got {p}")
+    if not limit > 0:
+        raise ParameterError("limit", f"must be a positive multiple of p forwards, got {limit}")
+    table = costs.duration_table(Placement.loop(p))
+    med = [sorted(d[k] for d in table)[p // 2] for k in (OpKind.F, OpKind.B, OpKind.W)]
+    f, b, w, c = (max(int(t * 1000), 1) for t in (*med, costs.comm))
+    f_mem = 34 * model.hidden + 5 * model.heads * model.seq
+    w_mem = -32 * model.hidden
+    return {"costs": Costs(F=f, B=b, W=w, comm=c), "memory": MemoryDeltas(f_mem, -f_mem - w_mem, w_mem),
+            "mem_limit": limit * p * f_mem}
+
+
+def _simulate_exactly(problem: Any, split: Any, family: Any, m: int, zb_runtime: bool = False) -> Any:
     """The candidate simulated at its own m (the planner's search extrapolates from two smaller m;
-    a calibration must not carry that approximation's error)."""
+    a calibration must not carry that approximation's error); with ``zb_runtime`` (zb-auto only) the
+    order is generated from :func:`zb_runtime_inputs` instead of the planner's inputs."""
     from ..passes.lower import lower
     from ..planner.simulate import Simulated, Simulator
     from ..planner.space import placement_of
+    from ..schedules import ScheduleSpec, build
 
     simulator = Simulator(problem)
     sh = simulator.costs.sharded(False, split.pp, family.v, split.tp, split.sp)
-    schedule = simulator.schedule(family, split.pp, m, False, split.tp, split.sp, split.dp)
+    if zb_runtime:
+        inputs = zb_runtime_inputs(problem.model, sh.costs, split.pp, float(family.limit))
+        schedule = build(ScheduleSpec(family.schedule, split.pp, m, **inputs), check=False)
+    else:
+        schedule = simulator.schedule(family, split.pp, m, False, split.tp, split.sp, split.dp)
     tl = lower(schedule, sh.costs, sh.memory, memory_unit="bytes", validated=True).timeline
     return Simulated(split, family, m, False, schedule, tl, sh, placement_of(family, split.pp), tl.makespan,
                      list(tl.busy()), list(tl.peak_memory()), 0.0, m, False)
