@@ -122,9 +122,9 @@ def _load_authors_auto_schedule(path: str):
 def authors_check(path: str) -> str:
     """For every measured ZB-1p / ZB-2p configuration: the authors' heuristic (``initial_solution``,
     what their ``auto_schedule`` runs) on :func:`~pipeoffload.costmodel.measured.zb_runtime_inputs`,
-    each rank's ops in the order of their completion times (their ``ilp_results``), against our zb-auto
-    on the same inputs; with its bubble on the planner's per-stage costs."""
-    from pipeoffload.costmodel.measured import _simulate_exactly, row_problem, zb_runtime_inputs
+    each rank's ops in the order of their completion times (their ``ilp_results``), against the order
+    ``predict`` times; with its bubble on the planner's per-stage costs."""
+    from pipeoffload.costmodel.measured import RUNTIME_GENERATES, _simulate_exactly, row_problem, zb_runtime_inputs
     from pipeoffload.planner.space import Split
 
     mod = _load_authors_auto_schedule(path)
@@ -133,7 +133,7 @@ def authors_check(path: str) -> str:
     seen, same = set(), 0
     for r in MEASURED:
         key = (r.model, r.gpus, r.microbatch, r.m, r.schedule)
-        if r.schedule not in ("ZB-1p", "ZB-2p") or key in seen:
+        if r.schedule not in RUNTIME_GENERATES or key in seen:
             continue
         seen.add(key)
         problem, family = row_problem(r)
