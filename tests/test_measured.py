@@ -152,6 +152,9 @@ def test_zb_runtime_inputs_are_the_runtimes():
         zb_runtime_inputs(model, costs, 8, 0.0)
     with pytest.raises(ParameterError, match="p"):
         zb_runtime_inputs(model, costs, 0, 1.0)
+    row = next(r for r in MEASURED if r.schedule == "1F1B")
+    with pytest.raises(ParameterError, match="zb_runtime"):
+        _order_of(row, True)
 
 
 def test_predictions_carry_the_planners_step_after_the_pipeline():

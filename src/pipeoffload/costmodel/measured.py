@@ -319,6 +319,10 @@ def _simulate_exactly(problem: Any, split: Any, family: Any, m: int, zb_runtime:
     from ..planner.space import placement_of
     from ..schedules import ScheduleSpec, build
 
+    if zb_runtime and family.schedule != "zb-auto":
+        from ..errors import ParameterError
+
+        raise ParameterError("zb_runtime", f"the ZB runtime generates zb-auto orders only, not {family.schedule!r}")
     simulator = Simulator(problem)
     sh = simulator.costs.sharded(False, split.pp, family.v, split.tp, split.sp)
     if zb_runtime:
