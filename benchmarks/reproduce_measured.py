@@ -11,6 +11,7 @@ whether each setting's schedules come out in the measured order. Rows, sources a
     python benchmarks/reproduce_measured.py [--hardware a100-80g] [--json FILE] [--set FIELD=VALUE]
     python benchmarks/reproduce_measured.py --extrapolation   # the planner's m extrapolation vs exact
     python benchmarks/reproduce_measured.py --authors PATH    # ZB-1p/2p orders against the authors' scheduler
+    python benchmarks/reproduce_measured.py --post-validation # the ZB rows back to back, without the barrier
 
 PATH for ``--authors``: a checkout of sail-sg/zero-bubble-pipeline-parallelism at branch ``arxiv`` (the
 paper's version; its ``megatron/core/pipeline_parallel/auto_schedule.py`` is imported from there with a
@@ -177,6 +178,9 @@ def main() -> int:
                     help="only compare the planner's microbatch extrapolation with exact simulations (m = 8..128)")
     ap.add_argument("--authors", metavar="PATH",
                     help="only check the ZB-1p/2p rows' orders against the authors' scheduler at PATH (branch arxiv)")
+    ap.add_argument("--post-validation", action="store_true",
+                    help="time the ZB runtime's rows back to back without the barrier between iterations "
+                         "(its optimizer post-validation; an analysis, not the calibration's figures)")
     args = ap.parse_args()
     if args.authors:
         print(authors_check(args.authors))
@@ -189,7 +193,10 @@ def main() -> int:
         key, _, value = item.partition("=")
         hw = dataclasses.replace(hw, **{key: type(getattr(hw, key))(value) if getattr(hw, key) is not None
                                         else float(value)})
-    preds = compare(MEASURED, hw)
+    preds = compare(MEASURED, hw, post_validation=args.post_validation)
+    if args.post_validation:
+        print("ZB runtime rows timed back to back under optimizer post-validation (no barrier between "
+              "iterations); not the calibration's figures (docs/planner.md#calibration)\n")
     s = summary(preds)
     print(markdown(preds))
     print()

@@ -13,6 +13,9 @@ per setting, whether the schedules come out in the measured order.
 ``zb_runtime_inputs(model, costs, p, limit)``: what the ZB runtime gives its automatic scheduler
 (ZB-1p, ZB-2p rows are generated from these, then timed with the planner's costs);
 ``row_problem(row)``: the planner's problem and schedule family of a row.
+``post_validation_iteration_ms(schedule, costs, step_ms)``: the iteration of the ZB runtime's
+back-to-back iterations without a barrier (its optimizer post-validation; ``predict(...,
+post_validation=True)``): an analysis, not the calibration's iteration (docs/planner.md#calibration).
 
 Sources (docs/planner.md#calibration): Qi et al., "Zero Bubble Pipeline Parallelism" — the ICLR 2024
 version's Table 3 (settings), Table 4 (throughput and memory of 1F1B, 1F1B-I, ZB-1p, ZB-2p) and
@@ -34,8 +37,8 @@ from .hardware import GiB, Hardware, get_hardware
 from .presets import get_model
 
 __all__ = ["MeasuredRow", "Prediction", "MEASURED", "PROFILED_MS", "FIT_MODEL", "SCHEDULE_FAMILIES", "RUNTIME_OF",
-           "RUNTIME_P2P_EXPOSED", "RUNTIME_GENERATES", "MEASUREMENT_TIE", "predict", "compare", "ranking_agrees",
-           "row_problem", "zb_runtime_inputs"]
+           "RUNTIME_P2P_EXPOSED", "RUNTIME_GENERATES", "RUNTIME_POST_VALIDATION", "MEASUREMENT_TIE", "predict",
+           "compare", "ranking_agrees", "row_problem", "zb_runtime_inputs", "post_validation_iteration_ms"]
 
 #: The paper's schedule names → (registry schedule, chunks v, memory limit in multiples of 1F1B's).
 SCHEDULE_FAMILIES: dict[str, tuple[str, int, float | None]] = {
@@ -65,6 +68,16 @@ RUNTIME_P2P_EXPOSED: dict[str, float] = {"megatron": 1.0, "zb": 0.0}
 #: generated from the runtime's inputs and timed with the planner's per-stage costs (a rule for the
 #: rows, not a factor; the planner's own zb-auto is unchanged).
 RUNTIME_GENERATES: frozenset[str] = frozenset({"ZB-1p", "ZB-2p"})
+#: The runtimes that replace the optimizer's synchronisation over all ranks with a validation after
+#: the update ("optimizer post-validation", ``--enable-optimizer-post-validation``, on in the paper's
+#: runs): the ZB runtime's ``pre_step`` (``megatron/optimizer/optimizer.py``, branch ``arxiv``) reduces
+#: the grad norm and inf flag along the pipeline, rank r waiting only for rank r − 1, and steps at
+#: once; the next iteration's warm-up forwards run up to a ``POST_VALIDATION`` node before the first
+#: B (``auto_schedule.py``), where the fully reduced result comes back up the pipeline. No rank waits
+#: for all ranks to finish: an iteration's warm-up overlaps the previous one's tail
+#: (:func:`post_validation_iteration_ms`). Megatron's own optimizer step all-reduces the grad norm: a
+#: barrier, which the planner's iteration (makespan + step) is.
+RUNTIME_POST_VALIDATION: frozenset[str] = frozenset({"zb"})
 #: Two measured throughputs closer than this are a tie: the paper prints 2–3 significant digits
 #: (1.84 against 1.85 is half a unit of the last digit apart, 0.5%, from rounding alone), and its own
 #: repeated settings move by more: ZB-2p* at 14.6B/24 GPUs reads 1.84, 1.84, 1.85 while m doubles.
@@ -207,12 +220,16 @@ class Prediction:
                 "fits": self.fits, "note": r.note}
 
 
-def predict(row: MeasuredRow, hardware: str | Hardware = "a100-80g") -> Prediction:
+def predict(row: MeasuredRow, hardware: str | Hardware = "a100-80g", post_validation: bool = False) -> Prediction:
     """The planner's prediction of one measured configuration.
 
     Args:
         row: the measured run: model preset, GPUs (all pipeline stages), microbatch size, m, schedule.
         hardware: a profile name, file or :class:`Hardware`.
+        post_validation: for the rows of a runtime in :data:`RUNTIME_POST_VALIDATION`, the iteration
+            is the steady one of back-to-back iterations without the barrier
+            (:func:`post_validation_iteration_ms`) instead of the planner's makespan + step. Off by
+            default: the calibration's figures are the planner's iteration (docs/planner.md#calibration).
 
     Returns:
         A :class:`Prediction`: throughput in samples per GPU per second, iteration, MFU, the
@@ -228,7 +245,9 @@ def predict(row: MeasuredRow, hardware: str | Hardware = "a100-80g") -> Predicti
     the ZB runtime generates itself (:data:`RUNTIME_GENERATES`), the order its inputs give
     (:func:`zb_runtime_inputs`), timed with the planner's per-stage costs; the iteration, MFU and
     throughput are the planner's configuration's, the step after the pipeline included
-    (:func:`pipeoffload.planner.step.step_after_pipeline`, the one implementation of it).
+    (:func:`pipeoffload.planner.step.step_after_pipeline`, the one implementation of it) — with
+    ``post_validation``, the ZB runtime's rows' iteration (and MFU, throughput) are the back-to-back
+    one instead; memory is the same either way (a rank starts the next iteration after its own last op).
     """
     from ..planner.config import assemble
     from ..planner.space import Split
@@ -236,8 +255,11 @@ def predict(row: MeasuredRow, hardware: str | Hardware = "a100-80g") -> Predicti
     problem, family = row_problem(row, hardware)
     sim = _simulate_exactly(problem, Split(1, row.gpus, 1), family, row.m, zb_runtime=row.schedule in RUNTIME_GENERATES)
     cfg = assemble(problem, sim)
-    it_s = cfg.iteration_ms / 1e3
-    return Prediction(row, row.m * row.microbatch / (it_s * row.gpus), it_s, cfg.mfu, cfg.memory.device / GiB,
+    it_s, mfu = cfg.iteration_ms / 1e3, cfg.mfu
+    if post_validation and row.runtime in RUNTIME_POST_VALIDATION:
+        it_s = post_validation_iteration_ms(sim.schedule, sim.sharded.costs, cfg.step_ms) / 1e3
+        mfu = cfg.mfu * cfg.iteration_ms / 1e3 / it_s
+    return Prediction(row, row.m * row.microbatch / (it_s * row.gpus), it_s, mfu, cfg.memory.device / GiB,
                       problem.hardware.reserved(cfg.memory.device) / GiB, cfg.fits, cfg.step_ms / 1e3)
 
 
@@ -335,9 +357,97 @@ def _simulate_exactly(problem: Any, split: Any, family: Any, m: int, zb_runtime:
                      list(tl.busy()), list(tl.peak_memory()), 0.0, m, False)
 
 
-def compare(rows: Sequence[MeasuredRow] = MEASURED, hardware: str | Hardware = "a100-80g") -> list[Prediction]:
+def post_validation_iteration_ms(schedule: Any, costs: Any, step_ms: float, iterations: int = 3) -> float:
+    """The steady iteration (ms) of ``schedule`` run back to back under optimizer post-validation
+    (:data:`RUNTIME_POST_VALIDATION`): no barrier between iterations.
+
+    Each rank starts its step after the pipeline (``step_ms``, every rank) once its own last op has
+    ended and rank r − 1 has started its step (the reduction along the pipeline), then runs the next
+    iteration's ops; the next iteration's first B or W on any rank waits for every rank's step to have
+    started (the validation coming back up the pipeline, before the first B). Hops are on the
+    dependency (``costs.comm``; ``p2p_exposed = 0``, the ZB runtime's P2P). One iteration alone is the
+    planner's makespan + step; the result is the last of ``iterations`` iterations' spacing.
+
+    Args:
+        schedule: a compute-only schedule (F, B, W or BW per rank).
+        costs: its per-stage :class:`~pipeoffload.costs.Costs` (ms).
+        step_ms: the step after the pipeline.
+        iterations: iterations simulated (at least 2).
+
+    Returns:
+        The distance between the last two iterations' ends, ms.
+
+    Raises:
+        ParameterError: ``iterations`` < 2 or ``step_ms`` < 0. ScheduleError: the order deadlocks.
+
+    Guarantees: never longer than the makespan + ``step_ms`` (the barrier only adds waits).
+    """
+    from ..errors import ParameterError
+
+    if iterations < 2:
+        raise ParameterError("iterations", f"needs at least 2 to measure a spacing, got {iterations}")
+    if not step_ms >= 0:
+        raise ParameterError("step_ms", f"must be >= 0, got {step_ms}")
+    p = schedule.num_ranks
+    free, ends, barrier = [0.0] * p, [], 0.0
+    for k in range(iterations):
+        last = _timed_iteration(schedule, costs, k, free, barrier)
+        starts: list[float] = []
+        for r in range(p):  # the grad-norm / inf reduction runs down the pipeline, then each rank steps
+            starts.append(max(last[r], starts[-1] if starts else 0.0))
+            free[r] = starts[r] + step_ms
+        barrier = starts[-1]
+        ends.append(max(free))
+    return ends[-1] - ends[-2]
+
+
+def _timed_iteration(schedule: Any, costs: Any, k: int, free: list[float], barrier: float) -> list[float]:
+    """Iteration ``k`` of :func:`post_validation_iteration_ms`: every rank's ops in order from
+    ``free[r]`` (updated), B and W not before ``barrier``; returns each rank's last end."""
+    from ..errors import ScheduleError
+    from ..ir import OpKind
+
+    pl, m, comm = schedule.placement, schedule.num_microbatches, costs.comm
+    dur, last_stage = costs.duration_table(pl), pl.num_stages - 1
+    fwd: dict[tuple[int, int], float] = {}
+    grad: dict[tuple[int, int], float] = {}
+    orders = [[o for o in ops if o.kind.is_compute] for ops in schedule.ranks]
+    ptr, last = [0] * len(orders), list(free)
+    moved = True
+    while moved:
+        moved = False
+        for r, ops in enumerate(orders):
+            while ptr[r] < len(ops):
+                o = ops[ptr[r]]
+                s, mb = o.stage, o.microbatch + k * m
+                if o.kind is OpKind.F:
+                    dep, table = (s - 1, mb), fwd
+                elif o.kind is OpKind.W:
+                    dep, table = (s, mb), grad
+                else:
+                    dep, table = ((s, mb), fwd) if s == last_stage else ((s + 1, mb), grad)
+                if s == 0 and o.kind is OpKind.F:
+                    t = free[r]
+                elif dep in table:
+                    t = max(free[r], table[dep] + (comm if pl.rank_of(dep[0]) != r else 0.0))
+                else:
+                    break
+                if o.kind is not OpKind.F:
+                    t = max(t, barrier)
+                free[r] = last[r] = t + dur[s][o.kind]
+                if o.kind is not OpKind.W:  # W feeds nothing
+                    (fwd if o.kind is OpKind.F else grad)[(s, mb)] = free[r]
+                ptr[r] += 1
+                moved = True
+    if any(ptr[r] < len(ops) for r, ops in enumerate(orders)):
+        raise ScheduleError(f"{schedule.name}: the order deadlocks when iterations run back to back")
+    return last
+
+
+def compare(rows: Sequence[MeasuredRow] = MEASURED, hardware: str | Hardware = "a100-80g",
+            post_validation: bool = False) -> list[Prediction]:
     """:func:`predict` for every row."""
-    return [predict(r, hardware) for r in rows]
+    return [predict(r, hardware, post_validation) for r in rows]
 
 
 def ranking_agrees(preds: Sequence[Prediction], tie: float = 0.0) -> dict[str, bool]:
