@@ -257,7 +257,8 @@ def predict(row: MeasuredRow, hardware: str | Hardware = "a100-80g", post_valida
     cfg = assemble(problem, sim)
     it_s, mfu = cfg.iteration_ms / 1e3, cfg.mfu
     if post_validation and row.runtime in RUNTIME_POST_VALIDATION:
-        it_s = post_validation_iteration_ms(sim.schedule, sim.sharded.costs, cfg.step_ms) / 1e3
+        step = cfg.step
+        it_s = post_validation_iteration_ms(sim.schedule, sim.sharded.costs, step.optimizer_ms, step.embedding_ms) / 1e3
         mfu = cfg.mfu * cfg.iteration_ms / 1e3 / it_s
     return Prediction(row, row.m * row.microbatch / (it_s * row.gpus), it_s, mfu, cfg.memory.device / GiB,
                       problem.hardware.reserved(cfg.memory.device) / GiB, cfg.fits, cfg.step_ms / 1e3)
@@ -357,53 +358,81 @@ def _simulate_exactly(problem: Any, split: Any, family: Any, m: int, zb_runtime:
                      list(tl.busy()), list(tl.peak_memory()), 0.0, m, False)
 
 
-def post_validation_iteration_ms(schedule: Any, costs: Any, step_ms: float, iterations: int = 3) -> float:
+def post_validation_iteration_ms(schedule: Any, costs: Any, optimizer_ms: float, embedding_ms: float = 0.0,
+                                 iterations: int = 3) -> float:
     """The steady iteration (ms) of ``schedule`` run back to back under optimizer post-validation
     (:data:`RUNTIME_POST_VALIDATION`): no barrier between iterations.
 
-    Each rank starts its step after the pipeline (``step_ms``, every rank) once its own last op has
-    ended and rank r − 1 has started its step (the reduction along the pipeline), then runs the next
-    iteration's ops; the next iteration's first B or W on any rank waits for every rank's step to have
-    started (the validation coming back up the pipeline, before the first B). Hops are on the
-    dependency (``costs.comm``; ``p2p_exposed = 0``, the ZB runtime's P2P). One iteration alone is the
-    planner's makespan + step; the result is the last of ``iterations`` iterations' spacing.
+    Each rank steps its optimizer (``optimizer_ms``) once its own last op has ended and rank r − 1 has
+    started its step (the reduction along the pipeline), then runs the next iteration's ops; the next
+    iteration's first B or W on any rank waits for every rank's step to have started (the validation
+    coming back up the pipeline, before the first B). With a tied embedding on two ranks
+    (``embedding_ms`` > 0 and the first and last stage on different ranks), both launch its gradient
+    all-reduce when their weight-gradient store is cleared (the first W after which only W remain, or
+    microbatch m − 1's: ``WeightGradStore.clear``) and wait for it before their step. Hops are on the
+    dependency (``costs.comm``; ``p2p_exposed = 0``, the ZB runtime's P2P). One iteration alone without
+    a tied embedding is the planner's makespan + step.
 
     Args:
         schedule: a compute-only schedule (F, B, W or BW per rank).
         costs: its per-stage :class:`~pipeoffload.costs.Costs` (ms).
-        step_ms: the step after the pipeline.
+        optimizer_ms: the optimizer step (every rank).
+        embedding_ms: the tied embedding's gradient all-reduce (0: none).
         iterations: iterations simulated (at least 2).
 
     Returns:
         The distance between the last two iterations' ends, ms.
 
     Raises:
-        ParameterError: ``iterations`` < 2 or ``step_ms`` < 0. ScheduleError: the order deadlocks.
+        ParameterError: ``iterations`` < 2, or ``optimizer_ms`` or ``embedding_ms`` < 0.
+        ScheduleError: the order deadlocks.
 
-    Guarantees: never longer than the makespan + ``step_ms`` (the barrier only adds waits).
+    Guarantees: never longer than the makespan + ``optimizer_ms`` + ``embedding_ms`` (the planner's
+    iteration, a barrier: it only adds waits).
     """
     from ..errors import ParameterError
 
     if iterations < 2:
         raise ParameterError("iterations", f"needs at least 2 to measure a spacing, got {iterations}")
-    if not step_ms >= 0:
-        raise ParameterError("step_ms", f"must be >= 0, got {step_ms}")
-    p = schedule.num_ranks
+    for name, v in (("optimizer_ms", optimizer_ms), ("embedding_ms", embedding_ms)):
+        if not v >= 0:
+            raise ParameterError(name, f"must be >= 0, got {v}")
+    p, pl = schedule.num_ranks, schedule.placement
+    tied = (pl.rank_of(0), pl.rank_of(pl.num_stages - 1)) if embedding_ms > 0 else (0, 0)
     free, ends, barrier = [0.0] * p, [], 0.0
     for k in range(iterations):
-        last = _timed_iteration(schedule, costs, k, free, barrier)
+        last, clear = _timed_iteration(schedule, costs, k, free, barrier)
+        if tied[0] != tied[1]:  # both ranks wait for the all-reduce both launched
+            done = max(clear[tied[0]], clear[tied[1]]) + embedding_ms
+            last[tied[0]], last[tied[1]] = max(last[tied[0]], done), max(last[tied[1]], done)
         starts: list[float] = []
         for r in range(p):  # the grad-norm / inf reduction runs down the pipeline, then each rank steps
             starts.append(max(last[r], starts[-1] if starts else 0.0))
-            free[r] = starts[r] + step_ms
+            free[r] = starts[r] + optimizer_ms
         barrier = starts[-1]
         ends.append(max(free))
     return ends[-1] - ends[-2]
 
 
-def _timed_iteration(schedule: Any, costs: Any, k: int, free: list[float], barrier: float) -> list[float]:
+def _clear_index(ops: list, m: int) -> int:
+    """Where the ZB runtime clears a rank's weight-gradient store: the first W of microbatch m − 1 or
+    after which only W remain (``schedule_w``)."""
+    from ..ir import OpKind
+
+    rest_all_w = len(ops)
+    for i in range(len(ops) - 1, -1, -1):
+        if ops[i].kind is not OpKind.W:
+            break
+        rest_all_w = i
+    return next((i for i, o in enumerate(ops) if o.kind is OpKind.W and (o.microbatch == m - 1 or i >= rest_all_w)),
+                len(ops))
+
+
+def _timed_iteration(schedule: Any, costs: Any, k: int, free: list[float],
+                     barrier: float) -> tuple[list[float], list[float]]:
     """Iteration ``k`` of :func:`post_validation_iteration_ms`: every rank's ops in order from
-    ``free[r]`` (updated), B and W not before ``barrier``; returns each rank's last end."""
+    ``free[r]`` (updated), B and W not before ``barrier``; returns each rank's last end and the start
+    of its weight-gradient store's clearing (:func:`_clear_index`; its last end if it has none)."""
     from ..errors import ScheduleError
     from ..ir import OpKind
 
@@ -412,7 +441,8 @@ def _timed_iteration(schedule: Any, costs: Any, k: int, free: list[float], barri
     fwd: dict[tuple[int, int], float] = {}
     grad: dict[tuple[int, int], float] = {}
     orders = [[o for o in ops if o.kind.is_compute] for ops in schedule.ranks]
-    ptr, last = [0] * len(orders), list(free)
+    at = [_clear_index(ops, m) for ops in orders]
+    ptr, last, clear = [0] * len(orders), list(free), [0.0] * len(orders)
     moved = True
     while moved:
         moved = False
@@ -434,6 +464,8 @@ def _timed_iteration(schedule: Any, costs: Any, k: int, free: list[float], barri
                     break
                 if o.kind is not OpKind.F:
                     t = max(t, barrier)
+                if ptr[r] == at[r]:
+                    clear[r] = t
                 free[r] = last[r] = t + dur[s][o.kind]
                 if o.kind is not OpKind.W:  # W feeds nothing
                     (fwd if o.kind is OpKind.F else grad)[(s, mb)] = free[r]
@@ -441,7 +473,7 @@ def _timed_iteration(schedule: Any, costs: Any, k: int, free: list[float], barri
                 moved = True
     if any(ptr[r] < len(ops) for r, ops in enumerate(orders)):
         raise ScheduleError(f"{schedule.name}: the order deadlocks when iterations run back to back")
-    return last
+    return last, [c if at[r] < len(orders[r]) else last[r] for r, c in enumerate(clear)]
 
 
 def compare(rows: Sequence[MeasuredRow] = MEASURED, hardware: str | Hardware = "a100-80g",
