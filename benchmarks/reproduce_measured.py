@@ -10,6 +10,12 @@ whether each setting's schedules come out in the measured order. Rows, sources a
 
     python benchmarks/reproduce_measured.py [--hardware a100-80g] [--json FILE] [--set FIELD=VALUE]
     python benchmarks/reproduce_measured.py --extrapolation   # the planner's m extrapolation vs exact
+    python benchmarks/reproduce_measured.py --authors PATH    # ZB-1p/2p orders against the authors' scheduler
+    python benchmarks/reproduce_measured.py --post-validation # the ZB rows back to back, without the barrier
+
+PATH for ``--authors``: a checkout of sail-sg/zero-bubble-pipeline-parallelism at branch ``arxiv`` (the
+paper's version; its ``megatron/core/pipeline_parallel/auto_schedule.py`` is imported from there with a
+stub for ``pulp``, which the heuristic does not use; torch and numpy must be importable).
 """
 
 from __future__ import annotations
@@ -94,6 +100,61 @@ def extrapolation(ms: tuple[int, ...] = (8, 16, 24, 32, 48, 64, 96, 128)) -> str
     return "\n".join(lines)
 
 
+def _load_authors_auto_schedule(path: str):
+    """The authors' ``auto_schedule`` module from a checkout (or the file itself) at ``path``."""
+    import importlib.util
+    import types
+
+    f = Path(path)
+    if f.is_dir():
+        f = f / "megatron/core/pipeline_parallel/auto_schedule.py"
+    pulp = types.ModuleType("pulp")  # only the ILP (disabled in their auto_schedule) needs the solver
+    pulp.value = lambda x: x  # type: ignore[attr-defined]
+    for name in ("LpMinimize", "LpProblem", "LpStatus", "LpVariable", "lpDot", "lpSum", "constants"):
+        setattr(pulp, name, None)
+    sys.modules.setdefault("pulp", pulp)
+    sys.modules.setdefault("pulp.constants", types.ModuleType("pulp.constants"))
+    spec = importlib.util.spec_from_file_location("zb_authors_auto_schedule", f)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    return mod
+
+
+def authors_check(path: str) -> str:
+    """For every measured ZB-1p / ZB-2p configuration: the authors' heuristic (``initial_solution``,
+    what their ``auto_schedule`` runs) on :func:`~pipeoffload.costmodel.measured.zb_runtime_inputs`,
+    each rank's ops in the order of their completion times (their ``ilp_results``), against the order
+    ``predict`` times; with its bubble on the planner's per-stage costs."""
+    from pipeoffload.costmodel.measured import RUNTIME_GENERATES, _simulate_exactly, row_problem, zb_runtime_inputs
+    from pipeoffload.planner.space import Split
+
+    mod = _load_authors_auto_schedule(path)
+    lines = ["| setting | schedule | m | b | orders | bubble ms (makespan − busiest rank) |",
+             "|---|---|---|---|---|---|"]
+    seen, same = set(), 0
+    for r in MEASURED:
+        key = (r.model, r.gpus, r.microbatch, r.m, r.schedule)
+        if r.schedule not in RUNTIME_GENERATES or key in seen:
+            continue
+        seen.add(key)
+        problem, family = row_problem(r)
+        sim = _simulate_exactly(problem, Split(1, r.gpus, 1), family, r.m, zb_runtime=True)
+        inp = zb_runtime_inputs(problem.model, sim.sharded.costs, r.gpus, float(family.limit))
+        c, mem = inp["costs"], inp["memory"]
+        cfg = mod.GraphConfig(mem_f=mem.F, mem_b=mem.B, mem_w=mem.W, max_mem=inp["mem_limit"], cost_f=int(c.F),
+                              cost_b=int(c.B), cost_w=int(c.W), cost_comm=int(c.comm), print_scaling=1000)
+        graph = mod.Graph.build_graph(r.gpus, r.m, cfg)
+        _, _, end = mod.initial_solution(graph, print_result=False)
+        theirs = [sorted(((k, s, i) for k in range(3) for i in range(r.m)), key=lambda n: end[graph.get_id(*n)])
+                  for s in range(r.gpus)]
+        ours = [[("FBW".index(op.kind.name), op.stage, op.microbatch) for op in ops] for ops in sim.schedule.ranks]
+        same += ours == theirs
+        lines.append(f"| {r.model}, {r.gpus} GPUs | {r.schedule} | {r.m} | {r.microbatch} | "
+                     f"{'identical' if ours == theirs else 'DIFFERENT'} | {sim.makespan - max(sim.busy):.1f} |")
+    lines.append(f"\n{same} of {len(seen)} configurations: our order is the authors' scheduler's")
+    return "\n".join(lines)
+
+
 def summary(preds: list[Prediction]) -> dict:
     def worst(rows: list[Prediction], attr: str) -> float:
         errs = [abs(getattr(p, attr)) for p in rows if getattr(p, attr) is not None]
@@ -115,7 +176,15 @@ def main() -> int:
                     help="override a profile field (a Hardware attribute, e.g. p2p_exposed=0.5): sensitivity")
     ap.add_argument("--extrapolation", action="store_true",
                     help="only compare the planner's microbatch extrapolation with exact simulations (m = 8..128)")
+    ap.add_argument("--authors", metavar="PATH",
+                    help="only check the ZB-1p/2p rows' orders against the authors' scheduler at PATH (branch arxiv)")
+    ap.add_argument("--post-validation", action="store_true",
+                    help="time the ZB runtime's rows back to back without the barrier between iterations "
+                         "(its optimizer post-validation; an analysis, not the calibration's figures)")
     args = ap.parse_args()
+    if args.authors:
+        print(authors_check(args.authors))
+        return 0
     if args.extrapolation:
         print(extrapolation())
         return 0
@@ -124,7 +193,10 @@ def main() -> int:
         key, _, value = item.partition("=")
         hw = dataclasses.replace(hw, **{key: type(getattr(hw, key))(value) if getattr(hw, key) is not None
                                         else float(value)})
-    preds = compare(MEASURED, hw)
+    preds = compare(MEASURED, hw, post_validation=args.post_validation)
+    if args.post_validation:
+        print("ZB runtime rows timed back to back under optimizer post-validation (no barrier between "
+              "iterations); not the calibration's figures (docs/planner.md#calibration)\n")
     s = summary(preds)
     print(markdown(preds))
     print()

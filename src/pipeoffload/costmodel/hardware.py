@@ -252,8 +252,8 @@ def _hgx(peak_tflops: float, hbm_tbs: float, tp_busbw_gbs: float, nic_gbs: float
 
 #: What the A100 profile's figures were checked against (benchmarks/reproduce_measured.py,
 #: docs/planner.md#calibration): the largest relative error over the ZB paper's measured rows.
-A100_THROUGHPUT_ERROR = 0.0981
-A100_MEMORY_ERROR = 0.069
+A100_THROUGHPUT_ERROR = 0.1005
+A100_MEMORY_ERROR = 0.060
 A100_CALIBRATION = (f"±{A100_THROUGHPUT_ERROR:.1%} throughput, ±{A100_MEMORY_ERROR:.1%} peak memory on the ZB "
                     "paper's measured A100 rows")
 

@@ -10,6 +10,12 @@ planner's, the step after the pipeline (``planner.step``: optimizer step, tied-e
 all-reduce) included.
 ``compare(rows=MEASURED, hardware="a100-80g") -> list[Prediction]``; ``ranking_agrees(preds)``:
 per setting, whether the schedules come out in the measured order.
+``zb_runtime_inputs(model, costs, p, limit)``: what the ZB runtime gives its automatic scheduler
+(ZB-1p, ZB-2p rows are generated from these, then timed with the planner's costs);
+``row_problem(row)``: the planner's problem and schedule family of a row.
+``post_validation_iteration_ms(schedule, costs, step_ms)``: the iteration of the ZB runtime's
+back-to-back iterations without a barrier (its optimizer post-validation; ``predict(...,
+post_validation=True)``): an analysis, not the calibration's iteration (docs/planner.md#calibration).
 
 Sources (docs/planner.md#calibration): Qi et al., "Zero Bubble Pipeline Parallelism" — the ICLR 2024
 version's Table 3 (settings), Table 4 (throughput and memory of 1F1B, 1F1B-I, ZB-1p, ZB-2p) and
@@ -31,7 +37,8 @@ from .hardware import GiB, Hardware, get_hardware
 from .presets import get_model
 
 __all__ = ["MeasuredRow", "Prediction", "MEASURED", "PROFILED_MS", "FIT_MODEL", "SCHEDULE_FAMILIES", "RUNTIME_OF",
-           "RUNTIME_P2P_EXPOSED", "MEASUREMENT_TIE", "predict", "compare", "ranking_agrees"]
+           "RUNTIME_P2P_EXPOSED", "RUNTIME_GENERATES", "RUNTIME_POST_VALIDATION", "MEASUREMENT_TIE", "predict",
+           "compare", "ranking_agrees", "row_problem", "zb_runtime_inputs", "post_validation_iteration_ms"]
 
 #: The paper's schedule names → (registry schedule, chunks v, memory limit in multiples of 1F1B's).
 SCHEDULE_FAMILIES: dict[str, tuple[str, int, float | None]] = {
@@ -53,6 +60,24 @@ RUNTIME_OF: dict[str, str] = {"1F1B": "megatron", "1F1B-I": "megatron", "ZB-1p":
 #: latter: receives posted ahead, ``isend`` waited at the end of the step; so does the planner's
 #: ``a100-80g`` profile, ``p2p_exposed = 0``.)
 RUNTIME_P2P_EXPOSED: dict[str, float] = {"megatron": 1.0, "zb": 0.0}
+#: The ZB runtime does not run a schedule the planner would make: it runs the authors' automatic
+#: scheduler once, on its own inputs (:func:`zb_runtime_inputs`), and executes that order. Our
+#: ``zb-auto`` is the same heuristic (on equal inputs the same orders: docs/planner.md#calibration),
+#: but the planner feeds it per-stage costs and the byte memory model; a measured ZB-1p / ZB-2p row is
+#: a measurement of the order the runtime's inputs give. Every row of these schedules is therefore
+#: generated from the runtime's inputs and timed with the planner's per-stage costs (a rule for the
+#: rows, not a factor; the planner's own zb-auto is unchanged).
+RUNTIME_GENERATES: frozenset[str] = frozenset({"ZB-1p", "ZB-2p"})
+#: The runtimes that replace the optimizer's synchronisation over all ranks with a validation after
+#: the update ("optimizer post-validation", ``--enable-optimizer-post-validation``, on in the paper's
+#: runs): the ZB runtime's ``pre_step`` (``megatron/optimizer/optimizer.py``, branch ``arxiv``) reduces
+#: the grad norm and inf flag along the pipeline, rank r waiting only for rank r − 1, and steps at
+#: once; the next iteration's warm-up forwards run up to a ``POST_VALIDATION`` node before the first
+#: B (``auto_schedule.py``), where the fully reduced result comes back up the pipeline. No rank waits
+#: for all ranks to finish: an iteration's warm-up overlaps the previous one's tail
+#: (:func:`post_validation_iteration_ms`). Megatron's own optimizer step all-reduces the grad norm: a
+#: barrier, which the planner's iteration (makespan + step) is.
+RUNTIME_POST_VALIDATION: frozenset[str] = frozenset({"zb"})
 #: Two measured throughputs closer than this are a tie: the paper prints 2–3 significant digits
 #: (1.84 against 1.85 is half a unit of the last digit apart, 0.5%, from rounding alone), and its own
 #: repeated settings move by more: ZB-2p* at 14.6B/24 GPUs reads 1.84, 1.84, 1.85 while m doubles.
@@ -191,15 +216,20 @@ class Prediction:
                 "predicted_reserved_gib": self.reserved_gib, "predicted_allocated_gib": self.allocated_gib,
                 "memory_error": self.memory_error, "iteration_s": self.iteration_s, "step_s": self.step_s,
                 "mfu": self.mfu, "runtime": r.runtime,
+                "order_from": "zb runtime's inputs" if r.schedule in RUNTIME_GENERATES else "planner's inputs",
                 "fits": self.fits, "note": r.note}
 
 
-def predict(row: MeasuredRow, hardware: str | Hardware = "a100-80g") -> Prediction:
+def predict(row: MeasuredRow, hardware: str | Hardware = "a100-80g", post_validation: bool = False) -> Prediction:
     """The planner's prediction of one measured configuration.
 
     Args:
         row: the measured run: model preset, GPUs (all pipeline stages), microbatch size, m, schedule.
         hardware: a profile name, file or :class:`Hardware`.
+        post_validation: for the rows of a runtime in :data:`RUNTIME_POST_VALIDATION`, the iteration
+            is the steady one of back-to-back iterations without the barrier
+            (:func:`post_validation_iteration_ms`) instead of the planner's makespan + step. Off by
+            default: the calibration's figures are the planner's iteration (docs/planner.md#calibration).
 
     Returns:
         A :class:`Prediction`: throughput in samples per GPU per second, iteration, MFU, the
@@ -211,14 +241,39 @@ def predict(row: MeasuredRow, hardware: str | Hardware = "a100-80g") -> Predicti
     Guarantees: the configuration is the paper's — pure PP (TP = DP = 1), the first and last stage
     one layer shorter, 1F1B-I with one layer per chunk, no recompute, no offload — simulated at its
     own m (no extrapolation), with the P2P of the runtime that measured it
-    (:data:`RUNTIME_P2P_EXPOSED`; the profile's ``p2p_exposed`` is replaced); the iteration, MFU and
+    (:data:`RUNTIME_P2P_EXPOSED`; the profile's ``p2p_exposed`` is replaced) and, for the schedules
+    the ZB runtime generates itself (:data:`RUNTIME_GENERATES`), the order its inputs give
+    (:func:`zb_runtime_inputs`), timed with the planner's per-stage costs; the iteration, MFU and
     throughput are the planner's configuration's, the step after the pipeline included
-    (:func:`pipeoffload.planner.step.step_after_pipeline`, the one implementation of it).
+    (:func:`pipeoffload.planner.step.step_after_pipeline`, the one implementation of it) — with
+    ``post_validation``, the ZB runtime's rows' iteration (and MFU, throughput) are the back-to-back
+    one instead; memory is the same either way (a rank starts the next iteration after its own last op).
+    """
+    from ..planner.config import assemble
+    from ..planner.space import Split
+
+    problem, family = row_problem(row, hardware)
+    sim = _simulate_exactly(problem, Split(1, row.gpus, 1), family, row.m, zb_runtime=row.schedule in RUNTIME_GENERATES)
+    cfg = assemble(problem, sim)
+    it_s, mfu = cfg.iteration_ms / 1e3, cfg.mfu
+    if post_validation and row.runtime in RUNTIME_POST_VALIDATION:
+        step = cfg.step
+        it_s = post_validation_iteration_ms(sim.schedule, sim.sharded.costs, step.optimizer_ms, step.embedding_ms) / 1e3
+        mfu = cfg.mfu * cfg.iteration_ms / 1e3 / it_s
+    return Prediction(row, row.m * row.microbatch / (it_s * row.gpus), it_s, mfu, cfg.memory.device / GiB,
+                      problem.hardware.reserved(cfg.memory.device) / GiB, cfg.fits, cfg.step_ms / 1e3)
+
+
+def row_problem(row: MeasuredRow, hardware: str | Hardware = "a100-80g") -> tuple[Any, Any]:
+    """The planner's :class:`~pipeoffload.planner.space.Problem` and
+    :class:`~pipeoffload.planner.space.Family` of one measured row (see :func:`predict`).
+
+    Raises:
+        ParameterError: an unknown model, schedule or hardware.
     """
     from ..errors import ParameterError
-    from ..planner.config import assemble
     from ..planner.sharding import node_profile
-    from ..planner.space import Family, PlanOptions, Problem, Split
+    from ..planner.space import Family, PlanOptions, Problem
 
     if row.schedule not in SCHEDULE_FAMILIES:
         raise ParameterError("schedule", f"unknown schedule {row.schedule!r}; valid: {', '.join(SCHEDULE_FAMILIES)}")
@@ -230,31 +285,201 @@ def predict(row: MeasuredRow, hardware: str | Hardware = "a100-80g") -> Predicti
     # The paper's split: the first and last stage (chunk) one layer shorter (embedding, loss).
     problem = Problem(model, hw, node_profile(hw), hw.default_budget, row.m * row.microbatch, row.gpus,
                       PlanOptions(dp_sharding="none", trim_edges=True))
-    sim = _simulate_exactly(problem, Split(1, row.gpus, 1), Family(name, v, limit=limit), row.m)
-    cfg = assemble(problem, sim)
-    it_s = cfg.iteration_ms / 1e3
-    return Prediction(row, row.m * row.microbatch / (it_s * row.gpus), it_s, cfg.mfu, cfg.memory.device / GiB,
-                      hw.reserved(cfg.memory.device) / GiB, cfg.fits, cfg.step_ms / 1e3)
+    return problem, Family(name, v, limit=limit)
 
 
-def _simulate_exactly(problem: Any, split: Any, family: Any, m: int) -> Any:
+def zb_runtime_inputs(model: Any, costs: Any, p: int, limit: float) -> dict[str, Any]:
+    """What the ZB runtime gives its automatic scheduler for a ``p``-rank loop pipeline.
+
+    Read from the authors' code of the paper's version (sail-sg/zero-bubble-pipeline-parallelism,
+    branch ``arxiv``, ``megatron/core/pipeline_parallel/zb_schedules.py``): ``update_schedule``
+    gathers every rank's profiled mean F, B, W (ms), takes each one's upper median over the ranks
+    and passes them with the measured hop as whole microseconds (``max(int(t * 1000), 1)``), the
+    same on every stage; ``get_zero_bubble_forward_backward_func`` gives the memory model
+    F +(34h + 5as), W −32h, B the rest per stage and ``max_mem`` = ``--zero-bubble-max-pending-backward``
+    (p for ZB-1p, 2p for ZB-2p) forwards.
+
+    Args:
+        model: the :class:`~.model.ModelSpec` (``hidden``, ``heads``, ``seq``).
+        costs: the per-stage :class:`~pipeoffload.costs.Costs` the ranks would profile (ms).
+        p: pipeline ranks (one stage each).
+        limit: the memory limit in multiples of ``p`` forwards (1.0: ZB-1p, 2.0: ZB-2p).
+
+    Returns:
+        ``costs``, ``memory`` and ``mem_limit`` keyword arguments for ``ScheduleSpec("zb-auto", ...)``
+        (times in microseconds, memory in the runtime's units).
+
+    Raises:
+        ParameterError: ``p`` < 1 or ``limit`` ≤ 0.
+
+    Guarantees: whole microseconds as the runtime's: the heuristic compares sums of durations, and
+    its ties are then exact (fed the same medians in float milliseconds, the 1.5B model's ZB-1p at
+    m = 64 comes out with 149 ms of bubble instead of the runtime order's 173).
+    """
+    from ..costs import Costs, MemoryDeltas
+    from ..errors import ParameterError
+    from ..ir import OpKind, Placement
+
+    if p < 1:
+        raise ParameterError("p", f"needs at least one rank, got {p}")
+    if not limit > 0:
+        raise ParameterError("limit", f"must be a positive multiple of p forwards, got {limit}")
+    table = costs.duration_table(Placement.loop(p))
+    med = [sorted(d[k] for d in table)[p // 2] for k in (OpKind.F, OpKind.B, OpKind.W)]
+    f, b, w, c = (max(int(t * 1000), 1) for t in (*med, costs.comm))
+    f_mem = 34 * model.hidden + 5 * model.heads * model.seq
+    w_mem = -32 * model.hidden
+    return {"costs": Costs(F=f, B=b, W=w, comm=c), "memory": MemoryDeltas(f_mem, -f_mem - w_mem, w_mem),
+            "mem_limit": limit * p * f_mem}
+
+
+def _simulate_exactly(problem: Any, split: Any, family: Any, m: int, zb_runtime: bool = False) -> Any:
     """The candidate simulated at its own m (the planner's search extrapolates from two smaller m;
-    a calibration must not carry that approximation's error)."""
+    a calibration must not carry that approximation's error); with ``zb_runtime`` (zb-auto only) the
+    order is generated from :func:`zb_runtime_inputs` instead of the planner's inputs."""
     from ..passes.lower import lower
     from ..planner.simulate import Simulated, Simulator
     from ..planner.space import placement_of
+    from ..schedules import ScheduleSpec, build
 
+    if zb_runtime and family.schedule != "zb-auto":
+        from ..errors import ParameterError
+
+        raise ParameterError("zb_runtime", f"the ZB runtime generates zb-auto orders only, not {family.schedule!r}")
     simulator = Simulator(problem)
     sh = simulator.costs.sharded(False, split.pp, family.v, split.tp, split.sp)
-    schedule = simulator.schedule(family, split.pp, m, False, split.tp, split.sp, split.dp)
+    if zb_runtime:
+        inputs = zb_runtime_inputs(problem.model, sh.costs, split.pp, float(family.limit))
+        schedule = build(ScheduleSpec(family.schedule, split.pp, m, **inputs), check=False)
+    else:
+        schedule = simulator.schedule(family, split.pp, m, False, split.tp, split.sp, split.dp)
     tl = lower(schedule, sh.costs, sh.memory, memory_unit="bytes", validated=True).timeline
     return Simulated(split, family, m, False, schedule, tl, sh, placement_of(family, split.pp), tl.makespan,
                      list(tl.busy()), list(tl.peak_memory()), 0.0, m, False)
 
 
-def compare(rows: Sequence[MeasuredRow] = MEASURED, hardware: str | Hardware = "a100-80g") -> list[Prediction]:
+def post_validation_iteration_ms(schedule: Any, costs: Any, optimizer_ms: float, embedding_ms: float = 0.0,
+                                 iterations: int = 3) -> float:
+    """The steady iteration (ms) of ``schedule`` run back to back under optimizer post-validation
+    (:data:`RUNTIME_POST_VALIDATION`): no barrier between iterations.
+
+    Each rank steps its optimizer (``optimizer_ms``) once its own last op has ended and rank r − 1 has
+    started its step (the reduction along the pipeline), then runs the next iteration's ops; the next
+    iteration's first B or W on any rank waits for every rank's step to have started (the validation
+    coming back up the pipeline, before the first B). With a tied embedding on two ranks
+    (``embedding_ms`` > 0 and the first and last stage on different ranks), both launch its gradient
+    all-reduce when their weight-gradient store is cleared (the first W after which only W remain, or
+    microbatch m − 1's: ``WeightGradStore.clear``) and wait for it before their step. Hops are on the
+    dependency (``costs.comm``; ``p2p_exposed = 0``, the ZB runtime's P2P). One iteration alone without
+    a tied embedding is the planner's makespan + step.
+
+    Args:
+        schedule: a compute-only schedule (F, B, W or BW per rank).
+        costs: its per-stage :class:`~pipeoffload.costs.Costs` (ms).
+        optimizer_ms: the optimizer step (every rank).
+        embedding_ms: the tied embedding's gradient all-reduce (0: none).
+        iterations: iterations simulated (at least 2).
+
+    Returns:
+        The distance between the last two iterations' ends, ms.
+
+    Raises:
+        ParameterError: ``iterations`` < 2, or ``optimizer_ms`` or ``embedding_ms`` < 0.
+        ScheduleError: the order deadlocks.
+
+    Guarantees: never longer than the makespan + ``optimizer_ms`` + ``embedding_ms`` (the planner's
+    iteration, a barrier: it only adds waits).
+    """
+    from ..errors import ParameterError
+
+    if iterations < 2:
+        raise ParameterError("iterations", f"needs at least 2 to measure a spacing, got {iterations}")
+    for name, v in (("optimizer_ms", optimizer_ms), ("embedding_ms", embedding_ms)):
+        if not v >= 0:
+            raise ParameterError(name, f"must be >= 0, got {v}")
+    p, pl = schedule.num_ranks, schedule.placement
+    tied = (pl.rank_of(0), pl.rank_of(pl.num_stages - 1)) if embedding_ms > 0 else (0, 0)
+    free, ends, barrier = [0.0] * p, [], 0.0
+    for k in range(iterations):
+        last, clear = _timed_iteration(schedule, costs, k, free, barrier)
+        if tied[0] != tied[1]:  # both ranks wait for the all-reduce both launched
+            done = max(clear[tied[0]], clear[tied[1]]) + embedding_ms
+            last[tied[0]], last[tied[1]] = max(last[tied[0]], done), max(last[tied[1]], done)
+        starts: list[float] = []
+        for r in range(p):  # the grad-norm / inf reduction runs down the pipeline, then each rank steps
+            starts.append(max(last[r], starts[-1] if starts else 0.0))
+            free[r] = starts[r] + optimizer_ms
+        barrier = starts[-1]
+        ends.append(max(free))
+    return ends[-1] - ends[-2]
+
+
+def _clear_index(ops: list, m: int) -> int:
+    """Where the ZB runtime clears a rank's weight-gradient store: the first W of microbatch m − 1 or
+    after which only W remain (``schedule_w``)."""
+    from ..ir import OpKind
+
+    rest_all_w = len(ops)
+    for i in range(len(ops) - 1, -1, -1):
+        if ops[i].kind is not OpKind.W:
+            break
+        rest_all_w = i
+    return next((i for i, o in enumerate(ops) if o.kind is OpKind.W and (o.microbatch == m - 1 or i >= rest_all_w)),
+                len(ops))
+
+
+def _timed_iteration(schedule: Any, costs: Any, k: int, free: list[float],
+                     barrier: float) -> tuple[list[float], list[float]]:
+    """Iteration ``k`` of :func:`post_validation_iteration_ms`: every rank's ops in order from
+    ``free[r]`` (updated), B and W not before ``barrier``; returns each rank's last end and the start
+    of its weight-gradient store's clearing (:func:`_clear_index`; its last end if it has none)."""
+    from ..errors import ScheduleError
+    from ..ir import OpKind
+
+    pl, m, comm = schedule.placement, schedule.num_microbatches, costs.comm
+    dur, last_stage = costs.duration_table(pl), pl.num_stages - 1
+    fwd: dict[tuple[int, int], float] = {}
+    grad: dict[tuple[int, int], float] = {}
+    orders = [[o for o in ops if o.kind.is_compute] for ops in schedule.ranks]
+    at = [_clear_index(ops, m) for ops in orders]
+    ptr, last, clear = [0] * len(orders), list(free), [0.0] * len(orders)
+    moved = True
+    while moved:
+        moved = False
+        for r, ops in enumerate(orders):
+            while ptr[r] < len(ops):
+                o = ops[ptr[r]]
+                s, mb = o.stage, o.microbatch + k * m
+                if o.kind is OpKind.F:
+                    dep, table = (s - 1, mb), fwd
+                elif o.kind is OpKind.W:
+                    dep, table = (s, mb), grad
+                else:
+                    dep, table = ((s, mb), fwd) if s == last_stage else ((s + 1, mb), grad)
+                if s == 0 and o.kind is OpKind.F:
+                    t = free[r]
+                elif dep in table:
+                    t = max(free[r], table[dep] + (comm if pl.rank_of(dep[0]) != r else 0.0))
+                else:
+                    break
+                if o.kind is not OpKind.F:
+                    t = max(t, barrier)
+                if ptr[r] == at[r]:
+                    clear[r] = t
+                free[r] = last[r] = t + dur[s][o.kind]
+                if o.kind is not OpKind.W:  # W feeds nothing
+                    (fwd if o.kind is OpKind.F else grad)[(s, mb)] = free[r]
+                ptr[r] += 1
+                moved = True
+    if any(ptr[r] < len(ops) for r, ops in enumerate(orders)):
+        raise ScheduleError(f"{schedule.name}: the order deadlocks when iterations run back to back")
+    return last, [c if at[r] < len(orders[r]) else last[r] for r, c in enumerate(clear)]
+
+
+def compare(rows: Sequence[MeasuredRow] = MEASURED, hardware: str | Hardware = "a100-80g",
+            post_validation: bool = False) -> list[Prediction]:
     """:func:`predict` for every row."""
-    return [predict(r, hardware) for r in rows]
+    return [predict(r, hardware, post_validation) for r in rows]
 
 
 def ranking_agrees(preds: Sequence[Prediction], tie: float = 0.0) -> dict[str, bool]:
