@@ -83,3 +83,18 @@ def test_reorder_orders_is_the_plain_pipeline(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(vr, "_squeeze", lambda grid, period=0: plain_squeeze(grid))
     monkeypatch.setattr(vr, "_RankLevels", lambda rows, period=0: plain_levels(rows))
     assert fast == [vr.reorder_orders(BLOCKS[n](p), m) for n, p, m in cases]
+
+
+@pytest.mark.parametrize("name", sorted(BLOCKS))
+def test_orders_from_an_op_table_share_its_tuples(name: str) -> None:
+    """With an op table, both lowerings give the same orders, made of the table's tuples
+    (the V lowerings hold one tuple per op for all their candidates)."""
+    from pipeoffload.schedules.building_block import op_table, orders_from_block
+
+    for p, m in ((1, 3), (4, 5), (5, 90), (8, 200)):
+        block = BLOCKS[name](p)
+        ops = op_table(block.placement, m)
+        for make in (orders_from_block, vr.reorder_orders):
+            shared = make(block, m, ops)
+            assert shared == make(block, m), (make.__name__, p, m)
+            assert all(c is ops[c[0], c[1]][c[2]] for row in shared for c in row), (make.__name__, p, m)

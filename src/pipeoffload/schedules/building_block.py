@@ -181,6 +181,8 @@ class SlotGrid:
         self.skipped = 0
         #: The periodic scan of the last :func:`reorder` with ``steady`` (None without).
         self.skip: _PeriodSkip | None = None
+        #: The op tuples the cells are (:func:`repeat` with ``ops``), for the cells it writes.
+        self.ops: OpTable | None = None
 
     @property
     def length(self) -> int:
@@ -239,17 +241,32 @@ def _dep_kinds(kind: OpKind, stage: int, num_stages: int) -> tuple[tuple[OpKind,
     return tuple((OpKind(dk[0]), dk[1]) for dk in dependencies(Op(kind, stage, 0, 0, 0), num_stages))
 
 
-def repeat(block: BuildingBlock, m: int) -> SlotGrid:
-    """Step 1: the block repeated ``m`` times, microbatch ``j`` shifted by ``j·period``."""
+#: For each (kind, layer group), its cells ``(kind, layer group, j)`` by microbatch ``j``:
+#: the op tuples that orders built with it share (:func:`op_table`).
+OpTable = Mapping[BlockOp, Sequence[Cell]]
+
+
+def op_table(placement: Placement, m: int) -> dict[BlockOp, list[Cell]]:
+    """Every op's cell of ``m`` microbatches on ``placement``, one tuple per op, by (kind,
+    layer group) and microbatch: orders built from it (:func:`orders_from_block`,
+    :func:`.v_reorder.reorder_orders`) hold these tuples instead of each making its own
+    (at p = 128, m = 4096, 3.1 M tuples, about 225 MB per order)."""
+    return {(k, s): [(k, s, j) for j in range(m)] for k in (_F, _B, _W) for s in range(placement.num_stages)}
+
+
+def repeat(block: BuildingBlock, m: int, ops: OpTable | None = None) -> SlotGrid:
+    """Step 1: the block repeated ``m`` times, microbatch ``j`` shifted by ``j·period``
+    (the cells ``ops``' tuples when given)."""
     base = min(block.slots.values())
     last = max(block.slots.values())
     T = block.period
     grid = SlotGrid(block.placement, m, last - base + 1 + T * max(m - 1, 0))
+    grid.ops = ops
     pos = grid.pos
     for (k, s), t in block.slots.items():
         # One op's copies at once: slots t−base, +T, +2T, ... (unique modulo T per rank).
         o = t - base
-        copies = [(k, s, j) for j in range(m)]
+        copies = list(ops[k, s][:m]) if ops is not None else [(k, s, j) for j in range(m)]
         grid.cells[block.placement.rank_of(s)][o:o + T * m:T] = copies
         pos.update(zip(copies, range(o, o + T * m, T)))
     return grid
@@ -454,7 +471,8 @@ class _PeriodSkip:
             targets = slice(q + T, q + T * periods + 1, T)
             if row[targets].count(None) != periods:
                 raise ScheduleError(f"building block: periodic reorder collides after slot {q} (internal error)")
-            copies = [(k, s, j + n) for n in range(1, periods + 1)]
+            copies = (list(grid.ops[k, s][j + 1:j + periods + 1]) if grid.ops is not None
+                      else [(k, s, j + n) for n in range(1, periods + 1)])
             row[targets] = copies
             pos.update(zip(copies, range(q + T, q + T * periods + 1, T)))
         for r, lv in enumerate(self.mem):
@@ -557,7 +575,7 @@ def schedule_from_block(name: str, block: BuildingBlock, num_microbatches: int, 
                           **params)
 
 
-def orders_from_block(block: BuildingBlock, num_microbatches: int) -> list[list[Cell]]:
+def orders_from_block(block: BuildingBlock, num_microbatches: int, ops: OpTable | None = None) -> list[list[Cell]]:
     """:func:`schedule_from_block`'s per-rank ``(kind, layer group, microbatch)`` orders
     (repeat, reorder, compress the cool-down, read the slots in order).
 
@@ -565,7 +583,8 @@ def orders_from_block(block: BuildingBlock, num_microbatches: int) -> list[list[
     past twice the block's length) when that run proves its steady state and its cool-down
     reads only the periodic range (:func:`_orders_reduced`); the ``m − m'`` missing periods
     are then inserted into its orders. Otherwise, or when ``m' ≥ m``, it runs on ``m``.
-    Same orders either way.
+    Same orders either way. With ``ops`` (:func:`op_table` for ``m`` or more microbatches)
+    the orders hold its tuples.
 
     Cost: on the reduced path, O(p·v·L) slots scanned (``L`` the block's length in slots,
     O(p) for the V blocks: the warm-up, two periods and the cool-down) plus O(p·v·m) tuples
@@ -575,15 +594,15 @@ def orders_from_block(block: BuildingBlock, num_microbatches: int) -> list[list[
     compression (each tail op's readiness found once its inputs are placed)."""
     small = _reduced_count(block, num_microbatches)
     if small < num_microbatches:
-        orders = _orders_reduced(block, small, num_microbatches)
+        orders = _orders_reduced(block, small, num_microbatches, ops)
         if orders is not None:
             return orders
-    return _orders_full(block, num_microbatches)
+    return _orders_full(block, num_microbatches, ops)
 
 
-def _orders_full(block: BuildingBlock, m: int) -> list[list[Cell]]:
+def _orders_full(block: BuildingBlock, m: int, ops: OpTable | None = None) -> list[list[Cell]]:
     """:func:`orders_from_block` on all ``m`` microbatches."""
-    grid = repeat(block, m)
+    grid = repeat(block, m, ops)
     reorder(grid, steady=steady_range(block, m))
     compress_cooldown(grid)
     return grid.orders()
@@ -599,7 +618,7 @@ def _reduced_count(block: BuildingBlock, m: int) -> int:
     return min(m, -(-9 * span // (4 * block.period)) + 12)
 
 
-def _orders_reduced(block: BuildingBlock, small: int, m: int) -> list[list[Cell]] | None:
+def _orders_reduced(block: BuildingBlock, small: int, m: int, ops: OpTable | None = None) -> list[list[Cell]] | None:
     """:func:`orders_from_block` for ``m`` from the run on ``small < m`` microbatches, or
     None when that run does not prove what makes them equal.
 
@@ -616,7 +635,7 @@ def _orders_reduced(block: BuildingBlock, small: int, m: int) -> list[list[Cell]
     ``m − small`` periods after the other: the orders for ``m`` are those for ``small``
     with the period ``[a−T, a)`` repeated ``m − small`` more times (microbatches one
     higher each) and everything after it ``m − small`` microbatches on."""
-    grid = repeat(block, small)
+    grid = repeat(block, small, ops)
     reorder(grid, steady=steady_range(block, small))
     skip = grid.skip
     if skip is None or skip.at is None:
@@ -627,7 +646,7 @@ def _orders_reduced(block: BuildingBlock, small: int, m: int) -> list[list[Cell]
     if skip.after_lb < zone or _cooldown_reach(grid) < zone:
         return None
     compress_cooldown(grid)
-    return _stretch(grid, cut, T, m - small)
+    return _stretch(grid, cut, T, m - small, ops)
 
 
 def _cooldown_reach(grid: SlotGrid) -> int:
@@ -648,15 +667,19 @@ def _cooldown_reach(grid: SlotGrid) -> int:
     return low
 
 
-def _stretch(grid: SlotGrid, cut: int, T: int, extra: int) -> list[list[Cell]]:
+def _stretch(grid: SlotGrid, cut: int, T: int, extra: int, ops: OpTable | None = None) -> list[list[Cell]]:
     """Per-rank orders of ``grid`` with its period ``[cut, cut + T)`` repeated ``extra``
     more times (microbatches one higher each) and the ops from ``cut`` on moved ``extra``
-    microbatches on (:func:`_orders_reduced`)."""
+    microbatches on (:func:`_orders_reduced`); ``ops``' tuples when given."""
     out = []
     for row in grid.cells:
         head = [c for c in row[:cut] if c is not None]
         period = [c for c in row[cut:cut + T] if c is not None]
-        head += [(k, s, j + i) for i in range(extra) for k, s, j in period]
-        head += [(c[0], c[1], c[2] + extra) for c in row[cut:] if c is not None]
+        if ops is None:
+            head += [(k, s, j + i) for i in range(extra) for k, s, j in period]
+            head += [(c[0], c[1], c[2] + extra) for c in row[cut:] if c is not None]
+        else:
+            head += [ops[k, s][j + i] for i in range(extra) for k, s, j in period]
+            head += [ops[c[0], c[1]][c[2] + extra] for c in row[cut:] if c is not None]
         out.append(head)
     return out

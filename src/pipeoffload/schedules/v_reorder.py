@@ -27,7 +27,7 @@ from itertools import compress, count, islice, repeat
 from operator import ne, sub
 
 from ..ir import OpKind, Placement
-from .building_block import BuildingBlock
+from .building_block import BuildingBlock, OpTable
 
 #: Slot-list types per rank: chunk-0 forward, chunk-1 forward, chunk-1 backward,
 #: chunk-0 backward, then W's (one list, or chunk 1's and chunk 0's).
@@ -38,18 +38,22 @@ _MEM = (1, 1, 0, 0, -1, -1)
 Times = list[list[int]]  #: per type, the slot of each microbatch (increasing)
 
 
-def reorder_orders(block: BuildingBlock, m: int) -> list[list[tuple[OpKind, int, int]]]:
+def reorder_orders(block: BuildingBlock, m: int, ops: OpTable | None = None) -> list[list[tuple[OpKind, int, int]]]:
     """Per-rank ``(kind, layer group, microbatch)`` orders of ``block`` repeated ``m``
-    times, by the three passes of the module docstring.
+    times, by the three passes of the module docstring (holding ``ops``' tuples when
+    given: :func:`.building_block.op_table`).
 
     Guarantees: every op of every (layer group, microbatch) once; each order respects
     the dependencies (it is a squeezed slot grid's order); the highest per-rank peak in
     chunk units (F +1, W −1) is at most the repeated block's.
 
-    Cost: O(p·m log m) for the sorts and squeezes, plus per moved op its window: the
-    free slots between its inputs and its slot (O(m) at worst), and for the cool-down's
-    implicit-W check the events from its new slot until the rank's levels meet the old
-    ones (:class:`_RankLevels`; O(m) at worst, a few in practice)."""
+    Cost: O(p·m log m) for the sorts, O(p·m) Python steps for the W placements and the
+    final lowering; the two squeezes step through the warm-up and the cool-down (O(p²)
+    ops for the V blocks) and write the periods they prove by slices (:class:`_SqueezeSkip`),
+    the cool-down's levels likewise (:class:`_RankLevels`); plus per moved op (O(p²) of
+    them) its window: the free slots between its inputs and its slot (O(m) at worst), and
+    for the cool-down's implicit-W check the events from its new slot until the rank's
+    levels meet the old ones (O(m) at worst, a few in practice)."""
     pl = block.placement
     p = pl.num_ranks
     T = block.period
@@ -63,7 +67,7 @@ def reorder_orders(block: BuildingBlock, m: int) -> list[list[tuple[OpKind, int,
     grid = _reorder([r[:4] for r in grid], m, with_w=False, period=T)
     grid = _squeeze([_with_weights(r) for r in grid], T)
     grid = [_with_weights(r[:4], split=True) for r in grid]
-    return [_lower(pl, i, rows) for i, rows in enumerate(grid)]
+    return [_lower(pl, i, rows, ops) for i, rows in enumerate(grid)]
 
 
 def _with_weights(rows: Times, split: bool = False) -> Times:
@@ -541,13 +545,17 @@ class _SqueezeSkip:
         return R, need
 
 
-def _lower(pl: Placement, i: int, rows: Times) -> list[tuple[OpKind, int, int]]:
-    """Rank ``i``'s ops in slot order (rows: F, f, B, b, W of chunk 1, W of chunk 0)."""
+def _lower(pl: Placement, i: int, rows: Times, ops: OpTable | None = None) -> list[tuple[OpKind, int, int]]:
+    """Rank ``i``'s ops in slot order (rows: F, f, B, b, W of chunk 1, W of chunk 0), as
+    ``ops``' tuples when given."""
     p = pl.num_ranks
     c0, c1 = i, 2 * p - 1 - i
     what = [(OpKind.F, c0), (OpKind.F, c1), (OpKind.B, c1), (OpKind.B, c0), (OpKind.W, c1), (OpKind.W, c0)]
     n = 1 + max((len(ts) for ts in rows), default=0)
     cells = sorted([(t * 8 + k) * n + j for k, ts in enumerate(rows) for j, t in enumerate(ts)])
+    if ops is not None:
+        table = [ops[w] for w in what]
+        return [table[e // n & 7][e % n] for e in cells]
     out = []
     for e in cells:
         e, j = divmod(e, n)
