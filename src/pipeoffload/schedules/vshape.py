@@ -184,6 +184,7 @@ def _lower_block(name: str, block: BuildingBlock, spec: ScheduleSpec, holes: boo
         for tr in refill_both(pl, m, inputs.pop(0), spec.costs, MemoryDeltas(), caps):
             best.offer(tr.order, tr.max_span(), tr.makespan(),
                        lambda o=tr.order: steady_figures(pl, m, o, spec.costs, spec.memory)[0])
+        tr = None  # the last tracker (end table, skeleton: ≈ 150 MB at p = 128, m = 4096) goes before the next refill
     # fill_holes times the whole order once, then each trial move: when its budget cannot
     # time one trial (6·p·m ops, e.g. p = 64, m = 512), it returns the winner unchanged.
     if holes and 2 * sum(len(r) for r in best.orders) <= HOLE_BUDGET:
