@@ -23,6 +23,7 @@ one with the shorter longest span for the costs at hand. Pure Python.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
+from typing import Iterable
 from itertools import compress, count, islice, repeat
 from operator import ne, sub
 
@@ -211,7 +212,8 @@ def _reorder(grid: list[Times], m: int, with_w: bool, period: int = 0) -> list[T
         k, e = e & 7, e >> 3
         t, r = divmod(e, p)
         rows, here = grid[r], taken[r]
-        free = [q for q in range(_inputs(grid, r, k, j) + 1, t) if q not in here]
+        # The free slots between its inputs and it, made as far as the fit reads them.
+        free = (q for q in range(_inputs(grid, r, k, j) + 1, t) if q not in here)
         q = _first_fit(rows, k, j, t, free, cap) if levels is None else levels[r].first_fit(k, t, free, cap)
         if q != t:
             here.discard(t)
@@ -220,16 +222,17 @@ def _reorder(grid: list[Times], m: int, with_w: bool, period: int = 0) -> list[T
     return grid
 
 
-def _first_fit(rows: Times, k: int, j: int, t: int, free: list[int], cap: int) -> int:
-    """The first of ``free`` (slots before ``t``, increasing) for op (``k``, ``j``), now at
-    ``t``, that keeps the rank within ``cap`` (W's listed): a forward raises the level
-    by one from its new slot up to ``t``, a backward changes nothing, a W lowers it;
-    ``t`` when none does."""
-    if not free:
+def _first_fit(rows: Times, k: int, j: int, t: int, free: Iterable[int], cap: int) -> int:
+    """The first of ``free`` (slots before ``t``, increasing; a list or made lazily, read
+    only as far as the answer) for op (``k``, ``j``), now at ``t``, that keeps the rank
+    within ``cap`` (W's listed): a forward raises the level by one from its new slot up to
+    ``t``, a backward changes nothing, a W lowers it; ``t`` when none does."""
+    free = iter(free)
+    lo = next(free, t)
+    if lo >= t:
         return t
     if _MEM[k] <= 0:
-        return free[0]
-    lo = free[0]
+        return lo
     # The level before slot lo and the changes in lo..t-1, from each type's sorted slots.
     level = 0
     window = []
@@ -251,8 +254,9 @@ def _first_fit(rows: Times, k: int, j: int, t: int, free: list[int], cap: int) -
         start = u
     if level >= cap and t > start:
         last_full = t - 1
-    i = bisect_right(free, last_full)
-    return free[i] if i < len(free) else t
+    if lo > last_full:
+        return lo
+    return next((q for q in free if q > last_full), t)
 
 
 def _kth(a: list[int], b: list[int], k: int) -> int:
@@ -312,7 +316,7 @@ class _RankLevels:
                     prev = ev[i] >> 3
             i += 1
 
-    def first_fit(self, k: int, t: int, free: list[int], cap: int) -> int:
+    def first_fit(self, k: int, t: int, free: Iterable[int], cap: int) -> int:
         """The first slot of ``free`` (increasing, before ``t``) where op type ``k``, now at
         ``t``, keeps every level of the rank within ``cap`` (:func:`_peak`'s check), moved
         there; ``t`` when none does."""
