@@ -8,6 +8,7 @@ import pytest
 
 from pipeoffload.schedules.building_block import (BuildingBlock, compress_cooldown, orders_from_block, reorder,
                                                    repeat, steady_range)
+from pipeoffload.schedules import building_block as bb
 from pipeoffload.schedules.v_auto import block_family
 from pipeoffload.schedules.vshape import v_half_block, v_min_block, v_zb_block
 
@@ -52,3 +53,42 @@ def test_periodic_reorder_on_v_auto_blocks(p: int) -> None:
         for m in (p, 3 * p + 1, 10 * p + 3):
             fast, _ = _periodic(block, m)
             assert fast == _full(block, m), (p, m, dict(block.slots))
+
+
+def _reduced_fires(block: BuildingBlock, m: int) -> bool:
+    small = bb._reduced_count(block, m)
+    return small < m and bb._orders_reduced(block, small, m) is not None
+
+
+@pytest.mark.parametrize("p", list(range(1, 11)) + [13, 16, 24])
+@pytest.mark.parametrize("make", [v_min_block, v_half_block, v_zb_block], ids=["v-min", "v-half", "v-zb"])
+def test_reduced_run_is_the_full_pipeline(make, p: int) -> None:
+    """orders_from_block from a run on fewer microbatches, the missing periods inserted,
+    is the pipeline run on all of them; the test fails if the reduced run never proves."""
+    block = make(p)
+    fired = 0
+    for m in sorted({1, 2, p, 3 * p + 2, 8 * p + 3, 12 * p + 7, 20 * p + 1, 30 * p + 5}):
+        assert orders_from_block(block, m) == bb._orders_full(block, m), (p, m)
+        fired += _reduced_fires(block, m)
+    assert fired >= 2, f"the reduced run proved only {fired} times at p={p}"
+
+
+@pytest.mark.parametrize("p", [3, 4, 5, 6])
+def test_reduced_run_on_v_auto_blocks(p: int) -> None:
+    family = block_family(p)
+    fired = 0
+    for block, _ in family[:: max(1, len(family) // 10)]:
+        for m in (p, 10 * p + 3, 40 * p + 1):
+            assert orders_from_block(block, m) == bb._orders_full(block, m), (p, m, dict(block.slots))
+            fired += _reduced_fires(block, m)
+    assert fired > 0
+
+
+def test_reduced_run_refuses_what_it_cannot_prove(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reduced run whose cool-down reads before the periodic range is not used (the
+    check is not blind): forcing the reach check to fail falls back to the full run."""
+    block = v_half_block(6)
+    assert _reduced_fires(block, 200)
+    monkeypatch.setattr(bb, "_cooldown_reach", lambda grid: -1)
+    assert not _reduced_fires(block, 200)
+    assert orders_from_block(block, 200) == bb._orders_full(block, 200)

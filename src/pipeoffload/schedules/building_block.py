@@ -179,6 +179,10 @@ class SlotGrid:
         self.pos: dict[Cell, int] = {}
         #: Slots :func:`reorder` wrote by shifting a period it proved to repeat.
         self.skipped = 0
+        #: The periodic scan of the last :func:`reorder` with ``steady`` (None without).
+        self.skip: _PeriodSkip | None = None
+        #: The op tuples the cells are (:func:`repeat` with ``ops``), for the cells it writes.
+        self.ops: OpTable | None = None
 
     @property
     def length(self) -> int:
@@ -237,17 +241,32 @@ def _dep_kinds(kind: OpKind, stage: int, num_stages: int) -> tuple[tuple[OpKind,
     return tuple((OpKind(dk[0]), dk[1]) for dk in dependencies(Op(kind, stage, 0, 0, 0), num_stages))
 
 
-def repeat(block: BuildingBlock, m: int) -> SlotGrid:
-    """Step 1: the block repeated ``m`` times, microbatch ``j`` shifted by ``j·period``."""
+#: For each (kind, layer group), its cells ``(kind, layer group, j)`` by microbatch ``j``:
+#: the op tuples that orders built with it share (:func:`op_table`).
+OpTable = Mapping[BlockOp, Sequence[Cell]]
+
+
+def op_table(placement: Placement, m: int) -> dict[BlockOp, list[Cell]]:
+    """Every op's cell of ``m`` microbatches on ``placement``, one tuple per op, by (kind,
+    layer group) and microbatch: orders built from it (:func:`orders_from_block`,
+    :func:`.v_reorder.reorder_orders`) hold these tuples instead of each making its own
+    (at p = 128, m = 4096, 3.1 M tuples, about 225 MB per order)."""
+    return {(k, s): [(k, s, j) for j in range(m)] for k in (_F, _B, _W) for s in range(placement.num_stages)}
+
+
+def repeat(block: BuildingBlock, m: int, ops: OpTable | None = None) -> SlotGrid:
+    """Step 1: the block repeated ``m`` times, microbatch ``j`` shifted by ``j·period``
+    (the cells ``ops``' tuples when given)."""
     base = min(block.slots.values())
     last = max(block.slots.values())
     T = block.period
     grid = SlotGrid(block.placement, m, last - base + 1 + T * max(m - 1, 0))
+    grid.ops = ops
     pos = grid.pos
     for (k, s), t in block.slots.items():
         # One op's copies at once: slots t−base, +T, +2T, ... (unique modulo T per rank).
         o = t - base
-        copies = [(k, s, j) for j in range(m)]
+        copies = list(ops[k, s][:m]) if ops is not None else [(k, s, j) for j in range(m)]
         grid.cells[block.placement.rank_of(s)][o:o + T * m:T] = copies
         pos.update(zip(copies, range(o, o + T * m, T)))
     return grid
@@ -361,6 +380,7 @@ def _reorder_bytes(grid: SlotGrid, peaks: list[int], mem: list[bytearray], stead
         t += 1
     if skip is not None:
         grid.skipped = skip.skipped
+        grid.skip = skip
     return grid
 
 
@@ -396,12 +416,18 @@ class _PeriodSkip:
         self.done: list[tuple[int, Cell]] = []  # (rank, cell) scanned since the last boundary
         self.min_lb = 0
         self.skipped = 0  # slots written by shifting (for the tests)
+        #: The boundary of the skip (at most one: it runs to the end of the periodic range)
+        #: and the earliest slot an op scanned after it read (:func:`_orders_reduced`).
+        self.at: int | None = None
+        self.after_lb = 0
 
     def note(self, r: int, cell: Cell, lb: int) -> None:
         """Record a scanned op and the start of what its decision reads."""
         self.done.append((r, cell))
         if lb < self.min_lb:
             self.min_lb = lb
+        if lb < self.after_lb:
+            self.after_lb = lb
 
     def boundary(self, a: int) -> int:
         """At period boundary ``a`` (slots before it scanned): the slot to go on from."""
@@ -415,6 +441,7 @@ class _PeriodSkip:
             return a
         periods = (self.hi - T - a) // T + 1  # the periods from a whose grid repeats the one before
         self.snap, self.min_lb = None, a + periods * T
+        self.at, self.after_lb = a, a + periods * T
         return self._shift(a, periods, done)
 
     def _same(self, old: tuple, new: tuple) -> bool:
@@ -444,7 +471,8 @@ class _PeriodSkip:
             targets = slice(q + T, q + T * periods + 1, T)
             if row[targets].count(None) != periods:
                 raise ScheduleError(f"building block: periodic reorder collides after slot {q} (internal error)")
-            copies = [(k, s, j + n) for n in range(1, periods + 1)]
+            copies = (list(grid.ops[k, s][j + 1:j + periods + 1]) if grid.ops is not None
+                      else [(k, s, j + n) for n in range(1, periods + 1)])
             row[targets] = copies
             pos.update(zip(copies, range(q + T, q + T * periods + 1, T)))
         for r, lv in enumerate(self.mem):
@@ -547,14 +575,111 @@ def schedule_from_block(name: str, block: BuildingBlock, num_microbatches: int, 
                           **params)
 
 
-def orders_from_block(block: BuildingBlock, num_microbatches: int) -> list[list[Cell]]:
+def orders_from_block(block: BuildingBlock, num_microbatches: int, ops: OpTable | None = None) -> list[list[Cell]]:
     """:func:`schedule_from_block`'s per-rank ``(kind, layer group, microbatch)`` orders
     (repeat, reorder, compress the cool-down, read the slots in order).
 
-    Cost: O(p·v·m) slots, plus :func:`reorder`'s scans (on the periodic path: the warm-up's
-    and the cool-down's, the steady state shifted) and the cool-down's compression (each
-    tail op's readiness found once its inputs are placed)."""
-    grid = repeat(block, num_microbatches)
-    reorder(grid, steady=steady_range(block, num_microbatches))
+    The pipeline runs on ``m' < m`` microbatches (:func:`_reduced_count`: a few periods
+    past twice the block's length) when that run proves its steady state and its cool-down
+    reads only the periodic range (:func:`_orders_reduced`); the ``m − m'`` missing periods
+    are then inserted into its orders. Otherwise, or when ``m' ≥ m``, it runs on ``m``.
+    Same orders either way. With ``ops`` (:func:`op_table` for ``m`` or more microbatches)
+    the orders hold its tuples.
+
+    Cost: on the reduced path, O(p·v·L) slots scanned (``L`` the block's length in slots,
+    O(p) for the V blocks: the warm-up, two periods and the cool-down) plus O(p·v·m) tuples
+    written by list comprehensions for the orders — O(p²) Python work and O(p·m) made in C
+    for the V blocks; on the full path, O(p·v·m) slots, plus :func:`reorder`'s scans (the
+    warm-up's and the cool-down's, the steady state shifted) and the cool-down's
+    compression (each tail op's readiness found once its inputs are placed)."""
+    small = _reduced_count(block, num_microbatches)
+    if small < num_microbatches:
+        orders = _orders_reduced(block, small, num_microbatches, ops)
+        if orders is not None:
+            return orders
+    return _orders_full(block, num_microbatches, ops)
+
+
+def _orders_full(block: BuildingBlock, m: int, ops: OpTable | None = None) -> list[list[Cell]]:
+    """:func:`orders_from_block` on all ``m`` microbatches."""
+    grid = repeat(block, m, ops)
+    reorder(grid, steady=steady_range(block, m))
     compress_cooldown(grid)
     return grid.orders()
+
+
+def _reduced_count(block: BuildingBlock, m: int) -> int:
+    """The microbatches of :func:`orders_from_block`'s reduced run: the periodic scan first
+    proves a period at a boundary ``a`` a little past twice the block's span ``s`` (the
+    window it compares is ``s + 1 + 2T`` slots and starts after the block's last slot) and
+    needs ``a + 2T`` inside the periodic range, ``T(m'−1)+1``: ``m' = ⌈2.25·s/T⌉ + 12``
+    (measured first proofs for the V blocks at p = 4..64: ``a/T ≤ 2s/T + 4``)."""
+    span = max(block.slots.values()) - min(block.slots.values())
+    return min(m, -(-9 * span // (4 * block.period)) + 12)
+
+
+def _orders_reduced(block: BuildingBlock, small: int, m: int, ops: OpTable | None = None) -> list[list[Cell]] | None:
+    """:func:`orders_from_block` for ``m`` from the run on ``small < m`` microbatches, or
+    None when that run does not prove what makes them equal.
+
+    Why they are equal. The scan on ``small`` and on ``m`` microbatches read the same grid
+    up to the boundary ``a`` where the periodic scan proves a period (:class:`_PeriodSkip`;
+    the proof at ``a`` needs ``a + 2T`` inside the periodic range of ``small``, hence of
+    ``m``), so both prove it there and write the period ``[a−T, a)`` shifted, ``K'`` and
+    ``K' + m − small`` times. From ``a − T − L`` (``L`` the compared window) to the end of
+    what it wrote each grid is periodic, and beyond that each is its repeated block's,
+    which for ``m`` is the one for ``small`` ``m − small`` periods later, microbatches
+    ``m − small`` higher. So if every op scanned after the skip reads (its ``lb``) no
+    earlier than ``a − T − L``, and the cool-down's compression places only ops that,
+    with their inputs, sit at or after it, both runs make the same decisions there, one
+    ``m − small`` periods after the other: the orders for ``m`` are those for ``small``
+    with the period ``[a−T, a)`` repeated ``m − small`` more times (microbatches one
+    higher each) and everything after it ``m − small`` microbatches on."""
+    grid = repeat(block, small, ops)
+    reorder(grid, steady=steady_range(block, small))
+    skip = grid.skip
+    if skip is None or skip.at is None:
+        return None
+    T = block.period
+    cut = skip.at - T  # the proved period is [cut, cut + T)
+    zone = cut - skip.window  # each grid is periodic from here to the end of what the skip wrote
+    if skip.after_lb < zone or _cooldown_reach(grid) < zone:
+        return None
+    compress_cooldown(grid)
+    return _stretch(grid, cut, T, m - small, ops)
+
+
+def _cooldown_reach(grid: SlotGrid) -> int:
+    """The earliest slot :func:`compress_cooldown` reads on ``grid``: the first slot after a
+    rank's last forward, and the slot of every input of an op it re-places."""
+    S = grid.placement.num_stages
+    pos = grid.pos
+    low = grid.length
+    for row in grid.cells:
+        last_f = len(row) - 1
+        while last_f >= 0 and (row[last_f] is None or row[last_f][0] is not _F):
+            last_f -= 1
+        low = min(low, last_f + 1)
+        for c in row[last_f + 1:]:
+            if c is not None:
+                for d in _dep_cells(c, S):
+                    low = min(low, pos[d])
+    return low
+
+
+def _stretch(grid: SlotGrid, cut: int, T: int, extra: int, ops: OpTable | None = None) -> list[list[Cell]]:
+    """Per-rank orders of ``grid`` with its period ``[cut, cut + T)`` repeated ``extra``
+    more times (microbatches one higher each) and the ops from ``cut`` on moved ``extra``
+    microbatches on (:func:`_orders_reduced`); ``ops``' tuples when given."""
+    out = []
+    for row in grid.cells:
+        head = [c for c in row[:cut] if c is not None]
+        period = [c for c in row[cut:cut + T] if c is not None]
+        if ops is None:
+            head += [(k, s, j + i) for i in range(extra) for k, s, j in period]
+            head += [(c[0], c[1], c[2] + extra) for c in row[cut:] if c is not None]
+        else:
+            head += [ops[k, s][j + i] for i in range(extra) for k, s, j in period]
+            head += [ops[c[0], c[1]][c[2] + extra] for c in row[cut:] if c is not None]
+        out.append(head)
+    return out

@@ -23,9 +23,12 @@ one with the shorter longest span for the costs at hand. Pure Python.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
+from typing import Iterable
+from itertools import compress, count, islice, repeat
+from operator import ne, sub
 
 from ..ir import OpKind, Placement
-from .building_block import BuildingBlock
+from .building_block import BuildingBlock, OpTable
 
 #: Slot-list types per rank: chunk-0 forward, chunk-1 forward, chunk-1 backward,
 #: chunk-0 backward, then W's (one list, or chunk 1's and chunk 0's).
@@ -36,18 +39,22 @@ _MEM = (1, 1, 0, 0, -1, -1)
 Times = list[list[int]]  #: per type, the slot of each microbatch (increasing)
 
 
-def reorder_orders(block: BuildingBlock, m: int) -> list[list[tuple[OpKind, int, int]]]:
+def reorder_orders(block: BuildingBlock, m: int, ops: OpTable | None = None) -> list[list[tuple[OpKind, int, int]]]:
     """Per-rank ``(kind, layer group, microbatch)`` orders of ``block`` repeated ``m``
-    times, by the three passes of the module docstring.
+    times, by the three passes of the module docstring (holding ``ops``' tuples when
+    given: :func:`.building_block.op_table`).
 
     Guarantees: every op of every (layer group, microbatch) once; each order respects
     the dependencies (it is a squeezed slot grid's order); the highest per-rank peak in
     chunk units (F +1, W −1) is at most the repeated block's.
 
-    Cost: O(p·m log m) for the sorts and squeezes, plus per moved op its window: the
-    free slots between its inputs and its slot (O(m) at worst), and for the cool-down's
-    implicit-W check the events from its new slot until the rank's levels meet the old
-    ones (:class:`_RankLevels`; O(m) at worst, a few in practice)."""
+    Cost: O(p·m log m) for the sorts, O(p·m) Python steps for the W placements and the
+    final lowering; the two squeezes step through the warm-up and the cool-down (O(p²)
+    ops for the V blocks) and write the periods they prove by slices (:class:`_SqueezeSkip`),
+    the cool-down's levels likewise (:class:`_RankLevels`); plus per moved op (O(p²) of
+    them) its window: the free slots between its inputs and its slot (O(m) at worst), and
+    for the cool-down's implicit-W check the events from its new slot until the rank's
+    levels meet the old ones (O(m) at worst, a few in practice)."""
     pl = block.placement
     p = pl.num_ranks
     T = block.period
@@ -57,11 +64,11 @@ def reorder_orders(block: BuildingBlock, m: int) -> list[list[tuple[OpKind, int,
         row = [block.slots[(OpKind.F, c0)], block.slots[(OpKind.F, c1)],
                block.slots[(OpKind.B, c1)], block.slots[(OpKind.B, c0)]]
         grid.append([[x + T * j for j in range(m)] for x in row])
-    grid = _squeeze(_reorder([_with_weights(r) for r in grid], m, with_w=True))
-    grid = _reorder([r[:4] for r in grid], m, with_w=False)
-    grid = _squeeze([_with_weights(r) for r in grid])
+    grid = _squeeze(_reorder([_with_weights(r) for r in grid], m, with_w=True, period=T), T)
+    grid = _reorder([r[:4] for r in grid], m, with_w=False, period=T)
+    grid = _squeeze([_with_weights(r) for r in grid], T)
     grid = [_with_weights(r[:4], split=True) for r in grid]
-    return [_lower(pl, i, rows) for i, rows in enumerate(grid)]
+    return [_lower(pl, i, rows, ops) for i, rows in enumerate(grid)]
 
 
 def _with_weights(rows: Times, split: bool = False) -> Times:
@@ -96,6 +103,18 @@ def _with_weights(rows: Times, split: bool = False) -> Times:
     return out
 
 
+def _periodic_run(events: list[int], i: int, c: int, shift: int) -> int:
+    """How many whole periods of ``c`` events after event ``i`` repeat the ``c`` up to it:
+    the largest ``K`` with ``events[x] == events[x − c] + shift`` for every ``x`` in
+    ``(i − c, i + K·c]``; 0 when the ``c`` up to ``i`` are not their copies. In C."""
+    n = len(events)
+    if any(events[x] - events[x - c] != shift for x in range(i - c + 1, i + 1)):
+        return 0  # (checked first: the scan below starts by skipping i events)
+    gaps = map(sub, islice(events, i - c + 1, None), islice(events, i - 2 * c + 1, None))
+    end = next(compress(count(i - c + 1), map(ne, gaps, repeat(shift))), n)  # first x that is not its copy
+    return max(0, (end - 1 - i) // c) if end > i else 0
+
+
 def _peak(rows: Times) -> int:
     """Most chunk activations alive on a rank; without W lists, each W is counted in
     the first free slot after its backward.
@@ -123,6 +142,15 @@ def _peak(rows: Times) -> int:
     return peak
 
 
+def _events_per_period(rows: Times) -> int:
+    """Events of one period on a rank: each list's ops per microbatch (the one W list of
+    both chunks holds two); 0 when the lists are not whole multiples of the first."""
+    m = len(rows[0])
+    if m == 0 or any(len(ts) % m for ts in rows):
+        return 0
+    return sum(len(ts) // m for ts in rows)
+
+
 def _inputs(grid: list[Times], r: int, k: int, j: int) -> int:
     """Latest slot among the inputs of op (type ``k``, microbatch ``j``) on rank ``r``:
     the neighbour's op of the same type, the rank's previous type (the local chain),
@@ -143,7 +171,7 @@ def _inputs(grid: list[Times], r: int, k: int, j: int) -> int:
     return dep
 
 
-def _reorder(grid: list[Times], m: int, with_w: bool) -> list[Times]:
+def _reorder(grid: list[Times], m: int, with_w: bool, period: int = 0) -> list[Times]:
     """Visit ops in slot order; move warm-up (only ``with_w``) and cool-down ops to the
     earliest free slot after their inputs that keeps every rank within the highest
     peak. In place; returns ``grid``.
@@ -156,7 +184,7 @@ def _reorder(grid: list[Times], m: int, with_w: bool) -> list[Times]:
     later slots)."""
     cap = max(_peak(r) for r in grid)
     ntypes = len(grid[0])
-    levels = [_RankLevels(rows) for rows in grid] if ntypes == 4 else None
+    levels = [_RankLevels(rows, period) for rows in grid] if ntypes == 4 else None
     p = len(grid)
     n = 1 + max((len(x) for rows in grid for x in rows), default=0)
 
@@ -184,7 +212,8 @@ def _reorder(grid: list[Times], m: int, with_w: bool) -> list[Times]:
         k, e = e & 7, e >> 3
         t, r = divmod(e, p)
         rows, here = grid[r], taken[r]
-        free = [q for q in range(_inputs(grid, r, k, j) + 1, t) if q not in here]
+        # The free slots between its inputs and it, made as far as the fit reads them.
+        free = (q for q in range(_inputs(grid, r, k, j) + 1, t) if q not in here)
         q = _first_fit(rows, k, j, t, free, cap) if levels is None else levels[r].first_fit(k, t, free, cap)
         if q != t:
             here.discard(t)
@@ -193,16 +222,17 @@ def _reorder(grid: list[Times], m: int, with_w: bool) -> list[Times]:
     return grid
 
 
-def _first_fit(rows: Times, k: int, j: int, t: int, free: list[int], cap: int) -> int:
-    """The first of ``free`` (slots before ``t``, increasing) for op (``k``, ``j``), now at
-    ``t``, that keeps the rank within ``cap`` (W's listed): a forward raises the level
-    by one from its new slot up to ``t``, a backward changes nothing, a W lowers it;
-    ``t`` when none does."""
-    if not free:
+def _first_fit(rows: Times, k: int, j: int, t: int, free: Iterable[int], cap: int) -> int:
+    """The first of ``free`` (slots before ``t``, increasing; a list or made lazily, read
+    only as far as the answer) for op (``k``, ``j``), now at ``t``, that keeps the rank
+    within ``cap`` (W's listed): a forward raises the level by one from its new slot up to
+    ``t``, a backward changes nothing, a W lowers it; ``t`` when none does."""
+    free = iter(free)
+    lo = next(free, t)
+    if lo >= t:
         return t
     if _MEM[k] <= 0:
-        return free[0]
-    lo = free[0]
+        return lo
     # The level before slot lo and the changes in lo..t-1, from each type's sorted slots.
     level = 0
     window = []
@@ -224,8 +254,9 @@ def _first_fit(rows: Times, k: int, j: int, t: int, free: list[int], cap: int) -
         start = u
     if level >= cap and t > start:
         last_full = t - 1
-    i = bisect_right(free, last_full)
-    return free[i] if i < len(free) else t
+    if lo > last_full:
+        return lo
+    return next((q for q in free if q > last_full), t)
 
 
 def _kth(a: list[int], b: list[int], k: int) -> int:
@@ -257,18 +288,35 @@ class _RankLevels:
 
     __slots__ = ("events", "level", "pending")
 
-    def __init__(self, rows: Times) -> None:
-        self.events = sorted([t * 8 + k for k in range(4) for t in rows[k]])
-        self.level, self.pending = [], []
+    def __init__(self, rows: Times, period: int = 0) -> None:
+        """``period`` (the block's, ``T``): where an event is its copy ``c`` events back
+        (``c`` the events of one period: slot ``T`` later, same type) with the same level
+        and pending W's after it, every later copy has its copy's state (:func:`_step`
+        reads only these and the slot gap), so the copies' states are filled in by
+        repeating the last period's (:func:`_periodic_run`); same levels. Cost: the sort,
+        the Python steps of the warm-up and cool-down, and the copies made in C."""
+        self.events = ev = sorted([t * 8 + k for k in range(4) for t in rows[k]])
+        self.level, self.pending = lv, pd = [], []
         level = pending = 0
         prev = -1
-        for e in self.events:
+        c = _events_per_period(rows) if period else 0
+        i, n = 0, len(ev)
+        while i < n:
+            e = ev[i]
             level, pending = _step(e, level, pending, prev)
-            self.level.append(level)
-            self.pending.append(pending)
+            lv.append(level)
+            pd.append(pending)
             prev = e >> 3
+            if c and i >= 2 * c and lv[i - c] == level and pd[i - c] == pending:
+                K = _periodic_run(ev, i, c, 8 * period)
+                if K:
+                    lv.extend(lv[i - c + 1:i + 1] * K)
+                    pd.extend(pd[i - c + 1:i + 1] * K)
+                    i += c * K
+                    prev = ev[i] >> 3
+            i += 1
 
-    def first_fit(self, k: int, t: int, free: list[int], cap: int) -> int:
+    def first_fit(self, k: int, t: int, free: Iterable[int], cap: int) -> int:
         """The first slot of ``free`` (increasing, before ``t``) where op type ``k``, now at
         ``t``, keeps every level of the rank within ``cap`` (:func:`_peak`'s check), moved
         there; ``t`` when none does."""
@@ -332,19 +380,40 @@ def _step(e: int, level: int, pending: int, prev: int) -> tuple[int, int]:
     return level, pending
 
 
-def _squeeze(grid: list[Times]) -> list[Times]:
-    """Each op as early as its rank's order and its inputs allow, unit durations."""
+def _squeeze(grid: list[Times], period: int = 0) -> list[Times]:
+    """Each op as early as its rank's order and its inputs allow, unit durations.
+
+    With ``period`` (the block's, ``T``), the scan skips what it proves periodic
+    (:class:`_SqueezeSkip`): the same result. Cost: O(n log n) for the sort of the n ops;
+    the scan is O(n) Python steps, or with ``period`` those of the warm-up, the first
+    periods of the steady state and the cool-down (O(p²) for the V blocks) plus one slice
+    write per op of a period."""
     p = len(grid)
     ntypes = len(grid[0])
     n = 1 + max((len(x) for rows in grid for x in rows), default=0)
     # Slot order as one integer per op (slot, rank, type, microbatch), sorted in C.
     order = sorted([((t * p + r) * 8 + k) * n + j for r in range(p) for k in range(ntypes)
                     for j, t in enumerate(grid[r][k])])
-    last = [0] * p
     out = [[[0] * len(grid[r][k]) for k in range(ntypes)] for r in range(p)]
+    last = [0] * p
+    skip = _SqueezeSkip(grid, order, out, last, period, n) if period else None
+    x = 0
+    while x < len(order):
+        x = _squeeze_run(order, x, out, last, n, skip)
+    return out
+
+
+def _squeeze_run(order: list[int], x: int, out: list[Times], last: list[int], n: int,
+                 skip: "_SqueezeSkip | None") -> int:
+    """:func:`_squeeze`'s scan from position ``x`` of ``order``: to the end, or (with
+    ``skip``) to the end of the periods it proves. Returns the position to go on from."""
+    p = len(out)
+    streak = 0
+    check = 2 * skip.N if skip is not None else len(order)  # the streak first worth a look: two periods
     # An op's end is its new slot + 1; each input is placed before it (earlier in slot order).
-    for e in order:
-        e, j = divmod(e, n)
+    for x in range(x, len(order)):
+        key = order[x]
+        e, j = divmod(key, n)
         k, r = e & 7, (e >> 3) % p
         t = last[r]
         rows = out[r]
@@ -366,18 +435,131 @@ def _squeeze(grid: list[Times]) -> list[Times]:
             u = rows[k][j - 1] + 1
             if u > t:
                 t = u
+        if skip is not None:
+            # The op is its copy one period on (same place in the slot order) and so is its slot.
+            c = skip.mult[k]
+            if j >= c and t == rows[k][j - c] + skip.T and x >= skip.N and order[x - skip.N] == key - skip.D[k]:
+                streak += 1
+            else:
+                streak, check = 0, 2 * skip.N
         rows[k][j] = t
         last[r] = t + 1
-    return out
+        if streak >= check:
+            to, need = skip.skip(x + 1, streak)
+            if to > x + 1:
+                return to
+            # Not proved here: try again once the streak covers what the next ops read.
+            check = max(need, streak + skip.N)
+    return len(order)
 
 
-def _lower(pl: Placement, i: int, rows: Times) -> list[tuple[OpKind, int, int]]:
-    """Rank ``i``'s ops in slot order (rows: F, f, B, b, W of chunk 1, W of chunk 0)."""
+class _SqueezeSkip:
+    """The periodic steady state of :func:`_squeeze`'s scan.
+
+    In the slot order, position ``x`` is the copy of ``x − N`` (``N`` the ops of one
+    period: each rank's types once) when its key is that one's plus ``D`` (slot ``T``
+    later, microbatch one higher). An op's new slot is the largest of its rank's clock
+    (its rank's previous op's slot + 1) and its inputs' slots + 1. Suppose that at a cut
+    ``c``: every position from the earliest one read by the ops of ``[c, c + N)`` (their
+    inputs and each rank's previous op) up to ``c`` is its copy's with a new slot ``T``
+    later (the scan counts such a streak as it goes), and from there up to ``R`` every
+    position is its copy's. Then by induction over the positions from ``c`` to ``R``, an
+    op's rank's previous op and inputs are the copies' (the slot order repeats), so each
+    new slot is its copy's plus ``T``: those periods are written at once (each op of the
+    last period before the cut, its copies ``T`` apart, one slice) and the scan goes on
+    from ``R``. When the check fails the scan just goes on; the result is the plain one."""
+
+    def __init__(self, grid: list[Times], order: list[int], out: list[Times], last: list[int], period: int,
+                 n: int) -> None:
+        p = len(grid)
+        self.grid, self.order, self.out, self.last, self.n = grid, order, out, last, n
+        #: Ops of each type per period (the W list of both chunks: 2); a copy is that many microbatches on.
+        self.mult = [len(ts) // max(1, len(grid[0][0])) for ts in grid[0]]
+        self.T, self.N = period, p * sum(self.mult)
+        self.D = [period * p * 8 * n + c for c in self.mult]
+        self.skipped = 0  #: ops written by shifting (for the tests)
+
+    def _decode(self, key: int) -> tuple[int, int, int, int]:
+        """(slot, rank, type, microbatch) of a key."""
+        e, j = divmod(key, self.n)
+        t, r = divmod(e >> 3, len(self.grid))
+        return t, r, e & 7, j
+
+    def _position(self, r: int, k: int, j: int) -> int:
+        """Position in the slot order of op (type ``k``, microbatch ``j``) on rank ``r``."""
+        p, n = len(self.grid), self.n
+        return bisect_left(self.order, ((self.grid[r][k][j] * p + r) * 8 + k) * n + j)
+
+    def _reads(self, c: int) -> int:
+        """The earliest position the ops of ``[c, c + N)`` read: inputs and, per rank, the
+        op before the first of them."""
+        p = len(self.grid)
+        low = c
+        seen: set[int] = set()
+        for key in self.order[c:c + self.N]:
+            _, r, k, j = self._decode(key)
+            if r not in seen:
+                seen.add(r)
+                # The rank's previous op in slot order: the latest of its types before this one.
+                for kk in range(len(self.grid[r])):
+                    jj = bisect_left(self.grid[r][kk], self.grid[r][k][j]) - 1
+                    if jj >= 0:
+                        low = min(low, self._position(r, kk, jj))
+            deps = []
+            if (k == _F0 or k == _B1) and r > 0:
+                deps.append((r - 1, k, j))
+            elif (k == _F1 or k == _B0) and r + 1 < p:
+                deps.append((r + 1, k, j))
+            if 0 < k < 4:
+                deps.append((r, k - 1, j))
+            if j > 0:
+                deps.append((r, k, j - 1))
+            for d in deps:
+                low = min(low, self._position(*d))
+        return low
+
+    def skip(self, c: int, streak: int) -> tuple[int, int]:
+        """At cut ``c`` with the last ``streak`` positions each its copy shifted: the
+        position to go on from (``c`` when nothing is proved) and the streak the proof
+        needed (how far back the next period's ops read)."""
+        order, N = self.order, self.N
+        if c + N > len(order):
+            return c, len(order)
+        need = c - self._reads(c)
+        if need > streak:
+            return c, need
+        # R: the first position from c that is not its copy's (or the end).
+        D, n = self.D, self.n
+        gaps = map(sub, islice(order, c, None), islice(order, c - N, None))
+        wanted = map(lambda key: D[(key // n) & 7], islice(order, c, None))
+        R = next(compress(count(c), map(ne, gaps, wanted)), len(order))
+        if R < c + N:
+            return c, len(order)
+        T, out, last = self.T, self.out, self.last
+        for y in range(c - N, c):
+            _, r, k, j = self._decode(order[y])
+            copies, step = (R - 1 - y) // N, self.mult[k]
+            v = out[r][k][j]
+            out[r][k][j + step:j + step * copies + 1:step] = range(v + T, v + T * copies + 1, T)
+        for y in range(R - N, R):
+            _, r, k, j = self._decode(order[y])
+            if out[r][k][j] + 1 > last[r]:
+                last[r] = out[r][k][j] + 1
+        self.skipped += R - c
+        return R, need
+
+
+def _lower(pl: Placement, i: int, rows: Times, ops: OpTable | None = None) -> list[tuple[OpKind, int, int]]:
+    """Rank ``i``'s ops in slot order (rows: F, f, B, b, W of chunk 1, W of chunk 0), as
+    ``ops``' tuples when given."""
     p = pl.num_ranks
     c0, c1 = i, 2 * p - 1 - i
     what = [(OpKind.F, c0), (OpKind.F, c1), (OpKind.B, c1), (OpKind.B, c0), (OpKind.W, c1), (OpKind.W, c0)]
     n = 1 + max((len(ts) for ts in rows), default=0)
     cells = sorted([(t * 8 + k) * n + j for k, ts in enumerate(rows) for j, t in enumerate(ts)])
+    if ops is not None:
+        table = [ops[w] for w in what]
+        return [table[e // n & 7][e % n] for e in cells]
     out = []
     for e in cells:
         e, j = divmod(e, n)

@@ -46,7 +46,7 @@ from typing import Callable
 from ..costs import Costs, MemoryDeltas
 from ..ir import OpKind, Placement, Schedule, build_schedule
 from .hole_fill import BUDGET as HOLE_BUDGET, fill_holes
-from .building_block import BuildingBlock, chain_slots, orders_from_block, place_weight_grads
+from .building_block import BuildingBlock, chain_slots, op_table, orders_from_block, place_weight_grads
 from .spec import ScheduleSpec
 from .steady_timing import steady_figures
 from .v_reorder import reorder_orders
@@ -100,11 +100,14 @@ def v_zb_block(p: int) -> BuildingBlock:
 #: What V-Min, V-Half and V-ZB cost in p and m (their docstrings point here).
 LOWERING_COST = (
     "the lowering (_lower_block, memoised by its inputs) repeats the block m times and builds up to six "
-    "candidate orders over O(p·m) ops. The building-block reorder scans each rank's memory levels between an "
-    "op's inputs and its slot (in C), but only over the warm-up, the first periods of the steady state and the "
-    "cool-down, O(p²) slots: the periods it proves repeat are written by shifting, O(p·m) list work in all; "
-    "the slot reorder visits only the warm-up and cool-down ops (O(p²) of them, each re-counting its rank's "
-    "levels until they meet the old ones) after O(p·m log m) sorts and squeezes. When the first lowering's "
+    "candidate orders over O(p·m) ops. The building-block pipeline runs on m' = O(p) microbatches (a few "
+    "periods past twice the block's span) when that run proves its steady state, and its orders for m are "
+    "those with the m − m' missing periods inserted: O(p²) slots scanned (the reorder's memory levels between "
+    "an op's inputs and its slot in C) plus O(p·m) tuples made in list comprehensions; otherwise it runs on m "
+    "(the proved periods written by shifting). The slot reorder visits only the warm-up and cool-down ops "
+    "(O(p²) of them, each re-counting its rank's levels until they meet the old ones) after O(p·m log m) "
+    "sorts and with_weights scans; its two squeezes step through the warm-up and cool-down, O(p²) ops, and "
+    "write the periods they prove by slices, O(p·m) in C. When the first lowering's "
     "longest span and makespan are at their lower bounds (V-ZB at equal costs, m ≥ 2p) it wins and nothing "
     "else is built. Otherwise the W refills (the rerun without partial gaps is skipped when it would be the "
     "same run, e.g. at unit costs) and the timings of the two base candidates and of any other that could win "
@@ -161,11 +164,13 @@ def _lower_block(name: str, block: BuildingBlock, spec: ScheduleSpec, holes: boo
     p, m = spec.p, spec.m
     pl = block.placement
     caps = [unit_peak_bound(name, p)] * p
-    first = orders_from_block(block, m)
+    ops = op_table(pl, m)  # one tuple per op, shared by every candidate's orders
+    first = orders_from_block(block, m, ops)
     figures = list(steady_figures(pl, m, first, spec.costs, spec.memory))
     if _at_bounds(figures, pl, m, spec):
         return first  # no candidate could be strictly better, and ties keep the earlier
-    second = reorder_orders(block, m)
+    second = reorder_orders(block, m, ops)
+    del ops  # (the orders hold the tuples)
     figures2 = list(steady_figures(pl, m, second, spec.costs, spec.memory))
     best = _Best(first, figures, max(figures[0], figures2[0]))
     best.offer(second, figures2[1], figures2[2], lambda: figures2[0])
@@ -179,6 +184,7 @@ def _lower_block(name: str, block: BuildingBlock, spec: ScheduleSpec, holes: boo
         for tr in refill_both(pl, m, inputs.pop(0), spec.costs, MemoryDeltas(), caps):
             best.offer(tr.order, tr.max_span(), tr.makespan(),
                        lambda o=tr.order: steady_figures(pl, m, o, spec.costs, spec.memory)[0])
+        tr = None  # the last tracker (end table, skeleton: ≈ 150 MB at p = 128, m = 4096) goes before the next refill
     # fill_holes times the whole order once, then each trial move: when its budget cannot
     # time one trial (6·p·m ops, e.g. p = 64, m = 512), it returns the winner unchanged.
     if holes and 2 * sum(len(r) for r in best.orders) <= HOLE_BUDGET:
