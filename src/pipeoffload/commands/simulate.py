@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..errors import ParameterError
 from ..ir import Schedule
+from ..passes.lower import validate_and_time
 from ..passes.timing import simulate
 from ..schedules import ScheduleSpec, build
 from ..timeline import Timeline
@@ -127,7 +128,7 @@ def schedule_from_args(args: argparse.Namespace) -> tuple[ScheduleSpec, Schedule
             raise ParameterError("schedule", "missing; give a schedule name (see `pipeoffload schedules`) "
                                  "or --from-csv FILE")
         spec = spec_from_args(args)
-        return spec, build(spec)
+        return spec, build(spec, check=False)  # run() validates it with the timing (validate_and_time)
     if args.schedule is not None:
         raise ParameterError("--from-csv", f"give a schedule name ({args.schedule!r}) or --from-csv FILE, not both")
     from ..interop.torch_csv import read_csv
@@ -155,7 +156,10 @@ def run(args: argparse.Namespace) -> int:
     if derived is not None and not getattr(args, "offload_time", None):
         # One-way transfer of each layer group's activations over the host link.
         opts = dataclasses.replace(opts, transfer_times=tuple(derived[2]))
-    tl = simulate(sched, spec.costs, spec.memory, memory_unit=unit)
+    if getattr(args, "from_csv", None):  # read_csv validated it
+        tl = simulate(sched, spec.costs, spec.memory, memory_unit=unit)
+    else:  # generated unchecked: validated here, the deadlock proof and the timing one run
+        tl = validate_and_time(sched, spec.costs, spec.memory, memory_unit=unit)
     off = None
     if offload_requested(args):
         from ..passes.offload import plan_offload

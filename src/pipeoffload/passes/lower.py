@@ -15,10 +15,10 @@ from ..ir import Schedule
 from ..timeline import Timeline
 from .comm import insert_comm
 from .offload import OffloadOptions, OffloadResult, plan_offload
-from .timing import simulate
-from .validate import validate
+from .timing import _simulate_columns, simulate
+from .validate import counted_shape, every_op_placed, validate
 
-__all__ = ["Lowered", "lower"]
+__all__ = ["Lowered", "lower", "validate_and_time"]
 
 
 @dataclass
@@ -75,10 +75,14 @@ def lower(
         ``schedule`` (plus the transfers the pass placed).
     """
     costs = costs or Costs()
-    if not validated:
-        validate(schedule)
     compute = schedule.compute_only()
-    base = simulate(compute, costs, memory, memory_unit=memory_unit)
+    if validated:
+        base = simulate(compute, costs, memory, memory_unit=memory_unit)
+    elif schedule.compact is not None and schedule.compact.compute_only():  # compute shares its arrays
+        base = validate_and_time(compute, costs, memory, memory_unit)
+    else:
+        validate(schedule)
+        base = simulate(compute, costs, memory, memory_unit=memory_unit)
     program, timeline, result = schedule, base, None
     if offload is not None:
         result = plan_offload(compute, base, comm=costs.comm, options=offload)
@@ -86,3 +90,42 @@ def lower(
     if comm:
         program = insert_comm(program)
     return Lowered(program, timeline, base, result)
+
+
+def validate_and_time(schedule: Schedule, costs: Costs | None = None, memory: MemoryDeltas | None = None,
+                      memory_unit: str = "units") -> Timeline:
+    """:func:`~pipeoffload.passes.validate.validate` then
+    :func:`~pipeoffload.passes.timing.simulate`, with the deadlock proof and the timing
+    one engine run where the schedule allows it.
+
+    The proof places each rank's ops in order, each once its inputs are placed; the
+    timing does the same and also times them. For a compute-only schedule held as arrays
+    without overlapped pairs whose op counts make it complete once every op is placed
+    (:func:`~pipeoffload.passes.validate.counted_shape`, O(p) calls into C), the timing
+    that places every op into a full end table is the proof
+    (:func:`~pipeoffload.passes.validate.every_op_placed`): the rules' per-op pass,
+    the compact addresses made twice and the proof's own run are skipped. Otherwise,
+    and whenever that timing does not place every op, the two passes run as ever.
+
+    Args:
+        schedule: the schedule to check and time.
+        costs, memory, memory_unit: as :func:`~pipeoffload.passes.timing.simulate`.
+
+    Returns:
+        The timeline :func:`~pipeoffload.passes.timing.simulate` returns.
+
+    Raises:
+        ScheduleError: the error :func:`~pipeoffload.passes.validate.validate` raises
+        (the same first broken rule and message), or the timing's.
+
+    Guarantees: the same timeline (the same floats and event order) and the same error
+    as ``validate(schedule); simulate(schedule, costs, memory, memory_unit)``; the
+    shortcut's verdict is checked against the two passes by tests/test_validate_timed.py.
+    """
+    if counted_shape(schedule):
+        placed: list = []
+        timeline = _simulate_columns(schedule, costs, memory, memory_unit, placed)
+        if timeline is not None and every_op_placed(schedule, placed[0]):
+            return timeline
+    validate(schedule)
+    return simulate(schedule, costs, memory, memory_unit)

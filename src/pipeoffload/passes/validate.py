@@ -21,6 +21,9 @@ Op lists made to name the first broken rule (docs/algorithms.md §9.1).
 
 from __future__ import annotations
 
+import math
+from array import array
+
 from ..errors import ScheduleError
 from ..ir import CompactOrders, OpKind, Schedule, overlap_pairs
 from .timing import _code_dependencies, _compact_addresses, _proved_compact, prove_deadlock_free
@@ -59,6 +62,45 @@ def validate(schedule: Schedule) -> None:
         raise ScheduleError(order_error)
     _check_overlap(schedule)
     prove_deadlock_free(schedule)
+
+
+def counted_shape(schedule: Schedule) -> bool:
+    """Whether ``schedule`` is held as compute-only :class:`CompactOrders` without
+    overlapped pairs whose counts make a complete schedule once every op is placed:
+    one list per rank, every layer group on its list's rank, every microbatch in
+    ``[0, m)``, and per kind ``S·m`` F's with ``S·m`` B's and W's (no BW) or ``S·m``
+    BW's (no B or W). O(p) calls into C.
+
+    Guarantees (with :func:`every_op_placed`): if this holds and a proof or a timing
+    that places each rank's ops in order, each once its inputs are placed, places every
+    op into an end table in which every slot of those kinds is then set, the schedule
+    passes :func:`validate`: each slot set at least once by a count of ops equal to the
+    number of slots is each op exactly once (rules 1 and 2, no duplicates), and the
+    placement order is rules 3 and 5 (rule 4: no pairs)."""
+    compact, pl, m = schedule.compact, schedule.placement, schedule.num_microbatches
+    if compact is None or m < 1 or len(compact.kinds) != pl.num_ranks or overlap_pairs(schedule):
+        return False
+    rank_of, n = pl.stage_to_rank, [0, 0, 0, 0]
+    for r, (ks, ss, js) in enumerate(zip(compact.kinds, compact.stages, compact.mbs)):
+        if not js:
+            continue
+        if min(js) < 0 or max(js) >= m or max(ks) >= 4 or set(map(rank_of.__getitem__, ss)) != {r}:
+            return False
+        for k in range(4):
+            n[k] += ks.count(k)
+    full = pl.num_stages * m
+    return n[_F] == full and (n[_B] == n[_W] == full and not n[_BW] or n[_BW] == full and not n[_B] + n[_W])
+
+
+def every_op_placed(schedule: Schedule, end: array) -> bool:
+    """Whether the engine's end table ``end`` (``-inf`` at an op never placed) has every
+    slot of the schedule's kinds set: F and B (a BW completes the B), and W unless the
+    schedule runs BW's. Call after :func:`counted_shape` holds (module contract there)."""
+    size = schedule.num_stages * schedule.num_microbatches
+    if len(end) != 3 * size:
+        return False
+    kinds = 2 if any(k.count(_BW) for k in schedule.compact.kinds) else 3
+    return -math.inf not in end[:kinds * size]
 
 
 def _check_shape(schedule: Schedule) -> tuple[list[bytearray], str | None]:

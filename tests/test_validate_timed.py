@@ -1,0 +1,119 @@
+"""``validate_and_time`` (the deadlock proof and the timing as one engine run) gives
+exactly ``validate`` then ``simulate``: the same timeline, the same error, on generated
+and on randomly broken schedules; its shortcut fires where it should, and its checks
+are needed (a timing that places every op alone would accept a broken schedule)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_validate_compact import broken
+
+from pipeoffload.costs import Costs, MemoryDeltas, parse_costs, parse_memory
+from pipeoffload.errors import ScheduleError
+from pipeoffload.ir import OpKind, Placement, Schedule, build_schedule
+from pipeoffload.passes import validate as V
+from pipeoffload.passes.timing import _simulate_columns, simulate
+from pipeoffload.schedules import ScheduleSpec, build
+
+L = importlib.import_module("pipeoffload.passes.lower")  # the module (the package exports the function)
+COSTS = [Costs(), parse_costs("F=1,B=1.5,W=0.5,comm=0.1")]
+MEMORY = [MemoryDeltas(), parse_memory("F=2,B=-0.5,W=-1.5")]
+
+
+def _outcome(f, schedule: Schedule, costs: Costs, memory: MemoryDeltas) -> str:
+    """The timeline (summary and every op's row, in event order) or the error."""
+    try:
+        tl = f(schedule, costs, memory)
+    except ScheduleError as e:
+        return "error: " + str(e)
+    return json.dumps([tl.summary(), list(tl.event_rows()), tl.memory_curves()], default=str)
+
+
+def _two_passes(schedule: Schedule, costs: Costs, memory: MemoryDeltas):
+    V.validate(schedule)
+    return simulate(schedule, costs, memory)
+
+
+def _fused(schedule: Schedule, costs: Costs, memory: MemoryDeltas):
+    return L.validate_and_time(schedule, costs, memory)
+
+
+class _Spy:
+    """Counts the calls of ``validate`` made from ``validate_and_time``."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls = 0
+        real = V.validate
+
+        def spy(schedule: Schedule) -> None:
+            self.calls += 1
+            real(schedule)
+
+        monkeypatch.setattr(L, "validate", spy)
+
+
+@pytest.mark.parametrize("name,p,m,v", [("1f1b", 4, 8, None), ("zb-v", 4, 9, None), ("zb-h1", 3, 7, None),
+                                        ("interleaved-1f1b", 4, 8, 2), ("v-half", 4, 12, None),
+                                        ("gpipe", 2, 3, None), ("zb-v", 1, 3, None)])
+@pytest.mark.parametrize("ci", [0, 1])
+def test_generated_schedules_take_the_shortcut(monkeypatch, name: str, p: int, m: int, v, ci: int) -> None:
+    """Every generated compact schedule is proved by its timing (validate never runs)
+    and gives the two passes' timeline."""
+    sched = build(ScheduleSpec(name, p, m, v=v), check=False)
+    assert sched.compact is not None
+    spy = _Spy(monkeypatch)
+    got = _outcome(_fused, sched, COSTS[ci], MEMORY[ci])
+    assert spy.calls == 0  # the shortcut fired
+    assert got == _outcome(_two_passes, sched, COSTS[ci], MEMORY[ci])
+
+
+def test_overlapped_pairs_take_the_two_passes(monkeypatch) -> None:
+    """DualPipeV's overlapped pairs need rule 4's check: the two passes run."""
+    sched = build(ScheduleSpec("dualpipev", 4, 8), check=False)
+    spy = _Spy(monkeypatch)
+    assert _outcome(_fused, sched, COSTS[1], MEMORY[0]) == _outcome(_two_passes, sched, COSTS[1], MEMORY[0])
+    assert spy.calls == 1
+
+
+@settings(max_examples=300, deadline=None)
+@given(sched=broken(), ci=st.integers(0, 1))
+def test_broken_compact_schedules_give_the_two_passes_verdict(sched: Schedule, ci: int) -> None:
+    """Randomly broken orders held as arrays: the same error (or timeline) as the two passes."""
+    triples = [[(o.kind, o.stage, o.microbatch) for o in lst] for lst in sched.ranks]
+    compact = build_schedule(sched.name, sched.num_microbatches, sched.placement, triples)
+    assert compact.compact is not None
+    assert _outcome(_fused, compact, COSTS[ci], MEMORY[ci]) == _outcome(_two_passes, compact, COSTS[ci], MEMORY[ci])
+
+
+@settings(max_examples=100, deadline=None)
+@given(sched=broken())
+def test_broken_op_lists_give_the_two_passes_verdict(sched: Schedule) -> None:
+    assert _outcome(_fused, sched, COSTS[0], MEMORY[0]) == _outcome(_two_passes, sched, COSTS[0], MEMORY[0])
+
+
+def test_a_timing_that_places_every_op_is_not_enough() -> None:
+    """One rank, F/B/W of microbatch 0 twice and of microbatch 1 never: every op is
+    placed (nothing waits for microbatch 1) and the counts per kind are right, so only
+    the end table's empty slots show the schedule broken. The shortcut must not take it."""
+    pl = Placement.custom([0])
+    F, B, W = OpKind.F, OpKind.B, OpKind.W
+    sched = build_schedule("dup", 2, pl, [[(F, 0, 0), (B, 0, 0), (W, 0, 0)] * 2])
+    placed: list = []
+    assert _simulate_columns(sched, None, None, "units", placed) is not None  # the timing places all
+    assert V.counted_shape(sched)  # the counts are those of a complete schedule
+    assert not V.every_op_placed(sched, placed[0])
+    with pytest.raises(ScheduleError, match="duplicate op"):
+        L.validate_and_time(sched)
+
+
+def test_lower_takes_the_shortcut(monkeypatch) -> None:
+    sched = build(ScheduleSpec("zb-v", 3, 7), check=False)
+    spy = _Spy(monkeypatch)
+    low = L.lower(sched, COSTS[1], MEMORY[1])
+    assert spy.calls == 0
+    assert low.timeline.summary() == _two_passes(sched, COSTS[1], MEMORY[1]).summary()
