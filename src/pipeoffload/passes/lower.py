@@ -11,12 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..costs import Costs, MemoryDeltas
-from ..ir import Schedule
+from ..ir import Schedule, overlap_pairs
 from ..timeline import Timeline
 from .comm import insert_comm
 from .offload import OffloadOptions, OffloadResult, plan_offload
 from .timing import _simulate_columns, simulate
-from .validate import counted_shape, every_op_placed, validate
+from .validate import check_rules, counted_shape, every_op_placed, validate
 
 __all__ = ["Lowered", "lower", "validate_and_time"]
 
@@ -104,8 +104,11 @@ def validate_and_time(schedule: Schedule, costs: Costs | None = None, memory: Me
     (:func:`~pipeoffload.passes.validate.counted_shape`, O(p) calls into C), the timing
     that places every op into a full end table is the proof
     (:func:`~pipeoffload.passes.validate.every_op_placed`): the rules' per-op pass,
-    the compact addresses made twice and the proof's own run are skipped. Otherwise,
-    and whenever that timing does not place every op, the two passes run as ever.
+    the compact addresses made twice and the proof's own run are skipped. A schedule
+    with overlapped pairs is checked for rules 1 to 4 and timed: the timing places each
+    pair as one op as the proof does and raises the proof's message on a deadlock.
+    Otherwise, and whenever the compact timing does not place every op, the two passes
+    run as ever.
 
     Args:
         schedule: the schedule to check and time.
@@ -127,5 +130,9 @@ def validate_and_time(schedule: Schedule, costs: Costs | None = None, memory: Me
         timeline = _simulate_columns(schedule, costs, memory, memory_unit, placed)
         if timeline is not None and every_op_placed(schedule, placed[0]):
             return timeline
+    elif overlap_pairs(schedule) and check_rules(schedule):
+        # Rules 1 to 4 hold; the timing places each pair as one op exactly as the proof
+        # does (_place_overlapped, the same pairs) and raises the proof's message.
+        return simulate(schedule, costs, memory, memory_unit)
     validate(schedule)
     return simulate(schedule, costs, memory, memory_unit)

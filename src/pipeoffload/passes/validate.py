@@ -43,6 +43,18 @@ def validate(schedule: Schedule) -> None:
     Guarantees: the rules are checked in the order of the module docstring, and the
     error names the first bad op (rank and position) or the missing op, and the rule.
     """
+    if check_rules(schedule):
+        prove_deadlock_free(schedule)
+
+
+def check_rules(schedule: Schedule) -> bool:
+    """:func:`validate` up to the deadlock proof: raise :class:`ScheduleError` for the
+    first broken rule among 1 to 4; return whether rule 5's proof is still to run (False
+    when the compact proof already ran and passed).
+
+    Guarantees: ``validate(s)`` is ``check_rules(s) and prove_deadlock_free(s)``; a
+    timing that places every op as the proof does (each overlapped pair as one op) may
+    stand for the proof (:func:`~pipeoffload.passes.lower.validate_and_time`)."""
     pl = schedule.placement
     m = schedule.num_microbatches
     if m < 1:
@@ -54,14 +66,14 @@ def validate(schedule: Schedule) -> None:
     if compact is not None and not overlap_pairs(schedule):  # pairs need the Op lists' checks
         _check_complete(schedule, _check_shape_compact(schedule, compact))
         if _proved(schedule):
-            return  # rules 3 to 5 hold: a proof that places every op places its same-rank inputs first
+            return False  # rules 3 to 5 hold: a proof that places every op places its same-rank inputs first
         # else the Op lists' checks below name the first broken rule
     counts, order_error = _check_shape(schedule)
     _check_complete(schedule, counts)
     if order_error:  # rule 3, found in rule 1's pass and raised after rule 2
         raise ScheduleError(order_error)
     _check_overlap(schedule)
-    prove_deadlock_free(schedule)
+    return True
 
 
 def counted_shape(schedule: Schedule) -> bool:
