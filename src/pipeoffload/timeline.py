@@ -22,7 +22,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from itertools import accumulate
 from operator import itemgetter, le, lt, sub
-from typing import Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 from .ir import Op
 
@@ -80,19 +80,31 @@ class EventColumns:
     order), their starts, ends and memory deltas as ``array('d')``, and the rank of
     each event in event order. :class:`TimedOp` objects are made only on demand.
 
+    ``order`` may be given as a function that makes it, called the first time it is
+    read (the periodic timing, :mod:`pipeoffload.passes.steady_columns`, writes the
+    times without running the engine op by op, so the event order is made only when
+    a listing in event order needs it).
+
     Guarantees: :meth:`timed_ops` gives the :class:`TimedOp` list these columns stand
     for (event ``k`` is the next op of rank ``order[k]``), every op on the
     ``"compute"`` stream and with ``op.rank`` its column's rank.
     """
 
-    __slots__ = ("ops", "start", "end", "mem", "order")
+    __slots__ = ("ops", "start", "end", "mem", "_order")
 
     def __init__(self, ops: Sequence[Sequence[Op]], start: Sequence[array], end: Sequence[array],
-                 mem: Sequence[array], order: array) -> None:
-        self.ops, self.start, self.end, self.mem, self.order = ops, start, end, mem, order
+                 mem: Sequence[array], order: array | Callable[[], array]) -> None:
+        self.ops, self.start, self.end, self.mem, self._order = ops, start, end, mem, order
+
+    @property
+    def order(self) -> array:
+        """The rank of each event in event order."""
+        if callable(self._order):
+            self._order = self._order()
+        return self._order
 
     def __len__(self) -> int:
-        return len(self.order)
+        return sum(map(len, self.start))
 
     def rows(self, sort: bool = False) -> Iterator[tuple[Op, float, float, str, float]]:
         """Each event as ``(op, start, end, "compute", mem)``: in event order, or with

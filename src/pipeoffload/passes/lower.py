@@ -15,6 +15,7 @@ from ..ir import Schedule, overlap_pairs
 from ..timeline import Timeline
 from .comm import insert_comm
 from .offload import OffloadOptions, OffloadResult, plan_offload
+from .steady_columns import steady_timeline
 from .timing import _simulate_columns, simulate
 from .validate import check_rules, counted_shape, every_op_placed, validate
 
@@ -104,7 +105,10 @@ def validate_and_time(schedule: Schedule, costs: Costs | None = None, memory: Me
     (:func:`~pipeoffload.passes.validate.counted_shape`, O(p) calls into C), the timing
     that places every op into a full end table is the proof
     (:func:`~pipeoffload.passes.validate.every_op_placed`): the rules' per-op pass,
-    the compact addresses made twice and the proof's own run are skipped. A schedule
+    the compact addresses made twice and the proof's own run are skipped; the timing
+    writes the periodic steady state by shifting where that gives the same floats
+    (:mod:`~pipeoffload.passes.steady_columns`), and its end table (every slot written,
+    each by the engine or by the shift its argument proves) is the proof's. A schedule
     with overlapped pairs is checked for rules 1 to 4 and timed: the timing places each
     pair as one op as the proof does and raises the proof's message on a deadlock.
     Otherwise, and whenever the compact timing does not place every op, the two passes
@@ -127,7 +131,8 @@ def validate_and_time(schedule: Schedule, costs: Costs | None = None, memory: Me
     """
     if counted_shape(schedule):
         placed: list = []
-        timeline = _simulate_columns(schedule, costs, memory, memory_unit, placed)
+        steady = steady_timeline(schedule, costs or Costs(), memory or MemoryDeltas(), memory_unit, placed)
+        timeline = steady[0] if steady else _simulate_columns(schedule, costs, memory, memory_unit, placed)
         if timeline is not None and every_op_placed(schedule, placed[0]):
             return timeline
     elif overlap_pairs(schedule) and check_rules(schedule):

@@ -34,6 +34,8 @@ _KIND_INDEX = {OpKind.F: _F, OpKind.B: _B, OpKind.W: _W, OpKind.BW: _BW}
 _KIND_OF_INDEX = (OpKind.F, OpKind.B, OpKind.W, OpKind.BW)
 #: Rule 2 on one (layer group, microbatch) as the byte F | B<<1 | W<<2 | BW<<3: complete
 #: is one F with one BW (9) or one B and one W (7); rule 1 already rejected BW mixed with B/W.
+#: The compact kind codes of the compute kinds (F, B, W, BW), as bytes.
+_COMPUTE_CODES = bytes((_F, _B, _W, _BW))
 _INCOMPLETE = bytes(0 if b in (7, 9) else 1 for b in range(256))
 
 
@@ -96,10 +98,12 @@ def counted_shape(schedule: Schedule) -> bool:
     for r, (ks, ss, js) in enumerate(zip(compact.kinds, compact.stages, compact.mbs)):
         if not js:
             continue
-        if min(js) < 0 or max(js) >= m or max(ks) >= 4 or set(map(rank_of.__getitem__, ss)) != {r}:
+        codes = ks.tobytes()  # one byte a kind code: counted by memchr-speed bytes methods
+        if min(js) < 0 or max(js) >= m or codes.translate(None, _COMPUTE_CODES) or \
+                any(rank_of[s] != r for s in set(ss)):
             return False
         for k in range(4):
-            n[k] += ks.count(k)
+            n[k] += codes.count(k)
     full = pl.num_stages * m
     return n[_F] == full and (n[_B] == n[_W] == full and not n[_BW] or n[_BW] == full and not n[_B] + n[_W])
 
@@ -111,7 +115,7 @@ def every_op_placed(schedule: Schedule, end: array) -> bool:
     size = schedule.num_stages * schedule.num_microbatches
     if len(end) != 3 * size:
         return False
-    kinds = 2 if any(k.count(_BW) for k in schedule.compact.kinds) else 3
+    kinds = 2 if any(k.tobytes().count(_BW) for k in schedule.compact.kinds) else 3
     return -math.inf not in end[:kinds * size]
 
 
