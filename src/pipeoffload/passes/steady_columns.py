@@ -90,7 +90,7 @@ def steady_timeline(schedule: Schedule, costs: Costs, memory: MemoryDeltas, memo
     starts = [array("d", map(sub, e, map(dur_of.__getitem__, ti))) for e, ti in zip(ends, tis)]
     mems = [array("d", map(mem_of.__getitem__, ti)) for ti in tis]
     ops = [compact.rank_ops(pl, r) for r in range(len(codes))]
-    columns = EventColumns(ops, starts, ends, mems, _event_order(schedule, costs.comm, dur_of))
+    columns = EventColumns(ops, starts, ends, mems, _event_order(schedule, costs.comm, dur_of), serial=True)
     return Timeline.from_columns(schedule.num_ranks, columns, **_timeline_fields(schedule, memory_unit)), skipped
 
 

@@ -723,7 +723,17 @@ def _timed_columns(schedule: Schedule, dur: Sequence[Mapping[OpKind, float]],
     if len(order) < sum(map(len, tis)):
         return None  # deadlock: run_list_schedule names the cycle
     mems = [array("d", map(mem_of.__getitem__, t)) for t in tis]
-    return EventColumns(ops, starts, ends, mems, order)
+    return EventColumns(ops, starts, ends, mems, order, serial=_serial(dur_of, ends))
+
+
+def _serial(dur_of: Sequence[float], ends: Sequence[array]) -> bool:
+    """Whether the engine's columns are :class:`EventColumns` ``serial``: every op starts
+    at or after its rank's clock (the previous op's end), so each rank's starts and ends
+    never fall; each lasts a positive time when every duration is positive and at least
+    one unit in the last place of the latest end (then ``start + duration > start``)."""
+    shortest = min(dur_of, default=0.0)
+    latest = max([en[-1] for en in ends if en], default=0.0)
+    return shortest > 0 and math.isfinite(latest) and latest >= 0 and shortest >= math.ulp(latest)
 
 
 def _time_compact(engine: ListScheduler, tis: Sequence[array], mbs: Sequence[array], own_of: Sequence[int],
