@@ -93,3 +93,13 @@ def test_the_check_is_what_keeps_it_exact(monkeypatch) -> None:
                 if got is not None:
                     differ += _view(got[0]) != _view(simulate(sched, costs, MemoryDeltas()))
     assert differ > 0
+
+
+def test_a_timeline_with_its_order_to_make_pickles() -> None:
+    """The event order still to be made travels with the timeline (a spawned rank may get one)."""
+    import pickle
+
+    sched = _schedule("zb-v", None, 4, 16)
+    tl = steady_timeline(sched, Costs(), MemoryDeltas(), "units")[0]
+    copy = pickle.loads(pickle.dumps(tl))
+    assert _view(copy) == _view(simulate(sched, Costs(), MemoryDeltas()))
