@@ -16,7 +16,9 @@ in one pass, with flat per-(layer group, microbatch) tables (rule 2 is a byte sc
 C); rule 5 is the timing pass's engine without the timing (docs/algorithms.md#9-speed).
 A schedule still held as arrays (:class:`~pipeoffload.ir.CompactOrders`) is checked on
 them: rules 1 and 2, then the proof, which implies rule 3; only when it fails are the
-Op lists made to name the first broken rule (docs/algorithms.md §9.1).
+Op lists made to name the first broken rule (docs/algorithms.md §9.1). Where a timing
+follows, :func:`~pipeoffload.passes.lower.validate_and_time` lets the timing stand for the
+proof (:func:`check_rules`, :func:`counted_shape`, :func:`every_op_placed`; §9.3).
 """
 
 from __future__ import annotations
@@ -32,10 +34,10 @@ from .timing import _code_dependencies, _compact_addresses, _proved_compact, pro
 _F, _B, _W, _BW = 0, 1, 2, 3
 _KIND_INDEX = {OpKind.F: _F, OpKind.B: _B, OpKind.W: _W, OpKind.BW: _BW}
 _KIND_OF_INDEX = (OpKind.F, OpKind.B, OpKind.W, OpKind.BW)
-#: Rule 2 on one (layer group, microbatch) as the byte F | B<<1 | W<<2 | BW<<3: complete
-#: is one F with one BW (9) or one B and one W (7); rule 1 already rejected BW mixed with B/W.
 #: The compact kind codes of the compute kinds (F, B, W, BW), as bytes.
 _COMPUTE_CODES = bytes((_F, _B, _W, _BW))
+#: Rule 2 on one (layer group, microbatch) as the byte F | B<<1 | W<<2 | BW<<3: complete
+#: is one F with one BW (9) or one B and one W (7); rule 1 already rejected BW mixed with B/W.
 _INCOMPLETE = bytes(0 if b in (7, 9) else 1 for b in range(256))
 
 
