@@ -254,7 +254,6 @@ Schedule.ranks = property(Schedule._get_ranks, Schedule._set_ranks,
 #: Every OpKind in declaration order: a compact order's kind codes index it (F, B, W, BW
 #: first: the compute kinds are codes 0..3).
 ALL_KINDS: tuple[OpKind, ...] = tuple(OpKind)
-_TRIPLE = 3  #: the length of a (kind, stage, microbatch) triple
 _KIND_CODE = {k: i for i, k in enumerate(ALL_KINDS)}
 
 
@@ -282,9 +281,10 @@ class CompactOrders:
         kinds, stages, mbs = [], [], []
         for lst in per_rank:
             lst = lst if isinstance(lst, (list, tuple)) else list(lst)
-            if any(map(_TRIPLE.__ne__, map(len, lst))):
+            try:  # strict: every triple as long as the others, and three of them: the triples' length
+                ks, ss, js = zip(*lst, strict=True) if lst else ((), (), ())
+            except ValueError:
                 return None
-            ks, ss, js = zip(*lst) if lst else ((), (), ())
             if not (set(map(type, ks)) <= {OpKind} and set(map(type, ss)) <= {int} and set(map(type, js)) <= {int}):
                 return None
             if ss and (min(ss) < 0 or max(ss) >= S):

@@ -22,7 +22,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from itertools import accumulate
 from operator import itemgetter, le, lt, sub
-from typing import Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 from .ir import Op
 
@@ -80,19 +80,37 @@ class EventColumns:
     order), their starts, ends and memory deltas as ``array('d')``, and the rank of
     each event in event order. :class:`TimedOp` objects are made only on demand.
 
+    ``order`` may be given as a function that makes it, called the first time it is
+    read (the periodic timing, :mod:`pipeoffload.passes.steady_columns`, writes the
+    times without running the engine op by op, so the event order is made only when
+    a listing in event order needs it).
+
     Guarantees: :meth:`timed_ops` gives the :class:`TimedOp` list these columns stand
     for (event ``k`` is the next op of rank ``order[k]``), every op on the
     ``"compute"`` stream and with ``op.rank`` its column's rank.
+
+    ``serial`` says that on every rank each op lasts a positive time and starts no
+    earlier than the previous one ends (the timing pass's columns when every duration
+    is positive: each op starts at or after its rank's clock); the metrics then read a
+    rank's first start and last end at its ends, and its memory levels as running sums.
     """
 
-    __slots__ = ("ops", "start", "end", "mem", "order")
+    __slots__ = ("ops", "start", "end", "mem", "_order", "serial")
 
     def __init__(self, ops: Sequence[Sequence[Op]], start: Sequence[array], end: Sequence[array],
-                 mem: Sequence[array], order: array) -> None:
-        self.ops, self.start, self.end, self.mem, self.order = ops, start, end, mem, order
+                 mem: Sequence[array], order: array | Callable[[], array], serial: bool = False) -> None:
+        self.ops, self.start, self.end, self.mem, self._order = ops, start, end, mem, order
+        self.serial = serial
+
+    @property
+    def order(self) -> array:
+        """The rank of each event in event order."""
+        if callable(self._order):
+            self._order = self._order()
+        return self._order
 
     def __len__(self) -> int:
-        return len(self.order)
+        return sum(map(len, self.start))
 
     def rows(self, sort: bool = False) -> Iterator[tuple[Op, float, float, str, float]]:
         """Each event as ``(op, start, end, "compute", mem)``: in event order, or with
@@ -336,7 +354,7 @@ class Timeline:
         for r in range(len(cols.ops)):
             st, en = cols.start[r], cols.end[r]
             if st:
-                first[r], last[r] = min(st), max(en)
+                first[r], last[r] = (st[0], en[-1]) if cols.serial else (min(st), max(en))
                 busy[r] = deque(accumulate(map(sub, en, st), initial=0.0), maxlen=1)[0]
         return first, last, busy
 
@@ -350,7 +368,7 @@ def _column_peak(cols: EventColumns, r: int) -> float:
     levels are the running sums of the deltas in the rank's order, taken in C. Otherwise
     the sweep itself."""
     st, en, mem = cols.start[r], cols.end[r], cols.mem[r]
-    if all(map(lt, st, en)) and all(map(le, en, st[1:])):
+    if cols.serial or all(map(lt, st, en)) and all(map(le, en, st[1:])):
         return max(accumulate(mem, initial=0.0))
     return max([0.0] + [level for _, _, level in memory_sweep(_column_changes(cols, r))])
 

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import gc
 import sys
 from pathlib import Path
+from typing import Iterator
 
 from ..errors import ParameterError
 from ..ir import Schedule
+from ..passes.lower import validate_and_time
 from ..passes.timing import simulate
 from ..schedules import ScheduleSpec, build
 from ..timeline import Timeline
@@ -127,7 +131,7 @@ def schedule_from_args(args: argparse.Namespace) -> tuple[ScheduleSpec, Schedule
             raise ParameterError("schedule", "missing; give a schedule name (see `pipeoffload schedules`) "
                                  "or --from-csv FILE")
         spec = spec_from_args(args)
-        return spec, build(spec)
+        return spec, build(spec, check=False)  # run() validates it with the timing (validate_and_time)
     if args.schedule is not None:
         raise ParameterError("--from-csv", f"give a schedule name ({args.schedule!r}) or --from-csv FILE, not both")
     from ..interop.torch_csv import read_csv
@@ -141,7 +145,32 @@ def schedule_from_args(args: argparse.Namespace) -> tuple[ScheduleSpec, Schedule
     return spec_from_args(args, sched.name), sched
 
 
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector for a block (restored after it, if it
+    was on). A generator and the passes at p = 128, m = 4096 allocate millions of
+    tuples, ints and floats that hold no cycle, and the collector's repeated passes over
+    them cost as much as the work itself (ZB-V: 2.7 of 5.2 s of generation, issue 24,
+    docs/algorithms.md §9.3); the memory they hold is freed by reference counts as ever.
+
+    Guarantees: the same results (the collector frees only unreachable cycles); a
+    cycle made inside the block is freed once the collector runs again."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
+
+
 def run(args: argparse.Namespace) -> int:
+    """`pipeoffload simulate`, with the cyclic collector paused (:func:`collector_paused`)."""
+    with collector_paused():
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     for flag, dest in OUTPUT_FLAGS:
         check_output(flag, getattr(args, dest))
     if args.schedule == "optimal":
@@ -155,7 +184,10 @@ def run(args: argparse.Namespace) -> int:
     if derived is not None and not getattr(args, "offload_time", None):
         # One-way transfer of each layer group's activations over the host link.
         opts = dataclasses.replace(opts, transfer_times=tuple(derived[2]))
-    tl = simulate(sched, spec.costs, spec.memory, memory_unit=unit)
+    if getattr(args, "from_csv", None):  # read_csv validated it
+        tl = simulate(sched, spec.costs, spec.memory, memory_unit=unit)
+    else:  # generated unchecked: validated here, the deadlock proof and the timing one run
+        tl = validate_and_time(sched, spec.costs, spec.memory, memory_unit=unit)
     off = None
     if offload_requested(args):
         from ..passes.offload import plan_offload

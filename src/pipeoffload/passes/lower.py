@@ -11,14 +11,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..costs import Costs, MemoryDeltas
-from ..ir import Schedule
+from ..ir import Schedule, overlap_pairs
 from ..timeline import Timeline
 from .comm import insert_comm
 from .offload import OffloadOptions, OffloadResult, plan_offload
-from .timing import simulate
-from .validate import validate
+from .steady_columns import steady_timeline
+from .timing import _simulate_columns, simulate
+from .validate import check_rules, counted_shape, every_op_placed, validate
 
-__all__ = ["Lowered", "lower"]
+__all__ = ["Lowered", "lower", "validate_and_time"]
 
 
 @dataclass
@@ -75,10 +76,14 @@ def lower(
         ``schedule`` (plus the transfers the pass placed).
     """
     costs = costs or Costs()
-    if not validated:
-        validate(schedule)
     compute = schedule.compute_only()
-    base = simulate(compute, costs, memory, memory_unit=memory_unit)
+    if validated:
+        base = simulate(compute, costs, memory, memory_unit=memory_unit)
+    elif schedule.compact is not None and schedule.compact.compute_only():  # compute shares its arrays
+        base = validate_and_time(compute, costs, memory, memory_unit)
+    else:
+        validate(schedule)
+        base = simulate(compute, costs, memory, memory_unit=memory_unit)
     program, timeline, result = schedule, base, None
     if offload is not None:
         result = plan_offload(compute, base, comm=costs.comm, options=offload)
@@ -86,3 +91,53 @@ def lower(
     if comm:
         program = insert_comm(program)
     return Lowered(program, timeline, base, result)
+
+
+def validate_and_time(schedule: Schedule, costs: Costs | None = None, memory: MemoryDeltas | None = None,
+                      memory_unit: str = "units") -> Timeline:
+    """:func:`~pipeoffload.passes.validate.validate` then
+    :func:`~pipeoffload.passes.timing.simulate`, with the deadlock proof and the timing
+    one engine run where the schedule allows it.
+
+    The proof places each rank's ops in order, each once its inputs are placed; the
+    timing does the same and also times them. For a compute-only schedule held as arrays
+    without overlapped pairs whose op counts make it complete once every op is placed
+    (:func:`~pipeoffload.passes.validate.counted_shape`, O(p) calls into C), the timing
+    that places every op into a full end table is the proof
+    (:func:`~pipeoffload.passes.validate.every_op_placed`): the rules' per-op pass,
+    the compact addresses made twice and the proof's own run are skipped; the timing
+    writes the periodic steady state by shifting where that gives the same floats
+    (:mod:`~pipeoffload.passes.steady_columns`), and its end table (every slot written,
+    each by the engine or by the shift its argument proves) is the proof's. A schedule
+    with overlapped pairs is checked for rules 1 to 4 and timed: the timing places each
+    pair as one op as the proof does and raises the proof's message on a deadlock.
+    Otherwise, and whenever the compact timing does not place every op, the two passes
+    run as ever.
+
+    Args:
+        schedule: the schedule to check and time.
+        costs, memory, memory_unit: as :func:`~pipeoffload.passes.timing.simulate`.
+
+    Returns:
+        The timeline :func:`~pipeoffload.passes.timing.simulate` returns.
+
+    Raises:
+        ScheduleError: the error :func:`~pipeoffload.passes.validate.validate` raises
+        (the same first broken rule and message), or the timing's.
+
+    Guarantees: the same timeline (the same floats and event order) and the same error
+    as ``validate(schedule); simulate(schedule, costs, memory, memory_unit)``; the
+    shortcut's verdict is checked against the two passes by tests/test_validate_timed.py.
+    """
+    if counted_shape(schedule):
+        placed: list = []
+        steady = steady_timeline(schedule, costs or Costs(), memory or MemoryDeltas(), memory_unit, placed)
+        timeline = steady[0] if steady else _simulate_columns(schedule, costs, memory, memory_unit, placed)
+        if timeline is not None and every_op_placed(schedule, placed[0]):
+            return timeline
+    elif overlap_pairs(schedule) and check_rules(schedule):
+        # Rules 1 to 4 hold; the timing places each pair as one op exactly as the proof
+        # does (_place_overlapped, the same pairs) and raises the proof's message.
+        return simulate(schedule, costs, memory, memory_unit)
+    validate(schedule)
+    return simulate(schedule, costs, memory, memory_unit)

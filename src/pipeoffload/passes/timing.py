@@ -590,16 +590,15 @@ def simulate(
     keep the schedule's order and never overlap; every op starts no earlier than its
     dependencies' ends (+ comm across ranks). Raises ScheduleError on deadlock.
     """
+    timeline = _simulate_columns(schedule, costs, memory, memory_unit)
+    if timeline is not None:
+        return timeline
     costs = costs or Costs()
     memory = memory or MemoryDeltas()
     pl = schedule.placement
     dur = costs.duration_table(pl)
     mem = memory.delta_table(pl)
-    fields = dict(name=schedule.name, num_microbatches=schedule.num_microbatches, chunks=schedule.chunks,
-                  memory_unit=memory_unit, meta={"params": dict(schedule.params)})
-    columns = _timed_columns(schedule, dur, mem, costs.comm)
-    if columns is not None:
-        return Timeline.from_columns(schedule.num_ranks, columns, **fields)
+    fields = _timeline_fields(schedule, memory_unit)
     events = run_list_schedule(
         schedule,
         lambda o: dur[o.stage][o.kind],
@@ -607,6 +606,26 @@ def simulate(
         lambda o: mem[o.stage][o.kind],
     )
     return Timeline(num_ranks=schedule.num_ranks, events=events, **fields)
+
+
+def _timeline_fields(schedule: Schedule, memory_unit: str) -> dict[str, Any]:
+    """The :class:`Timeline` fields :func:`simulate` copies from ``schedule``."""
+    return dict(name=schedule.name, num_microbatches=schedule.num_microbatches, chunks=schedule.chunks,
+                memory_unit=memory_unit, meta={"params": dict(schedule.params)})
+
+
+def _simulate_columns(schedule: Schedule, costs: Costs | None, memory: MemoryDeltas | None, memory_unit: str,
+                      placed: list[array] | None = None) -> Timeline | None:
+    """:func:`simulate` on compact addresses (:func:`_timed_columns`, whose ``placed``
+    this passes on), or None where that does not apply (then :func:`simulate` takes the
+    general path)."""
+    costs = costs or Costs()
+    memory = memory or MemoryDeltas()
+    pl = schedule.placement
+    columns = _timed_columns(schedule, costs.duration_table(pl), memory.delta_table(pl), costs.comm, placed)
+    if columns is None:
+        return None
+    return Timeline.from_columns(schedule.num_ranks, columns, **_timeline_fields(schedule, memory_unit))
 
 
 #: The compute kinds in the compact addresses' order: an op's *table index* is
@@ -670,14 +689,18 @@ def _compact_from_arrays(schedule: Schedule, compact: CompactOrders
 
 
 def _timed_columns(schedule: Schedule, dur: Sequence[Mapping[OpKind, float]],
-                   mem: Sequence[Mapping[OpKind, float]], comm: float) -> EventColumns | None:
+                   mem: Sequence[Mapping[OpKind, float]], comm: float,
+                   placed: list[array] | None = None) -> EventColumns | None:
     """:func:`simulate`'s timing as :class:`EventColumns`, without an :class:`Op` lookup
     per op of the durations and deltas nor a :class:`TimedOp`: the same engine and fused
     loop as :func:`run_list_schedule`, the same floats in the same event order.
 
     None (the caller takes :func:`run_list_schedule`, which then raises or times as
     ever) for overlapped pairs, a deadlock, a duration or delta that is not a float,
-    and the cases :func:`_compact_addresses` leaves out. Cost: O(number of ops)."""
+    and the cases :func:`_compact_addresses` leaves out. ``placed``, when given, gets
+    the engine's end table appended (``array('d')``, ``-inf`` at an op never placed;
+    index ``(code·S + stage)·m' + mb`` with ``m'`` the engine's size: the validator's
+    fused proof reads it). Cost: O(number of ops)."""
     if overlap_pairs(schedule):
         return None
     S = schedule.num_stages
@@ -693,23 +716,36 @@ def _timed_columns(schedule: Schedule, dur: Sequence[Mapping[OpKind, float]],
     own_of = [KIND_CODE[k] * S + s for k in _TABLE_KINDS for s in range(S)]
     starts = [array("d", bytes(8 * len(t))) for t in tis]
     ends = [array("d", bytes(8 * len(t))) for t in tis]
-    order = _time_compact(engine, tis, mbs, own_of, dur_of, starts, ends)
+    end = array("d", [_NOT_PLACED]) * len(engine.end)  # the engine's end table, 8 bytes a slot
+    order = _time_compact(engine, tis, mbs, own_of, dur_of, starts, ends, end)
+    if placed is not None:
+        placed.append(end)
     if len(order) < sum(map(len, tis)):
         return None  # deadlock: run_list_schedule names the cycle
     mems = [array("d", map(mem_of.__getitem__, t)) for t in tis]
-    return EventColumns(ops, starts, ends, mems, order)
+    return EventColumns(ops, starts, ends, mems, order, serial=_serial(dur_of, ends))
+
+
+def _serial(dur_of: Sequence[float], ends: Sequence[array]) -> bool:
+    """Whether the engine's columns are :class:`EventColumns` ``serial``: every op starts
+    at or after its rank's clock (the previous op's end), so each rank's starts and ends
+    never fall; each lasts a positive time when every duration is positive and at least
+    one unit in the last place of the latest end (then ``start + duration > start``)."""
+    shortest = min(dur_of, default=0.0)
+    latest = max([en[-1] for en in ends if en], default=0.0)
+    return shortest > 0 and math.isfinite(latest) and latest >= 0 and shortest >= math.ulp(latest)
 
 
 def _time_compact(engine: ListScheduler, tis: Sequence[array], mbs: Sequence[array], own_of: Sequence[int],
-                  dur_of: Sequence[float], starts: Sequence[array], ends: Sequence[array]) -> array:
+                  dur_of: Sequence[float], starts: Sequence[array], ends: Sequence[array], end: array) -> array:
     """:func:`_time_rank_lists` over compact addresses (rank ``r``'s op ``i`` is
     ``own_of[tis[r][i]]``, microbatch ``mbs[r][i]``, runs for ``dur_of[tis[r][i]]``):
-    writes each op's start and end into ``starts``/``ends`` and returns the rank of each
-    placed op in placement order (as many as were placed: fewer on a deadlock)."""
+    writes each op's start and end into ``starts``/``ends`` and the engine's end table
+    ``end`` (all ``-inf`` on entry), and returns the rank of each placed op in placement
+    order (as many as were placed: fewer on a deadlock)."""
     m = engine.num_microbatches
     deps, clock, origin = engine.deps, engine.clock, engine.origin
     unplaced = _NOT_PLACED
-    end = array("d", [unplaced]) * len(engine.end)  # the engine's end table, 8 bytes a slot
     p = len(tis)
     done = [0] * p
     order = array("l")

@@ -16,10 +16,15 @@ in one pass, with flat per-(layer group, microbatch) tables (rule 2 is a byte sc
 C); rule 5 is the timing pass's engine without the timing (docs/algorithms.md#9-speed).
 A schedule still held as arrays (:class:`~pipeoffload.ir.CompactOrders`) is checked on
 them: rules 1 and 2, then the proof, which implies rule 3; only when it fails are the
-Op lists made to name the first broken rule (docs/algorithms.md §9.1).
+Op lists made to name the first broken rule (docs/algorithms.md §9.1). Where a timing
+follows, :func:`~pipeoffload.passes.lower.validate_and_time` lets the timing stand for the
+proof (:func:`check_rules`, :func:`counted_shape`, :func:`every_op_placed`; §9.3).
 """
 
 from __future__ import annotations
+
+import math
+from array import array
 
 from ..errors import ScheduleError
 from ..ir import CompactOrders, OpKind, Schedule, overlap_pairs
@@ -29,6 +34,8 @@ from .timing import _code_dependencies, _compact_addresses, _proved_compact, pro
 _F, _B, _W, _BW = 0, 1, 2, 3
 _KIND_INDEX = {OpKind.F: _F, OpKind.B: _B, OpKind.W: _W, OpKind.BW: _BW}
 _KIND_OF_INDEX = (OpKind.F, OpKind.B, OpKind.W, OpKind.BW)
+#: The compact kind codes of the compute kinds (F, B, W, BW), as bytes.
+_COMPUTE_CODES = bytes((_F, _B, _W, _BW))
 #: Rule 2 on one (layer group, microbatch) as the byte F | B<<1 | W<<2 | BW<<3: complete
 #: is one F with one BW (9) or one B and one W (7); rule 1 already rejected BW mixed with B/W.
 _INCOMPLETE = bytes(0 if b in (7, 9) else 1 for b in range(256))
@@ -40,6 +47,18 @@ def validate(schedule: Schedule) -> None:
     Guarantees: the rules are checked in the order of the module docstring, and the
     error names the first bad op (rank and position) or the missing op, and the rule.
     """
+    if check_rules(schedule):
+        prove_deadlock_free(schedule)
+
+
+def check_rules(schedule: Schedule) -> bool:
+    """:func:`validate` up to the deadlock proof: raise :class:`ScheduleError` for the
+    first broken rule among 1 to 4; return whether rule 5's proof is still to run (False
+    when the compact proof already ran and passed).
+
+    Guarantees: ``validate(s)`` is ``check_rules(s) and prove_deadlock_free(s)``; a
+    timing that places every op as the proof does (each overlapped pair as one op) may
+    stand for the proof (:func:`~pipeoffload.passes.lower.validate_and_time`)."""
     pl = schedule.placement
     m = schedule.num_microbatches
     if m < 1:
@@ -51,14 +70,55 @@ def validate(schedule: Schedule) -> None:
     if compact is not None and not overlap_pairs(schedule):  # pairs need the Op lists' checks
         _check_complete(schedule, _check_shape_compact(schedule, compact))
         if _proved(schedule):
-            return  # rules 3 to 5 hold: a proof that places every op places its same-rank inputs first
+            return False  # rules 3 to 5 hold: a proof that places every op places its same-rank inputs first
         # else the Op lists' checks below name the first broken rule
     counts, order_error = _check_shape(schedule)
     _check_complete(schedule, counts)
     if order_error:  # rule 3, found in rule 1's pass and raised after rule 2
         raise ScheduleError(order_error)
     _check_overlap(schedule)
-    prove_deadlock_free(schedule)
+    return True
+
+
+def counted_shape(schedule: Schedule) -> bool:
+    """Whether ``schedule`` is held as compute-only :class:`CompactOrders` without
+    overlapped pairs whose counts make a complete schedule once every op is placed:
+    one list per rank, every layer group on its list's rank, every microbatch in
+    ``[0, m)``, and per kind ``S·m`` F's with ``S·m`` B's and W's (no BW) or ``S·m``
+    BW's (no B or W). O(p) calls into C.
+
+    Guarantees (with :func:`every_op_placed`): if this holds and a proof or a timing
+    that places each rank's ops in order, each once its inputs are placed, places every
+    op into an end table in which every slot of those kinds is then set, the schedule
+    passes :func:`validate`: each slot set at least once by a count of ops equal to the
+    number of slots is each op exactly once (rules 1 and 2, no duplicates), and the
+    placement order is rules 3 and 5 (rule 4: no pairs)."""
+    compact, pl, m = schedule.compact, schedule.placement, schedule.num_microbatches
+    if compact is None or m < 1 or len(compact.kinds) != pl.num_ranks or overlap_pairs(schedule):
+        return False
+    rank_of, n = pl.stage_to_rank, [0, 0, 0, 0]
+    for r, (ks, ss, js) in enumerate(zip(compact.kinds, compact.stages, compact.mbs)):
+        if not js:
+            continue
+        codes = ks.tobytes()  # one byte a kind code: counted by memchr-speed bytes methods
+        if min(js) < 0 or max(js) >= m or codes.translate(None, _COMPUTE_CODES) or \
+                any(rank_of[s] != r for s in set(ss)):
+            return False
+        for k in range(4):
+            n[k] += codes.count(k)
+    full = pl.num_stages * m
+    return n[_F] == full and (n[_B] == n[_W] == full and not n[_BW] or n[_BW] == full and not n[_B] + n[_W])
+
+
+def every_op_placed(schedule: Schedule, end: array) -> bool:
+    """Whether the engine's end table ``end`` (``-inf`` at an op never placed) has every
+    slot of the schedule's kinds set: F and B (a BW completes the B), and W unless the
+    schedule runs BW's. Call after :func:`counted_shape` holds (module contract there)."""
+    size = schedule.num_stages * schedule.num_microbatches
+    if len(end) != 3 * size:
+        return False
+    kinds = 2 if any(k.tobytes().count(_BW) for k in schedule.compact.kinds) else 3
+    return -math.inf not in end[:kinds * size]
 
 
 def _check_shape(schedule: Schedule) -> tuple[list[bytearray], str | None]:

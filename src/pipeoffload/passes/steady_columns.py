@@ -1,0 +1,114 @@
+"""The timing pass through the periodic steady state: a generated schedule's timeline
+with the middle periods written by shifting instead of timed op by op.
+
+Generated orders repeat in their middle: on each rank the op ``P`` places later is the
+same op one microbatch on. :mod:`pipeoffload.schedules.steady_timing` holds the one
+implementation of the argument (its module docstring): it runs the timing pass's
+recurrence up to a cut, checks that a period ends exactly ``T`` after the one before
+and that the period's inputs lie inside the periodic ranges, then writes the ends of
+the later periods by slices of the engine's end table (the same floats, when every
+duration and the latency are exact binary fractions) and times the cool-down. This
+module uses that engine for :func:`~pipeoffload.passes.timing.simulate`'s columns:
+each op's end is the end table's, its start ``end − duration`` (exact under the same
+condition: ``end = start + duration`` was an exact sum), and the event order, which
+only a listing in event order reads, is made when first read by the plain timing.
+
+Pure Python.
+"""
+
+from __future__ import annotations
+
+from array import array
+from operator import add, sub
+from ..costs import Costs, MemoryDeltas
+from ..ir import OpKind, Schedule
+from ..schedules.steady_timing import _Engine, _exact, _run_with_skip
+from ..timeline import EventColumns, Timeline
+from .timing import KIND_CODE, ListScheduler, _compact_from_arrays, _time_compact, _timeline_fields
+
+__all__ = ["steady_timeline"]
+
+_TABLE_KINDS = (OpKind.F, OpKind.B, OpKind.W, OpKind.BW)  #: the compact kind codes' order
+_CODE_OF_INDEX = tuple(KIND_CODE[k] for k in _TABLE_KINDS)  #: kind index -> engine code (BW: B)
+
+
+def steady_timeline(schedule: Schedule, costs: Costs, memory: MemoryDeltas, memory_unit: str,
+                    placed: list | None = None) -> tuple[Timeline, int] | None:
+    """``simulate(schedule, costs, memory, memory_unit)`` with the periodic steady state
+    shifted, and how many periods were shifted; None where the shortcut does not apply.
+
+    Args:
+        schedule: a compute-only schedule held as
+            :class:`~pipeoffload.ir.CompactOrders`, without overlapped pairs, every
+            microbatch in ``[0, m)`` (:func:`~pipeoffload.passes.validate.counted_shape`).
+        costs, memory, memory_unit: as :func:`~pipeoffload.passes.timing.simulate`.
+        placed: when given, gets the engine's end table appended (``-inf`` at an op
+            never placed; the validator's fused proof reads it).
+
+    Returns:
+        The timeline and the number of periods written by shifting (0: every op timed
+        by the engine), or None: a duration that is not a positive float or not an
+        exact binary fraction (:func:`~pipeoffload.schedules.steady_timing._exact`), B
+        and BW ops together, or the orders deadlock (the caller times them as ever).
+
+    Guarantees: the same timeline as :func:`~pipeoffload.passes.timing.simulate`: the
+    same floats (the engine's recurrence; the shifted ends by
+    :mod:`~pipeoffload.schedules.steady_timing`'s argument, tests/test_steady_columns.py
+    against the plain timing) and, when read, the same event order (made by the plain
+    timing). Cost: the engine over the warm-up and cool-down plus O(p·m) list work in
+    C; O(p·m) engine steps when no period is shifted.
+    """
+    compact, pl = schedule.compact, schedule.placement
+    S, m = pl.num_stages, schedule.num_microbatches
+    kind_bytes = [k.tobytes() for k in compact.kinds]  # one byte a kind code
+    uses_bw = any(k.count(3) for k in kind_bytes)
+    if uses_bw and any(k.count(1) for k in kind_bytes):
+        return None  # B and BW share the engine's code but not their duration
+    dur_t, mem_t = costs.duration_table(pl), memory.delta_table(pl)
+    dur_of = [dur_t[s][k] for k in _TABLE_KINDS for s in range(S)]
+    mem_of = [mem_t[s][k] for k in _TABLE_KINDS for s in range(S)]
+    if not all(type(x) is float for x in dur_of + mem_of) or min(dur_of) <= 0:
+        return None
+    durc = dur_of[:S] + dur_of[3 * S:] + dur_of[2 * S:3 * S] if uses_bw else dur_of[:3 * S]  # per engine code
+    n_ops = sum(map(len, compact.kinds))
+    if not _exact(durc + [costs.comm], n_ops):
+        return None
+    own_of = [_CODE_OF_INDEX[k] * S + s for k in range(4) for s in range(S)]
+    slot0 = [own * m for own in own_of]  # table index -> end-table slot of microbatch 0
+    tis = [list(map(add, map(S.__mul__, ks), ss)) for ks, ss in zip(compact.kinds, compact.stages)]
+    codes = [list(map(add, map(slot0.__getitem__, ti), js)) for ti, js in zip(tis, compact.mbs)]
+    eng = _Engine(pl, m, costs.comm, codes, durc)
+    skipped = _run_with_skip(eng, m)
+    if any(d < len(c) for d, c in zip(eng.done, codes)):
+        return None  # a deadlock: the plain timing and the validator name it
+    end = eng.end
+    if placed is not None:
+        placed.append(end)
+    ends = [array("d", map(end.__getitem__, c)) for c in codes]
+    starts = [array("d", map(sub, e, map(dur_of.__getitem__, ti))) for e, ti in zip(ends, tis)]
+    mems = [array("d", map(mem_of.__getitem__, ti)) for ti in tis]
+    ops = [compact.rank_ops(pl, r) for r in range(len(codes))]
+    columns = EventColumns(ops, starts, ends, mems, _EventOrder(schedule, costs.comm, dur_of), serial=True)
+    return Timeline.from_columns(schedule.num_ranks, columns, **_timeline_fields(schedule, memory_unit)), skipped
+
+
+class _EventOrder:
+    """Makes the plain timing's event order (the rank of each op in the order the engine
+    places them) when called: run when a listing in event order first needs it. A class,
+    not a closure, so that a timeline holding it still pickles."""
+
+    __slots__ = ("schedule", "comm", "dur_of")
+
+    def __init__(self, schedule: Schedule, comm: float, dur_of: list[float]) -> None:
+        self.schedule, self.comm, self.dur_of = schedule, comm, dur_of
+
+    def __call__(self) -> array:
+        schedule = self.schedule
+        ops, tis, mbs, m = _compact_from_arrays(schedule, schedule.compact)
+        S = schedule.num_stages
+        engine = ListScheduler(schedule.placement.stage_to_rank, m, self.comm, 0.0)
+        own_of = [_CODE_OF_INDEX[k] * S + s for k in range(4) for s in range(S)]
+        starts = [array("d", bytes(8 * len(t))) for t in tis]
+        ends = [array("d", bytes(8 * len(t))) for t in tis]
+        end = array("d", [-float("inf")]) * len(engine.end)
+        return _time_compact(engine, tis, mbs, own_of, self.dur_of, starts, ends, end)
