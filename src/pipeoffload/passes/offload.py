@@ -1264,15 +1264,13 @@ def _sweep_link(cands: list[_Candidate], ranks: list[int], levels: dict[int, lis
     up: list[tuple[float, float]] = []
     down: list[tuple[float, float]] = []
     placed: dict[int, _Slots] = {}
-    saved: dict[int, list[tuple[float, float, float]]] = {r: [] for r in ranks}  # (from, until, amount)
+    saved = {r: _Savings() for r in ranks}
     reached = {r: 0.0 for r in ranks}
 
     def level(r: int, t: float) -> float:
         i = bisect_right(base[r], (t + _EPS, math.inf, True)) - 1
         lvl = base[r][i][1] if i >= 0 else 0.0
-        # The sweep's time never goes back: savings over by now are dropped for good.
-        saved[r] = [x for x in saved[r] if t < x[1] - _EPS]
-        return lvl - sum(a for s0, _, a in saved[r] if s0 <= t + _EPS)
+        return lvl - saved[r].at(t)
 
     ends = {r: [sign * c.backward_start for c in mine[r]] for r in ranks}  # ascending
     sweep = [(t, r) for r in ranks for t, _, alloc in base[r] if alloc]
@@ -1296,7 +1294,7 @@ def _sweep_link(cands: list[_Candidate], ranks: list[int], levels: dict[int, lis
             if slots is None:
                 continue
             placed[id(c)] = slots
-            saved[r].append((slots[1], slots[2], c.amount))
+            saved[r].add(slots[1], slots[2], c.amount)
             heapq.heappush(sweep, (slots[2], r))
             now -= c.amount
         reached[r] = max(reached[r], now)
@@ -1304,6 +1302,42 @@ def _sweep_link(cands: list[_Candidate], ranks: list[int], levels: dict[int, lis
 
 
 _place_by_peak.needs_events = True  # type: ignore[attr-defined]
+
+
+class _Savings:
+    """One rank's savings in :func:`_sweep_link`: ``(from, until, amount)`` in the order they
+    were booked, read at times that never go back. :meth:`at` is the sum the sweep always
+    took — over the savings not over by ``t`` (dropped for good) that have begun by ``t``, in
+    booking order — with the list filtered only when one is over and the sum of all of them
+    kept while none is over and all have begun: the same floats added in the same order."""
+
+    __slots__ = ("items", "over_at", "last_from", "total")
+
+    def __init__(self) -> None:
+        self.items: list[tuple[float, float, float]] = []
+        self.over_at = math.inf  #: the smallest ``until − ε``: a read at or after it drops one
+        self.last_from = -math.inf  #: the latest ``from``
+        self.total: float | None = None  #: the sum of every amount, while the list is unchanged
+
+    def add(self, start: float, until: float, amount: float) -> None:
+        """Book a saving of ``amount`` from ``start`` until ``until``."""
+        self.items.append((start, until, amount))
+        self.over_at = min(self.over_at, until - _EPS)
+        self.last_from = max(self.last_from, start)
+        self.total = None
+
+    def at(self, t: float) -> float:
+        """The savings at ``t`` (no earlier than any time read before)."""
+        if not t < self.over_at:  # the sweep's time never goes back: savings over by now go for good
+            self.items = [x for x in self.items if t < x[1] - _EPS]
+            self.over_at = min((x[1] - _EPS for x in self.items), default=math.inf)
+            self.last_from = max((x[0] for x in self.items), default=-math.inf)
+            self.total = None
+        if self.last_from <= t + _EPS:  # every one has begun: the sum over the whole list
+            if self.total is None:
+                self.total = sum(a for _, _, a in self.items)
+            return self.total
+        return sum(a for s0, _, a in self.items if s0 <= t + _EPS)
 
 
 def _covers(c: _Candidate, t: float) -> bool:
