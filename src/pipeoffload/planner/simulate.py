@@ -36,7 +36,7 @@ from ..errors import ParameterError, PipeoffloadError, ScheduleError
 from ..ir import ALL_KINDS, OVERLAP, CompactOrders, OpKind, Placement, Schedule
 from ..passes.issue_policy import paused_gc
 from ..passes.lower import lower
-from ..passes.offload import OffloadOptions, OffloadResult, offload_bounds, plan_offload
+from ..passes.offload import OffloadOptions, OffloadResult, OffloadSession, offload_bounds
 from ..timeline import Timeline, _clean
 from .bounds import pipeline_bound
 from .dp import dp_exposed
@@ -173,6 +173,8 @@ class Simulator:
         self._simulations: dict[tuple[Split, Family, int, bool], Simulated | Refused] = {}
         self._peaks: dict[tuple[Split, Family, int, bool], list[float] | None] = {}
         self._bounds: dict[tuple[Split, Family, int, bool], dict | None] = {}
+        #: The offload session of the last candidate offloaded (:meth:`offload`), by its inputs.
+        self._session: tuple[tuple, OffloadSession] | None = None
         self.stats = {"simulations": 0, "offload_plans": 0, "generator_calls": 0}
 
     # -- schedules ------------------------------------------------------------------------------
@@ -329,11 +331,14 @@ class Simulator:
         ("offload") when the pass refuses."""
         sim = self.simulate(split, family, m, recompute)
         self.stats["offload_plans"] += 1
-        settings = self._offload_options(split, sim, chunks, stash)
+        settings = self._offload_options(split, sim, 1, stash)
+        key = (split, family, m, recompute, settings)
         try:  # the offload step of passes.lower on the timeline already made (lower would time it again)
             with paused_gc():
-                result = plan_offload(sim.schedule.compute_only(), sim.timeline, comm=sim.sharded.costs.comm,
-                                      options=settings)
+                if self._session is None or self._session[0] != key:  # one candidate's tries C = 1, 2, … share it
+                    self._session = (key, OffloadSession(sim.schedule.compute_only(), sim.timeline,
+                                                         comm=sim.sharded.costs.comm, options=settings))
+                result = self._session[1].plan(chunks)
         except PipeoffloadError as e:
             raise Refused("offload", f"offload pass refused C={chunks}{' +stash' if stash else ''}: {e}") from None
         return sim, result
