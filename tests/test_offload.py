@@ -570,3 +570,39 @@ def test_bounded_gap_searches_answer_as_the_full_ones(gaps, t, d, limit):
     assert (full - d <= limit) == (bounded - d <= limit)
     if full - d > limit:
         assert bounded == full
+
+
+def _described(res) -> str:
+    """Every field of an offload plan, as benchmarks/offload_outputs.py compares them."""
+    return repr((res.schedule.ranks, res.schedule.params, res.timeline.events, res.timeline.meta, res.transfers,
+                 res.skipped, res.settings, res.delayed, res.peak, res.peak_no_offload, res.host_memory,
+                 res.makespan, res.makespan_no_offload, res.offloaded_chunks))
+
+
+@pytest.mark.parametrize("name,p,m,kw", [
+    ("zb-v", 4, 12, {}), ("group-interleaved", 4, 10, {"v": 3, "g": 3}), ("interleaved-1f1b", 3, 9, {"v": 3}),
+    ("dualpipev", 4, 16, {}), ("v-half", 4, 12, {}),
+])
+@pytest.mark.parametrize("order", ["up", "down"])
+def test_offload_session_plans_are_plan_offloads(name, p, m, kw, order):
+    """OffloadSession (the planner's tries C = 1, 2, … in one context, each C's plan made once)
+    gives, whatever it planned before, exactly plan_offload's plan, and leaves the plans it
+    returned before as they were (each call gets its own copy of the kept draft)."""
+    from dataclasses import replace
+
+    from pipeoffload.passes.offload import OffloadOptions, OffloadSession
+
+    sched = generate(name, p=p, m=m, **kw)
+    costs = Costs(F=1.0, B=2.0, W=1.0, comm=0.1)
+    tl = simulate(sched, costs)
+    chunks = list(range(1, sched.chunks + 1))
+    chunks = chunks if order == "up" else chunks[::-1]
+    for postpone in (True, False):
+        opts = OffloadOptions(offload_time=0.6, on_infeasible="skip", postpone_warmup=postpone, link_group=2)
+        session = OffloadSession(sched, tl, comm=costs.comm, options=opts)
+        got = [(C, session.plan(C)) for C in chunks]
+        seen = [_described(r) for _, r in got]
+        for (C, res), text in zip(got, seen):
+            want = plan_offload(sched, tl, comm=costs.comm, options=replace(opts, offload_chunks=C))
+            assert text == _described(want), (C, postpone)
+            assert _described(res) == text  # not changed by the plans made after it

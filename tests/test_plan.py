@@ -654,11 +654,33 @@ def test_untimed_peaks_are_the_timelines(name, data):
         deltas.append((fd, b, -(fd + b)))
     costs = Costs(comm=data.draw(st.sampled_from([0.0, 0.3])), group_costs=groups)
     memory = MemoryDeltas(F=1.0, B=0.0, W=-1.0, group_deltas=tuple(deltas))
-    ours = order_peaks(sched, costs, memory)
+    compact = sched.compact is not None
+    ours = order_peaks(sched, costs, memory)  # from the compact orders where the schedule has them
     if ours is None:
         assert "overlap_f_b" in sched.params
     else:
         assert ours == simulate(sched, costs, memory).peak_memory()
+        assert sched.ranks is not None and sched.compact is None  # the Op lists now: the other path
+        assert order_peaks(sched, costs, memory) == ours, f"compact path taken first: {compact}"
+
+
+def test_untimed_peaks_read_the_compact_orders():
+    """order_peaks reads a generated schedule's compact orders without making its Op lists (the
+    planner's memory-before-time check on large schedules), with the Op-list loop's floats."""
+    from pipeoffload.costs import Costs, MemoryDeltas
+    from pipeoffload.passes.timing import simulate
+    from pipeoffload.planner.simulate import order_peaks
+    from pipeoffload.schedules import generate
+
+    sched = generate("group-interleaved", p=4, m=11, v=3, g=3)
+    assert sched.compact is not None
+    groups = tuple((1.0 + 0.1 * s, 2.0 - 0.05 * s, 0.7) for s in range(sched.num_stages))
+    deltas = tuple((3.0 + s, -1.25 + 0.5 * (s % 3), -(3.0 + s) - (-1.25 + 0.5 * (s % 3)))
+                   for s in range(sched.num_stages))
+    costs, memory = Costs(group_costs=groups), MemoryDeltas(F=1.0, B=0.0, W=-1.0, group_deltas=deltas)
+    ours = order_peaks(sched, costs, memory)
+    assert sched.compact is not None, "order_peaks made the Op lists"
+    assert ours == simulate(sched, costs, memory).peak_memory()
 
 
 def test_offload_from_the_simulated_timeline_is_lowers():

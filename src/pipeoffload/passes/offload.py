@@ -80,6 +80,8 @@ lifespans; the makespan and every rank's order are unchanged.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import heapq
 import math
 from bisect import bisect_left, bisect_right, insort
@@ -94,7 +96,8 @@ from ..timeline import ALLOC, FREE, TimedOp, Timeline, _clean, memory_sweep
 from .timing import completion_key, dependents, run_list_schedule, simulate
 
 __all__ = [
-    "LinkModel", "Transfer", "OffloadOptions", "OffloadResult", "plan_offload", "largest_feasible_chunks",
+    "LinkModel", "Transfer", "OffloadOptions", "OffloadResult", "OffloadSession", "plan_offload",
+    "largest_feasible_chunks",
     "host_memory_curve", "host_memory_curves", "offload_from_slots", "offload_peak_floor", "offload_bounds",
 ]
 
@@ -311,12 +314,46 @@ def plan_offload(
         link_group=link_group, solo_factor=solo_factor, tolerance=tolerance, on_infeasible=on_infeasible,
         postpone_warmup=postpone_warmup, stash=stash, mem_limit=mem_limit))
     schedule, timeline, comm = _timed_inputs(schedule, timeline, costs, memory, memory_unit, comm)
+    return _plan_in(_context(schedule, timeline, o, comm), o)
+
+
+def _context(schedule: Schedule, timeline: Timeline, o: OffloadOptions, comm: float) -> "_Context":
     ctx = _Context.make(schedule, timeline, o.offload_time, o.transfer_times, o.link_group, o.solo_factor, comm)
     ctx.stash = bool(o.stash)
+    return ctx
+
+
+def _plan_in(ctx: "_Context", o: OffloadOptions) -> OffloadResult:
+    """:func:`plan_offload`'s plan for ``o`` in the context ``ctx``."""
     res, mode = _plan_by_mode(ctx, o)
     res = _finish(res)  # only the plan kept gets its op lists and host memory
     res.settings = {**o.summary(mode), **res.settings}
     return res
+
+
+class OffloadSession:
+    """:func:`plan_offload` with ``options`` for several C on one timed schedule, in one
+    context: what every plan shares (the postponed warm-up, the candidates, the baseline)
+    is made once, and in "skip" mode so is the plan for each C, which the plan for a larger
+    C compares with (:func:`_no_worse_than_fewer_chunks`) — the planner's tries C = 1, 2, …
+    made the plans for C' < C again at every C.
+
+    Args:
+        schedule, timeline, comm: as :func:`plan_offload` takes them (a timed schedule).
+        options: the settings; :meth:`plan`'s ``chunks`` replaces ``offload_chunks``.
+
+    Guarantees: ``plan(C)`` equals ``plan_offload(schedule, timeline, comm=comm,
+    options=replace(options, offload_chunks=C))`` field for field, whatever was planned
+    before; the inputs are not modified."""
+
+    def __init__(self, schedule: Schedule, timeline: Timeline, *, comm: float, options: OffloadOptions) -> None:
+        schedule, timeline, comm = _timed_inputs(schedule, timeline, None, None, "units", comm)
+        self.options = options
+        self._ctx = _context(schedule, timeline, options, comm)
+
+    def plan(self, chunks: int) -> OffloadResult:
+        """The plan for ``chunks`` (C); raises as :func:`plan_offload`."""
+        return _plan_in(self._ctx, dataclasses.replace(self.options, offload_chunks=chunks))
 
 
 def _one_options(options: OffloadOptions | None, given: OffloadOptions) -> OffloadOptions:
@@ -788,7 +825,35 @@ def _plan_for_chunks(ctx: _Context, C: int, mode: str, postpone: bool | None) ->
     with and without postponed warm-up forwards) and keep the best plan: in "error"
     mode only complete plans count; then the shortest makespan, the lowest highest
     peak, the lowest summed peaks (ties keep the earlier plan: not postponed, "value").
-    None when no complete plan exists in "error" mode (reason in ctx.last_failure)."""
+    None when no complete plan exists in "error" mode (reason in ctx.last_failure).
+    In "skip" mode made once per context and arguments (every call gets its own copy of
+    the draft: :func:`_finish` and the callers complete and relabel what they get), so the
+    plans for fewer chunks that :func:`_no_worse_than_fewer_chunks` compares with are not
+    made again by an :class:`OffloadSession`'s next C."""
+    if mode != "skip":  # a failure's reason (ctx.last_failure) is read only in the other modes
+        return _plan_for_chunks_once(ctx, C, mode, postpone)
+    key = ("plan", C, postpone)
+    if key not in ctx.memo:
+        ctx.memo[key] = _plan_for_chunks_once(ctx, C, mode, postpone)
+    draft = ctx.memo[key]
+    return None if draft is None else _draft_copy(draft)
+
+
+def _draft_copy(res: OffloadResult) -> OffloadResult:
+    """A copy of a draft plan that completing and relabelling it leaves the draft alone: its
+    own timeline object (with its own meta and event list), settings, skipped counts and lists."""
+    new = copy.copy(res)
+    new.timeline = copy.copy(res.timeline)
+    new.timeline.meta = dict(res.timeline.meta)
+    new.timeline.events = list(res.timeline.events)
+    new.settings, new.skipped = dict(res.settings), dict(res.skipped)
+    new.transfers, new.peak, new.peak_no_offload = list(res.transfers), list(res.peak), list(res.peak_no_offload)
+    new.host_memory = list(res.host_memory)
+    return new
+
+
+def _plan_for_chunks_once(ctx: _Context, C: int, mode: str, postpone: bool | None) -> OffloadResult | None:
+    """:func:`_plan_for_chunks` made (the draft the memo keeps)."""
     best: OffloadResult | None = None
     for later in _postpone_choices(ctx, postpone):
         for name, place in _STRATEGIES.items():
@@ -1264,15 +1329,13 @@ def _sweep_link(cands: list[_Candidate], ranks: list[int], levels: dict[int, lis
     up: list[tuple[float, float]] = []
     down: list[tuple[float, float]] = []
     placed: dict[int, _Slots] = {}
-    saved: dict[int, list[tuple[float, float, float]]] = {r: [] for r in ranks}  # (from, until, amount)
+    saved = {r: _Savings() for r in ranks}
     reached = {r: 0.0 for r in ranks}
 
     def level(r: int, t: float) -> float:
         i = bisect_right(base[r], (t + _EPS, math.inf, True)) - 1
         lvl = base[r][i][1] if i >= 0 else 0.0
-        # The sweep's time never goes back: savings over by now are dropped for good.
-        saved[r] = [x for x in saved[r] if t < x[1] - _EPS]
-        return lvl - sum(a for s0, _, a in saved[r] if s0 <= t + _EPS)
+        return lvl - saved[r].at(t)
 
     ends = {r: [sign * c.backward_start for c in mine[r]] for r in ranks}  # ascending
     sweep = [(t, r) for r in ranks for t, _, alloc in base[r] if alloc]
@@ -1296,7 +1359,7 @@ def _sweep_link(cands: list[_Candidate], ranks: list[int], levels: dict[int, lis
             if slots is None:
                 continue
             placed[id(c)] = slots
-            saved[r].append((slots[1], slots[2], c.amount))
+            saved[r].add(slots[1], slots[2], c.amount)
             heapq.heappush(sweep, (slots[2], r))
             now -= c.amount
         reached[r] = max(reached[r], now)
@@ -1304,6 +1367,42 @@ def _sweep_link(cands: list[_Candidate], ranks: list[int], levels: dict[int, lis
 
 
 _place_by_peak.needs_events = True  # type: ignore[attr-defined]
+
+
+class _Savings:
+    """One rank's savings in :func:`_sweep_link`: ``(from, until, amount)`` in the order they
+    were booked, read at times that never go back. :meth:`at` is the sum the sweep always
+    took — over the savings not over by ``t`` (dropped for good) that have begun by ``t``, in
+    booking order — with the list filtered only when one is over and the sum of all of them
+    kept while none is over and all have begun: the same floats added in the same order."""
+
+    __slots__ = ("items", "over_at", "last_from", "total")
+
+    def __init__(self) -> None:
+        self.items: list[tuple[float, float, float]] = []
+        self.over_at = math.inf  #: the smallest ``until − ε``: a read at or after it drops one
+        self.last_from = -math.inf  #: the latest ``from``
+        self.total: float | None = None  #: the sum of every amount, while the list is unchanged
+
+    def add(self, start: float, until: float, amount: float) -> None:
+        """Book a saving of ``amount`` from ``start`` until ``until``."""
+        self.items.append((start, until, amount))
+        self.over_at = min(self.over_at, until - _EPS)
+        self.last_from = max(self.last_from, start)
+        self.total = None
+
+    def at(self, t: float) -> float:
+        """The savings at ``t`` (no earlier than any time read before)."""
+        if not t < self.over_at:  # the sweep's time never goes back: savings over by now go for good
+            self.items = [x for x in self.items if t < x[1] - _EPS]
+            self.over_at = min((x[1] - _EPS for x in self.items), default=math.inf)
+            self.last_from = max((x[0] for x in self.items), default=-math.inf)
+            self.total = None
+        if self.last_from <= t + _EPS:  # every one has begun: the sum over the whole list
+            if self.total is None:
+                self.total = sum(a for _, _, a in self.items)
+            return self.total
+        return sum(a for s0, _, a in self.items if s0 <= t + _EPS)
 
 
 def _covers(c: _Candidate, t: float) -> bool:

@@ -13,13 +13,16 @@ from __future__ import annotations
 import math
 
 from ..costmodel.hardware import Hardware
-from ..ir import Placement
+from ..ir import OpKind, Placement
 from ..timeline import Timeline
 from .sharding import NodeProfile, ShardedCosts
 from .space import Split
 from .step import dp_bandwidth
 
 __all__ = ["dp_exposed"]
+
+#: The op kinds after whose last one a layer group's gradients are final.
+_GRADIENT_FINAL = frozenset((OpKind.W, OpKind.BW))
 
 
 def dp_exposed(timeline: Timeline, sharded: ShardedCosts, split: Split, placement: Placement, node: NodeProfile,
@@ -46,11 +49,11 @@ def dp_exposed(timeline: Timeline, sharded: ShardedCosts, split: Split, placemen
 def _last_gradient_ops(timeline: Timeline) -> dict[int, tuple[float, float]]:
     """Per layer group: (start, end) of its last W or BW, after which its gradients are final."""
     last: dict[int, tuple[float, float]] = {}
-    for e in timeline.events:
-        if e.stream == "compute" and e.op.kind.value in ("W", "BW"):
-            s = e.op.stage
-            if s not in last or e.end > last[s][1]:
-                last[s] = (e.start, e.end)
+    for op, start, end, stream, _ in timeline.event_rows():  # no TimedOp made for the timing pass' columns
+        if op.kind in _GRADIENT_FINAL and stream == "compute":
+            s = op.stage
+            if s not in last or end > last[s][1]:
+                last[s] = (start, end)
     return last
 
 

@@ -33,10 +33,10 @@ from typing import Any
 
 from ..costs import Costs, MemoryDeltas
 from ..errors import ParameterError, PipeoffloadError, ScheduleError
-from ..ir import OVERLAP, OpKind, Placement, Schedule
+from ..ir import ALL_KINDS, OVERLAP, CompactOrders, OpKind, Placement, Schedule
 from ..passes.issue_policy import paused_gc
 from ..passes.lower import lower
-from ..passes.offload import OffloadOptions, OffloadResult, offload_bounds, plan_offload
+from ..passes.offload import OffloadOptions, OffloadResult, OffloadSession, offload_bounds
 from ..timeline import Timeline, _clean
 from .bounds import pipeline_bound
 from .dp import dp_exposed
@@ -48,6 +48,9 @@ from .space import BUDGET, FIXED_ORDER, Family, Problem, Split, placement_of
 __all__ = ["Simulated", "Simulator", "generator_limit", "order_peaks", "simulated_microbatches"]
 
 _COMPUTE = frozenset((OpKind.F, OpKind.B, OpKind.W, OpKind.BW))
+#: The compute kinds are the first codes of a compact order (:data:`~pipeoffload.ir.ALL_KINDS`).
+_N_COMPUTE = len(_COMPUTE)
+assert frozenset(ALL_KINDS[:_N_COMPUTE]) == _COMPUTE
 
 #: Steady-state rule per schedule: (warm-up microbatches in multiples of p, period) where period
 #: "p"/"g" means p / the group size. Simulating m ≥ factor·p reaches the steady state. zb-auto
@@ -100,12 +103,34 @@ def order_peaks(schedule: Schedule, costs: Costs, memory: MemoryDeltas) -> list[
     dur, mem = costs.duration_table(pl), memory.delta_table(pl)
     if any(d[k] <= 0 for d in dur for k in _COMPUTE):
         return None
+    compact = schedule.compact
+    if compact is not None:  # the arrays, without making the Op lists
+        return _compact_peaks(compact, mem)
     peaks = []
     for lst in schedule.ranks:
         level, top = 0.0, 0.0
         for o in lst:
             if o.kind in _COMPUTE:
                 d = mem[o.stage][o.kind]
+                if d:
+                    level += d
+                    if level > top:
+                        top = level
+        peaks.append(_clean(top))
+    return peaks
+
+
+def _compact_peaks(compact: CompactOrders, mem: list[dict[OpKind, float]]) -> list[float]:
+    """:func:`order_peaks`' loop over a schedule's compact orders: the same deltas added in
+    the same order (the compute kinds are the codes below :data:`_N_COMPUTE` of
+    :data:`~pipeoffload.ir.ALL_KINDS`; other ops change no memory)."""
+    by_code = [tuple(row[k] for k in ALL_KINDS[:_N_COMPUTE]) for row in mem]
+    peaks = []
+    for kinds, stages in zip(compact.kinds, compact.stages):
+        level, top = 0.0, 0.0
+        for k, s in zip(kinds, stages):
+            if k < _N_COMPUTE:
+                d = by_code[s][k]
                 if d:
                     level += d
                     if level > top:
@@ -148,6 +173,8 @@ class Simulator:
         self._simulations: dict[tuple[Split, Family, int, bool], Simulated | Refused] = {}
         self._peaks: dict[tuple[Split, Family, int, bool], list[float] | None] = {}
         self._bounds: dict[tuple[Split, Family, int, bool], dict | None] = {}
+        #: The offload session of the last candidate offloaded (:meth:`offload`), by its inputs.
+        self._session: tuple[tuple, OffloadSession] | None = None
         self.stats = {"simulations": 0, "offload_plans": 0, "generator_calls": 0}
 
     # -- schedules ------------------------------------------------------------------------------
@@ -304,11 +331,14 @@ class Simulator:
         ("offload") when the pass refuses."""
         sim = self.simulate(split, family, m, recompute)
         self.stats["offload_plans"] += 1
-        settings = self._offload_options(split, sim, chunks, stash)
+        settings = self._offload_options(split, sim, 1, stash)
+        key = (split, family, m, recompute, settings)
         try:  # the offload step of passes.lower on the timeline already made (lower would time it again)
             with paused_gc():
-                result = plan_offload(sim.schedule.compute_only(), sim.timeline, comm=sim.sharded.costs.comm,
-                                      options=settings)
+                if self._session is None or self._session[0] != key:  # one candidate's tries C = 1, 2, … share it
+                    self._session = (key, OffloadSession(sim.schedule.compute_only(), sim.timeline,
+                                                         comm=sim.sharded.costs.comm, options=settings))
+                result = self._session[1].plan(chunks)
         except PipeoffloadError as e:
             raise Refused("offload", f"offload pass refused C={chunks}{' +stash' if stash else ''}: {e}") from None
         return sim, result
