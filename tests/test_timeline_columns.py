@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 
 from pipeoffload.costs import Costs, MemoryDeltas
 from pipeoffload.errors import ScheduleError
-from pipeoffload.ir import Schedule
+from pipeoffload.ir import OpKind, Schedule
 from pipeoffload.passes.timing import run_list_schedule, simulate
 from pipeoffload.schedules import generate
-from pipeoffload.timeline import Timeline
+from pipeoffload.timeline import Timeline, _last_ops_serial
 
 
 def _general(sched: Schedule, costs: Costs, memory: MemoryDeltas) -> Timeline:
@@ -90,3 +90,64 @@ def test_general_path_cases_still_raise_or_time() -> None:
     assert tl._columns is None and tl.events == _general(moved, Costs(), MemoryDeltas()).events
     ints = simulate(sched, Costs(), MemoryDeltas(F=2, B=0, W=-2))
     assert ints.summary() == _general(sched, Costs(), MemoryDeltas(F=2, B=0, W=-2)).summary()
+
+
+def _scanned_last_ops(tl: Timeline, kinds: frozenset) -> dict[int, tuple[float, float]]:
+    """``Timeline.last_ops`` by its definition: the scan of every event."""
+    last: dict[int, tuple[float, float]] = {}
+    for e in tl.events:
+        if e.op.kind in kinds and e.stream == "compute" and (e.op.stage not in last or e.end > last[e.op.stage][1]):
+            last[e.op.stage] = (e.start, e.end)
+    return last
+
+
+@settings(max_examples=40, deadline=None)
+@given(name=st.sampled_from(["1f1b", "zb-v", "zb-h2", "v-half", "interleaved-1f1b", "gpipe"]),
+       p=st.integers(1, 6), extra=st.integers(0, 9), w=st.sampled_from([1e-3, 0.5, 1.25]),
+       kinds=st.sampled_from([frozenset({OpKind.W, OpKind.BW}), frozenset({OpKind.F}), frozenset({OpKind.B})]))
+def test_last_ops_read_backwards_match_the_scan(name: str, p: int, extra: int, w: float, kinds: frozenset) -> None:
+    m = 2 * p + extra
+    kwargs = {"v": 2} if name == "interleaved-1f1b" else {}
+    if name == "interleaved-1f1b" and m % p:
+        m += p - m % p
+    sched = generate(name, p, m, **kwargs)
+    costs = Costs(F=1.0, B=2.0, W=w, comm=0.25)
+    fast = simulate(sched, costs, MemoryDeltas())
+    assert fast._columns is not None and fast._columns.serial  # every duration positive: the backward read
+    got = fast.last_ops(kinds)
+    assert fast._columns is not None  # read from the columns, no TimedOp made
+    ref = _general(sched, costs, MemoryDeltas())
+    assert got == _scanned_last_ops(ref, kinds) == ref.last_ops(kinds)  # the events' path is the scan
+
+
+def test_last_ops_backwards_read_fires_and_stops_early() -> None:
+    """The backward read is what serial columns take (it does not fall back to the scan),
+    and it reads only the ranks' tails: a rank's ops before its last W's are never made."""
+    sched, costs = generate("1f1b", 4, 64), Costs(F=1.0, B=2.0, W=0.5, comm=0.25)
+    tl = simulate(sched, costs, MemoryDeltas())
+    cols = tl._columns
+    assert cols is not None and cols.serial
+    kinds = frozenset({OpKind.W, OpKind.BW})
+    assert _last_ops_serial(cols, kinds) == _scanned_last_ops(simulate(sched, costs, MemoryDeltas()), kinds)
+    made: list[int] = []
+    ranks = [_Counting(ops, made) for ops in cols.ops]
+    cols.ops = ranks
+    assert len(tl.last_ops(kinds)) == 4 and tl._columns is cols
+    assert 4 <= len(made) <= 4 * 2  # per rank its last op, and the one before where that is not a W
+
+
+class _Counting:
+    """A rank's op sequence that records which indices were read."""
+
+    def __init__(self, ops, made: list[int]) -> None:
+        self.ops, self.made = ops, made
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+    def __iter__(self):
+        return iter(self.ops)
+
+    def __getitem__(self, i: int):
+        self.made.append(i)
+        return self.ops[i]

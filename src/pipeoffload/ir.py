@@ -327,6 +327,10 @@ class RankOps(_SequenceABC):
     def __len__(self) -> int:
         return len(self.orders.kinds[self.rank])
 
+    def stages(self) -> set[int]:
+        """The layer groups of the rank's ops (read from the array, no Op made)."""
+        return set(self.orders.stages[self.rank])
+
     def __getitem__(self, i):  # type: ignore[override]
         if isinstance(i, slice):
             return [self[k] for k in range(*i.indices(len(self)))]

@@ -22,9 +22,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from itertools import accumulate
 from operator import itemgetter, le, lt, sub
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import Callable, Collection, Iterable, Iterator, Sequence
 
-from .ir import Op
+from .ir import Op, OpKind, RankOps
 
 #: Streams (lanes) an op may run on. Compute ops run on "compute"; transfers on
 #: "d2h" / "h2d" (host link); sends and receives on "comm".
@@ -187,6 +187,28 @@ class Timeline:
             evs = sorted(self._events, key=_RANK_START) if sort else self._events
             return ((e.op, e.start, e.end, e.stream, e.mem) for e in evs)
         return cols.rows(sort)
+
+    def last_ops(self, kinds: Collection[OpKind]) -> dict[int, tuple[float, float]]:
+        """Per layer group: ``(start, end)`` of its compute op of one of ``kinds`` that ends
+        last (of equal ends, the first in event order); groups without one are absent.
+
+        Guarantees: equal to a scan of :meth:`event_rows`. On serial columns
+        (:class:`EventColumns`) each rank's list is read from its end until every layer
+        group of the rank is found: there a rank's ends rise strictly along its list, so a
+        group's last op of ``kinds`` in the list ends last — when every group lies on one
+        rank, as the placements make them (otherwise the scan)."""
+        cols = self._columns
+        if cols is not None and cols.serial:
+            found = _last_ops_serial(cols, kinds)
+            if found is not None:
+                return found
+        last: dict[int, tuple[float, float]] = {}
+        for op, start, end, stream, _ in self.event_rows():
+            if op.kind in kinds and stream == "compute":
+                s = op.stage
+                if s not in last or end > last[s][1]:
+                    last[s] = (start, end)
+        return last
 
     # --- selection -----------------------------------------------------------------
     def rank_events(self, rank: int, stream: str | None = "compute") -> list[TimedOp]:
@@ -358,6 +380,26 @@ class Timeline:
                 busy[r] = deque(accumulate(map(sub, en, st), initial=0.0), maxlen=1)[0]
         return first, last, busy
 
+
+
+def _last_ops_serial(cols: EventColumns, kinds: Collection[OpKind]) -> dict[int, tuple[float, float]] | None:
+    """:meth:`Timeline.last_ops` on serial columns: each rank's list read backwards until
+    each of its layer groups has its op; None when a group has ops on two ranks."""
+    out: dict[int, tuple[float, float]] = {}
+    for r, ops in enumerate(cols.ops):
+        # every group of the rank, whether or not it has such an op
+        groups = ops.stages() if isinstance(ops, RankOps) else {op.stage for op in ops}
+        if groups & out.keys():
+            return None
+        st, en = cols.start[r], cols.end[r]
+        for i in range(len(ops) - 1, -1, -1):
+            if not groups:
+                break
+            op = ops[i]
+            if op.stage in groups and op.kind in kinds:
+                out[op.stage] = (st[i], en[i])
+                groups.discard(op.stage)
+    return out
 
 def _column_peak(cols: EventColumns, r: int) -> float:
     """``max([0.0] + levels of memory_sweep(rank r's changes))``. A rank's ops run one

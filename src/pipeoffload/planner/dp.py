@@ -35,7 +35,7 @@ def dp_exposed(timeline: Timeline, sharded: ShardedCosts, split: Split, placemen
     if d == 1:
         return 0.0
     bw = dp_bandwidth(hardware, node, intra=split.tp * d <= hardware.gpus_per_node)
-    last = _last_gradient_ops(timeline)
+    last = timeline.last_ops(_GRADIENT_FINAL)  # after its last W or BW a group's gradients are final
     end = timeline.end
     worst = 0.0
     for r in range(placement.num_ranks):
@@ -44,17 +44,6 @@ def dp_exposed(timeline: Timeline, sharded: ShardedCosts, split: Split, placemen
             t = max(t, ready) + duration
         worst = max(worst, t - end)
     return max(0.0, worst)
-
-
-def _last_gradient_ops(timeline: Timeline) -> dict[int, tuple[float, float]]:
-    """Per layer group: (start, end) of its last W or BW, after which its gradients are final."""
-    last: dict[int, tuple[float, float]] = {}
-    for op, start, end, stream, _ in timeline.event_rows():  # no TimedOp made for the timing pass' columns
-        if op.kind in _GRADIENT_FINAL and stream == "compute":
-            s = op.stage
-            if s not in last or end > last[s][1]:
-                last[s] = (start, end)
-    return last
 
 
 def _buckets(sharded: ShardedCosts, stages: tuple[int, ...], last: dict[int, tuple[float, float]], end: float,
