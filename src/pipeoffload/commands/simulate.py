@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
-import gc
 import sys
 from pathlib import Path
-from typing import Iterator
 
 from ..errors import ParameterError
 from ..ir import Schedule
+from ..passes.issue_policy import paused_gc
 from ..passes.lower import validate_and_time
 from ..passes.timing import simulate
 from ..schedules import ScheduleSpec, build
@@ -145,28 +143,13 @@ def schedule_from_args(args: argparse.Namespace) -> tuple[ScheduleSpec, Schedule
     return spec_from_args(args, sched.name), sched
 
 
-@contextlib.contextmanager
-def collector_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector for a block (restored after it, if it
-    was on). A generator and the passes at p = 128, m = 4096 allocate millions of
-    tuples, ints and floats that hold no cycle, and the collector's repeated passes over
-    them cost as much as the work itself (ZB-V: 2.7 of 5.2 s of generation, issue 24,
-    docs/algorithms.md §9.3); the memory they hold is freed by reference counts as ever.
-
-    Guarantees: the same results (the collector frees only unreachable cycles); a
-    cycle made inside the block is freed once the collector runs again."""
-    was_on = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_on:
-            gc.enable()
-
-
 def run(args: argparse.Namespace) -> int:
-    """`pipeoffload simulate`, with the cyclic collector paused (:func:`collector_paused`)."""
-    with collector_paused():
+    """`pipeoffload simulate`, with the cyclic collector paused
+    (:func:`~pipeoffload.passes.issue_policy.paused_gc`): a generator and the passes at
+    p = 128, m = 4096 allocate millions of tuples, ints and floats that hold no cycle, and
+    the collector's repeated passes over them cost as much as the work itself (ZB-V: 2.7 of
+    5.2 s of generation, docs/algorithms.md §9.3)."""
+    with paused_gc():
         return _run(args)
 
 

@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from itertools import accumulate
+from typing import Any, Iterable
 
 from ..costs import Costs, MemoryDeltas
 from ..errors import ParameterError, PipeoffloadError, ScheduleError
@@ -106,18 +107,7 @@ def order_peaks(schedule: Schedule, costs: Costs, memory: MemoryDeltas) -> list[
     compact = schedule.compact
     if compact is not None:  # the arrays, without making the Op lists
         return _compact_peaks(compact, mem)
-    peaks = []
-    for lst in schedule.ranks:
-        level, top = 0.0, 0.0
-        for o in lst:
-            if o.kind in _COMPUTE:
-                d = mem[o.stage][o.kind]
-                if d:
-                    level += d
-                    if level > top:
-                        top = level
-        peaks.append(_clean(top))
-    return peaks
+    return [_running_peak(mem[o.stage][o.kind] for o in lst if o.kind in _COMPUTE) for lst in schedule.ranks]
 
 
 def _compact_peaks(compact: CompactOrders, mem: list[dict[OpKind, float]]) -> list[float]:
@@ -125,18 +115,14 @@ def _compact_peaks(compact: CompactOrders, mem: list[dict[OpKind, float]]) -> li
     the same order (the compute kinds are the codes below :data:`_N_COMPUTE` of
     :data:`~pipeoffload.ir.ALL_KINDS`; other ops change no memory)."""
     by_code = [tuple(row[k] for k in ALL_KINDS[:_N_COMPUTE]) for row in mem]
-    peaks = []
-    for kinds, stages in zip(compact.kinds, compact.stages):
-        level, top = 0.0, 0.0
-        for k, s in zip(kinds, stages):
-            if k < _N_COMPUTE:
-                d = by_code[s][k]
-                if d:
-                    level += d
-                    if level > top:
-                        top = level
-        peaks.append(_clean(top))
-    return peaks
+    return [_running_peak(by_code[s][k] for k, s in zip(kinds, stages) if k < _N_COMPUTE)
+            for kinds, stages in zip(compact.kinds, compact.stages)]
+
+
+def _running_peak(deltas: Iterable[float]) -> float:
+    """The highest running sum of ``deltas`` from 0 (0 at least), added in their order in C
+    (adding 0.0 leaves a sum as it is, so zero deltas change nothing)."""
+    return _clean(max(accumulate(deltas, initial=0.0)))
 
 
 @dataclass
