@@ -15,7 +15,8 @@ from pipeoffload.costs import Costs, MemoryDeltas, parse_memory
 from pipeoffload.ir import Schedule
 from pipeoffload.passes.steady_columns import steady_timeline
 from pipeoffload.passes.timing import simulate
-from pipeoffload.schedules import ScheduleSpec, build, steady_timing
+from pipeoffload.passes import steady_timing
+from pipeoffload.schedules import ScheduleSpec, build
 
 FAMILIES = [("zb-v", None), ("1f1b", None), ("zb-h1", None), ("interleaved-1f1b", 2), ("v-half", None),
             ("gpipe", None), ("zb-h2", None)]

@@ -1,5 +1,5 @@
 """The periodic steady-state shortcut of the V lowerings' candidate timings
-(schedules/steady_timing.py, issue 24): the same floats as the full timing
+(passes/steady_timing.py, issue 24): the same floats as the full timing
 (passes.timing.order_figures), and it must actually fire."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 from pipeoffload.costs import Costs, MemoryDeltas
 from pipeoffload.errors import ScheduleError
 from pipeoffload.passes.timing import order_figures
-from pipeoffload.schedules import steady_timing
+from pipeoffload.passes import steady_timing
 from pipeoffload.schedules.building_block import orders_from_block
 from pipeoffload.schedules.v_reorder import reorder_orders
 from pipeoffload.schedules.vshape import unit_peak_bound, v_half_block, v_min_block, v_zb_block

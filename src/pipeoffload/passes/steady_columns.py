@@ -2,7 +2,7 @@
 with the middle periods written by shifting instead of timed op by op.
 
 Generated orders repeat in their middle: on each rank the op ``P`` places later is the
-same op one microbatch on. :mod:`pipeoffload.schedules.steady_timing` holds the one
+same op one microbatch on. :mod:`pipeoffload.passes.steady_timing` holds the one
 implementation of the argument (its module docstring): it runs the timing pass's
 recurrence up to a cut, checks that a period ends exactly ``T`` after the one before
 and that the period's inputs lie inside the periodic ranges, then writes the ends of
@@ -22,7 +22,7 @@ from array import array
 from operator import add, sub
 from ..costs import Costs, MemoryDeltas
 from ..ir import OpKind, Schedule
-from ..schedules.steady_timing import _Engine, _exact, _run_with_skip
+from .steady_timing import _Engine, _exact, _run_with_skip
 from ..timeline import EventColumns, Timeline
 from .timing import KIND_CODE, ListScheduler, _compact_from_arrays, _time_compact, _timeline_fields
 
@@ -48,12 +48,12 @@ def steady_timeline(schedule: Schedule, costs: Costs, memory: MemoryDeltas, memo
     Returns:
         The timeline and the number of periods written by shifting (0: every op timed
         by the engine), or None: a duration that is not a positive float or not an
-        exact binary fraction (:func:`~pipeoffload.schedules.steady_timing._exact`), B
+        exact binary fraction (:func:`~pipeoffload.passes.steady_timing._exact`), B
         and BW ops together, or the orders deadlock (the caller times them as ever).
 
     Guarantees: the same timeline as :func:`~pipeoffload.passes.timing.simulate`: the
     same floats (the engine's recurrence; the shifted ends by
-    :mod:`~pipeoffload.schedules.steady_timing`'s argument, tests/test_steady_columns.py
+    :mod:`~pipeoffload.passes.steady_timing`'s argument, tests/test_steady_columns.py
     against the plain timing) and, when read, the same event order (made by the plain
     timing). Cost: the engine over the warm-up and cool-down plus O(p·m) list work in
     C; O(p·m) engine steps when no period is shifted.

@@ -73,7 +73,7 @@ from ..errors import ParameterError
 from ..ir import ALL_KINDS, OpKind, Placement, Schedule, build_schedule
 from .building_block import BuildingBlock, orders_from_block
 from .spec import ScheduleSpec
-from .steady_timing import steady_figures
+from ..passes.steady_timing import steady_figures
 from .v_grid_lowering import Cell, grid_orders, lower_grid, repeated_grid, time_grid
 from .hole_fill import lex_better
 from .v_reorder import reorder_orders
@@ -265,7 +265,7 @@ Orders = list[list[Cell]]  #: per rank, (kind, layer group, microbatch)
 def _key(pl: Placement, m: int, orders: Orders, costs: Costs, memory: MemoryDeltas) -> tuple[float, float, float]:
     """Longest rank span (what the bubble rate measures), then makespan, then peak, of
     ``orders`` timed as :func:`~pipeoffload.passes.timing.simulate` times them
-    (:func:`.steady_timing.steady_figures`: no timeline is built, the periodic steady
+    (:func:`~pipeoffload.passes.steady_timing.steady_figures`: no timeline is built, the periodic steady
     state is shifted where that is exact)."""
     peak, span, makespan = steady_figures(pl, m, orders, costs, memory)
     return (span, makespan, peak)
@@ -315,7 +315,7 @@ def v_auto(spec: ScheduleSpec) -> Schedule:
     fit; :data:`.vshape.LOWERING_COST`), :data:`SCAN` slot reorders and timings,
     :data:`REFINE` building-block pipelines with their W refills; the timings and refills
     go through the periodic steady state when the costs are binary fractions
-    (:mod:`.steady_timing`: O(p²) ops placed, O(p·m) list work in C). The grid rules
+    (:mod:`~pipeoffload.passes.steady_timing`: O(p²) ops placed, O(p·m) list work in C). The grid rules
     lower ``max(1, min(GRID_SCAN, GRID_WORK / (p²·(max(m, 2p) + 4p))))`` blocks at
     O(p²·(max(m, 2p) + 4p)) each — one at large p·m, the largest single term (p = 64,
     m = 512) — after timing ``min(family, PROXY_CELLS / 6pm)`` repeated grids, O(p·m)

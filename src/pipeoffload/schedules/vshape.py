@@ -48,7 +48,7 @@ from ..ir import OpKind, Placement, Schedule, build_schedule
 from .hole_fill import BUDGET as HOLE_BUDGET, fill_holes
 from .building_block import BuildingBlock, chain_slots, op_table, orders_from_block, place_weight_grads
 from .spec import ScheduleSpec
-from .steady_timing import steady_figures
+from ..passes.steady_timing import steady_figures
 from .v_reorder import reorder_orders
 from .w_refill import refill_both
 from .zb_auto import Tracker, lower_bounds
@@ -112,7 +112,7 @@ LOWERING_COST = (
     "else is built. Otherwise the W refills (the rerun without partial gaps is skipped when it would be the "
     "same run, e.g. at unit costs) and the timings of the two base candidates and of any other that could win "
     "go through the periodic steady state when the costs are binary fractions (unit costs, halves: "
-    ":mod:`.steady_timing`, :func:`.w_refill.refill_both`): the warm-up and cool-down, O(p²) ops, are placed "
+    ":mod:`~pipeoffload.passes.steady_timing`, :func:`.w_refill.refill_both`): the warm-up and cool-down, O(p²) ops, are placed "
     "and the proved periods written by slices, O(p·m) list work in C; with other costs each is O(p·m) ops. "
     "Hole filling runs only while its budget can time a trial (6·p·m ≤ 25 000 ops): O(p·m) in all, with the "
     "constant of about six timings (about two with binary-fraction costs)")
@@ -155,7 +155,7 @@ def _lower_block(name: str, block: BuildingBlock, spec: ScheduleSpec, holes: boo
     the unit peak bound), kept on the same terms. Returns the per-rank orders.
 
     Each candidate is compared by three figures of its timing
-    (:func:`.steady_timing.steady_figures`: those of ``simulate``'s timeline, without
+    (:func:`~pipeoffload.passes.steady_timing.steady_figures`: those of ``simulate``'s timeline, without
     building it, the periodic steady state shifted where that is exact), and only the
     winner becomes a Schedule (for hole filling).
 

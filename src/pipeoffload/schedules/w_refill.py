@@ -30,7 +30,7 @@ from ..costs import Costs, MemoryDeltas
 from ..ir import OpKind, Placement, Schedule, build_schedule
 from ..passes.timing import _NOT_PLACED as _UNPLACED
 from ..passes.timing import B_CODE, CODE_KIND, KIND_CODE, W_CODE
-from .steady_timing import _exact, _first_period, _index, _period_range
+from ..passes.steady_timing import _exact, _first_period, _index, _period_range
 from .zb_auto import Infeasible, Tracker
 
 __all__ = ["refill_weights", "refill_tracker", "refill_both"]

@@ -45,7 +45,7 @@ from typing import Callable, Sequence
 
 from ..costs import Costs, MemoryDeltas
 from ..ir import OpKind, Placement
-from ..passes.timing import _NOT_PLACED, CODE_KIND, ListScheduler, order_figures
+from .timing import _NOT_PLACED, CODE_KIND, ListScheduler, order_figures
 from ..timeline import _clean
 
 __all__ = ["steady_figures"]
