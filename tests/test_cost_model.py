@@ -446,3 +446,60 @@ def test_gh100_profiles_price_the_ops_our_runtime_measured_within_their_stated_e
         assert len(rows) >= 3
         worst = max(abs(e) for e in fit.errors(rows, *args))
         assert bound - 0.002 <= worst <= bound + 0.0005, (name, path, worst)
+
+
+def _autograd_saved_bytes(out, exclude) -> int:
+    """Bytes of every distinct storage autograd keeps for the backward of ``out``, other than those
+    of ``exclude`` (parameters, the rotary tables): walked from ``out.grad_fn`` over every node's
+    ``_saved_*`` attributes."""
+    import torch
+
+    skip = {t.untyped_storage().data_ptr() for t in exclude}
+    seen: dict[int, int] = {}
+    stack, visited = [out.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in visited:
+            continue
+        visited.add(id(node))
+        for name in dir(node):
+            if not name.startswith("_saved_"):
+                continue
+            value = getattr(node, name)
+            for t in value if isinstance(value, (tuple, list)) else (value,):
+                if isinstance(t, torch.Tensor) and t.numel() > 1:  # scalars and sizes are not activations
+                    key = t.untyped_storage().data_ptr()
+                    if key not in skip:
+                        seen[key] = t.untyped_storage().nbytes()
+        stack += [f for f, _ in node.next_functions]
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+@pytest.mark.parametrize("heads,kv", [(8, 2), (4, 4)])
+def test_eager_kernels_are_what_the_reference_block_saves(dtype, heads, kv):
+    """``ModelConfig.spec()`` (kernels="eager") counts exactly the bytes autograd keeps for one
+    reference transformer layer (its input included), for grouped-query and multi-head attention;
+    the fused description counts less (the gap the H200 run measured, docs/gpu.md)."""
+    import torch
+
+    from pipeoffload.models import ModelConfig
+    from pipeoffload.models.transformer import Block, rotary_tables
+
+    torch_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
+    cfg = ModelConfig(layers=1, hidden=256, heads=heads, kv_heads=kv, seq_len=128, seed=0)
+    block = Block(cfg).to(torch_dtype)
+    cos, sin = (t.to(torch_dtype) for t in rotary_tables(cfg))
+    x = torch.randn(2, cfg.seq_len, cfg.hidden, dtype=torch_dtype, requires_grad=True)
+    measured = _autograd_saved_bytes(block(x, cos, sin), [*block.parameters(), cos, sin])
+    spec = cfg.spec(microbatch=2, dtype=dtype)
+    assert spec.kernels == "eager"
+    assert spec.layer().saved_bytes == measured
+    assert spec.replace(kernels="fused").layer().saved_bytes < measured
+    # the profiles' elementwise traffic stays the fused description's
+    assert spec.layer().traffic_bytes == spec.replace(kernels="fused").layer().traffic_bytes
+
+
+def test_kernels_validation():
+    with pytest.raises(ParameterError, match="kernels.*valid: fused, eager"):
+        get_model("llama-7b").replace(kernels="triton")

@@ -15,7 +15,9 @@ tie_embeddings=True, name="custom")``
     ``recompute_elementwise``; :attr:`ModelSpec.recompute_level` is the one level): "none", "selective"
     (the core attention's s×s tensors re-run in B; nothing to drop under flash attention) or "full"
     (only each layer's input is saved; B re-runs the forward, counted in ``BlockCost.recompute_flops``).
-    ``fp32_logits`` (default true): the loss keeps the vocab-sized tensor in fp32. Methods:
+    ``fp32_logits`` (default true): the loss keeps the vocab-sized tensor in fp32. ``kernels``:
+    ``"fused"`` (default; Megatron-LM's fused kernels) or ``"eager"`` (plain PyTorch ops, as the
+    reference transformer: more saved tensors, see ``layer_saved_breakdown``). Methods:
 
     - ``layer()``, ``embedding()``, ``head()`` → :class:`BlockCost` for one microbatch;
     - ``layer_saved_breakdown()`` → ``{tensor: bytes}`` of one layer, one microbatch;
@@ -61,6 +63,8 @@ from .hardware import Hardware
 
 DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
 ACTIVATIONS = ("gelu", "swiglu")
+#: How the layer's ops are implemented, which decides what F saves (``ModelSpec.kernels``).
+KERNELS = ("fused", "eager")
 #: Recompute of a layer in B (besides ``recompute_elementwise``): "none"; "selective" (Megatron's
 #: selective recompute: the core attention's s×s tensors are recomputed, not saved); "full" (only the
 #: layer's input is saved, the whole forward re-runs in B).
@@ -161,6 +165,7 @@ class ModelSpec:
     recompute: Recompute | str = Recompute.NONE
     fp32_logits: bool = True
     name: str = "custom"
+    kernels: str = "fused"
 
     def __post_init__(self) -> None:
         for f in ("layers", "hidden", "heads", "seq", "vocab", "microbatch"):
@@ -189,6 +194,8 @@ class ModelSpec:
                 raise ParameterError(f, f"must be true or false, got {getattr(self, f)!r}")
         if not isinstance(self.name, str) or not self.name:
             raise ParameterError("name", f"must be a non-empty string, got {self.name!r}")
+        if not isinstance(self.kernels, str) or self.kernels not in KERNELS:
+            raise ParameterError("kernels", f"unknown kernels {self.kernels!r}; valid: {', '.join(KERNELS)}")
 
     # -- shapes ---------------------------------------------------------------------------------
     @property
@@ -264,19 +271,36 @@ class ModelSpec:
         Pre-norm layer: norm1 → QKV → attention → out-proj (+dropout) → residual → norm2 → fc1 →
         activation → fc2 (+dropout) → residual. With ``fp16``, no flash attention, dropout on and no
         recompute, GPT-3 shapes, the sum is exactly ZB's ``b·s·(34h + 5as)``.
+
+        ``kernels="fused"`` (Megatron-LM's fused norm and SwiGLU, attention on un-expanded K/V whose
+        output is the out-projection's input) saves the above. ``"eager"`` — the same ops in plain
+        PyTorch, as the reference transformer (``models/transformer.py``) runs them — also keeps
+        what autograd saves between them: each norm's ``x·rsqrt`` and ``rsqrt`` (``norm_scaled``,
+        ``norm_rsqrt``, unless recomputed), K and V repeated to every query head (grouped-query
+        attention), flash attention's own output before the heads are merged into the
+        out-projection's input (``attn_core_output``) and SwiGLU's ``silu(gate)``
+        (``silu_output``, unless recomputed). Measured: the sum equals the bytes autograd keeps
+        for a reference ``Block`` (tests/test_cost_model.py) and, on an H200 in bf16, the
+        reference model's activation peak within a few percent (docs/gpu.md).
         """
         d, h, a, s, f, T = self.dtype_bytes, self.hidden, self.heads, self.seq, self.ffn, self.tokens
         rc, drop = self.recompute_elementwise, self.dropout
         if self.recompute == "full":  # only the layer's input; B re-runs the forward
             return {"layer_input": d * h * T}
+        eager = self.kernels == "eager"
         per_token: dict[str, int] = {
             "norm1_input": d * h,
             "qkv_input": 0 if rc else d * h,  # norm1 output
             "q": d * h,
-            "k_v": 2 * d * self.kv_dim,
+            "k_v": 2 * d * (h if eager else self.kv_dim),  # eager: repeated to every query head
         }
+        if eager and not rc:  # each norm's x·rsqrt and rsqrt, for the weight's and the input's gradient
+            per_token["norm_scaled"] = 2 * d * h
+            per_token["norm_rsqrt"] = 2 * d
         if self.flash_attention:
             per_token["softmax_lse"] = LSE_BYTES * a
+            if eager:  # flash's output (b, heads, s, d) before the head merge copies it
+                per_token["attn_core_output"] = d * h
         elif self.recompute == "selective":  # the core attention re-runs in B from q, k, v
             pass
         else:
@@ -291,6 +315,8 @@ class ModelSpec:
         per_token["fc1_input"] = 0 if rc else d * h  # norm2 output
         if self.activation == "swiglu":
             per_token["gate_up"] = 2 * d * f  # type: ignore[operator]
+            if eager and not rc:
+                per_token["silu_output"] = d * f  # type: ignore[operator]
         else:
             per_token["fc1_output"] = d * f  # type: ignore[operator]
         per_token["fc2_input"] = 0 if rc else d * f  # type: ignore[operator]  # activation output
@@ -313,7 +339,7 @@ class ModelSpec:
         d, h, T = self.dtype_bytes, self.hidden, self.tokens
         bd = self.layer_saved_breakdown()
         saved = sum(bd.get(k, 0) for k in ("layer_input", "norm1_input", "qkv_input", "norm2_input", "fc1_input",
-                                           "attn_out_dropout_mask", "mlp_dropout_mask"))
+                                           "norm_scaled", "norm_rsqrt", "attn_out_dropout_mask", "mlp_dropout_mask"))
         return saved, 4 * d * h * T
 
     def boundary_bytes(self) -> int:
@@ -329,8 +355,9 @@ class ModelSpec:
         again = {"none": 0, "full": mm + attn, "selective": 0 if self.flash_attention else attn}[self.recompute]
         # The elementwise ops run whatever is recomputed: their traffic is the layer's bytes as saved
         # without any recompute (flash attention fuses the s×s ones away).
-        plain = self if self.recompute == "none" and not self.recompute_elementwise else \
-            self.replace(recompute="none", recompute_elementwise=False)
+        # The fused description in both settings: the profiles' elementwise passes were fitted to it.
+        plain = self if self.recompute == "none" and not self.recompute_elementwise and self.kernels == "fused" \
+            else self.replace(recompute="none", recompute_elementwise=False, kernels="fused")
         return BlockCost(
             f_flops=mm + attn,
             b_flops=mm + 2 * attn,  # dQ, dK, dA, dV
@@ -362,11 +389,13 @@ class ModelSpec:
         """
         T, h, V, d = self.tokens, self.hidden, self.vocab, self.dtype_bytes
         mm = 2 * T * h * V
+        # eager: the final norm's x·rsqrt and rsqrt too (layer_saved_breakdown)
+        norm = d * T * (h + 1) if self.kernels == "eager" and not self.recompute_elementwise else 0
         return BlockCost(
             f_flops=mm,
             b_flops=mm,
             w_flops=mm,
-            saved_bytes=d * T * (h + (0 if self.recompute_elementwise else h)) + self.logits_bytes * T * V,
+            saved_bytes=d * T * (h + (0 if self.recompute_elementwise else h)) + self.logits_bytes * T * V + norm,
             w_bytes=d * T * (h + V),
             params=h + V * h,
             traffic_bytes=2 * d * T * h,  # the fused cross-entropy's one pass over the logits: not counted
@@ -391,6 +420,7 @@ class ModelSpec:
             "tie_embeddings": self.tie_embeddings,
             "recompute": self.recompute.value,  # type: ignore[union-attr]
             "fp32_logits": self.fp32_logits,
+            "kernels": self.kernels,
             "params": self.params(),
             "layer_saved_bytes": self.layer().saved_bytes,
         }

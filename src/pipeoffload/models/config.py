@@ -74,7 +74,7 @@ class ModelConfig:
 
     def spec(self, microbatch: int = 1, dtype: str = "fp32", **settings: Any) -> "ModelSpec":
         """This model as the cost model describes it: shapes as here, SwiGLU, untied head, no
-        dropout; ``microbatch`` sequences per microbatch, ``dtype`` of activations and weights
+        dropout, plain PyTorch ops (``kernels="eager"``: what autograd saves between them); ``microbatch`` sequences per microbatch, ``dtype`` of activations and weights
         (the runtime trains in fp32), other :class:`~pipeoffload.costmodel.model.ModelSpec`
         fields (``flash_attention``, ``recompute``, ...) from ``settings``.
 
@@ -87,7 +87,7 @@ class ModelConfig:
         return ModelSpec(layers=self.layers, hidden=self.hidden, heads=self.heads, seq=self.seq_len,
                          vocab=self.vocab_size, ffn=self.ffn_dim, kv_groups=self.kv_heads, microbatch=microbatch,
                          dtype=dtype, **{"activation": "swiglu", "tie_embeddings": False, "dropout": False,
-                                         "name": "reference", **settings})
+                                         "name": "reference", "kernels": "eager", **settings})
 
     @classmethod
     def from_spec(cls, spec: "ModelSpec", **runtime: Any) -> "ModelConfig":

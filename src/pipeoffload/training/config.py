@@ -461,8 +461,9 @@ def config_from_plan(result: Any, config: Any = None, *, steps: int | None = Non
     Pure Python (reads the result's fields; recomputes the configuration's simulated
     timeline for the per-rank activation peaks). Guarantees: the schedule, split and
     microbatching are the planner's; anything the runtime has no setting for (dtype,
-    flash attention, dropout, tied embeddings) keeps the runtime's reference model and is
-    said in ``plan.source``.
+    flash attention, dropout, tied embeddings, fused kernels) keeps the runtime's reference model and is
+    said in ``plan.source`` (with how many times a layer's saved bytes the reference model's plain
+    PyTorch ops keep when the plan priced fused kernels).
     """
     from ..costmodel.hardware import GiB
 
@@ -485,10 +486,13 @@ def config_from_plan(result: Any, config: Any = None, *, steps: int | None = Non
     )
     peaks = [float(x) for x in result.timeline(cfg_).peak_memory()]
     hw = result.hardware
+    eager = spec.replace(kernels="eager").layer().saved_bytes / spec.layer().saved_bytes
+    kernels = ("" if spec.kernels == "eager" else  # the reference model's plain ops keep more (docs/cost-model.md §3)
+               f"; activations priced for fused kernels: the reference model's plain PyTorch ops keep {eager:.2f}x a layer's")
     out.plan = PlanPrediction(
         source=(source or f"pipeoffload plan --model {spec.name} --hardware {hw.name} --gpus {result.gpus}")
         + f" (budget {result.budget / GiB:.3g} GiB per device; model dtype {spec.dtype}"
-        + ("" if cfg_.simulated_m == cfg_.m else f"; simulated at m={cfg_.simulated_m}") + ")",
+        + ("" if cfg_.simulated_m == cfg_.m else f"; simulated at m={cfg_.simulated_m}") + kernels + ")",
         model=spec.name, hardware=hw.name, configuration=cfg_.describe(),
         # what the runner's step time measures: the pipeline and the DP reduction, not the optimizer step
         step_time_s=(cfg_.makespan_ms + cfg_.dp_exposed_ms) / 1e3, pipeline_s=cfg_.makespan_ms / 1e3, bubble=cfg_.bubble_rate,
