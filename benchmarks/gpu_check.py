@@ -72,9 +72,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import torch  # noqa: E402
 
+import gpu_iteration  # noqa: E402
 import gpu_profile  # noqa: E402
 
-SECTIONS = ("env", "profile", "correctness", "multiprocess", "runner", "offload", "tests")
+SECTIONS = ("env", "profile", "correctness", "multiprocess", "runner", "iteration", "offload", "tests")
 #: The device of the checks; "cpu" only to smoke-test this script where there is no GPU.
 DEV = os.environ.get("GPU_CHECK_DEVICE", "cuda")
 
@@ -630,6 +631,9 @@ def main(argv: list[str] | None = None) -> int:
         "multiprocess": lambda: multiprocess(out_dir, ps=tuple(a.mp_ranks), schedules=a.mp_schedules,
                                              transports=tuple(a.mp_transports)),
         "runner": runner_timing if DEV == "cuda" else lambda: runner_timing(64, 64, 4, 2),
+        "iteration": lambda: {**gpu_iteration.whole_iterations(
+            gpu_iteration.default_profile(DEV), gpu_iteration.CONFIGS if DEV == "cuda" else gpu_iteration.TINY, DEV),
+            "ok": True},
         "offload": lambda: offload(out_dir), "tests": lambda: tests(out_dir)}
     results: dict[str, Any] = {}
     for name in SECTIONS:

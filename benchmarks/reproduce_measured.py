@@ -69,9 +69,9 @@ def op_times(hardware: str = "a100-80g") -> str:
 
 def extrapolation(ms: tuple[int, ...] = (8, 16, 24, 32, 48, 64, 96, 128)) -> str:
     """The planner's microbatch extrapolation (``Simulator.simulate``) against exact simulations
-    (``measured._simulate_exactly``) at ``ms``: the worst relative makespan error per schedule over
+    (``measured.simulate_exactly``) at ``ms``: the worst relative makespan error per schedule over
     three settings (1.5B p = 8, 6.2B p = 8 TP = 2, 14.6B p = 16) on the profile."""
-    from pipeoffload.costmodel.measured import _simulate_exactly
+    from pipeoffload.costmodel.measured import simulate_exactly
     from pipeoffload.costmodel.presets import get_model
     from pipeoffload.planner.refusals import Refused
     from pipeoffload.planner.sharding import node_profile
@@ -93,7 +93,7 @@ def extrapolation(ms: tuple[int, ...] = (8, 16, 24, 32, 48, 64, 96, 128)) -> str
                     ext = Simulator(prob).simulate(Split(tp, p, 1), fam, m, False)
                 except Refused:  # m below what the generator needs (e.g. interleaved: m >= p)
                     continue
-                err = ext.makespan / _simulate_exactly(prob, Split(tp, p, 1), fam, m).makespan - 1
+                err = ext.makespan / simulate_exactly(prob, Split(tp, p, 1), fam, m).makespan - 1
                 if abs(err) > abs(worst):
                     worst, where = err, f"{name} p={p} TP={tp} m={m}"
         lines.append(f"| {fam.label} | {worst:+.2%} | {where} |")
@@ -125,7 +125,7 @@ def authors_check(path: str) -> str:
     what their ``auto_schedule`` runs) on :func:`~pipeoffload.costmodel.measured.zb_runtime_inputs`,
     each rank's ops in the order of their completion times (their ``ilp_results``), against the order
     ``predict`` times; with its bubble on the planner's per-stage costs."""
-    from pipeoffload.costmodel.measured import RUNTIME_GENERATES, _simulate_exactly, row_problem, zb_runtime_inputs
+    from pipeoffload.costmodel.measured import RUNTIME_GENERATES, simulate_exactly, row_problem, zb_runtime_inputs
     from pipeoffload.planner.space import Split
 
     mod = _load_authors_auto_schedule(path)
@@ -138,7 +138,7 @@ def authors_check(path: str) -> str:
             continue
         seen.add(key)
         problem, family = row_problem(r)
-        sim = _simulate_exactly(problem, Split(1, r.gpus, 1), family, r.m, zb_runtime=True)
+        sim = simulate_exactly(problem, Split(1, r.gpus, 1), family, r.m, zb_runtime=True)
         inp = zb_runtime_inputs(problem.model, sim.sharded.costs, r.gpus, float(family.limit))
         c, mem = inp["costs"], inp["memory"]
         cfg = mod.GraphConfig(mem_f=mem.F, mem_b=mem.B, mem_w=mem.W, max_mem=inp["mem_limit"], cost_f=int(c.F),

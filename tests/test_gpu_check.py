@@ -261,3 +261,19 @@ def test_profile_section_runs_on_cpu_and_reports_every_figure(tmp_path):
     assert set(prof["suggested"]) == {"compute_tflops", "gemm_half_width", "hbm_tbs", "host_link_gbs"}
     assert all(r["one_stream_ms"] > 0 and not r["two_streams_measured"] for r in prof["pair_overlap"])
     assert "F&B pair" in r.stdout
+
+
+def test_whole_iteration_section_on_cpu():
+    """The iteration section's code path on CPU (tiny fp32 models): both schedules run with the
+    mixed-precision step, every figure is compared, and the activation peak the runtime measured
+    matches the cost model's eager description of the reference transformer (GPipe holds m
+    microbatches, 1F1B at p = 1 one). Timings on a CPU mean nothing and are not checked."""
+    gi = _load("gpu_iteration")
+    res = gi.whole_iterations("cpu", gi.TINY, "cpu", steps=1)
+    runs = res["runs"]
+    assert set(runs) == {label for label, *_ in gi.TINY}
+    for run in runs.values():
+        assert {"pipeline_s", "optimizer_s", "activation_GiB"} <= set(run["error"])
+        assert abs(run["error"]["activation_GiB"]) < 0.05, run
+    assert runs["tiny gpipe"]["measured"]["activation_GiB"] > 3 * runs["tiny 1f1b"]["measured"]["activation_GiB"]
+    assert set(res["summary"]) == {"pipeline_s", "optimizer_s", "activation_GiB"}

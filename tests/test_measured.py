@@ -108,11 +108,11 @@ def test_every_setting_ranks_as_measured_within_measurement_ties():
 
 
 def _order_of(row, zb_runtime: bool):
-    from pipeoffload.costmodel.measured import _simulate_exactly, row_problem
+    from pipeoffload.costmodel.measured import simulate_exactly, row_problem
     from pipeoffload.planner.space import Split
 
     problem, family = row_problem(row, A100)
-    return _simulate_exactly(problem, Split(1, row.gpus, 1), family, row.m, zb_runtime=zb_runtime)
+    return simulate_exactly(problem, Split(1, row.gpus, 1), family, row.m, zb_runtime=zb_runtime)
 
 
 def test_zb_rows_time_the_order_the_zb_runtime_generates():

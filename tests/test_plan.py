@@ -215,7 +215,7 @@ def test_zb_auto_extrapolation_matches_an_exact_simulation_at_large_m():
     # zb-auto's memory-limited warm-up settles only past 2p (issue 26: ZB-1p of the 1.5B model at
     # m = 64 extrapolated from m = 16, 17 was +16%); from 3p the extrapolation stays within 3% (2.5%
     # at m = 48: the generator finds a better steady state from m = 43 on than at 3p).
-    from pipeoffload.costmodel.measured import _simulate_exactly
+    from pipeoffload.costmodel.measured import simulate_exactly
     from pipeoffload.planner.sharding import node_profile
     from pipeoffload.planner.simulate import Simulator
     from pipeoffload.planner.space import Family, Problem, Split
@@ -225,7 +225,7 @@ def test_zb_auto_extrapolation_matches_an_exact_simulation_at_large_m():
         prob = Problem(model, A100, node_profile(A100), A100.default_budget, 6 * m, 8,
                        PlanOptions(dp_sharding="none", trim_edges=True))
         ext = Simulator(prob).simulate(Split(1, 8, 1), Family("zb-auto", 1, limit=1.0), m, False)
-        exact = _simulate_exactly(prob, Split(1, 8, 1), Family("zb-auto", 1, limit=1.0), m)
+        exact = simulate_exactly(prob, Split(1, 8, 1), Family("zb-auto", 1, limit=1.0), m)
         assert ext.extrapolated and ext.simulated_m < m
         assert ext.makespan == pytest.approx(exact.makespan, rel=0.03)
 

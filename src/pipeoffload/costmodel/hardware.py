@@ -260,12 +260,17 @@ A100_CALIBRATION = (f"±{A100_THROUGHPUT_ERROR:.1%} throughput, ±{A100_MEMORY_E
 #: The H100 and H200 profiles: fit on our runtime's measured F, B and W of the reference transformer's
 #: layer groups (h 4096-16384, s 4096, bf16; ``benchmarks/fit_gpu_profile.py`` on docs/gpu/gpu_check_*.json),
 #: each checked on the other GPU's run (the same GH100 compute) as a held-out set. ``gemm_half_width``
-#: is the least-squares fit of the H200's measured GEMM sweep (gpu_check's profile section).
+#: is the least-squares fit of the H200's measured GEMM sweep (gpu_check's profile section). Whole
+#: single-GPU iterations (``benchmarks/gpu_iteration.py``, docs/gpu/iteration_*.json) are held out.
 GH100_HALF_WIDTH = 320
 H100_CALIBRATION = ("±8.8% on the layer op times (F, B, W) our runtime measured on an H100 (h 4096-16384, "
-                    "s 4096, bf16), ±8.0% on an H200's, held out; whole iterations not checked on an H100")
+                    "s 4096, bf16), ±8.0% on an H200's, held out; whole single-GPU iterations within 5.3% (time) "
+                    "and 6.2% (our reference model's activation memory), held out; pipelines on several "
+                    "H100s not checked")
 H200_CALIBRATION = ("±6.3% on the layer op times (F, B, W) our runtime measured on an H200 (h 4096-16384, "
-                    "s 4096, bf16), ±7.1% on an H100's, held out; whole iterations not checked on an H200")
+                    "s 4096, bf16), ±7.1% on an H100's, held out; whole single-GPU iterations within 3.6% (time) "
+                    "and 6.2% (our reference model's activation memory), held out; pipelines on several "
+                    "H200s not checked")
 
 #: Built-in profiles (sources: docs/cost-model.md#hardware-profiles). Compute: A100 fit on the ZB paper's
 #: measured runs, H100 and H200 on our own (above). The host link is one GPU alone on its

@@ -253,7 +253,7 @@ def predict(row: MeasuredRow, hardware: str | Hardware = "a100-80g", post_valida
     from ..planner.space import Split
 
     problem, family = row_problem(row, hardware)
-    sim = _simulate_exactly(problem, Split(1, row.gpus, 1), family, row.m, zb_runtime=row.schedule in RUNTIME_GENERATES)
+    sim = simulate_exactly(problem, Split(1, row.gpus, 1), family, row.m, zb_runtime=row.schedule in RUNTIME_GENERATES)
     cfg = assemble(problem, sim)
     it_s, mfu = cfg.iteration_ms / 1e3, cfg.mfu
     if post_validation and row.runtime in RUNTIME_POST_VALIDATION:
@@ -333,7 +333,7 @@ def zb_runtime_inputs(model: Any, costs: Any, p: int, limit: float) -> dict[str,
             "mem_limit": limit * p * f_mem}
 
 
-def _simulate_exactly(problem: Any, split: Any, family: Any, m: int, zb_runtime: bool = False) -> Any:
+def simulate_exactly(problem: Any, split: Any, family: Any, m: int, zb_runtime: bool = False) -> Any:
     """The candidate simulated at its own m (the planner's search extrapolates from two smaller m;
     a calibration must not carry that approximation's error); with ``zb_runtime`` (zb-auto only) the
     order is generated from :func:`zb_runtime_inputs` instead of the planner's inputs."""
