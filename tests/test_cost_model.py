@@ -148,6 +148,10 @@ def test_presets_shapes():
         8, 128, 4, 2, 384, 256, 128, "fp32")
     assert get_model("LLAMA-7B") is PRESETS["llama-7b"]
     assert get_model("tiny", microbatch=2).microbatch == 2
+    # the preset is the reference transformer as ModelConfig.spec describes it (eager kernels, flash SDPA)
+    from pipeoffload.models import ModelConfig
+
+    assert ModelConfig.from_spec(TINY).spec(microbatch=TINY.microbatch, dtype="fp32", name="tiny") == TINY
 
 
 # --- k -------------------------------------------------------------------------------------------

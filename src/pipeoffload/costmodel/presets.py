@@ -9,7 +9,7 @@ Unknown names raise ParameterError(``model``) listing the valid names.
 ``load_model(path) -> ModelSpec`` / ``model_from_dict(data, source)``: a model file (flat table with
 ``ModelSpec`` field names; ``layers, hidden, heads, seq, vocab`` required; ``name`` defaults to the stem).
 ``TINY``: the runtime's small CPU model (8 layers, h=128, 4 heads, 2 KV groups, SwiGLU FFN 384,
-byte-level vocabulary 256, seq 128, microbatch 4, fp32, RMS-norm style, untied head).
+byte-level vocabulary 256, seq 128, microbatch 4, fp32, RMS-norm style, untied head, flash SDPA, eager kernels).
 ``PO_RUNTIME``: the overrides that describe PipeOffload's runtime (flash attention, no dropout,
 recompute of elementwise ops) — the settings behind the closed-form k.
 
@@ -49,11 +49,13 @@ def _llama(name: str, layers: int, heads: int, hidden: int, ffn: int, kv_groups:
                      **{**_LLAMA, **over})
 
 
-#: The small model the CPU runtime trains (a Llama-style decoder at toy size).
+#: The small model the CPU runtime trains (a Llama-style decoder at toy size), described as the
+#: reference transformer runs it: PyTorch's SDPA (a flash kernel on CPU too) and plain ops
+#: (``kernels="eager"``, what ``ModelConfig.spec`` says of it).
 TINY = ModelSpec(
     name="tiny", layers=8, hidden=128, heads=4, kv_groups=2, ffn=384, vocab=256, seq=128, microbatch=4,
-    dtype="fp32", activation="swiglu", flash_attention=False, dropout=False, recompute_elementwise=False,
-    tie_embeddings=False,
+    dtype="fp32", activation="swiglu", flash_attention=True, dropout=False, recompute_elementwise=False,
+    tie_embeddings=False, kernels="eager",
 )
 
 PRESETS: dict[str, ModelSpec] = {
