@@ -26,8 +26,9 @@ with the periods inserted:
   cut at one past the last event before ``τ + T``, the others at ``τ + T``.
 - *Reorder* (:func:`.v_reorder._reorder`): it moves only warm-up ops (before ``t1``)
   and cool-down ops; the grids for ``m`` and ``m'`` are the same below ``hi`` and one
-  ``Δ·T`` later than the other from ``lo + T`` on. When ``t1 ≤ lo``, the cool-down
-  starts at or after ``lo + T`` and every cool-down visit reads (inputs, free slots,
+  ``Δ·T`` later than the other from ``lo + T`` on. When ``t1 ≤ lo``, every rank's last
+  forward (the cool-down's start is the first of them after ``t1``) is at or after
+  ``lo + T``, and every cool-down visit reads (inputs, free slots,
   the level before a tried slot) only slots from ``lo + T`` on, both runs make the same
   moves, ``Δ·T`` apart; the level a forward's fit counts from the rank's start moves by
   the period's net change (0 with W's listed), and without W's listed (their levels a
@@ -185,8 +186,8 @@ def _reordered(grid: list[Times], band: tuple[int, int], small: int, with_w: boo
         lo = _levels_repeat(grid, lo, hi, T)
         if lo is None:
             return None
-    if hi - lo < 3 * T:
-        return None
+    if hi - lo < 3 * T or min(rows[_F0][-1] for rows in grid) < lo + T:
+        return None  # (every rank's last forward, which sets the cool-down's start, a period on)
     reads: dict[str, int] = {}
     out = _reorder(grid, small, with_w, T, reads)
     t2 = reads.get("t2")
