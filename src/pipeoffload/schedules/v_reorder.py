@@ -183,12 +183,6 @@ def _events_per_period(rows: Times) -> int:
     return sum(len(ts) // m for ts in rows)
 
 
-def _inputs(grid: list[Times], r: int, k: int, j: int) -> int:
-    """Latest slot among the inputs of op (type ``k``, microbatch ``j``) on rank ``r``
-    (:func:`_input_slots`), −1 when it has none."""
-    return max(_input_slots(grid, r, k, j), default=-1)
-
-
 def _input_slots(grid: list[Times], r: int, k: int, j: int) -> list[int]:
     """Slots of the inputs of op (type ``k``, microbatch ``j``) on rank ``r``: the
     neighbour's op of the same type, the rank's previous type (the local chain), the
@@ -259,11 +253,11 @@ def _reorder(grid: list[Times], m: int, with_w: bool, period: int = 0,
         k, e = e & 7, e >> 3
         t, r = divmod(e, p)
         rows, here = grid[r], taken[r]
+        deps = _input_slots(grid, r, k, j)
         if low is not None and t >= t1:  # a cool-down visit: what it reads
-            deps = _input_slots(grid, r, k, j)
             low = reads["low"] = min([low, t] + deps)  # type: ignore[index]
         # The free slots between its inputs and it, made as far as the fit reads them.
-        free = (q for q in range(max(_input_slots(grid, r, k, j), default=-1) + 1, t) if q not in here)
+        free = (q for q in range(max(deps, default=-1) + 1, t) if q not in here)
         q = _first_fit(rows, k, j, t, free, cap) if levels is None else levels[r].first_fit(k, t, free, cap)
         if q != t:
             here.discard(t)

@@ -50,7 +50,7 @@ Cost: the five passes on ``m'`` microbatches (O(p²) for the V blocks), the chec
 from __future__ import annotations
 
 from bisect import bisect_left
-from itertools import compress, count
+from itertools import chain, compress, count
 from operator import ne, sub
 
 from ..ir import OpKind, Placement
@@ -267,7 +267,6 @@ def _lower_stretched(pl: Placement, i: int, rows: Times, tau: int, T: int, extra
     table = [ops[w] for w in what]
     out = [table[e // n & 7][e % n] for e in cells[:x2]]
     period = [(table[e // n & 7], e % n) for e in cells[x1:x2]]
-    for d in range(1, extra + 1):
-        out += [col[j + d] for col, j in period]
+    out.extend(chain.from_iterable(zip(*[col[j + 1:j + extra + 1] for col, j in period])))  # copy by copy
     out += [table[e // n & 7][e % n + extra] for e in cells[x2:]]
     return out
