@@ -48,7 +48,13 @@ def reorder_orders(block: BuildingBlock, m: int, ops: OpTable | None = None) -> 
     the dependencies (it is a squeezed slot grid's order); the highest per-rank peak in
     chunk units (F +1, W −1) is at most the repeated block's.
 
-    Cost: O(p·m log m) for the sorts, O(p·m) Python steps for the W placements and the
+    When ``m ≥ 2m'`` (``m'`` = :func:`.v_reorder_periods.reduced_count`, O(p) for the V
+    blocks) the passes run on ``m'`` microbatches and the orders for ``m`` are theirs with
+    the missing periods inserted, where each pass's check proves that equal
+    (:mod:`.v_reorder_periods`): O(p²) Python steps and O(p·m) tuples written in C;
+    otherwise, or when a check fails, on all ``m`` (same orders).
+
+    Cost on all ``m``: O(p·m log m) for the sorts, O(p·m) Python steps for the W placements and the
     final lowering; the two squeezes step through the warm-up and the cool-down (O(p²)
     ops for the V blocks) and write the periods they prove by slices (:class:`_SqueezeSkip`),
     the cool-down's levels likewise (:class:`_RankLevels`); plus per moved op (O(p²) of

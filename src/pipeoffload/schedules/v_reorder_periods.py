@@ -62,20 +62,42 @@ Cuts = list[list[int]]  #: per rank, per list: the index where the periods go in
 
 
 def reduced_count(block: BuildingBlock, m: int) -> int:
-    """The microbatches of the reduced run: enough periods for the warm-up (about the
-    block's span), a steady stretch every pass proves, and the cool-down's reach:
-    ``m' = ⌈2·span/T⌉ + 12``, at most ``m`` (the fewest that prove, measured for the
-    three V blocks at p = 4..64: ``1.6·span/T + 4`` to ``+ 6``)."""
+    """The microbatches of the reduced run.
+
+    Args:
+        block: the V building block (its span and period ``T``).
+        m: the microbatches asked for.
+
+    Returns:
+        ``m' = ⌈2·span/T⌉ + 12``, at most ``m``: enough periods for the warm-up (about the
+        block's span), a steady stretch every pass proves, and the cool-down's reach (the
+        fewest that prove, measured for the three V blocks at p = 4..64: ``1.6·span/T + 4``
+        to ``+ 6``)."""
     span = max(block.slots.values()) - min(block.slots.values())
     return min(m, -(-2 * span // block.period) + 12)
 
 
 def reduced_orders(block: BuildingBlock, small: int, m: int,
                    ops: OpTable | None = None) -> list[list[tuple[OpKind, int, int]]] | None:
-    """:func:`.v_reorder.reorder_orders` for ``m`` from the passes on ``small < m``
-    microbatches (module docstring), or None when a check fails.
+    """:func:`.v_reorder.reorder_orders` for ``m`` from its passes on fewer microbatches.
 
-    Guarantees: when not None, exactly the full path's orders."""
+    Args:
+        block: the V building block.
+        small: the microbatches of the reduced run (:func:`reduced_count`), below ``m``.
+        m: the microbatches asked for.
+        ops: :func:`.building_block.op_table` for ``m`` (its tuples are used), or None.
+
+    Returns:
+        Per-rank ``(kind, layer group, microbatch)`` orders, or None when a pass's check
+        fails (module docstring); the caller then runs the full path.
+
+    Raises:
+        Nothing of its own.
+
+    Guarantees: when not None, exactly the full path's orders for ``m`` (each pass's
+    result for ``m`` is proved to be its result for ``small`` with the periods inserted).
+    Cost: the passes on ``small`` microbatches, O(p) bisections and C scans per list for
+    the checks, O(p·m) tuples written in C."""
     pl = block.placement
     T = block.period
     grid = _repeated(block, small)
