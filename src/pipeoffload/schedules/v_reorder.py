@@ -48,22 +48,34 @@ def reorder_orders(block: BuildingBlock, m: int, ops: OpTable | None = None) -> 
     the dependencies (it is a squeezed slot grid's order); the highest per-rank peak in
     chunk units (F +1, W −1) is at most the repeated block's.
 
-    Cost: O(p·m log m) for the sorts, O(p·m) Python steps for the W placements and the
+    When ``m ≥ 2m'`` (``m'`` = :func:`.v_reorder_periods.reduced_count`, O(p) for the V
+    blocks) the passes run on ``m'`` microbatches and the orders for ``m`` are theirs with
+    the missing periods inserted, where each pass's check proves that equal
+    (:mod:`.v_reorder_periods`): O(p²) Python steps and O(p·m) tuples written in C;
+    otherwise, or when a check fails, on all ``m`` (same orders).
+
+    Cost on all ``m``: O(p·m log m) for the sorts, O(p·m) Python steps for the W placements and the
     final lowering; the two squeezes step through the warm-up and the cool-down (O(p²)
     ops for the V blocks) and write the periods they prove by slices (:class:`_SqueezeSkip`),
     the cool-down's levels likewise (:class:`_RankLevels`); plus per moved op (O(p²) of
     them) its window: the free slots between its inputs and its slot (O(m) at worst), and
     for the cool-down's implicit-W check the events from its new slot until the rank's
     levels meet the old ones (O(m) at worst, a few in practice)."""
+    from .v_reorder_periods import reduced_count, reduced_orders  # (it builds on this module's passes)
+
+    small = reduced_count(block, m)
+    if 2 * small <= m:  # (closer to m the reduced run and its checks cost about the full one)
+        orders = reduced_orders(block, small, m, ops)
+        if orders is not None:
+            return orders
+    return _orders_full(block, m, ops)
+
+
+def _orders_full(block: BuildingBlock, m: int, ops: OpTable | None = None) -> list[list[tuple[OpKind, int, int]]]:
+    """:func:`reorder_orders` on all ``m`` microbatches."""
     pl = block.placement
-    p = pl.num_ranks
     T = block.period
-    grid: list[Times] = []
-    for i in range(p):
-        c0, c1 = i, 2 * p - 1 - i
-        row = [block.slots[(OpKind.F, c0)], block.slots[(OpKind.F, c1)],
-               block.slots[(OpKind.B, c1)], block.slots[(OpKind.B, c0)]]
-        grid.append([[x + T * j for j in range(m)] for x in row])
+    grid = _repeated(block, m)
     grid = _squeeze(_reorder([_with_weights(r) for r in grid], m, with_w=True, period=T), T)
     grid = _reorder([r[:4] for r in grid], m, with_w=False, period=T)
     grid = _squeeze([_with_weights(r) for r in grid], T)
@@ -71,9 +83,27 @@ def reorder_orders(block: BuildingBlock, m: int, ops: OpTable | None = None) -> 
     return [_lower(pl, i, rows, ops) for i, rows in enumerate(grid)]
 
 
-def _with_weights(rows: Times, split: bool = False) -> Times:
+def _repeated(block: BuildingBlock, m: int) -> list[Times]:
+    """The block repeated ``m`` times as slot lists per rank (F, f, B, b)."""
+    p, T = block.placement.num_ranks, block.period
+    grid: list[Times] = []
+    for i in range(p):
+        c0, c1 = i, 2 * p - 1 - i
+        row = [block.slots[(OpKind.F, c0)], block.slots[(OpKind.F, c1)],
+               block.slots[(OpKind.B, c1)], block.slots[(OpKind.B, c0)]]
+        grid.append([[x + T * j for j in range(m)] for x in row])
+    return grid
+
+
+def _with_weights(rows: Times, split: bool = False, probes: list[int] | None = None,
+                  states: list[tuple[int, int, int]] | None = None) -> Times:
     """``rows`` (F, f, B, b) plus W's, each in the first free slot after its backward;
     one W list, or (``split``) chunk 1's then chunk 0's (chunk 1's first when both wait).
+
+    With ``probes`` (increasing slots) and ``states``, the scan's state as it reaches
+    each probe (after every event before it, before the first one at or after it:
+    W's waiting of chunk 1 or all, of chunk 0, and the last event's slot) is appended
+    to ``states``, for :mod:`.v_reorder_periods`.
 
     Cost: O(n log n) in the rank's n ops: the free slots between two ops are handed to
     the waiting W's at once, not visited one by one."""
@@ -82,8 +112,13 @@ def _with_weights(rows: Times, split: bool = False) -> Times:
     w0, w1 = out[4], out[-1]
     wait0 = wait1 = 0  # W's waiting: chunk 1's (or all), chunk 0's
     prev = -1
+    probe = iter(probes or ())
+    at = next(probe, None)
     for e in taken:
         t, k = e >> 3, e & 7
+        while at is not None and t >= at:
+            states.append((wait0, wait1, prev))  # type: ignore[union-attr]
+            at = next(probe, None)
         if wait0 or wait1:
             free = t - prev - 1  # slots prev+1 .. t-1, each runs one waiting W
             if free > 0:
@@ -98,6 +133,9 @@ def _with_weights(rows: Times, split: bool = False) -> Times:
         elif k == _B0:
             wait1 += 1
         prev = t
+    while at is not None:
+        states.append((wait0, wait1, prev))  # type: ignore[union-attr]
+        at = next(probe, None)
     w0.extend(range(prev + 1, prev + 1 + wait0))
     w1.extend(range(prev + 1 + wait0, prev + 1 + wait0 + wait1))
     return out
@@ -151,30 +189,35 @@ def _events_per_period(rows: Times) -> int:
     return sum(len(ts) // m for ts in rows)
 
 
-def _inputs(grid: list[Times], r: int, k: int, j: int) -> int:
-    """Latest slot among the inputs of op (type ``k``, microbatch ``j``) on rank ``r``:
-    the neighbour's op of the same type, the rank's previous type (the local chain),
-    the same type's previous microbatch; a W, its backward (in backward order)."""
+def _input_slots(grid: list[Times], r: int, k: int, j: int) -> list[int]:
+    """Slots of the inputs of op (type ``k``, microbatch ``j``) on rank ``r``: the
+    neighbour's op of the same type, the rank's previous type (the local chain), the
+    same type's previous microbatch; a W, its backward (in backward order)."""
     p = len(grid)
     rows = grid[r]
-    dep = -1
+    deps = []
     if k in (_F0, _B1) and r > 0:
-        dep = grid[r - 1][k][j]
+        deps.append(grid[r - 1][k][j])
     if k in (_F1, _B0) and r + 1 < p:
-        dep = max(dep, grid[r + 1][k][j])
+        deps.append(grid[r + 1][k][j])
     if 0 < k < 4:
-        dep = max(dep, rows[k - 1][j])
+        deps.append(rows[k - 1][j])
     if k == 4:
-        dep = max(dep, _kth(rows[_B1], rows[_B0], j))
+        deps.append(_kth(rows[_B1], rows[_B0], j))
     if j > 0:
-        dep = max(dep, rows[k][j - 1])
-    return dep
+        deps.append(rows[k][j - 1])
+    return deps
 
 
-def _reorder(grid: list[Times], m: int, with_w: bool, period: int = 0) -> list[Times]:
+def _reorder(grid: list[Times], m: int, with_w: bool, period: int = 0,
+             reads: dict[str, int] | None = None) -> list[Times]:
     """Visit ops in slot order; move warm-up (only ``with_w``) and cool-down ops to the
     earliest free slot after their inputs that keeps every rank within the highest
     peak. In place; returns ``grid``.
+
+    With ``reads``, records for :mod:`.v_reorder_periods`: ``t1`` (the warm-up's end),
+    ``t2`` (the cool-down's first slot, or none), ``low`` (the earliest slot a cool-down
+    visit reads: an input, a free slot, the event before a tried slot).
 
     The warm-up ends at rank 0's first chunk-0 backward, the cool-down starts after the
     first chunk-0 forward of the last microbatch from there on (slot order). The ops in
@@ -207,19 +250,32 @@ def _reorder(grid: list[Times], m: int, with_w: bool, period: int = 0) -> list[T
                 visit.extend(key(ts[j], r, k, j) for j in range(start, len(ts)))
     visit.sort()
     taken = [{t for ts in rows for t in ts} for rows in grid]  # every op's slot, kept up to date
+    low = None
+    if reads is not None:
+        reads.update(t1=t1, t2=t2 if e2 is not None else None)
+        low = reads["low"] = _NO_READ
     for e in visit:
         e, j = divmod(e, n)
         k, e = e & 7, e >> 3
         t, r = divmod(e, p)
         rows, here = grid[r], taken[r]
+        deps = _input_slots(grid, r, k, j)
+        if low is not None and t >= t1:  # a cool-down visit: what it reads
+            low = reads["low"] = min([low, t] + deps)  # type: ignore[index]
         # The free slots between its inputs and it, made as far as the fit reads them.
-        free = (q for q in range(_inputs(grid, r, k, j) + 1, t) if q not in here)
+        free = (q for q in range(max(deps, default=-1) + 1, t) if q not in here)
         q = _first_fit(rows, k, j, t, free, cap) if levels is None else levels[r].first_fit(k, t, free, cap)
         if q != t:
             here.discard(t)
             here.add(q)
             rows[k][j] = q
+    if levels is not None and reads is not None:
+        reads["low"] = min([reads["low"]] + [lv.low for lv in levels])
     return grid
+
+
+#: ``low`` when nothing is read (no cool-down visit).
+_NO_READ = 1 << 62
 
 
 def _first_fit(rows: Times, k: int, j: int, t: int, free: Iterable[int], cap: int) -> int:
@@ -286,7 +342,7 @@ class _RankLevels:
     Invariant used: the rank's levels are within the cap before a move (the cap is the
     highest peak of the grid, and only moves that keep it are made)."""
 
-    __slots__ = ("events", "level", "pending")
+    __slots__ = ("events", "level", "pending", "low")
 
     def __init__(self, rows: Times, period: int = 0) -> None:
         """``period`` (the block's, ``T``): where an event is its copy ``c`` events back
@@ -295,6 +351,7 @@ class _RankLevels:
         reads only these and the slot gap), so the copies' states are filled in by
         repeating the last period's (:func:`_periodic_run`); same levels. Cost: the sort,
         the Python steps of the warm-up and cool-down, and the copies made in C."""
+        self.low = _NO_READ  #: earliest slot whose state a move read (the event before a tried slot)
         self.events = ev = sorted([t * 8 + k for k in range(4) for t in rows[k]])
         self.level, self.pending = lv, pd = [], []
         level = pending = 0
@@ -343,6 +400,8 @@ class _RankLevels:
         b = bisect_left(ev, old, a)
         if a > 0:
             level, pending, prev = lv[a - 1], pd[a - 1], ev[a - 1] >> 3
+            if prev < self.low:
+                self.low = prev
         else:
             level = pending = 0
             prev = -1

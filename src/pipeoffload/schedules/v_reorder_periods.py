@@ -1,0 +1,294 @@
+"""The slot reorder on fewer microbatches (docs/algorithms.md#92-v-min-and-v-half-in-periods).
+
+:func:`.v_reorder.reorder_orders` on ``m`` microbatches from its run on ``m' < m``: the
+five passes run on the ``m'``-grid, each with a check that proves its result for ``m``
+is its result for ``m'`` with ``Δ = m − m'`` periods inserted, and the final orders are
+the ``m'`` ones with the period repeated ``Δ`` more times. Where a check fails the
+caller runs the full path; the orders are the same either way.
+
+The insertion. A slot list ``L`` (one per rank and op type: the slot of each
+microbatch, increasing; ``c`` entries per period: 2 for the W list of both chunks, else
+1) with ``Δ`` periods inserted at index ``a`` is ``L[:a]``, then ``L[a−c:a]`` ``i·T``
+slots later for ``i = 1..Δ``, then ``L[a:]`` ``Δ·T`` later (``ins(L, a)``). When
+``L[i] = L[i−c] + T`` on ``[s+c, e)`` (a *stretch*), ``ins(L, a)`` is the same list for
+every ``a`` in ``[s+c, e]``. A *band* ``[lo, hi)`` of a grid, from its lists' stretches
+(``lo`` the latest first slot of a stretch, ``hi`` one past the earliest last), is a
+window where every list is the same one period on; inserting at slot ``τ`` (index
+``bisect_left(L, τ)`` in each list) for any ``τ`` in ``[lo+T, hi]`` is then inserting
+inside every stretch: one grid for ``m``. Each pass's check takes its input's band and
+yields the cut (``a`` per list) at which its output for ``m`` is its output for ``m'``
+with the periods inserted:
+
+- *W placement* (:func:`.v_reorder._with_weights`, a scan per rank whose state is the
+  W's waiting and the last event's slot): when the state on reaching ``τ`` and
+  ``τ + T`` is the same (one period on), the inserted periods are scanned from the same
+  state, emit the same W's a period on each, and leave the same state: the W lists are
+  cut at one past the last event before ``τ + T``, the others at ``τ + T``.
+- *Reorder* (:func:`.v_reorder._reorder`): it moves only warm-up ops (before ``t1``)
+  and cool-down ops; the grids for ``m`` and ``m'`` are the same below ``hi`` and one
+  ``Δ·T`` later than the other from ``lo + T`` on. When ``t1 ≤ lo``, every rank's last
+  forward (the cool-down's start is the first of them after ``t1``) is at or after
+  ``lo + T``, and every cool-down visit reads (inputs, free slots,
+  the level before a tried slot) only slots from ``lo + T`` on, both runs make the same
+  moves, ``Δ·T`` apart; the level a forward's fit counts from the rank's start moves by
+  the period's net change (0 with W's listed), and without W's listed (their levels a
+  scan) the check asks for the same level and pending W's on reaching ``lo`` and
+  ``lo + T``, which also keeps the cap (the highest peak) the same. Cut at ``lo + T``.
+- *Squeeze* (:func:`.v_reorder._squeeze`: each op at the latest of its rank's clock and
+  its inputs + 1, in slot order): when every op from ``hi − T`` on reads (its inputs,
+  its rank's previous op) only ops from ``lo + T`` on, and the squeezed slot of every op
+  in ``[lo + T, hi)`` is its copy's a period back plus ``T``, the inserted ops (copies of
+  those in ``[hi − T, hi)``) and by induction every later op get their copy's slot plus
+  ``T``: cut at ``hi``.
+- The final lowering sorts each rank's slots: its order for ``m`` is the one for ``m'``
+  with the ops of one period repeated (:func:`_lower_stretched`).
+
+Cost: the five passes on ``m'`` microbatches (O(p²) for the V blocks), the checks
+(O(p) bisections and one C scan per list), and O(p·m) tuples written in C.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from itertools import chain, compress, count
+from operator import ne, sub
+
+from ..ir import OpKind, Placement
+from .building_block import BuildingBlock, OpTable
+from .v_reorder import (_B0, _B1, _F0, _F1, Times, _RankLevels, _reorder, _repeated, _squeeze,
+                        _with_weights)
+
+Cuts = list[list[int]]  #: per rank, per list: the index where the periods go in
+
+
+def reduced_count(block: BuildingBlock, m: int) -> int:
+    """The microbatches of the reduced run.
+
+    Args:
+        block: the V building block (its span and period ``T``).
+        m: the microbatches asked for.
+
+    Returns:
+        ``m' = ⌈2·span/T⌉ + 12``, at most ``m``: enough periods for the warm-up (about the
+        block's span), a steady stretch every pass proves, and the cool-down's reach (the
+        fewest that prove, measured for the three V blocks at p = 4..64: ``1.6·span/T + 4``
+        to ``+ 6``)."""
+    span = max(block.slots.values()) - min(block.slots.values())
+    return min(m, -(-2 * span // block.period) + 12)
+
+
+def reduced_orders(block: BuildingBlock, small: int, m: int,
+                   ops: OpTable | None = None) -> list[list[tuple[OpKind, int, int]]] | None:
+    """:func:`.v_reorder.reorder_orders` for ``m`` from its passes on fewer microbatches.
+
+    Args:
+        block: the V building block.
+        small: the microbatches of the reduced run (:func:`reduced_count`), below ``m``.
+        m: the microbatches asked for.
+        ops: :func:`.building_block.op_table` for ``m`` (its tuples are used), or None.
+
+    Returns:
+        Per-rank ``(kind, layer group, microbatch)`` orders, or None when a pass's check
+        fails (module docstring); the caller then runs the full path.
+
+    Raises:
+        Nothing of its own.
+
+    Guarantees: when not None, exactly the full path's orders for ``m`` (each pass's
+    result for ``m`` is proved to be its result for ``small`` with the periods inserted).
+    Cost: the passes on ``small`` microbatches, O(p) bisections and C scans per list for
+    the checks, O(p·m) tuples written in C."""
+    pl = block.placement
+    T = block.period
+    grid = _repeated(block, small)
+    band = _band(grid, [[small] * 4 for _ in grid], T)
+    steps = (lambda g, b: _weights(g, b, T, False), lambda g, b: _reordered(g, b, small, True, T),
+             lambda g, b: _squeezed(g, b, T), lambda g, b: _reordered([r[:4] for r in g], b, small, False, T),
+             lambda g, b: _weights(g, b, T, False), lambda g, b: _squeezed(g, b, T),
+             lambda g, b: _weights([r[:4] for r in g], b, T, True))
+    for step in steps:
+        if band is None:
+            return None
+        proved = step(grid, band)
+        if proved is None:
+            return None
+        grid, cuts = proved
+        band = _band(grid, cuts, T)
+    if band is None:
+        return None
+    return [_lower_stretched(pl, i, rows, band[1], T, m - small, ops) for i, rows in enumerate(grid)]
+
+
+def _mult(rows: Times) -> list[int]:
+    """Entries per period of each list of a rank (its first list has one a period)."""
+    return [len(ts) // len(rows[0]) for ts in rows]
+
+
+def _stretch(ts: list[int], a: int, c: int, T: int) -> tuple[int, int]:
+    """The widest ``[s, e)`` around index ``a`` with ``ts[i] = ts[i−c] + T`` for every
+    ``i`` in ``[s+c, e)`` (C scans)."""
+    if a < c:
+        return a, a
+    gaps = map(sub, ts[a:], ts[a - c:])
+    e = next(compress(count(a), map(ne, gaps, [T] * (len(ts) - a))), len(ts))
+    back = list(map(sub, ts[c:a], ts[:a - c]))  # back[i − c] = ts[i] − ts[i − c], i in [c, a)
+    bad = [x for x, g in zip(range(c, a), back) if g != T]
+    s = bad[-1] - c + 1 if bad else 0
+    return s, e
+
+
+def _band(grid: list[Times], cuts: Cuts, T: int) -> tuple[int, int] | None:
+    """The band of ``grid`` from its lists' stretches around ``cuts`` (module docstring),
+    None when a cut is outside its stretch or the band is under three periods wide."""
+    lo, hi = -1, 1 << 62
+    for rows, at in zip(grid, cuts):
+        for ts, c, a in zip(rows, _mult(rows), at):
+            s, e = _stretch(ts, a, c, T)
+            if not (s + c <= a <= e) or e == s:
+                return None
+            lo, hi = max(lo, ts[s]), min(hi, ts[e - 1] + 1)
+    return (lo, hi) if hi - lo >= 3 * T else None
+
+
+def _cuts_at(grid: list[Times], tau: int, T: int) -> Cuts | None:
+    """Each list's index at slot ``tau``, None unless one period before it holds exactly
+    the list's entries of one period (the copies the insertion makes)."""
+    cuts = []
+    for rows in grid:
+        at = []
+        for ts, c in zip(rows, _mult(rows)):
+            a = bisect_left(ts, tau)
+            if a < c or bisect_left(ts, tau - T) != a - c:
+                return None
+            at.append(a)
+        cuts.append(at)
+    return cuts
+
+
+def _weights(grid: list[Times], band: tuple[int, int], T: int, split: bool) -> tuple[list[Times], Cuts] | None:
+    """:func:`.v_reorder._with_weights` on every rank, and the cut proving it (the module
+    docstring's W placement), or None."""
+    lo, hi = band
+    probes = list(range(lo, hi + 1, T))
+    states: list[list[tuple[int, int, int]]] = []
+    out = []
+    for rows in grid:
+        st: list[tuple[int, int, int]] = []
+        out.append(_with_weights(rows, split, probes, st))
+        states.append(st)
+    for i in range(len(probes) - 2):  # τ = probes[i]; τ + T stays below hi
+        if all(s[i + 1] == (s[i][0], s[i][1], s[i][2] + T) and s[i][2] >= lo for s in states):
+            break
+    else:
+        return None
+    tau = probes[i + 1]
+    cuts = _cuts_at([r[:4] for r in out], tau, T)
+    if cuts is None:
+        return None
+    for at, rows, s in zip(cuts, out, states):
+        sigma = s[i + 1][2] + 1  # one past the rank's last event before τ + T
+        for ts, c in zip(rows[4:], _mult(rows)[4:]):
+            a = bisect_left(ts, sigma)
+            if a < c or bisect_left(ts, sigma - T) != a - c:
+                return None
+            at.append(a)
+    return out, cuts
+
+
+def _reordered(grid: list[Times], band: tuple[int, int], small: int, with_w: bool,
+               T: int) -> tuple[list[Times], Cuts] | None:
+    """:func:`.v_reorder._reorder` (in place) and the cut proving it (the module
+    docstring's reorder), or None."""
+    lo, hi = band
+    lo = max(lo, grid[0][_B0][0])  # t1: the warm-up's moves stay below lo
+    if with_w:
+        if sum(d * c for d, c in zip((1, 1, 0, 0, -1), _mult(grid[0]))) != 0:
+            return None
+    else:
+        lo = _levels_repeat(grid, lo, hi, T)
+        if lo is None:
+            return None
+    if hi - lo < 3 * T or min(rows[_F0][-1] for rows in grid) < lo + T:
+        return None  # (every rank's last forward, which sets the cool-down's start, a period on)
+    reads: dict[str, int] = {}
+    out = _reorder(grid, small, with_w, T, reads)
+    t2 = reads.get("t2")
+    if t2 is None or t2 < lo + T or reads["low"] < lo + T:
+        return None
+    cuts = _cuts_at(out, lo + T, T)
+    return (out, cuts) if cuts is not None else None
+
+
+def _levels_repeat(grid: list[Times], lo: int, hi: int, T: int) -> int | None:
+    """The first ``τ`` from ``lo`` on (period steps, ``τ + 3T ≤ hi``) where every rank's
+    implicit-W state (:class:`.v_reorder._RankLevels`: level, pending W's, last slot) on
+    reaching ``τ + T`` is the one on reaching ``τ``, one period on; None if none."""
+    states = []
+    for rows in grid:
+        lv = _RankLevels(rows, T)
+        at = []
+        for tau in range(lo, hi - 2 * T + 1, T):
+            x = bisect_left(lv.events, tau * 8) - 1
+            at.append((lv.level[x], lv.pending[x], (lv.events[x] >> 3) - tau) if x >= 0 else None)
+        states.append(at)
+    for i, tau in enumerate(range(lo, hi - 3 * T + 1, T)):
+        if all(s[i] is not None and s[i] == s[i + 1] for s in states):
+            return tau
+    return None
+
+
+def _squeezed(grid: list[Times], band: tuple[int, int], T: int) -> tuple[list[Times], Cuts] | None:
+    """:func:`.v_reorder._squeeze` and the cut proving it (the module docstring's
+    squeeze), or None."""
+    lo, hi = band
+    out = _squeeze(grid, T)
+    p = len(grid)
+    low = hi
+    for r, rows in enumerate(grid):  # what the ops from hi − T on read: each dep list's first entry there
+        for k, ts in enumerate(rows):
+            b = bisect_left(ts, hi - T)
+            if b >= len(ts):
+                continue
+            if (k == _F0 or k == _B1) and r > 0:
+                low = min(low, grid[r - 1][k][b])
+            elif (k == _F1 or k == _B0) and r + 1 < p:
+                low = min(low, grid[r + 1][k][b])
+            if 0 < k < 4:
+                low = min(low, rows[k - 1][b])
+            if b > 0:
+                low = min(low, ts[b - 1])
+    # The latest lo' whose [lo' + T, hi) has every squeezed slot its copy's plus T.
+    for rows, outs in zip(grid, out):
+        for ts, us, c in zip(rows, outs, _mult(rows)):
+            a, b = bisect_left(ts, lo + T), bisect_left(ts, hi)
+            if a < c:
+                return None
+            bad = [i for i, g in zip(range(a, b), map(sub, us[a:b], us[a - c:b - c])) if g != T]
+            if bad:
+                lo = max(lo, ts[bad[-1]] - T + 1)
+    if hi - lo < 3 * T or low < lo + T:
+        return None
+    cuts = [[bisect_left(ts, hi) for ts in rows] for rows in grid]
+    return out, cuts
+
+
+def _lower_stretched(pl: Placement, i: int, rows: Times, tau: int, T: int, extra: int,
+                     ops: OpTable | None) -> list[tuple[OpKind, int, int]]:
+    """:func:`.v_reorder._lower` of rank ``i``'s lists with ``extra`` periods inserted at
+    slot ``tau`` (inside the band): the ops before ``tau``, those of ``[tau − T, tau)``
+    ``1..extra`` microbatches on, then the rest ``extra`` on."""
+    p = pl.num_ranks
+    c0, c1 = i, 2 * p - 1 - i
+    what = [(OpKind.F, c0), (OpKind.F, c1), (OpKind.B, c1), (OpKind.B, c0), (OpKind.W, c1), (OpKind.W, c0)]
+    n = 1 + max((len(ts) for ts in rows), default=0)
+    cells = sorted([(t * 8 + k) * n + j for k, ts in enumerate(rows) for j, t in enumerate(ts)])
+    x1, x2 = bisect_left(cells, (tau - T) * 8 * n), bisect_left(cells, tau * 8 * n)
+    if ops is None:
+        m = len(rows[0]) + extra
+        ops = {w: [(w[0], w[1], j) for j in range(m)] for w in what}
+    table = [ops[w] for w in what]
+    out = [table[e // n & 7][e % n] for e in cells[:x2]]
+    period = [(table[e // n & 7], e % n) for e in cells[x1:x2]]
+    out.extend(chain.from_iterable(zip(*[col[j + 1:j + extra + 1] for col, j in period])))  # copy by copy
+    out += [table[e // n & 7][e % n + extra] for e in cells[x2:]]
+    return out
