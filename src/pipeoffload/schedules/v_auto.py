@@ -303,14 +303,18 @@ def v_auto(spec: ScheduleSpec) -> Schedule:
     Cost in p and m: the family in closed form, O(p) members at O(1) each (3.6 k at
     p = 64; :func:`_family`), none built but the ones lowered. Then a constant number
     of lowerings, each over O(p·m) ops: V-Min and V-Half (and V-ZB when its bound may
-    fit; :data:`.vshape.LOWERING_COST`), :data:`SCAN` slot reorders and timings,
-    :data:`REFINE` building-block pipelines with their W refills; the timings and refills
-    go through the periodic steady state when the costs are binary fractions
-    (:mod:`~pipeoffload.passes.steady_timing`: O(p²) ops placed, O(p·m) list work in C). The grid rules
-    lower ``max(1, min(GRID_SCAN, GRID_WORK / (p²·(max(m, 2p) + 4p))))`` blocks at
-    O(p²·(max(m, 2p) + 4p)) each — one at large p·m, the largest single term (p = 64,
-    m = 512) — after timing ``min(family, PROXY_CELLS / 6pm)`` repeated grids, O(p·m)
-    each (none when only one would be timed)."""
+    fit; :data:`.vshape.LOWERING_COST`), taken with the figures their lowering timed
+    them by (:func:`.vshape.fixed_lowering`: not timed again), :data:`SCAN` slot reorders
+    and timings, :data:`REFINE` building-block pipelines with their W refills. The six
+    slot reorders (two inside V-Min and V-Half) are the largest part, O(p·m) Python steps
+    each (docs/algorithms.md §9.4: 3.6 of 8.2 s CPU under load at p = 64, m = 512); the
+    timings and refills go through the periodic steady state when the costs are binary
+    fractions (:mod:`~pipeoffload.passes.steady_timing`: O(p²) ops placed, O(p·m) list
+    work in C). The grid rules lower ``max(1, min(GRID_SCAN, GRID_WORK / (p²·(max(m, 2p) +
+    4p))))`` blocks at O(p²·(max(m, 2p) + 4p)) each (the hole filling writes the
+    periods it proves repeated by slices, :mod:`.v_grid_lowering`; one block, 0.7 s, at
+    p = 64, m = 512), after timing ``min(family, PROXY_CELLS / 6pm)`` repeated grids,
+    O(p·m) each (none when only one would be timed)."""
     spec.no_group()
     spec.resolve_v(2, allowed=(2,))
     p, m, costs, memory = spec.p, spec.m, spec.costs, spec.memory
