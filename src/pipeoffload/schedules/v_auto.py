@@ -312,7 +312,7 @@ def v_auto(spec: ScheduleSpec) -> Schedule:
     fractions (:mod:`~pipeoffload.passes.steady_timing`: O(p²) ops placed, O(p·m) list
     work in C). The grid rules lower ``max(1, min(GRID_SCAN, GRID_WORK / (p²·(max(m, 2p) +
     4p))))`` blocks at O(p²·(max(m, 2p) + 4p)) each (the hole filling writes the
-    periods it proves repeated by slices, :mod:`.v_grid_lowering`; one block, 0.7 s, at
+    periods it proves repeated by slices, :mod:`.v_grid_lowering`; one block, 0.5 s, at
     p = 64, m = 512), after timing ``min(family, PROXY_CELLS / 6pm)`` repeated grids,
     O(p·m) each (none when only one would be timed)."""
     spec.no_group()

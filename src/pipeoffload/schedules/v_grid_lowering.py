@@ -58,10 +58,12 @@ activations (F +1, W −1) is at most the repeated grid's for ``max(m, 2p)`` mic
 which is at most the block's :func:`.building_block.steady_peak`, and at most ``2p``.
 Pure Python.
 
-Cost: rows of ``L = O(max(m, 2p) + p)`` slots on ``p`` ranks. Rules 1–5 and 7 are O(p·L)
-Python steps; rule 6 sweeps the warm-up and the cool-down, O(p²) columns·ranks of
-look-ahead, and writes the periods between by slices, O(p·m) in C, when they repeat (at
-p = 64, m = 512, 397 of 543 periods: 0.47 → 0.22 s CPU under load); otherwise O(p·L) steps.
+Cost: rows of ``L = O(max(m, 2p) + p)`` slots on ``p`` ranks. The squeezes (rules 2–5) and
+the hole filling (rule 6) sweep the warm-up and the cool-down, O(p²) columns·ranks, and write
+the periods between by slices, O(p·m) in C, once their state provably repeats
+(:class:`_Squeezer`, :class:`_HoleFiller`; otherwise O(p·L) steps); the rest (rules 1, 3,
+5 and 7, the peaks and the final check) is O(p·L) Python steps. At p = 64, m = 512:
+0.93 → 0.49 s CPU under load (docs/algorithms.md §9.4).
 """
 
 from __future__ import annotations
@@ -151,24 +153,75 @@ def repeated_grid(block: BuildingBlock, copies: int) -> Grid:
 
 
 # ---------------------------------------------------------------------------- rule 2
-def _squeeze(grid: Grid, m: int) -> Grid:
+def _squeeze(grid: Grid, m: int, skip: bool = True) -> Grid:
     """Every op as early as its rank's order and its cross-rank dependency allow.
 
     Slots are visited left to right; in each slot the downward labels (F, B, W) are
     placed rank 0 first, then the upward ones (f, b, w) rank p−1 first, so a dependency
     on the previous rank in the sweep is already placed. An op whose dependency is not
-    placed yet cannot be squeezed: the lowering is refused."""
-    p = len(grid)
-    length = len(grid[0])
-    out: Grid = [[_EMPTY] * length for _ in range(p)]
-    count = [dict.fromkeys(LABELS, 0) for _ in range(p)]
-    # where[r][label][j]: the squeezed slot of microbatch j's op `label` on rank r
-    where = [{c: [-1] * m for c in LABELS} for _ in range(p)]
-    nxt = [0] * p
-    last = p - 1
-    downward_first = list(range(p)) + list(range(p - 1, -1, -1))
-    for col in zip(*grid):
-        for n, r in enumerate(downward_first):
+    placed yet cannot be squeezed: the lowering is refused.
+
+    With ``skip``, periods the sweep provably repeats are written, not swept
+    (:class:`_Squeezer`); the result is the same either way (tests/test_grid_fill_skip.py)."""
+    sq = _Squeezer(grid, m)
+    sq.run(skip)
+    return [row[:max(sq.nxt)] for row in sq.out]
+
+
+class _Squeezer:
+    """The sweep of :func:`_squeeze` over the input columns, and its period skip.
+
+    What the sweep does at an input column reads the column, each rank's next free output
+    slot, counts compared with each other (a missing dependency is a count no higher than
+    the index asked), and the output slots of dependencies placed but not yet consumed by
+    the next rank. So when, at a period boundary ``t``, those (slots less ``t``, counts
+    less one reference count) equal their values 6 columns earlier and the input repeats
+    with period 6 over the next ``K`` periods, those periods place exactly what the last
+    one did, 6 slots on, one microbatch on (induction over the periods); ``K`` keeps every
+    count within ``m`` and every slot within the row."""
+
+    def __init__(self, grid: Grid, m: int) -> None:
+        self.p, self.m = len(grid), m
+        self.cols = list(zip(*grid))
+        self.length = len(self.cols)
+        self.out: Grid = [[_EMPTY] * self.length for _ in range(self.p)]
+        self.count = [dict.fromkeys(LABELS, 0) for _ in range(self.p)]
+        # where[r][label][j]: the squeezed slot of microbatch j's op `label` on rank r
+        self.where = [{c: [-1] * m for c in LABELS} for _ in range(self.p)]
+        self.nxt = [0] * self.p
+        self.order = list(range(self.p)) + list(range(self.p - 1, -1, -1))  # downward labels first
+        self.skipped = 0  #: periods written by the skip
+
+    def run(self, skip: bool) -> None:
+        """Sweep every input column; with ``skip``, write the periods the class docstring proves."""
+        t, snap, prev_nxt = 0, None, None
+        # A state is taken at one boundary and compared at the next; after a failed
+        # comparison the next try waits twice as long (up to 16 periods): the state settles
+        # after the warm-up, and building it at every boundary would cost what the skip saves.
+        next_try, gap = 2 * PERIOD, PERIOD
+        while t < self.length:
+            if skip and t % PERIOD == 0 and next_try <= t < self.length - 8 * PERIOD:
+                sig = self._signature(t) if self.cols[t - PERIOD:t] == self.cols[t - 2 * PERIOD:t - PERIOD] else None
+                k = self._periods(t) if sig is not None and sig == snap else 0
+                if k > 0:
+                    self._write(prev_nxt, k)
+                    t += k * PERIOD
+                    snap = None
+                    continue
+                if snap is not None or sig is None:
+                    snap, gap = None, min(2 * gap, 16 * PERIOD)
+                    next_try = t + gap
+                else:
+                    snap, prev_nxt = sig, self.nxt[:]
+            self._column(t)
+            t += 1
+
+    def _column(self, t: int) -> None:
+        """Sweep input column ``t``: each op in the first free slot after its dependency."""
+        p, m, length, last = self.p, self.m, self.length, self.p - 1
+        count, where, nxt, out = self.count, self.where, self.nxt, self.out
+        col = self.cols[t]
+        for n, r in enumerate(self.order):
             c = col[r]
             if c == _EMPTY or (c in _DOWNWARD) != (n < p):
                 continue
@@ -200,8 +253,50 @@ def _squeeze(grid: Grid, m: int) -> Grid:
             count[r][c] = j + 1
             where[r][c][j] = slot
             nxt[r] = slot + 1
-    new_len = max(nxt)
-    return [row[:new_len] for row in out]
+
+    def _signature(self, t: int) -> tuple:
+        """Per rank: next slot less ``t``, counts less rank 0's ``F`` count, and the slots less
+        ``t`` of its ops the neighbour that depends on them has not yet placed."""
+        ref, count, where, p = self.count[0]["F"], self.count, self.where, self.p
+        sig = []
+        for r in range(p):
+            pending = []
+            for c in LABELS:
+                user = r + 1 if c in "FB" else r - 1 if c in "fb" else None
+                if user is not None and 0 <= user < p:
+                    pending.append(tuple(x - t for x in where[r][c][count[user][c]:count[r][c]]))
+            sig.append((self.nxt[r] - t, tuple(n - ref for n in count[r].values()), tuple(pending)))
+        return tuple(sig)
+
+    def _periods(self, t: int) -> int:
+        """How many periods from column ``t`` the skip may write (0: none)."""
+        cols, end = self.cols, t
+        while end < self.length and cols[end] == cols[end - PERIOD]:
+            end += 1
+        k = (end - t) // PERIOD
+        for r in range(self.p):
+            k = min(k, (self.length - self.nxt[r]) // PERIOD)
+            for c, n in self.count[r].items():
+                per = sum(1 for col in cols[t - PERIOD:t] if col[r] == c)
+                if per:
+                    k = min(k, (self.m - n) // per)
+        return max(k, 0)
+
+    def _write(self, prev_nxt: list[int], k: int) -> None:
+        """Write ``k`` periods as copies of the last one (output slots ``prev_nxt[r]`` on)."""
+        for r in range(self.p):
+            row, a, b = self.out[r], prev_nxt[r], self.nxt[r]
+            last = row[a:b]
+            row[b:b + k * PERIOD] = last * k
+            cnt, wh = self.count[r], self.where[r]
+            for c in set(last) - {_EMPTY}:
+                offs = [o for o, x in enumerate(last) if x == c]
+                j, n = cnt[c], len(offs)
+                for i, o in enumerate(offs):  # the i-th of the period's n cells c, k times
+                    wh[c][j + i:j + k * n:n] = range(b + o, b + o + k * PERIOD, PERIOD)
+                cnt[c] = j + k * n
+            self.nxt[r] = b + k * PERIOD
+        self.skipped += k
 
 
 # ---------------------------------------------------------------------------- rule 3
@@ -560,17 +655,12 @@ class _HoleFiller:
             row[t:t + k * PERIOD] = last * k
             row[t + k * PERIOD:t + k * PERIOD + _FRONT] = front
             cnt, wh = self.count[i], self.where[i]
-            for off, c in enumerate(last):
-                if c == _EMPTY:
-                    continue
-                j, slots = cnt[c], wh[c]
-                # this cell's copies, one a period: the cell of microbatch j + n·q for q < k
-                n = last.count(c)
-                rank_in = last[:off].count(c)
-                for q in range(k):
-                    slots[j + q * n + rank_in] = t + q * PERIOD + off
             for c in set(last) - {_EMPTY}:
-                cnt[c] += k * last.count(c)
+                offs = [o for o, x in enumerate(last) if x == c]
+                j, n = cnt[c], len(offs)
+                for q, o in enumerate(offs):  # the q-th of the period's n cells c, k times
+                    wh[c][j + q:j + k * n:n] = range(t + o, t + o + k * PERIOD, PERIOD)
+                cnt[c] = j + k * n
         self.skipped += k
 
 
