@@ -70,14 +70,14 @@ from functools import lru_cache
 
 from ..costs import Costs, MemoryDeltas
 from ..errors import ParameterError
-from ..ir import ALL_KINDS, OpKind, Placement, Schedule, build_schedule
-from .building_block import BuildingBlock, orders_from_block
+from ..ir import OpKind, Placement, Schedule, build_schedule
+from .building_block import BuildingBlock, op_table, orders_from_block
 from .spec import ScheduleSpec
 from ..passes.steady_timing import steady_figures
 from .v_grid_lowering import Cell, grid_orders, lower_grid, repeated_grid, time_grid
 from .hole_fill import lex_better
 from .v_reorder import reorder_orders
-from .vshape import PERIOD, unit_peak_bound, v_half, v_min, v_zb
+from .vshape import PERIOD, fixed_lowering, unit_peak_bound
 from .w_refill import refill_both
 
 __all__ = ["v_auto", "block_family", "REFINE", "SCAN", "GRID_SCAN", "PROXY_CELLS", "GRID_WORK"]
@@ -283,15 +283,6 @@ def _loses(a: tuple, b: tuple) -> bool:
     return False
 
 
-def _orders(s: Schedule) -> Orders:
-    """Per-rank ``(kind, layer group, microbatch)`` orders of ``s``: read from its arrays
-    while it holds them (no :class:`~pipeoffload.ir.Op` is made), else from its Op lists."""
-    c = s.compact
-    if c is not None:
-        return [list(zip(map(ALL_KINDS.__getitem__, ks), ss, js)) for ks, ss, js in zip(c.kinds, c.stages, c.mbs)]
-    return [[(o.kind, o.stage, o.microbatch) for o in r] for r in s.ranks]
-
-
 def v_auto(spec: ScheduleSpec) -> Schedule:
     """V-auto: the best V schedule of the block search (module docstring) within
     ``spec.mem_limit`` (units of ``spec.memory``; default V-Half's published peak).
@@ -312,14 +303,18 @@ def v_auto(spec: ScheduleSpec) -> Schedule:
     Cost in p and m: the family in closed form, O(p) members at O(1) each (3.6 k at
     p = 64; :func:`_family`), none built but the ones lowered. Then a constant number
     of lowerings, each over O(p·m) ops: V-Min and V-Half (and V-ZB when its bound may
-    fit; :data:`.vshape.LOWERING_COST`), :data:`SCAN` slot reorders and timings,
-    :data:`REFINE` building-block pipelines with their W refills; the timings and refills
-    go through the periodic steady state when the costs are binary fractions
-    (:mod:`~pipeoffload.passes.steady_timing`: O(p²) ops placed, O(p·m) list work in C). The grid rules
-    lower ``max(1, min(GRID_SCAN, GRID_WORK / (p²·(max(m, 2p) + 4p))))`` blocks at
-    O(p²·(max(m, 2p) + 4p)) each — one at large p·m, the largest single term (p = 64,
-    m = 512) — after timing ``min(family, PROXY_CELLS / 6pm)`` repeated grids, O(p·m)
-    each (none when only one would be timed)."""
+    fit; :data:`.vshape.LOWERING_COST`), taken with the figures their lowering timed
+    them by (:func:`.vshape.fixed_lowering`: not timed again), :data:`SCAN` slot reorders
+    and timings, :data:`REFINE` building-block pipelines with their W refills. The six
+    slot reorders (two inside V-Min and V-Half) are the largest part, O(p·m) Python steps
+    each (docs/algorithms.md §9.4: 3.6 of 8.2 s CPU under load at p = 64, m = 512); the
+    timings and refills go through the periodic steady state when the costs are binary
+    fractions (:mod:`~pipeoffload.passes.steady_timing`: O(p²) ops placed, O(p·m) list
+    work in C). The grid rules lower ``max(1, min(GRID_SCAN, GRID_WORK / (p²·(max(m, 2p) +
+    4p))))`` blocks at O(p²·(max(m, 2p) + 4p)) each (the hole filling writes the
+    periods it proves repeated by slices, :mod:`.v_grid_lowering`; one block, 0.5 s, at
+    p = 64, m = 512), after timing ``min(family, PROXY_CELLS / 6pm)`` repeated grids,
+    O(p·m) each (none when only one would be timed)."""
     spec.no_group()
     spec.resolve_v(2, allowed=(2,))
     p, m, costs, memory = spec.p, spec.m, spec.costs, spec.memory
@@ -376,14 +371,15 @@ def _scan_blocks(pl: Placement, m: int, blocks: list[BuildingBlock], costs: Cost
     ``limit``. Returns the best of ``best`` and those candidates whose peak fits
     ``limit`` (shortest span, then makespan, then peak; ties keep the earlier)."""
     tol = limit * 1e-9 + 1e-12
+    ops = op_table(pl, m)  # one tuple per op, shared by every lowering's orders
     ranked = []
     for blk in blocks:
-        s = reorder_orders(blk, m)
+        s = reorder_orders(blk, m, ops)
         ranked.append((_key(pl, m, s, costs, memory), len(ranked), blk, s))
     ranked.sort(key=lambda x: (x[0], x[1]))
     for key, _, blk, s in ranked[:REFINE]:
         cands: list[tuple[Orders, tuple]] = [(s, key)]
-        s2 = orders_from_block(blk, m)
+        s2 = orders_from_block(blk, m, ops)
         cands.append((s2, _key(pl, m, s2, costs, memory)))
         for base, _k in list(cands):
             # A run refill_both leaves out would repeat the one before it (never better).
@@ -409,10 +405,11 @@ def _fixed(spec: ScheduleSpec, pl: Placement, limit: float) -> list[tuple[Orders
     p, m, costs, memory = spec.p, spec.m, spec.costs, spec.memory
     exact = m >= p and memory.B == 0 and memory.group_deltas is None
     fixed = []
-    for name, gen in (("v-min", v_min), ("v-half", v_half), ("v-zb", v_zb)):
+    for name in ("v-min", "v-half", "v-zb"):
         if name == "v-min" or not exact or unit_peak_bound(name, p) * memory.F <= limit * (1 + 1e-9):
-            s = _orders(gen(ScheduleSpec(spec.name, p, m, costs=costs, memory=memory)))
-            fixed.append((s, _key(pl, m, s, costs, memory)))
+            # The generator's orders and the figures its lowering timed them by (_key's).
+            s, (peak, span, makespan) = fixed_lowering(name, ScheduleSpec(spec.name, p, m, costs=costs, memory=memory))
+            fixed.append((s, (span, makespan, peak)))
     return fixed
 
 

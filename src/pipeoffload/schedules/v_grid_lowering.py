@@ -42,7 +42,8 @@ activations: ``F``/``f`` +1, ``W``/``w`` −1.
    fixed distances from rank 0's last ``f``, its trailing W's are removed and re-added
    in the first free slots after its last remaining W; squeeze;
 6. *fill holes greedily*: scanning slots left to right, an empty slot takes the first
-   later op of its rank that may run there (its dependencies done, no peak raised);
+   later op of its rank that may run there (its dependencies done, no peak raised); the
+   periods the sweep provably repeats are written by slices, not swept (:class:`_HoleFiller`);
 7. *relabel W's*: a rank's W cells take ``W``/``w`` in the order of its ``B``/``b``.
 
 The lowering is refused (``None``) where the authors' code refuses or fails: the repeated
@@ -56,10 +57,18 @@ Guarantees of :func:`lower_block` when it returns orders: every op of every
 activations (F +1, W −1) is at most the repeated grid's for ``max(m, 2p)`` microbatches,
 which is at most the block's :func:`.building_block.steady_peak`, and at most ``2p``.
 Pure Python.
+
+Cost: rows of ``L = O(max(m, 2p) + p)`` slots on ``p`` ranks. The squeezes (rules 2–5) and
+the hole filling (rule 6) sweep the warm-up and the cool-down, O(p²) columns·ranks, and write
+the periods between by slices, O(p·m) in C, once their state provably repeats
+(:class:`_Squeezer`, :class:`_HoleFiller`; otherwise O(p·L) steps); the rest (rules 1, 3,
+5 and 7, the peaks and the final check) is O(p·L) Python steps. At p = 64, m = 512:
+0.93 → 0.49 s CPU under load (docs/algorithms.md §9.4).
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import deque
 from itertools import accumulate
 from typing import Mapping, Optional, Sequence
@@ -144,24 +153,75 @@ def repeated_grid(block: BuildingBlock, copies: int) -> Grid:
 
 
 # ---------------------------------------------------------------------------- rule 2
-def _squeeze(grid: Grid, m: int) -> Grid:
+def _squeeze(grid: Grid, m: int, skip: bool = True) -> Grid:
     """Every op as early as its rank's order and its cross-rank dependency allow.
 
     Slots are visited left to right; in each slot the downward labels (F, B, W) are
     placed rank 0 first, then the upward ones (f, b, w) rank p−1 first, so a dependency
     on the previous rank in the sweep is already placed. An op whose dependency is not
-    placed yet cannot be squeezed: the lowering is refused."""
-    p = len(grid)
-    length = len(grid[0])
-    out: Grid = [[_EMPTY] * length for _ in range(p)]
-    count = [dict.fromkeys(LABELS, 0) for _ in range(p)]
-    # where[r][label][j]: the squeezed slot of microbatch j's op `label` on rank r
-    where = [{c: [-1] * m for c in LABELS} for _ in range(p)]
-    nxt = [0] * p
-    last = p - 1
-    downward_first = list(range(p)) + list(range(p - 1, -1, -1))
-    for col in zip(*grid):
-        for n, r in enumerate(downward_first):
+    placed yet cannot be squeezed: the lowering is refused.
+
+    With ``skip``, periods the sweep provably repeats are written, not swept
+    (:class:`_Squeezer`); the result is the same either way (tests/test_grid_fill_skip.py)."""
+    sq = _Squeezer(grid, m)
+    sq.run(skip)
+    return [row[:max(sq.nxt)] for row in sq.out]
+
+
+class _Squeezer:
+    """The sweep of :func:`_squeeze` over the input columns, and its period skip.
+
+    What the sweep does at an input column reads the column, each rank's next free output
+    slot, counts compared with each other (a missing dependency is a count no higher than
+    the index asked), and the output slots of dependencies placed but not yet consumed by
+    the next rank. So when, at a period boundary ``t``, those (slots less ``t``, counts
+    less one reference count) equal their values 6 columns earlier and the input repeats
+    with period 6 over the next ``K`` periods, those periods place exactly what the last
+    one did, 6 slots on, one microbatch on (induction over the periods); ``K`` keeps every
+    count within ``m`` and every slot within the row."""
+
+    def __init__(self, grid: Grid, m: int) -> None:
+        self.p, self.m = len(grid), m
+        self.cols = list(zip(*grid))
+        self.length = len(self.cols)
+        self.out: Grid = [[_EMPTY] * self.length for _ in range(self.p)]
+        self.count = [dict.fromkeys(LABELS, 0) for _ in range(self.p)]
+        # where[r][label][j]: the squeezed slot of microbatch j's op `label` on rank r
+        self.where = [{c: [-1] * m for c in LABELS} for _ in range(self.p)]
+        self.nxt = [0] * self.p
+        self.order = list(range(self.p)) + list(range(self.p - 1, -1, -1))  # downward labels first
+        self.skipped = 0  #: periods written by the skip
+
+    def run(self, skip: bool) -> None:
+        """Sweep every input column; with ``skip``, write the periods the class docstring proves."""
+        t, snap, prev_nxt = 0, None, None
+        # A state is taken at one boundary and compared at the next; after a failed
+        # comparison the next try waits twice as long (up to 16 periods): the state settles
+        # after the warm-up, and building it at every boundary would cost what the skip saves.
+        next_try, gap = 2 * PERIOD, PERIOD
+        while t < self.length:
+            if skip and t % PERIOD == 0 and next_try <= t < self.length - 8 * PERIOD:
+                sig = self._signature(t) if self.cols[t - PERIOD:t] == self.cols[t - 2 * PERIOD:t - PERIOD] else None
+                k = self._periods(t) if sig is not None and sig == snap else 0
+                if k > 0:
+                    self._write(prev_nxt, k)
+                    t += k * PERIOD
+                    snap = None
+                    continue
+                if snap is not None or sig is None:
+                    snap, gap = None, min(2 * gap, 16 * PERIOD)
+                    next_try = t + gap
+                else:
+                    snap, prev_nxt = sig, self.nxt[:]
+            self._column(t)
+            t += 1
+
+    def _column(self, t: int) -> None:
+        """Sweep input column ``t``: each op in the first free slot after its dependency."""
+        p, m, length, last = self.p, self.m, self.length, self.p - 1
+        count, where, nxt, out = self.count, self.where, self.nxt, self.out
+        col = self.cols[t]
+        for n, r in enumerate(self.order):
             c = col[r]
             if c == _EMPTY or (c in _DOWNWARD) != (n < p):
                 continue
@@ -193,8 +253,50 @@ def _squeeze(grid: Grid, m: int) -> Grid:
             count[r][c] = j + 1
             where[r][c][j] = slot
             nxt[r] = slot + 1
-    new_len = max(nxt)
-    return [row[:new_len] for row in out]
+
+    def _signature(self, t: int) -> tuple:
+        """Per rank: next slot less ``t``, counts less rank 0's ``F`` count, and the slots less
+        ``t`` of its ops the neighbour that depends on them has not yet placed."""
+        ref, count, where, p = self.count[0]["F"], self.count, self.where, self.p
+        sig = []
+        for r in range(p):
+            pending = []
+            for c in LABELS:
+                user = r + 1 if c in "FB" else r - 1 if c in "fb" else None
+                if user is not None and 0 <= user < p:
+                    pending.append(tuple(x - t for x in where[r][c][count[user][c]:count[r][c]]))
+            sig.append((self.nxt[r] - t, tuple(n - ref for n in count[r].values()), tuple(pending)))
+        return tuple(sig)
+
+    def _periods(self, t: int) -> int:
+        """How many periods from column ``t`` the skip may write (0: none)."""
+        cols, end = self.cols, t
+        while end < self.length and cols[end] == cols[end - PERIOD]:
+            end += 1
+        k = (end - t) // PERIOD
+        for r in range(self.p):
+            k = min(k, (self.length - self.nxt[r]) // PERIOD)
+            for c, n in self.count[r].items():
+                per = sum(1 for col in cols[t - PERIOD:t] if col[r] == c)
+                if per:
+                    k = min(k, (self.m - n) // per)
+        return max(k, 0)
+
+    def _write(self, prev_nxt: list[int], k: int) -> None:
+        """Write ``k`` periods as copies of the last one (output slots ``prev_nxt[r]`` on)."""
+        for r in range(self.p):
+            row, a, b = self.out[r], prev_nxt[r], self.nxt[r]
+            last = row[a:b]
+            row[b:b + k * PERIOD] = last * k
+            cnt, wh = self.count[r], self.where[r]
+            for c in set(last) - {_EMPTY}:
+                offs = [o for o, x in enumerate(last) if x == c]
+                j, n = cnt[c], len(offs)
+                for i, o in enumerate(offs):  # the i-th of the period's n cells c, k times
+                    wh[c][j + i:j + k * n:n] = range(b + o, b + o + k * PERIOD, PERIOD)
+                cnt[c] = j + k * n
+            self.nxt[r] = b + k * PERIOD
+        self.skipped += k
 
 
 # ---------------------------------------------------------------------------- rule 3
@@ -371,28 +473,97 @@ def _rebuild_cooldown(grid: Grid, m: int) -> Grid:
 
 
 # ---------------------------------------------------------------------------- rule 6
-def _fill_holes(grid: Grid, m: int) -> Grid:
+#: Slots of each rank's row ahead of the sweep that the hole filler's period skip compares
+#: (:class:`_HoleFiller`): twelve periods (the look-ahead reaches about 35 slots at p = 64).
+_FRONT = 12 * PERIOD
+
+
+def _fill_holes(grid: Grid, m: int, skip: bool = True) -> Grid:
     """Fill empty slots greedily, in place, without raising the highest peak.
 
     Slots are visited left to right, ranks 0..p−1 in each. An empty slot looks ahead
     on its rank at the first later cell of each label (one that still occurs later than
     the slot in the original grid) and takes the first that may run there: its
     dependencies are in earlier slots, and a forward does not lift the rank's memory,
-    over the slots it jumps, to the peak."""
-    p = len(grid)
-    top = max(_peaks(grid))
-    length = len(grid[0])
-    last_at = []
-    for row in grid:
-        last = dict.fromkeys(LABELS, -1)
-        for t, c in enumerate(row):
-            last[c] = t
-        last_at.append(last)
-    last_op = [max(last[c] for c in LABELS) for last in last_at]
-    level = [0] * p
-    count = [dict.fromkeys(LABELS, 0) for _ in range(p)]
-    where = [{c: [-1] * m for c in LABELS} for _ in range(p)]
-    for t in range(length):
+    over the slots it jumps, to the peak.
+
+    With ``skip``, periods the sweep provably repeats are written, not swept
+    (:class:`_HoleFiller`); the grid is the same either way (tests/test_grid_fill_skip.py)."""
+    _HoleFiller(grid, m).run(skip)
+    return grid
+
+
+class _HoleFiller:
+    """The sweep of :func:`_fill_holes`, one slot column at a time, and its period skip.
+
+    What the sweep does at a column ``t`` reads: each rank's row from ``t`` on (its cell,
+    the look-ahead), its level, and counts — its own and its neighbours' — compared with
+    each other (a dependency ``where[r±1][c][j] < t`` holds exactly when rank ``r±1``
+    had more than ``j`` cells ``c`` before column ``t``), besides constants (the peak,
+    ``m``, each label's last slot in the original grid). So the state at a column
+    boundary is, per rank, its level, its counts less one reference count, and its row
+    ahead. If that state at ``t`` equals the one at ``t − 6`` over a front of
+    :data:`_FRONT` slots, the last period's reads stayed inside its front, no move so
+    far took a cell from ``t + _FRONT − 6`` on (the rest of each row is the original
+    grid) and the original grid repeats with period 6 over the next ``K`` periods past
+    the front, then the next ``K`` periods sweep exactly as the last one did, six slots
+    on each time (by induction: the same reads give the same moves, and the front six
+    slots on is the old front's first part moved as before followed by original cells
+    that repeat): their columns are the last period's, their cells' positions its
+    positions plus multiples of 6, and the row ahead is the front as it is now. ``K``
+    also keeps every label's last slot in the original grid past the front and every
+    count below ``m``, so no constant the sweep compares changes."""
+
+    def __init__(self, grid: Grid, m: int) -> None:
+        self.grid, self.m, self.p = grid, m, len(grid)
+        self.top = max(_peaks(grid))
+        self.length = len(grid[0])
+        self.last_at = []
+        for row in grid:
+            last = dict.fromkeys(LABELS, -1)
+            for t, c in enumerate(row):
+                last[c] = t
+            self.last_at.append(last)
+        self.last_op = [max(last[c] for c in LABELS) for last in self.last_at]
+        self.level = [0] * self.p
+        self.count = [dict.fromkeys(LABELS, 0) for _ in range(self.p)]
+        self.where = [{c: [-1] * m for c in LABELS} for _ in range(self.p)]
+        self.skipped = 0  #: periods written by the skip
+
+    def run(self, skip: bool) -> None:
+        """Sweep every column; with ``skip``, write the periods the class docstring proves."""
+        t, far, reach, snap = 0, -1, -1, None  # far: the furthest slot read; reach: since the last boundary
+        breaks: list[list[int]] | None = None  # made when first asked (the original rows)
+        while t < self.length:
+            if skip and t % PERIOD == 0 and 2 * PERIOD <= t < self.length - 4 * _FRONT:
+                # (Not tried where the row left is too short to gain.) The state is built only
+                # once the last two periods' columns agree (cheap).
+                sig = self._signature(t) if self._repeats(t) else None
+                k = 0
+                if sig is not None and sig == snap and far < t - PERIOD + _FRONT:
+                    breaks = breaks or self._breaks(t)
+                    k = self._periods(t, breaks)
+                if k > 0:
+                    self._write(t, k)
+                    t += k * PERIOD
+                    far = max(far, reach + k * PERIOD)
+                    snap, reach = None, -1
+                    continue
+                snap, reach = sig, -1
+            r = self._column(t)
+            reach, far = max(reach, r), max(far, r)
+            t += 1
+
+    def _repeats(self, t: int) -> bool:
+        """Whether every row's last period (before ``t``) equals the one before it."""
+        return all(row[t - PERIOD:t] == row[t - 2 * PERIOD:t - PERIOD] for row in self.grid)
+
+    def _column(self, t: int) -> int:
+        """Sweep column ``t`` on every rank; the furthest slot read."""
+        grid, m, p, top = self.grid, self.m, self.p, self.top
+        count, where, level, last_at = self.count, self.where, self.level, self.last_at
+        length = self.length
+        reach = t
         for i in range(p):
             row = grid[i]
             c = row[t]
@@ -404,10 +575,11 @@ def _fill_holes(grid: Grid, m: int) -> Grid:
                 where[i][c][j] = t
                 level[i] += _DELTA[c]
                 continue
-            if t >= last_op[i]:
+            if t >= self.last_op[i]:
                 continue  # nothing of this rank lies later
             wanted = {x for x in LABELS if last_at[i][x] > t}
             delta = rise = 0
+            k = t
             for k in range(t + 1, length):
                 if not wanted:
                     break
@@ -442,7 +614,54 @@ def _fill_holes(grid: Grid, m: int) -> Grid:
                 where[i][c][j] = t
                 level[i] += _DELTA[c]
                 break
-    return grid
+            if k > reach:
+                reach = k
+        return reach
+
+    def _signature(self, t: int) -> tuple:
+        """Per rank: level, counts less rank 0's ``F`` count, the row's next :data:`_FRONT` slots."""
+        ref = self.count[0]["F"]
+        return tuple((self.level[i], tuple(n - ref for n in self.count[i].values()), "".join(row[t:t + _FRONT]))
+                     for i, row in enumerate(self.grid))
+
+    def _breaks(self, t: int) -> list[list[int]]:
+        """Per rank, the original row's slots ``x ≥ t + _FRONT`` with a different cell 6 slots back,
+        then the row's end (sorted). Read at the first skip: no move has yet taken a cell from
+        ``t + _FRONT − 6`` on, so those slots are the original grid's."""
+        lo = t + _FRONT
+        return [[x for x in range(lo, len(row)) if row[x] != row[x - PERIOD]] + [len(row)] for row in self.grid]
+
+    def _periods(self, t: int, breaks: list[list[int]]) -> int:
+        """How many periods from column ``t`` the skip may write (0: none)."""
+        lo = t + _FRONT
+        end = min(min(last.values()) for last in self.last_at) - _FRONT  # each label's last slot past the front
+        for b in breaks:
+            i = bisect_left(b, lo)
+            end = min(end, b[i] if i < len(b) else lo)  # the original repeats on [lo, end)
+        k = (end - t - _FRONT) // PERIOD if end >= lo else 0
+        for i, row in enumerate(self.grid):
+            cnt = self.count[i]
+            for c in LABELS:
+                n = row[t - PERIOD:t].count(c)
+                if n:
+                    k = min(k, (self.m - 1 - cnt[c]) // n)
+        return max(k, 0)
+
+    def _write(self, t: int, k: int) -> None:
+        """Write ``k`` periods from column ``t`` as copies of the last one, then the front."""
+        for i, row in enumerate(self.grid):
+            last = row[t - PERIOD:t]
+            front = row[t:t + _FRONT]
+            row[t:t + k * PERIOD] = last * k
+            row[t + k * PERIOD:t + k * PERIOD + _FRONT] = front
+            cnt, wh = self.count[i], self.where[i]
+            for c in set(last) - {_EMPTY}:
+                offs = [o for o, x in enumerate(last) if x == c]
+                j, n = cnt[c], len(offs)
+                for q, o in enumerate(offs):  # the q-th of the period's n cells c, k times
+                    wh[c][j + q:j + k * n:n] = range(t + o, t + o + k * PERIOD, PERIOD)
+                cnt[c] = j + k * n
+        self.skipped += k
 
 
 # ---------------------------------------------------------------------------- rule 7

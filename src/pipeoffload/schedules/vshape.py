@@ -41,7 +41,7 @@ unit lower when ``p % 3 == 2``, and V-ZB's early ranks fill up only once ``m ≥
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Callable
+from typing import Callable, Sequence
 
 from ..costs import Costs, MemoryDeltas
 from ..ir import OpKind, Placement, Schedule, build_schedule
@@ -130,23 +130,60 @@ def _from_block(name: str, spec: ScheduleSpec, holes: bool = False) -> Schedule:
     the planner ask for the same V-Min/V-Half/V-ZB lowering many times with the same
     inputs, and the lowering (W refill, hole filling) is the costly part. Each call gets
     a fresh Schedule."""
-    orders = _lowered(name, spec.p, spec.m, spec.costs, spec.memory, holes)
+    orders, _ = _lowered(name, spec.p, spec.m, spec.costs, spec.memory, holes)
     return build_schedule(name, spec.m, Placement.vshape(spec.p), [list(r) for r in orders], p=spec.p, m=spec.m,
                           v=2)
 
 
+Figures = tuple[float, float, float]  #: highest peak, longest span, makespan (:func:`steady_figures`)
+
+
 @lru_cache(maxsize=256)
 def _lowered(name: str, p: int, m: int, costs: Costs, memory: MemoryDeltas,
-             holes: bool) -> tuple[tuple[tuple[OpKind, int, int], ...], ...]:
+             holes: bool) -> tuple[tuple[tuple[tuple[OpKind, int, int], ...], ...], Figures]:
     block = {"v-min": v_min_block, "v-half": v_half_block, "v-zb": v_zb_block}[name](p)
-    orders = _lower_block(name, block, ScheduleSpec(name, p, m, costs=costs, memory=memory), holes)
-    return tuple(tuple(r) for r in orders)
+    orders, figures = _lower_block_timed(name, block, ScheduleSpec(name, p, m, costs=costs, memory=memory), holes)
+    return tuple(tuple(r) for r in orders), figures
+
+
+#: Whether each fixed block's generator runs the hole-filling pass (:func:`_lower_block`).
+HOLES = {"v-min": True, "v-half": True, "v-zb": False}
+
+
+def fixed_lowering(name: str, spec: ScheduleSpec) -> tuple[list[list[tuple[OpKind, int, int]]], Figures]:
+    """The orders :func:`v_min`, :func:`v_half` or :func:`v_zb` (``name``) make for
+    ``spec``, and their figures as :func:`~pipeoffload.passes.steady_timing.steady_figures`
+    gives them under ``spec.costs`` and ``spec.memory``, without making a Schedule or
+    timing the orders again (V-auto's candidates: the lowering timed its winner).
+
+    Args:
+        name: ``"v-min"``, ``"v-half"`` or ``"v-zb"``.
+        spec: p, m, costs and memory deltas (v and group as the generators check them).
+
+    Returns:
+        Per-rank ``(kind, layer group, microbatch)`` orders (fresh lists) and
+        ``(highest peak, longest span, makespan)``.
+
+    Raises:
+        KeyError: ``name`` is not one of the three.
+
+    Guarantees: the orders are the generator's Schedule's, the figures
+    ``steady_figures(Placement.vshape(p), m, orders, spec.costs, spec.memory)``, the same
+    floats (tests/test_v_auto_fixed.py)."""
+    orders, figures = _lowered(name, spec.p, spec.m, spec.costs, spec.memory, HOLES[name])
+    return [list(r) for r in orders], figures
 
 
 Orders = list[list[tuple[OpKind, int, int]]]  #: per rank, (kind, layer group, microbatch)
 
 
 def _lower_block(name: str, block: BuildingBlock, spec: ScheduleSpec, holes: bool = False) -> Orders:
+    """:func:`_lower_block_timed`'s orders."""
+    return _lower_block_timed(name, block, spec, holes)[0]
+
+
+def _lower_block_timed(name: str, block: BuildingBlock, spec: ScheduleSpec,
+                       holes: bool = False) -> tuple[Orders, Figures]:
     """The best lowering of ``block`` for ``spec.costs``, by longest rank span, then
     makespan (ties keep the earlier): the building-block pipeline
     (:func:`.building_block.schedule_from_block`), the reference runtime's slot reorder
@@ -154,7 +191,9 @@ def _lower_block(name: str, block: BuildingBlock, spec: ScheduleSpec, holes: boo
     time (:func:`.w_refill.refill_weights`) under the unit peak bound, kept only when its
     peak under ``spec.memory`` is no higher than the first two's; with ``holes``, the
     winner then goes through the hole-filling pass (:func:`.hole_fill.fill_holes`, under
-    the unit peak bound), kept on the same terms. Returns the per-rank orders.
+    the unit peak bound), kept on the same terms. Returns the per-rank orders and their
+    :func:`~pipeoffload.passes.steady_timing.steady_figures` under ``spec.costs`` and
+    ``spec.memory`` (every winner was timed so before it won).
 
     Each candidate is compared by three figures of its timing
     (:func:`~pipeoffload.passes.steady_timing.steady_figures`: those of ``simulate``'s timeline, without
@@ -170,12 +209,12 @@ def _lower_block(name: str, block: BuildingBlock, spec: ScheduleSpec, holes: boo
     first = orders_from_block(block, m, ops)
     figures = list(steady_figures(pl, m, first, spec.costs, spec.memory))
     if _at_bounds(figures, pl, m, spec):
-        return first  # no candidate could be strictly better, and ties keep the earlier
+        return first, tuple(figures)  # no candidate could be strictly better, and ties keep the earlier
     second = reorder_orders(block, m, ops)
     del ops  # (the orders hold the tuples)
     figures2 = list(steady_figures(pl, m, second, spec.costs, spec.memory))
     best = _Best(first, figures, max(figures[0], figures2[0]))
-    best.offer(second, figures2[1], figures2[2], lambda: figures2[0])
+    best.offer(second, figures2[1], figures2[2], lambda: figures2)
     inputs = [first, second]
     del first, second  # from here only ``best`` and the refills' next input stay alive
     while inputs:
@@ -185,7 +224,7 @@ def _lower_block(name: str, block: BuildingBlock, spec: ScheduleSpec, holes: boo
         # if it could win.
         for tr in refill_both(pl, m, inputs.pop(0), spec.costs, MemoryDeltas(), caps):
             best.offer(tr.order, tr.max_span(), tr.makespan(),
-                       lambda o=tr.order: steady_figures(pl, m, o, spec.costs, spec.memory)[0])
+                       lambda o=tr.order: steady_figures(pl, m, o, spec.costs, spec.memory))
         tr = None  # the last tracker (end table, skeleton: ≈ 150 MB at p = 128, m = 4096) goes before the next refill
     # fill_holes times the whole order once, then each trial move: when its budget cannot
     # time one trial (6·p·m ops, e.g. p = 64, m = 512), it returns the winner unchanged.
@@ -196,8 +235,8 @@ def _lower_block(name: str, block: BuildingBlock, spec: ScheduleSpec, holes: boo
         if filled is not winner:
             orders = [[(o.kind, o.stage, o.microbatch) for o in r] for r in filled.ranks]
             fig = steady_figures(pl, m, orders, spec.costs, spec.memory)
-            best.offer(orders, fig[1], fig[2], lambda: fig[0])
-    return best.orders
+            best.offer(orders, fig[1], fig[2], lambda: fig)
+    return best.orders, best.figures
 
 
 class _Best:
@@ -205,18 +244,23 @@ class _Best:
     shortest longest span, then makespan (ties keep the earlier), among those whose peak
     is within ``cap`` (the first two candidates' highest). A candidate's peak is asked
     only when it would beat the best so far: the others cannot win whatever their peak.
-    Losers are dropped as they come (at p = 128, m = 4096 each order holds 3 M ops)."""
+    Losers are dropped as they come (at p = 128, m = 4096 each order holds 3 M ops).
+    ``figures``: the winner's ``(peak, span, makespan)`` by ``steady_figures``."""
 
-    def __init__(self, orders: Orders, figures: list, cap: float) -> None:
+    def __init__(self, orders: Orders, figures: Sequence[float], cap: float) -> None:
         self.orders, self.key, self.cap = orders, (figures[1], figures[2]), cap
+        self.figures: Figures = tuple(figures)
 
-    def offer(self, orders: Orders, span: float, makespan: float, peak: Callable[[], float]) -> None:
+    def offer(self, orders: Orders, span: float, makespan: float, figures: Callable[[], Sequence[float]]) -> None:
+        """Keep ``orders`` if it beats the winner on ``span``, then ``makespan``, and its
+        peak (``figures()[0]``, asked only then) is within the cap."""
         eps = 1e-9 * max(1.0, span)
         if not (span < self.key[0] - eps or (abs(span - self.key[0]) <= eps and makespan < self.key[1] - eps)):
             return
-        if peak() > self.cap * (1 + 1e-9) + 1e-12:
+        fig = tuple(figures())
+        if fig[0] > self.cap * (1 + 1e-9) + 1e-12:
             return
-        self.orders, self.key = orders, (span, makespan)
+        self.orders, self.key, self.figures = orders, (span, makespan), fig
 
 
 def _at_bounds(figures: list, pl: Placement, m: int, spec: ScheduleSpec) -> bool:
