@@ -221,3 +221,82 @@ def test_hole_filling_is_skipped_only_when_it_cannot_try() -> None:
     s = build_schedule("v-half", m, v_half_block(p).placement, orders_from_block(v_half_block(p), m))
     assert 2 * sum(len(r) for r in s.ranks) > BUDGET
     assert fill_holes(s, Costs(F=1, B=2, W=1), MemoryDeltas(), [unit_peak_bound("v-half", p)] * p) is s
+
+
+# --- hole filling's incremental re-timing (schedules/hole_fill.py, _Search.retime) ------------
+
+
+def _codes(s):
+    return [[(KIND_CODE[o.kind], o.stage, o.microbatch) for o in r] for r in s.ranks]
+
+
+@settings(deadline=None, max_examples=100)
+@given(name=st.sampled_from(["v-min", "v-half", "v-zb", "zb-v", "zb-h1", "1f1b"]), p=st.integers(2, 6),
+       k=st.integers(1, 3), costs=costs_st, memory=memory_st, data=st.data())
+def test_retime_after_a_move_is_the_whole_timing(name: str, p: int, k: int, costs: Costs, memory: MemoryDeltas,
+                                                 data) -> None:
+    """A trial re-timed from the base timing (only the ops ending after the moved op's new
+    slot opens placed again) has exactly the ends, rank ends and first starts of timing the
+    whole trial, or is None exactly when the trial deadlocks; the shortcut fires (k > 0) and
+    keeps some ops."""
+    from pipeoffload.schedules.hole_fill import _Search, _Timing
+
+    s = generate(name, p=p, m=k * p, costs=costs)
+    search = _Search(s.placement, s.num_microbatches, costs, memory)
+    lists = _codes(s)
+    tr = search.time(lists)
+    base = _Timing(tr.end, tr.clock, tr.first)
+    r = data.draw(st.integers(0, len(lists) - 1))
+    j = data.draw(st.integers(1, len(lists[r]) - 1))
+    to = data.draw(st.integers(max(0, j - 8), j - 1))  # fill_holes moves an op at most WINDOW = 8 places
+    trial = list(lists)
+    trial[r] = lists[r][:to] + [lists[r][j]] + lists[r][to:j] + lists[r][j + 1:]
+    fast = search.retime(base, trial, r, to)
+    try:
+        full = search.time(trial)
+    except Infeasible:
+        assert fast is None
+        return
+    assert fast is not None
+    assert (fast.end, fast.clock, fast.first) == (full.end, full.clock, full.first)
+    assert search.retimed[0] == (1 if to > 0 else 0)
+    assert to == 0 or search.retimed[1] <= sum(map(len, lists)) - to
+
+
+def test_fill_holes_with_incremental_retime_is_fill_holes_with_whole_timings(monkeypatch) -> None:
+    """fill_holes gives the same schedule with every trial timed whole, and the incremental
+    path fires (trials re-timed, fewer ops placed again than the trials hold)."""
+    from pipeoffload.schedules import hole_fill
+
+    cases = [("v-min", 4, 8, Costs(F=2, B=4, W=2)), ("v-half", 6, 12, Costs(F=1.3, B=2.1, W=0.7, comm=0.05)),
+             ("zb-h1", 4, 12, Costs(F=1, B=2, W=1, comm=0.1))]
+    seen = []
+    init = hole_fill._Search.__init__
+
+    def spy(self, *a):
+        init(self, *a)
+        seen.append(self)
+
+    monkeypatch.setattr(hole_fill._Search, "__init__", spy)
+    for name, p, m, costs in cases:
+        s = generate(name, p=p, m=m, costs=costs)
+        cap = {"zb-h1": p}.get(name) or unit_peak_bound(name, p)
+        seen.clear()
+        fast = hole_fill.fill_holes(s, costs, MemoryDeltas(), [cap] * p)
+        n_ops = sum(len(r) for r in s.ranks)
+        trials, placed = seen[0].retimed
+        assert fast is not s and trials > 0 and placed < trials * n_ops
+        with monkeypatch.context() as mp:
+            mp.setattr(hole_fill._Search, "retime", _whole_retime)
+            full = hole_fill.fill_holes(s, costs, MemoryDeltas(), [cap] * p)
+        assert _orders(fast) == _orders(full)
+
+
+def _whole_retime(self, base, lists, rank, k):
+    from pipeoffload.schedules.hole_fill import _Timing
+
+    try:
+        tr = self.time(lists)
+    except Infeasible:
+        return None
+    return _Timing(tr.end, tr.clock, tr.first)
