@@ -212,21 +212,36 @@ def straight(tmp_path_factory):
     return root
 
 
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory):
+    """Rank 1 SIGKILLed in the middle of step 3 (checkpoints 1 and 2 complete); then the
+    latest, step 2, damaged (rank 1's shard truncated, as by a crash during a copy) and the
+    run resumed, a checkpoint after every step. Two runs: (root, the killed run, the
+    checkpoints it left, the resumed run)."""
+    root = tmp_path_factory.mktemp("killed")
+    ck = root / "ck"
+    killed = _train(["--checkpoint-dir", str(ck), "--checkpoint-every", "1", "-o", str(root / "a")], root,
+                    {"PIPEOFFLOAD_FAULT": "op=kill,rank=1,step=3"})
+    left = [s for s, _ in list_checkpoints(ck)]
+    f = step_dir(ck, 2) / "__1_0.distcp"
+    if f.is_file():  # (a missing file fails the test on the kill's own outcome first)
+        f.write_bytes(f.read_bytes()[:1000])
+    resumed = _train(["--checkpoint-dir", str(ck), "--checkpoint-every", "1", "--resume", "-o", str(root / "b")],
+                     root)
+    return root, killed, left, resumed
+
+
 @pytest.mark.multiproc
-def test_kill_then_resume_gives_the_losses_of_an_uninterrupted_run(straight, tmp_path):
-    ck = tmp_path / "ck"
-    # Rank 1 is SIGKILLed in the middle of step 3: checkpoints 1 and 2 are complete.
-    r = _train(["--checkpoint-dir", str(ck), "--checkpoint-every", "1", "-o", str(tmp_path / "a")], tmp_path,
-               {"PIPEOFFLOAD_FAULT": "op=kill,rank=1,step=3"})
+def test_kill_then_resume_gives_the_losses_of_an_uninterrupted_run(straight, killed):
+    root, r, left, resumed = killed
     assert r.returncode == 1 and "rank 1 was lost" in r.stderr, r.stderr[-3000:]
-    assert [s for s, _ in list_checkpoints(ck)] == [2, 1]
-    r = _train(["--checkpoint-dir", str(ck), "--resume", "-o", str(tmp_path / "b")], tmp_path)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "resuming from" in r.stderr and "step-00000002" in r.stderr
+    assert left == [2, 1]
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming from" in resumed.stderr
     want = _losses(straight / "out")
-    assert _losses(tmp_path / "b") == want  # exactly: same bits, fp32 on CPU
+    assert _losses(root / "b") == want  # exactly: same bits, fp32 on CPU
     # ... and the same parameters and optimizer state after the last step, bit for bit.
-    a, b = read_all(step_dir(straight / "ck", 4)), read_all(step_dir(ck, 4))
+    a, b = read_all(step_dir(straight / "ck", 4)), read_all(step_dir(root / "ck", 4))
     assert a.keys() == b.keys() and any(k.startswith("optim.state.") for k in a)
     for k, v in a.items():
         if k.startswith(("model.", "optim.state.")):
@@ -235,20 +250,14 @@ def test_kill_then_resume_gives_the_losses_of_an_uninterrupted_run(straight, tmp
 
 
 @pytest.mark.multiproc
-def test_resume_skips_a_corrupt_latest_checkpoint(straight, tmp_path):
-    import shutil
-
-    ck = tmp_path / "ck"
-    shutil.copytree(straight / "ck", ck)
-    f = step_dir(ck, 4) / "__1_0.distcp"
-    f.write_bytes(f.read_bytes()[:1000])  # truncated, as by a crash during a copy
-    r = _train(["--checkpoint-dir", str(ck), "--resume", "-o", str(tmp_path / "out")], tmp_path)
+def test_resume_skips_a_corrupt_latest_checkpoint(killed):
+    root, _, _, r = killed
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "step-00000004 is unusable" in r.stderr and "__1_0.distcp" in r.stderr, r.stderr
-    assert "resuming from" in r.stderr and "step-00000003" in r.stderr
-    assert _losses(tmp_path / "out") == _losses(straight / "out")
-    # step 4 was written again, complete
-    man = json.loads((step_dir(ck, 4) / MANIFEST).read_text())
+    assert "step-00000002 is unusable" in r.stderr and "__1_0.distcp" in r.stderr, r.stderr
+    assert "resuming from" in r.stderr and "step-00000001" in r.stderr
+    # step 2 was written again, complete
+    f = step_dir(root / "ck", 2) / "__1_0.distcp"
+    man = json.loads((step_dir(root / "ck", 2) / MANIFEST).read_text())
     assert sha256_file(f) == man["files"][f.name]["sha256"]
 
 

@@ -6,7 +6,9 @@ fit, grouped-query attention with 4 query and 2 key/value heads, random init), c
 mask crosses every stage boundary. The reference is single-process training of the
 *unsplit* ``LlamaForCausalLM`` (its own forward and mask), microbatch by microbatch.
 
-One world per pipeline size (p = 4, then p = 2) runs every case:
+One 4-rank world runs every case at p = 4, then at p = 2 on two pipelines at once (process
+groups [0, 1] and [2, 3]; one launch: each rank's start, torch and transformers imported, is
+most of the cost):
 
 - one schedule of each structural class (``helpers.REPRESENTATIVES``: loop or V
   placement, one or several layer groups per rank, fused or split backward), with and
@@ -37,6 +39,7 @@ import pytest
 from helpers import REPRESENTATIVES, import_torch, missing, require, run_world
 
 torch = import_torch()
+dist = import_torch("torch.distributed")
 transformers = require("transformers")
 
 from pipeoffload.models.hf_llama import causal_lm_loss, split_llama  # noqa: E402
@@ -112,13 +115,14 @@ def reference(steps: int, *, tie: bool = False, amp: bool = False, start: int = 
 
 
 # ----------------------------------------------------------------------------- the worlds
-def _train(sched, steps: int, *, tie=False, offload=False, amp=None, runner_out=None):
-    """``steps`` AdamW steps on this rank: (losses, first-step gradients by name)."""
+def _train(sched, steps: int, *, tie=False, offload=False, amp=None, runner_out=None, group=None):
+    """``steps`` AdamW steps on this rank of the pipeline ``group`` (None: the world):
+    (losses, first-step gradients by name)."""
     store = None
     if offload:
         sched, store = plan_offload(sched, offload_chunks=sched.chunks).schedule, OffloadStore()
     runner = PipelineRunner(split_llama(build(tie), sched.num_stages), causal_lm_loss, sched, timeout_s=120,
-                            activation_store=store, autocast=amp)
+                            activation_store=store, autocast=amp, group=group)
     opt = torch.optim.AdamW(runner.parameters(), lr=LR)
     losses, grads = [], {}
     for k in range(steps):
@@ -130,62 +134,85 @@ def _train(sched, steps: int, *, tie=False, offload=False, amp=None, runner_out=
         opt.zero_grad(set_to_none=True)
     if runner_out is not None:
         runner_out.append((runner, opt))
-    return losses, grads
+    return {"losses": losses, "grads": grads}
 
 
-def _gather(losses, grads, extra=None):
-    got = gather_results({"losses": losses, "grads": grads, **(extra or {})})
-    if got is None:
-        return None
-    return {"losses": next(g["losses"] for g in got if g["losses"][0] is not None),
-            "grads": {k: v for g in got for k, v in g["grads"].items()},
-            "extra": [{k: v for k, v in g.items() if k not in ("losses", "grads")} for g in got]}
+def _merge(parts: list[dict]) -> dict:
+    """A case's per-rank shares as one result: the losses of the rank that has them (the
+    last layer group's), every rank's gradients and parameters by name, and on whether
+    any rank has a gradient left."""
+    out = {"losses": next(r["losses"] for r in parts if r["losses"][0] is not None),
+           "grads": {k: v for r in parts for k, v in r["grads"].items()}}
+    if "params" in parts[0]:
+        out["params"] = {k: v for r in parts for k, v in r["params"].items()}
+    if "left" in parts[0]:
+        out["no_grads"] = not any(r["left"] for r in parts)
+    return out
+
+
+def _eval(runner, params: bool) -> dict:
+    """``eval_step`` on batch 0: this rank's loss, whether it left a gradient, and (with
+    ``params``) the parameters it evaluated with."""
+    ev = runner.eval_step(*batch(0))
+    out = {"losses": [ev.loss], "grads": {}, "left": any(q.grad is not None for q in runner.parameters())}
+    if params:
+        out["params"] = {n: t.detach().clone() for n, t in runner.named_parameters()}
+    return out
 
 
 def _world(ctx, path: str, ckpt: str) -> None:
-    p, out, t0 = ctx.world_size, {}, time.perf_counter()
-
-    def keep(key, value):
-        if ctx.rank == 0:
-            out[key] = value
-
-    for name in REPRESENTATIVES:  # one schedule per class, with and without offload: one step
-        for off in (False, True):
-            keep((name, off), _gather(*_train(generate(name, p=p, m=M), 1, offload=off)))
-    for name in LONG:  # STEPS steps, shapes changing between them, with offload
-        keep(("long", name), _gather(*_train(generate(name, p=p, m=M), STEPS, offload=True)))
-    for name in LONG:  # tied embedding and head
-        keep(("tie", name), _gather(*_train(generate(name, p=p, m=M), 3, tie=True)))
-    for name in ("zb-h1", "zb-v"):  # autocast bf16 with a split schedule (with offload)
-        keep(("amp", name), _gather(*_train(generate(name, p=p, m=M), 2, offload=True, amp=torch.bfloat16)))
-
-    runners: list = []  # eval_step, and the checkpoint
-    sched = generate("zb-v", p=p, m=M)
-    if p == 4:
-        _train(sched, 3, runner_out=runners)
-        runner, opt = runners[0]
-        runner.save(ckpt, opt)
-    else:
-        runner = PipelineRunner(split_llama(build(), sched.num_stages), causal_lm_loss, sched, timeout_s=120)
-        opt = torch.optim.AdamW(runner.parameters(), lr=LR)
-        runner.load(ckpt, opt)
-        params = dict(runner.named_parameters())
-        res = runner.step(*batch(3))
-        got = gather_results({"loss": res.loss, "params": {n: t.detach().clone() for n, t in params.items()}})
-        opt.zero_grad(set_to_none=True)  # eval_step below must leave none
-        if ctx.rank == 0:
-            out["resumed"] = {"loss": next(g["loss"] for g in got if g["loss"] is not None),
-                              "params": {k: v for g in got for k, v in g["params"].items()}}
-    ev = runner.eval_step(*batch(0))
-    got = gather_results({"loss": ev.loss, "grads": [q.grad for q in runner.parameters()]})
+    """One 4-rank world: every case at p = 4 on the world (writing the checkpoint), then
+    at p = 2 on two pipelines at once (process groups [0, 1] and [2, 3]): the first reads
+    the checkpoint and runs one schedule of each class, the second the longer runs. Each
+    rank keeps its share of every case, (p, case) -> share; one gather at the end, merged
+    on rank 0."""
+    assert ctx.world_size == 4, ctx.world_size
+    t0, mine = time.perf_counter(), {}
+    groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]  # every rank creates both
+    k = ctx.rank // 2
+    for p, group, part in ((4, None, (0, 1)), (2, groups[k], (k,))):
+        if 0 in part:  # one schedule per class, with and without offload: one step
+            for name in REPRESENTATIVES:
+                for off in (False, True):
+                    mine[(p, (name, off))] = _train(generate(name, p=p, m=M), 1, offload=off, group=group)
+        if 1 in part:
+            for name in LONG:  # STEPS steps, shapes changing between them, with offload
+                mine[(p, ("long", name))] = _train(generate(name, p=p, m=M), STEPS, offload=True, group=group)
+            for name in LONG:  # tied embedding and head
+                mine[(p, ("tie", name))] = _train(generate(name, p=p, m=M), 3, tie=True, group=group)
+            for name in ("zb-h1", "zb-v"):  # autocast bf16 with a split schedule (with offload)
+                mine[(p, ("amp", name))] = _train(generate(name, p=p, m=M), 2, offload=True, amp=torch.bfloat16,
+                                                  group=group)
+        if 0 not in part:
+            continue
+        sched = generate("zb-v", p=p, m=M)  # the checkpoint, and eval_step
+        if p == 4:
+            runners: list = []
+            _train(sched, 3, runner_out=runners)
+            runner, opt = runners[0]
+            runner.save(ckpt, opt)
+            dist.barrier()  # written completely before the p = 2 pipeline reads it
+            mine[(4, "eval")] = _eval(runner, params=True)  # the parameters after 3 steps
+        else:
+            runner = PipelineRunner(split_llama(build(), sched.num_stages), causal_lm_loss, sched, timeout_s=120,
+                                    group=group)
+            opt = torch.optim.AdamW(runner.parameters(), lr=LR)
+            runner.load(ckpt, opt)
+            params = {n: t.detach().clone() for n, t in runner.named_parameters()}
+            res = runner.step(*batch(3))
+            mine[(2, "resumed")] = {"losses": [res.loss], "grads": {}, "params": params}
+            opt.zero_grad(set_to_none=True)  # eval_step below must leave none
+            mine[(2, "eval")] = _eval(runner, params=False)
+    got = gather_results(mine)
     if ctx.rank == 0:
-        out["eval"] = {"loss": next(g["loss"] for g in got if g["loss"] is not None),
-                       "params": None, "no_grads": all(gr is None for g in got for gr in g["grads"])}
-    if p == 4:  # the parameters eval_step saw (after 3 steps), to compare with the reference
-        got = gather_results({n: t.detach().clone() for n, t in runner.named_parameters()})
-        if ctx.rank == 0:
-            out["eval"]["params"] = {k: v for g in got for k, v in g.items()}
-    if ctx.rank == 0:
+        out: dict = {2: {}, 4: {}}
+        for p, key in {key for g in got for key in g}:
+            parts = [g[(p, key)] for g in got if (p, key) in g]
+            assert len(parts) == p, (p, key, len(parts))
+            out[p][key] = _merge(parts)
+        for p in (2, 4):  # one loss each: the tests read "loss"
+            out[p]["eval"]["loss"] = out[p]["eval"].pop("losses")[0]
+        out[2]["resumed"]["loss"] = out[2]["resumed"].pop("losses")[0]
         out["seconds"] = time.perf_counter() - t0
         torch.save(out, path)
 
@@ -195,11 +222,10 @@ _WORLDS: dict = {}
 
 @pytest.fixture(scope="module")
 def worlds(tmp_path_factory):
-    """Both worlds: p = 4 first (it writes the checkpoint p = 2 reads)."""
+    """The world's results by pipeline size: {4: ..., 2: ...}."""
     if not _WORLDS:
         tmp = tmp_path_factory.mktemp("llama")
-        for p in (4, 2):
-            _WORLDS[p] = run_world(_world, p, tmp / f"p{p}.pt", str(tmp / "ckpt"))
+        _WORLDS.update(run_world(_world, 4, tmp / "out.pt", str(tmp / "ckpt")))
     return _WORLDS
 
 

@@ -21,6 +21,10 @@ Checks, for a loop (1F1B) and a V schedule (ZB-V), both with the offload pass, o
   its largest element); the tied head is listed once, under the embedding's name;
 - in one process: the stages run in sequence give HF's loss bit for bit, padded or not, and
   for packed sequences (position ids restarting, no mask) the loss of each sequence alone.
+
+One 4-rank world runs every multi-process case (one launch: each rank's start, torch and
+transformers imported, is most of the cost): the p = 4 cases on the world, the p = 2 cases on
+two pipelines at once, on process groups [0, 1] and [2, 3].
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import pytest
 from helpers import import_torch, missing, require, run_world
 
 torch = import_torch()
+dist = import_torch("torch.distributed")
 transformers = require("transformers")
 
 from hf_models import FAMILIES, RUNTIME_FAMILIES, batch, build, sequential  # noqa: E402
@@ -71,39 +76,62 @@ def reference(family: str, p: int) -> dict:
     return {"loss": total, "grads": {n: q.grad.clone() for n, q in model.named_parameters()}}
 
 
-def _world(ctx, path: str) -> None:
+def _run(family: str, name: str, p: int, group=None) -> dict:
+    """One step of ``family`` on ``name`` with the offload pass, on this rank of a ``p``-rank
+    pipeline (``group``: its process group; None: the world): this rank's loss (None where
+    it does not hold the last layer group) and gradients by name."""
     from pipeoffload.passes.offload import plan_offload
     from pipeoffload.runtime.executor import PipelineRunner
-    from pipeoffload.runtime.measure import gather_results
     from pipeoffload.runtime.offload_store import OffloadStore
     from pipeoffload.schedules import generate
 
-    p, out = ctx.world_size, {}
-    for family in (RUNTIME_FAMILIES if p == 2 else AT_P4):
+    sched = generate(name, p=p, m=M)
+    sched = plan_offload(sched, offload_chunks=sched.chunks).schedule
+    stages = split_causal_lm(build(family, _layers(p)), sched.num_stages)
+    runner = PipelineRunner(lambda s: stages[s], causal_lm_loss, sched, timeout_s=120, group=group,
+                            activation_store=OffloadStore())
+    x, y, _ = batch(0)
+    res = runner.step(x, y)
+    return {"loss": res.loss, "grads": {n: q.grad.clone() for n, q in runner.named_parameters() if q.grad is not None}}
+
+
+def _world(ctx, path: str) -> None:
+    """One 4-rank world: the p = 4 cases on the whole world, then the p = 2 cases on two
+    pipelines at once (process groups [0, 1] and [2, 3], each a share of the families; the
+    packed case on the second). One gather at the end: (p, family, schedule) -> this rank's
+    share, merged on rank 0."""
+    from pipeoffload.runtime.executor import PipelineRunner
+    from pipeoffload.runtime.measure import gather_results
+    from pipeoffload.schedules import generate
+
+    assert ctx.world_size == 4, ctx.world_size
+    mine: dict = {}
+    for family in AT_P4:
         for name in SCHEDULES:
-            sched = generate(name, p=p, m=M)
-            sched = plan_offload(sched, offload_chunks=sched.chunks).schedule
-            stages = split_causal_lm(build(family, _layers(p)), sched.num_stages)
-            runner = PipelineRunner(lambda s: stages[s], causal_lm_loss, sched, timeout_s=120,
-                                    activation_store=OffloadStore())
-            x, y, _ = batch(0)
-            res = runner.step(x, y)
-            got = gather_results({"loss": res.loss,
-                                  "grads": {n: q.grad.clone() for n, q in runner.named_parameters()
-                                            if q.grad is not None}})
-            if ctx.rank == 0:
-                out[(family, name)] = {"loss": next(g["loss"] for g in got if g["loss"] is not None),
-                                       "grads": {k: v for g in got for k, v in g["grads"].items()}}
-    if p == 2:  # packed sequences: position ids restart, no mask (HF's mask functions keep them apart)
-        sched = generate("zb-v", p=p, m=M)
-        stages = split_causal_lm(build("llama", _layers(p)), sched.num_stages)
-        runner = PipelineRunner(lambda s: stages[s], causal_lm_loss, sched, timeout_s=120)
+            mine[(4, family, name)] = _run(family, name, 4)
+    groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]  # every rank creates both
+    k = ctx.rank // 2
+    for family in RUNTIME_FAMILIES[k::2]:
+        for name in SCHEDULES:
+            mine[(2, family, name)] = _run(family, name, 2, groups[k])
+    if k == 1:  # packed sequences: position ids restart, no mask (HF's mask functions keep them apart)
+        sched = generate("zb-v", p=2, m=M)
+        stages = split_causal_lm(build("llama", _layers(2)), sched.num_stages)
+        runner = PipelineRunner(lambda s: stages[s], causal_lm_loss, sched, timeout_s=120, group=groups[k])
         x, y, _ = packed_batch()
-        res = runner.step(x, y)
-        got = gather_results({"loss": res.loss})
-        if ctx.rank == 0:
-            out["packed"] = next(g["loss"] for g in got if g["loss"] is not None)
+        mine["packed"] = runner.step(x, y).loss
+    got = gather_results(mine)
     if ctx.rank == 0:
+        out: dict = {2: {}, 4: {}}
+        for key in {key for g in got for key in g}:
+            if key == "packed":
+                out[2]["packed"] = next(g["packed"] for g in got if g.get("packed") is not None)
+                continue
+            p, family, name = key
+            parts = [g[key] for g in got if key in g]
+            assert len(parts) == p, (key, len(parts))
+            out[p][(family, name)] = {"loss": next(r["loss"] for r in parts if r["loss"] is not None),
+                                      "grads": {n: v for r in parts for n, v in r["grads"].items()}}
         torch.save(out, path)
 
 
@@ -120,9 +148,7 @@ _WORLDS: dict = {}
 @pytest.fixture(scope="module")
 def worlds(tmp_path_factory):
     if not _WORLDS:
-        tmp = tmp_path_factory.mktemp("hf")
-        for p in (2, 4):
-            _WORLDS[p] = run_world(_world, p, tmp / f"p{p}.pt")
+        _WORLDS.update(run_world(_world, 4, tmp_path_factory.mktemp("hf") / "out.pt"))
     return _WORLDS
 
 

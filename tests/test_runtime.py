@@ -3,7 +3,8 @@ the same losses, gradients and updated parameters as plain single-process traini
 its measured activation memory matches the simulator's prediction, and a rank that
 never sends makes its peer fail within the timeout, naming rank, op and peer.
 
-To keep CI fast each world (p = 2, p = 4) is spawned once and runs every schedule.
+To keep CI fast one 4-rank world is spawned once and runs every case: every schedule at
+p = 4 on the world, then at p = 2 on two pipelines at once (process groups [0, 1] and [2, 3]).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pytest
 from helpers import ALL_SCHEDULES, import_torch, torch_dualpipev_csv, train_steps
 
 torch = import_torch()
+dist = import_torch("torch.distributed")
 
 from pipeoffload.interop.torch_csv import read_csv  # noqa: E402
 from pipeoffload.ir import OVERLAP  # noqa: E402
@@ -39,42 +41,67 @@ def _data(step):
     return ByteCorpus(load_corpus(), CFG.seq_len, seed=1).microbatches(step, M, MB)
 
 
-def _world(ctx, path):
-    out = {}
-    for name in ALL_SCHEDULES:
-        sched = generate(name, p=ctx.world_size, m=M)
-        S = sched.num_stages
-        t = train_steps(sched, CFG, _data, steps=STEPS, lr=LR)
-        got = gather_results({"rank": ctx.rank, "losses": [r.loss for r in t.results], "grads": t.first_grads,
-                              "params": t.params(), "result": t.first, "live": t.runner.meter.live_bytes(),
-                              "pending": t.runner.wg.pending()})
-        if ctx.rank == 0:
-            samples = [x for g in got for x in g["result"].samples]
-            costs, deltas = group_medians(samples, S)
-            pred = predict(sched, costs, deltas)
-            out[name] = {
-                "losses": next(g["losses"] for g in got if g["losses"][0] is not None),
-                "grads": {k: v for g in got for k, v in g["grads"].items()},
-                "params": {k: v for g in got for k, v in g["params"].items()},
-                "peak": [g["result"].peak_memory for g in got],
-                "predicted_peak": pred.peak_memory(),
-                "live": [g["live"] for g in got],
-                "pending": [g["pending"] for g in got],
-            }
-    # torch's own DualPipeV, lowered and dumped by torch (every action of its grammar), read back
+def _schedule_share(sched, group=None, **kw) -> dict:
+    """STEPS SGD steps of ``sched`` on this rank of the pipeline ``group`` (None: the world):
+    what this rank saw, merged with its pipeline's other ranks by :func:`_merged`."""
+    t = train_steps(sched, CFG, _data, steps=STEPS, lr=LR, group=group, **kw)
+    return {"rank": t.runner.rank, "losses": [r.loss for r in t.results], "grads": t.first_grads,
+            "params": t.params(), "result": t.first, "live": t.runner.meter.live_bytes(),
+            "pending": t.runner.wg.pending(), "pairs": len(sched.params.get(OVERLAP, ())),
+            "one_op": len(t.runner._plan.overlapped)}
+
+
+def _torch_csv_share(ctx, path, p, group=None) -> dict:
+    """torch's own DualPipeV, lowered and dumped by torch (every action of its grammar),
+    read back and run with each pair as one op."""
     csv_path = Path(path).parent / f"torch-dualpipev-{ctx.rank}.csv"
-    sched = read_csv(torch_dualpipev_csv(ctx.world_size, M, csv_path))
-    t = train_steps(sched, CFG, _data, steps=STEPS, lr=LR, overlap_pairs=True)  # each pair as one op
-    got = gather_results({"losses": [r.loss for r in t.results], "grads": t.first_grads, "params": t.params(),
-                          "pairs": len(sched.params.get(OVERLAP, ())), "one_op": len(t.runner._plan.overlapped)})
+    sched = read_csv(torch_dualpipev_csv(p, M, csv_path))
+    return _schedule_share(sched, group, overlap_pairs=True)
+
+
+def _merged(name: str, p: int, parts: list[dict]) -> dict:
+    """A pipeline's shares of one case (in pipeline-rank order) as one result; a registry
+    schedule's also with the simulator's peak, fed the measured per-op times and bytes."""
+    out = {"losses": next(g["losses"] for g in parts if g["losses"][0] is not None),
+           "grads": {k: v for g in parts for k, v in g["grads"].items()},
+           "params": {k: v for g in parts for k, v in g["params"].items()}}
+    if name == TORCH_CSV:
+        return {**out, "pairs": parts[0]["pairs"], "one_op": sum(g["one_op"] for g in parts)}
+    sched = generate(name, p=p, m=M)
+    costs, deltas = group_medians([x for g in parts for x in g["result"].samples], sched.num_stages)
+    return {**out, "peak": [g["result"].peak_memory for g in parts],
+            "predicted_peak": predict(sched, costs, deltas).peak_memory(),
+            "live": [g["live"] for g in parts], "pending": [g["pending"] for g in parts]}
+
+
+def _world(ctx, path):
+    """One 4-rank world: every registry schedule and torch's DualPipeV CSV at p = 4 on the
+    world, then at p = 2 on two pipelines at once (process groups [0, 1] and [2, 3], the
+    schedules shared between them); the user's modules on the first, last the rank that
+    never sends on the second (its transport is spent after the timeout). Each rank keeps
+    its share of every case, (p, case) -> share; one gather at the end, merged on rank 0."""
+    assert ctx.world_size == 4, ctx.world_size
+    mine: dict = {}
+    for name in ALL_SCHEDULES:
+        mine[(4, name)] = _schedule_share(generate(name, p=4, m=M))
+    mine[(4, TORCH_CSV)] = _torch_csv_share(ctx, path, 4)
+    groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]  # every rank creates both
+    k = ctx.rank // 2
+    for name in ALL_SCHEDULES[k::2]:
+        mine[(2, name)] = _schedule_share(generate(name, p=2, m=M), groups[k])
+    if k == 0:
+        mine[(2, "user-modules")] = _user_modules_share(groups[k])
+    else:
+        mine[(2, TORCH_CSV)] = _torch_csv_share(ctx, path, 2, groups[k])
+        mine["timeout"] = _timeout_share(groups[k])
+    got = gather_results(mine)
     if ctx.rank == 0:
-        out[TORCH_CSV] = {"losses": next(g["losses"] for g in got if g["losses"][0] is not None),
-                          "grads": {k: v for g in got for k, v in g["grads"].items()},
-                          "params": {k: v for g in got for k, v in g["params"].items()}, "pairs": got[0]["pairs"],
-                          "one_op": sum(g["one_op"] for g in got)}
-    if ctx.world_size == 2:
-        out["user-modules"] = _user_modules_world(ctx)
-    if ctx.rank == 0:
+        out: dict = {2: {}, 4: {}, "timeout": next(g["timeout"] for g in got if g.get("timeout") is not None)}
+        for key in {key for g in got for key in g if key != "timeout"}:
+            p, name = key
+            parts = sorted((g[key] for g in got if key in g), key=lambda share: share["rank"])
+            assert [share["rank"] for share in parts] == list(range(p)), (key, [share["rank"] for share in parts])
+            out[p][name] = _user_modules_merged(parts) if name == "user-modules" else _merged(name, p, parts)
         torch.save(out, path)
 
 
@@ -97,16 +124,17 @@ def _mlp_data():
     return xs, ys
 
 
-def _user_modules_world(ctx):
+def _user_modules_share(group) -> dict:
     """A user's module list (all four given; each rank picks its own), loop and V
     placements; under the suite's NCCL-rules emulation and on torch's own transport
-    (plain gloo), which the rest of the suite does not use."""
+    (plain gloo), which the rest of the suite does not use. This rank's share."""
     res = {}
     for name in ("interleaved-1f1b", "zb-v"):
         for transport in (None, "torch"):
             sched = generate(name, p=2, m=4)
             mods = _mlp_stages()
-            runner = PipelineRunner(mods, torch.nn.functional.mse_loss, sched, timeout_s=60, transport=transport)
+            runner = PipelineRunner(mods, torch.nn.functional.mse_loss, sched, timeout_s=60, transport=transport,
+                                    group=group)
             assert runner.p2p.transport.name == (transport or "nccl-rules")
             held, sent, issue = [0], [0], runner.p2p.issue  # send buffers held after each group; all sent
 
@@ -119,15 +147,20 @@ def _user_modules_world(ctx):
             runner.p2p.issue = watched
             xs, ys = _mlp_data()
             r = runner.step(xs, ys)
-            got = gather_results({"loss": r.loss, "grads": {f"{s}.{n}": p.grad.clone() for s in runner.my_stages
-                                                             for n, p in mods[s].named_parameters()},
-                                  "held": max(held), "sends": sent[0], "left": len(runner.p2p._sends)})
-            if ctx.rank == 0:
-                res[f"{name}/{transport or 'nccl-rules'}"] = {
-                    "loss": next(g["loss"] for g in got if g["loss"] is not None),
-                    "grads": {k: v for g in got for k, v in g["grads"].items()},
-                    "held": [(g["held"], g["sends"], g["left"]) for g in got]}
-    return res
+            res[f"{name}/{transport or 'nccl-rules'}"] = {
+                "loss": r.loss, "grads": {f"{s}.{n}": p.grad.clone() for s in runner.my_stages
+                                          for n, p in mods[s].named_parameters()},
+                "held": (max(held), sent[0], len(runner.p2p._sends))}
+    return {"rank": runner.rank, "cases": res}
+
+
+def _user_modules_merged(parts: list[dict]) -> dict:
+    """The pipeline's shares of the user-module cases, by case: the loss, every gradient,
+    and per rank (send buffers held at most, sends, left after the step)."""
+    return {case: {"loss": next(g["cases"][case]["loss"] for g in parts if g["cases"][case]["loss"] is not None),
+                   "grads": {k: v for g in parts for k, v in g["cases"][case]["grads"].items()},
+                   "held": [g["cases"][case]["held"] for g in parts]}
+            for case in parts[0]["cases"]}
 
 
 def test_user_modules_with_changing_shapes_and_dtype(tmp_path_factory):
@@ -167,16 +200,17 @@ def reference():
     return {"losses": losses, "grads": grads, "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
 
 
-_WORLDS: dict[int, dict] = {}
+_WORLDS: dict = {}
 
 
 def world(p, tmp_path_factory):
-    if p not in _WORLDS:
-        path = tmp_path_factory.mktemp(f"world{p}") / "out.pt"
+    """The world's results at pipeline size ``p`` (2 or 4), or ``"timeout"``'s; launched once."""
+    if not _WORLDS:
+        path = tmp_path_factory.mktemp("world") / "out.pt"
         t = time.perf_counter()
-        launch(_world, p, (str(path),), backend="gloo", init_timeout_s=120)
-        _WORLDS[p] = torch.load(path)
-        print(f"world p={p}: {len(_WORLDS[p])} schedules in {time.perf_counter() - t:.1f} s")
+        launch(_world, 4, (str(path),), backend="gloo", init_timeout_s=120)
+        _WORLDS.update(torch.load(path))
+        print(f"world: {len(_WORLDS[4])} + {len(_WORLDS[2])} cases in {time.perf_counter() - t:.1f} s")
     return _WORLDS[p]
 
 
@@ -249,7 +283,9 @@ class _HangInStep(torch.nn.Module):
         return self.inner(x)
 
 
-def _timeout_world(ctx, path):
+def _timeout_share(group) -> dict:
+    """A 1F1B step whose rank 1 stalls 3.5 s in its forward, against a 1.5 s timeout: the
+    error rank 0 raised (type, text) and how long it took (None on rank 1)."""
     sched = generate("1f1b", p=2, m=2)
     xs, ys = _data(0)
     xs, ys = xs[:2], ys[:2]
@@ -258,21 +294,18 @@ def _timeout_world(ctx, path):
         mod = build_stage(CFG, s, 2)
         return _HangInStep(mod, 3.5) if s == 1 else mod
 
-    runner = PipelineRunner(stage, lm_loss, sched, timeout_s=1.5)
+    runner = PipelineRunner(stage, lm_loss, sched, timeout_s=1.5, group=group)
     t = time.perf_counter()
     try:
         runner.step(xs, ys)
         msg = None
     except CommError as e:
         msg = (type(e).__name__, str(e))
-    if ctx.rank == 0:
-        torch.save({"msg": msg, "elapsed": time.perf_counter() - t}, path)
+    return {"msg": msg, "elapsed": time.perf_counter() - t} if runner.rank == 0 else None
 
 
-def test_a_rank_that_never_sends_times_out_naming_rank_op_and_peer(tmp_path):
-    path = tmp_path / "t.pt"
-    launch(_timeout_world, 2, (str(path),), backend="gloo", init_timeout_s=60)
-    out = torch.load(path)
+def test_a_rank_that_never_sends_times_out_naming_rank_op_and_peer(tmp_path_factory):
+    out = world("timeout", tmp_path_factory)  # the last case of the world's second pipeline, ranks 2 and 3
     assert out["msg"] is not None, "rank 0 did not time out"
     kind, msg = out["msg"]
     assert kind == CommTimeout.__name__

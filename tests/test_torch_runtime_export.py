@@ -9,9 +9,10 @@ the exported orders are valid for the ecosystem's runtime. For V placements torc
 infers the stage→rank mapping (stage i and 2p−1−i on rank i) from the CSV rows; the
 test checks it took that mapping.
 
-One spawn per world: p = 4 runs every schedule; p = 2 one of each class among them
-(``P2_SAMPLE``: loop with one layer group per rank, loop with several, V), where the
-exported orders are the same generators' at a smaller size.
+One 4-rank world, spawned once: p = 4 runs every schedule on it; p = 2 one of each class
+among them (``P2_SAMPLE``: loop with one layer group per rank, loop with several, V), where
+the exported orders are the same generators' at a smaller size, on two pipelines at once
+(process groups [0, 1] and [2, 3]).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import pytest
 from helpers import import_torch
 
 torch = import_torch()
+dist = import_torch("torch.distributed")
 import_torch("torch.distributed.pipelining")
 
 from pipeoffload.interop.torch_csv import to_actions  # noqa: E402
@@ -63,46 +65,80 @@ def _label(name, kw):
     return name + "".join(f" {k}={v}" for k, v in kw.items())
 
 
-def _world(ctx, tmp):
-    xs, ys = ByteCorpus(load_corpus(), CFG.seq_len, seed=2).microbatches(0, M, MB)
-    out = {}
-    for name, kw in _names(ctx.world_size):
-        p = ctx.world_size
-        kw = {k: (p if v == "p" else v) for k, v in kw.items()}
-        sched = generate(name, p=p, m=M, **kw)
-        S = sched.num_stages
-        runner = PipelineRunner(lambda s: build_stage(CFG, s, S), lm_loss, sched, timeout_s=60)
-        ours = runner.step(xs, ys)
-        g_ours = {n: q.grad.clone() for n, q in runner.named_parameters()}
+def _resolved(kw: dict, p: int) -> dict:
+    """``kw`` with "p" replaced by the pipeline size."""
+    return {k: (p if v == "p" else v) for k, v in kw.items()}
 
-        mods = {s: build_stage(CFG, s, S) for s in sched.placement.stages_of(ctx.rank)}
-        pipe = torch_runtime_for(sched, mods, lm_loss, f"{tmp}/{name}-{len(kw)}-p{p}.csv")
-        theirs = pipe.step(xs, ys)
-        g_torch = {n: q.grad.clone() for n, q in pipe.named_parameters()}
+
+def _case(name, kw, p, tmp, group=None, tag=""):
+    """One step of ``name`` on our runtime and on torch's (its CSV written under ``tmp``),
+    on this rank of the ``p``-rank pipeline ``group`` (None: the world): this rank's share,
+    with torch's loaded order and stage mapping on pipeline rank 0."""
+    xs, ys = ByteCorpus(load_corpus(), CFG.seq_len, seed=2).microbatches(0, M, MB)
+    kw = _resolved(kw, p)
+    sched = generate(name, p=p, m=M, **kw)
+    S = sched.num_stages
+    runner = PipelineRunner(lambda s: build_stage(CFG, s, S), lm_loss, sched, timeout_s=60, group=group)
+    ours = runner.step(xs, ys)
+    g_ours = {n: q.grad.clone() for n, q in runner.named_parameters()}
+
+    mods = {s: build_stage(CFG, s, S) for s in sched.placement.stages_of(runner.rank)}
+    pipe = torch_runtime_for(sched, mods, lm_loss, f"{tmp}/{name}-{len(kw)}-p{p}{tag}.csv", group=group)
+    theirs = pipe.step(xs, ys)
+    g_torch = {n: q.grad.clone() for n, q in pipe.named_parameters()}
+    rel = max(float((g_ours[n] - g).norm() / g.norm()) for n, g in g_torch.items())
+    share = {"rank": runner.rank, "rel": rel, "norm": min(float(g.norm()) for g in g_torch.values()),
+             "live": (runner.meter.live_bytes(), pipe.meter.live_bytes()),
+             "loss": (ours.loss, theirs.loss), "names": sorted(g_ours) == sorted(g_torch)}
+    if runner.rank == 0:
         loaded = {r: [str(a) for a in row if a is not None] for r, row in pipe.torch_order.items()}
-        mapping = dict(pipe.schedule.stage_index_to_group_rank)
-        rel = max(float((g_ours[n] - g).norm() / g.norm()) for n, g in g_torch.items())
-        got = gather_results({"rel": rel, "norm": min(float(g.norm()) for g in g_torch.values()),
-                              "live": (runner.meter.live_bytes(), pipe.meter.live_bytes()),
-                              "loss": (ours.loss, theirs.loss), "names": sorted(g_ours) == sorted(g_torch)})
-        if ctx.rank == 0:
-            out[_label(name, kw)] = {
-                "rel": max(g["rel"] for g in got), "min_norm": min(g["norm"] for g in got),
-                "loss": next(g["loss"] for g in got if g["loss"][0] is not None),
-                "same_names": all(g["names"] for g in got), "live": [g["live"] for g in got],
-                "loaded": [loaded[r] for r in range(p)], "exported": to_actions(sched.compute_only()),
-                "mapping": mapping, "placement": [sched.placement.rank_of(s) for s in range(S)],
-                "kind": sched.placement.kind,
-            }
+        share.update(loaded=[loaded[r] for r in range(p)], exported=to_actions(sched.compute_only()),
+                     mapping=dict(pipe.schedule.stage_index_to_group_rank),
+                     placement=[sched.placement.rank_of(s) for s in range(S)], kind=sched.placement.kind)
+    return share
+
+
+def _merged(parts: list) -> dict:
+    """A case's per-rank shares (in pipeline-rank order) as one result."""
+    first = parts[0]
+    return {"rel": max(g["rel"] for g in parts), "min_norm": min(g["norm"] for g in parts),
+            "loss": next(g["loss"] for g in parts if g["loss"][0] is not None),
+            "same_names": all(g["names"] for g in parts), "live": [g["live"] for g in parts],
+            **{k: first[k] for k in ("loaded", "exported", "mapping", "placement", "kind")}}
+
+
+def _world(ctx, tmp):
+    """One 4-rank world: every schedule at p = 4 on the world, then the p = 2 sample on two
+    pipelines at once (process groups [0, 1] and [2, 3], the sample shared between them;
+    torch's runtime on a group too). Each rank keeps its share, (p, label) -> share; one
+    gather at the end, merged on rank 0 into {p: {label: result}}."""
+    assert ctx.world_size == 4, ctx.world_size
+    mine = {(4, _label(name, _resolved(kw, 4))): _case(name, kw, 4, tmp) for name, kw in NAMES}
+    groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]  # every rank creates both
+    k = ctx.rank // 2
+    for name, kw in P2_SAMPLE[k::2]:
+        mine[(2, _label(name, _resolved(kw, 2)))] = _case(name, kw, 2, tmp, groups[k], tag=f"-g{k}")
+    got = gather_results(mine)
     if ctx.rank == 0:
+        out: dict = {2: {}, 4: {}}
+        for p, label in {key for g in got for key in g}:
+            parts = sorted((g[(p, label)] for g in got if (p, label) in g), key=lambda share: share["rank"])
+            assert [share["rank"] for share in parts] == list(range(p)), (p, label)
+            out[p][label] = _merged(parts)
         torch.save(out, f"{tmp}/result.pt")
+
+
+_WORLD: dict = {}
 
 
 @pytest.fixture(scope="module", params=[2, 4], ids=lambda p: f"p{p}")
 def world(request, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp(f"export{request.param}")
-    launch(_world, request.param, (str(tmp),), backend="gloo", init_timeout_s=60)
-    return request.param, torch.load(tmp / "result.pt")
+    """(p, {label: result}) of the one world, for p = 2 and p = 4."""
+    if not _WORLD:
+        tmp = tmp_path_factory.mktemp("export")
+        launch(_world, 4, (str(tmp),), backend="gloo", init_timeout_s=60)
+        _WORLD.update(torch.load(tmp / "result.pt"))
+    return request.param, _WORLD[request.param]
 
 
 def test_every_exported_schedule_runs_on_torch_runtime_with_our_gradients(world):

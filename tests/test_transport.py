@@ -6,11 +6,11 @@ tag. :class:`NcclRulesTransport` emulates NCCL's rules over gloo, so those progr
 here too and end with a timeout error naming the rank, the op and the rule; the same
 exchanges pass with :class:`TorchTransport` on gloo, which is why gloo proves nothing.
 
-Four worlds (spawned gloo ranks, no mocks): a 2-rank world runs the exchanges under
+Three worlds (spawned gloo ranks, no mocks): a 2-rank world runs the exchanges under
 every transport and records each op's outcome (a failed op's ``Work.wait`` raises
 RuntimeError: its text is the outcome); a 2-rank world whose hazard is left to fail the
-launch; a 3-rank world for one communicator per peer; a 4-rank DP x PP mesh whose two
-pipelines each build their own emulator.
+launch; a 4-rank world: a DP x PP mesh whose two pipelines each build their own emulator,
+then one communicator per peer on a 3-rank group of it.
 """
 
 from __future__ import annotations
@@ -276,12 +276,12 @@ def test_hazard_ends_the_run_with_a_named_timeout():
 # ----------------------------------------------------------------------------- one communicator per peer
 
 
-def _chain(ctx, mode, res):
-    """Rank 0 posts a receive from rank 1, then sends to rank 2 (two groups); rank 2
-    forwards what it got to rank 1, which forwards it to rank 0. Rank 0's send must
-    go out while its receive from rank 1 is pending."""
+def _chain(ctx, mode, res, group):
+    """On the three ranks of ``group`` (global ranks 0, 1, 2): rank 0 posts a receive from
+    rank 1, then sends to rank 2 (two groups); rank 2 forwards what it got to rank 1, which
+    forwards it to rank 0. Rank 0's send must go out while its receive from rank 1 is pending."""
     me = ctx.rank
-    tr = make_transport(None, me, None, T, mode=mode)
+    tr = make_transport(group, me, None, T, mode=mode)
     steps: list = []
     if me == 0:
         buf = torch.zeros(3)
@@ -301,18 +301,8 @@ def _chain(ctx, mode, res):
     tr.close()
 
 
-def _peer_world(ctx, path):
-    res: dict = {}
-    _chain(ctx, "nccl-rules-peer", res)
-    _chain(ctx, "nccl-rules", res)
-    everyone = [None] * 3
-    dist.all_gather_object(everyone, res)
-    if ctx.rank == 0:
-        torch.save(everyone, path)
-
-
-def test_one_communicator_per_peer(tmp_path):
-    ranks = run_world(_peer_world, 3, tmp_path / "peer.pt")
+def test_one_communicator_per_peer(four):
+    ranks = [res["peer"] for res in four[:3]]
     assert ranks[0]["nccl-rules-peer"] == ["ok", True, "ok", [3.0] * 3]
     assert ranks[1]["nccl-rules-peer"] == ["ok", "ok"] and ranks[2]["nccl-rules-peer"] == ["ok", "ok"]
     # One communicator for the group: rank 0's send is queued behind its receive, which
@@ -328,7 +318,28 @@ def test_one_communicator_per_peer(tmp_path):
 # ----------------------------------------------------------------------------- a DP x PP mesh
 
 
-def _mesh_world(ctx, path):
+def _four_world(ctx, path):
+    """A 4-rank world: the DP x PP mesh's pipelines (:func:`_mesh_part`), then the chain
+    (:func:`_chain`) on a 3-rank group of it, one communicator per peer and one for the group
+    (rank 3 takes no part). One launch for both."""
+    res = {"mesh": _mesh_part(ctx)}
+    group = dist.new_group([0, 1, 2])  # every rank creates it
+    if ctx.rank < 3:
+        res["peer"] = {}
+        _chain(ctx, "nccl-rules-peer", res["peer"], group)
+        _chain(ctx, "nccl-rules", res["peer"], group)
+    everyone = [None] * 4
+    dist.all_gather_object(everyone, res)
+    if ctx.rank == 0:
+        torch.save(everyone, path)
+
+
+@pytest.fixture(scope="module")
+def four(tmp_path_factory):
+    return run_world(_four_world, 4, tmp_path_factory.mktemp("transport") / "four.pt")
+
+
+def _mesh_part(ctx) -> dict:
     """Two pipelines (global ranks [0, 1] and [2, 3]) each build their emulator over their
     own members only; pipeline [2, 3] builds one more before it, which [0, 1] does not."""
     from pipeoffload.runtime.mesh import build_mesh, coords, pipeline_ranks, sub_group
@@ -350,14 +361,11 @@ def _mesh_world(ctx, path):
     w = tr.issue([P2PSpec(me == 0, torch.zeros(n), peer, what=f"{'SEND' if me == 0 else 'RECV'}(rank={me})")])[0]
     res["mismatch"] = _outcome(w)
     tr.close()
-    everyone = [None] * 4
-    dist.all_gather_object(everyone, res)
-    if ctx.rank == 0:
-        torch.save(everyone, path)
+    return res
 
 
-def test_pipelines_of_a_mesh_each_build_their_own(tmp_path):
-    ranks = run_world(_mesh_world, 4, tmp_path / "mesh.pt")
+def test_pipelines_of_a_mesh_each_build_their_own(four):
+    ranks = [res["mesh"] for res in four]
     for res in ranks:
         g = res["global"]
         peer = g ^ 1
