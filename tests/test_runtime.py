@@ -92,12 +92,15 @@ def _world(ctx, path):
     if k == 0:
         mine[(2, "user-modules")] = _user_modules_share(groups[k])
     else:
+        # gather_results on a group without global rank 0: its first member collects
+        mine["group_gather"] = gather_results(ctx.rank, groups[k])
         mine[(2, TORCH_CSV)] = _torch_csv_share(ctx, path, 2, groups[k])
         mine["timeout"] = _timeout_share(groups[k])
     got = gather_results(mine)
     if ctx.rank == 0:
-        out: dict = {2: {}, 4: {}, "timeout": next(g["timeout"] for g in got if g.get("timeout") is not None)}
-        for key in {key for g in got for key in g if key != "timeout"}:
+        out: dict = {2: {}, 4: {}, "timeout": next(g["timeout"] for g in got if g.get("timeout") is not None),
+                     "group_gather": [g["group_gather"] for g in got if "group_gather" in g]}
+        for key in {key for g in got for key in g if key not in ("timeout", "group_gather")}:
             p, name = key
             parts = sorted((g[key] for g in got if key in g), key=lambda share: share["rank"])
             assert [share["rank"] for share in parts] == list(range(p)), (key, [share["rank"] for share in parts])
@@ -204,7 +207,7 @@ _WORLDS: dict = {}
 
 
 def world(p, tmp_path_factory):
-    """The world's results at pipeline size ``p`` (2 or 4), or ``"timeout"``'s; launched once."""
+    """The world's results at pipeline size ``p`` (2 or 4), or ``"timeout"``'s or ``"group_gather"``'s; launched once."""
     if not _WORLDS:
         path = tmp_path_factory.mktemp("world") / "out.pt"
         t = time.perf_counter()
@@ -311,6 +314,12 @@ def test_a_rank_that_never_sends_times_out_naming_rank_op_and_peer(tmp_path_fact
     assert kind == CommTimeout.__name__
     assert "rank 0" in msg and "RECV_B(stage=0, mb=0" in msg and "rank 1" in msg, msg
     assert out["elapsed"] < 1.5 + 3.0
+
+
+def test_gather_results_on_a_group_without_global_rank_0(tmp_path_factory):
+    """``gather_results`` over process group [2, 3]: the group's first member (global rank 2)
+    gets both objects in group order, the other None (``dst`` is the group's, not global rank 0)."""
+    assert world("group_gather", tmp_path_factory) == [[2, 3], None]
 
 
 def _failing_world(ctx):

@@ -32,12 +32,15 @@ _MIN_COST = 1e-9
 
 
 def gather_results(result: Any, group: Any = None) -> list[Any] | None:
-    """Every rank's object on rank 0 (None elsewhere)."""
+    """Every rank's object, in ``group`` order, on the group's first rank (None elsewhere);
+    ``group`` None is the world."""
     if not dist.is_initialized():
         return [result]
     world = dist.get_world_size(group)
     out: list[Any] | None = [None] * world if dist.get_rank(group) == 0 else None
-    dist.gather_object(result, out, dst=0, group=group)
+    # gather_object's dst is a global rank: the group's first member, not global rank 0
+    dst = 0 if group is None else dist.get_global_rank(group, 0)
+    dist.gather_object(result, out, dst=dst, group=group)
     return out
 
 
