@@ -26,6 +26,7 @@ from pipeoffload.models.data import ByteCorpus, load_corpus  # noqa: E402
 from pipeoffload.models.transformer import build_reference, build_stage, lm_loss  # noqa: E402
 from pipeoffload.runtime.executor import PipelineRunner  # noqa: E402
 from pipeoffload.runtime.launcher import LaunchError, launch  # noqa: E402
+from pipeoffload.training.checkpoint import _candidates_of_rank0  # noqa: E402
 from pipeoffload.training.measure import gather_results, group_medians, predict  # noqa: E402
 from pipeoffload.runtime.p2p import CommError, CommTimeout  # noqa: E402
 from pipeoffload.schedules import generate  # noqa: E402
@@ -94,13 +95,18 @@ def _world(ctx, path):
     else:
         # gather_results on a group without global rank 0: its first member collects
         mine["group_gather"] = gather_results(ctx.rank, groups[k])
+        # and a checkpoint listing broadcast from it (load_latest's first collective)
+        own = Path(path).parent / f"ckpt-rank{ctx.rank}"  # global rank 2 has step 7, rank 3 nothing
+        (own / ("step-7" if ctx.rank == 2 else "")).mkdir(parents=True, exist_ok=True)
+        mine["group_broadcast"] = [s for s, _ in _candidates_of_rank0(own, 2, groups[k])]
         mine[(2, TORCH_CSV)] = _torch_csv_share(ctx, path, 2, groups[k])
         mine["timeout"] = _timeout_share(groups[k])
     got = gather_results(mine)
     if ctx.rank == 0:
         out: dict = {2: {}, 4: {}, "timeout": next(g["timeout"] for g in got if g.get("timeout") is not None),
-                     "group_gather": [g["group_gather"] for g in got if "group_gather" in g]}
-        for key in {key for g in got for key in g if key not in ("timeout", "group_gather")}:
+                     "group_gather": [g["group_gather"] for g in got if "group_gather" in g],
+                     "group_broadcast": [g["group_broadcast"] for g in got if "group_broadcast" in g]}
+        for key in {key for g in got for key in g if key not in ("timeout", "group_gather", "group_broadcast")}:
             p, name = key
             parts = sorted((g[key] for g in got if key in g), key=lambda share: share["rank"])
             assert [share["rank"] for share in parts] == list(range(p)), (key, [share["rank"] for share in parts])
@@ -320,6 +326,11 @@ def test_gather_results_on_a_group_without_global_rank_0(tmp_path_factory):
     """``gather_results`` over process group [2, 3]: the group's first member (global rank 2)
     gets both objects in group order, the other None (``dst`` is the group's, not global rank 0)."""
     assert world("group_gather", tmp_path_factory) == [[2, 3], None]
+
+
+def test_checkpoint_listing_is_broadcast_from_a_groups_first_rank(tmp_path_factory):
+    """``load_latest``'s listing over process group [2, 3]: both ranks get global rank 2's."""
+    assert world("group_broadcast", tmp_path_factory) == [[7], [7]]
 
 
 def _failing_world(ctx):

@@ -317,14 +317,15 @@ def read_all(directory: str | Path) -> dict:
 
 
 def _candidates_of_rank0(root: str | Path, world_size: int, group: Any) -> list[tuple[int, Path]]:
-    """Rank 0's list of checkpoints, newest first, on every rank, so the collectives of
-    :func:`load_latest` pair up."""
+    """The group's first rank's list of checkpoints, newest first, on every rank, so the
+    collectives of :func:`load_latest` pair up."""
     cands = list_checkpoints(root)
     if world_size > 1:
         import torch.distributed as dist
 
         box = [[(s, str(d)) for s, d in cands]]
-        dist.broadcast_object_list(box, src=0, group=group)
+        # src is a global rank: the group's first member (a DP replica's pipeline lacks global rank 0)
+        dist.broadcast_object_list(box, src=0 if group is None else dist.get_global_rank(group, 0), group=group)
         cands = [(s, Path(d)) for s, d in box[0]]
     return cands
 
