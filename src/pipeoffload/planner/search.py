@@ -15,7 +15,9 @@ How (docs/planner.md §4): splits whose states alone exceed the budget are rejec
 then with recompute, the first variant that fits accepted — unless ``top`` configurations
 already fit faster than its bound; then, fastest first, the candidates that did not fit try
 offload of ``C = 1..v`` chunks (with recompute first), again only while they could enter the
-top ``options.top``.
+top ``options.top``. A candidate whose untimed peaks show that no light recompute setting fits
+is timed only when that phase reaches it at its bound, or at the end for a family without a
+configuration (:attr:`_Candidate.untimed`): the same order, ranking and result as timing it at once.
 
 The schedule settings of a split (:func:`~.space.families`) and the order of the offload tries
 (:func:`~.space.offload_tries`) are those of ``pipeoffload best`` (:mod:`pipeoffload.studies.best`):
@@ -26,6 +28,7 @@ one enumeration, one order (the planner stops before ``best``'s B→W stash trie
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import math
 import time
 from dataclasses import dataclass, field
@@ -71,6 +74,13 @@ class _Candidate:
     #: recompute, C or None for all) where they belong; made only if the family ends without a
     #: configuration.
     deferred: list[tuple[int, int, Any, int | None]] = field(default_factory=list)
+    #: Light recompute settings proved not to fit by their untimed peaks and not timed yet
+    #: (:func:`_untimed_misses`): their attempts are made when something reads them
+    #: (:func:`_time_untimed`), else only if the family ends without a configuration.
+    untimed: list[Any] = field(default_factory=list)
+    #: Prunings decided while ``untimed`` was pending, in order; the last applies once the timings
+    #: are made and give attempts ("offload" stands for the offload phase's, which quotes them).
+    pending_pruned: list[str] = field(default_factory=list)
 
     @property
     def where(self) -> str:
@@ -137,8 +147,9 @@ def plan(
         _plain_phase(problem, simulator, group, ranking, light=True, everyone=candidates)
         if problem.options.offload:
             _offload_phase(problem, simulator, group, ranking)
-        _plain_phase(problem, simulator, [c for c in group if c.fit is None and c.attempts], ranking,
-                     light=False, everyone=candidates)
+        _plain_phase(problem, simulator, [c for c in group if c.fit is None and (c.attempts or c.untimed)],
+                     ranking, light=False, everyone=candidates)
+    _complete_untimed(problem, simulator, candidates, ranking)
     _complete_deferred(problem, simulator, candidates)
     configs = sorted((c.fit for c in candidates if c.fit), key=lambda x: (x.iteration_ms, x.memory.device))
     stats: dict[str, Any] = dict(simulator.stats)
@@ -230,24 +241,72 @@ def _plain_phase(problem: Problem, simulator: Simulator, candidates: list[_Candi
                                               problem.options.dp_sharding) for rc in order))
     fits_v_zb = {(c.split, c.m) for c in (everyone or candidates) if c.family.schedule == "v-zb" and c.fit}
     for c in sorted(candidates, key=lambda c: c.bound):
-        if c.family.schedule == "v-auto" and (c.split, c.m) in fits_v_zb:
-            # V-auto searches V schedules within V-Half's memory; where V-ZB fits with 1F1B's (its
-            # bubble near zero) it has not been faster, and it costs more than every other V
-            # schedule together: a dominance rule, not a bound.
-            c.pruned = "not simulated: V-ZB fits on this split (1F1B's memory, bubble near zero; V-auto's limit is V-Half's)"
-            continue
-        if ranking.beaten(c.bound):
-            c.pruned = (f"not simulated: idle only while the pipeline fills and drains, an iteration takes "
-                        f"≥ {c.bound / 1e3:.3g} s, "
-                        f"slower than the {problem.options.top} configurations shown")
+        why = _not_simulated(problem, c, ranking, fits_v_zb)
+        if c.untimed:  # (selective/full) in this phase only if its pending timings give attempts
+            if why:
+                c.pending_pruned.append(why)
+                continue
+            _time_untimed(problem, simulator, c, ranking)
+            if not c.attempts:
+                continue
+        if why:
+            c.pruned = why
             continue
         try:
             check_memory_bound(problem, simulator.costs, c.split, c.family, c.m)
         except Refused as e:
             c.refusals.append(e)
             continue
-        if not _fits_untimed(problem, simulator, c, order, ranking):
+        fits = _fits_untimed(problem, simulator, c, order, ranking)
+        if fits is False and light and c.family.schedule != "gpipe":
+            c.untimed = list(order)  # none fits: timed only when read (_time_untimed)
+        elif not fits:
             _variants(problem, simulator, c, order, ranking)
+
+
+def _not_simulated(problem: Problem, c: _Candidate, ranking: _Ranking, fits_v_zb: set) -> str | None:
+    """Why :func:`_plain_phase` does not simulate ``c`` (its ``pruned`` text), or None."""
+    if c.family.schedule == "v-auto" and (c.split, c.m) in fits_v_zb:
+        # V-auto searches V schedules within V-Half's memory; where V-ZB fits with 1F1B's (its
+        # bubble near zero) it has not been faster, and it costs more than every other V
+        # schedule together: a dominance rule, not a bound.
+        return "not simulated: V-ZB fits on this split (1F1B's memory, bubble near zero; V-auto's limit is V-Half's)"
+    if ranking.beaten(c.bound):
+        return (f"not simulated: idle only while the pipeline fills and drains, an iteration takes "
+                f"≥ {c.bound / 1e3:.3g} s, slower than the {problem.options.top} configurations shown")
+    return None
+
+
+def _time_untimed(problem: Problem, simulator: Simulator, c: _Candidate, ranking: _Ranking) -> None:
+    """Make ``c``'s pending timings (``c.untimed``): :func:`_variants` as the plain phase would
+    have, their attempts and refusals put first (nothing was recorded for ``c`` before them), and
+    the last pruning decided meanwhile applied if they give attempts. None of them fits (their
+    untimed peaks, the timing's floats, said so), so the ranking does not change."""
+    order, c.untimed = c.untimed, []
+    later = (c.attempts, c.refusals)
+    c.attempts, c.refusals = [], []
+    _variants(problem, simulator, c, order, ranking)
+    if c.fit is not None:
+        raise AssertionError(f"{c.where}: a setting proved not to fit by its untimed peaks fits")
+    c.attempts += later[0]
+    c.refusals += later[1]
+    if c.attempts and c.pending_pruned:
+        last = c.pending_pruned[-1]
+        c.pruned = _offload_pruned(c, problem.options.top) if last == _OFFLOAD_PRUNED else last
+    c.pending_pruned = []
+
+
+#: :attr:`_Candidate.pending_pruned`'s mark for the offload phase's pruning (its text quotes the
+#: candidate's fastest attempt, known once it is timed).
+_OFFLOAD_PRUNED = "offload"
+
+
+def _offload_pruned(c: _Candidate, top: int) -> str:
+    """The offload phase's ``pruned`` text for ``c`` (its fastest attempt is no faster than the
+    ``top`` shown)."""
+    fastest = min(a.iteration_ms for a in c.attempts)
+    return (f"offload not evaluated: even without its cost the iteration takes ≥ {fastest / 1e3:.3g} s, "
+            f"slower than the {top} configurations shown")
 
 
 def _variants(problem: Problem, simulator: Simulator, c: _Candidate, order: list[Recompute],
@@ -267,26 +326,27 @@ def _variants(problem: Problem, simulator: Simulator, c: _Candidate, order: list
 
 
 def _fits_untimed(problem: Problem, simulator: Simulator, c: _Candidate, order: list[Recompute],
-                  ranking: _Ranking) -> bool:
+                  ranking: _Ranking) -> bool | None:
     """:func:`_variants` without timing the settings that cannot fit: a setting's memory comes
     from its schedules' op orders (:meth:`~.simulate.Simulator.peaks`, the same floats as the
     timing's), so the first setting whose memory fits is simulated and accepted without timing
     those before it, whose times nobody reads once a later one fits (a family's rejection quotes
-    the attempts' memory, and only when none of its candidates fits). False, with ``c``
-    unchanged, when none fits or a peak needs the timing: then :func:`_variants` decides, as
-    before."""
+    the attempts' memory, and only when none of its candidates fits). With ``c`` unchanged:
+    False when every setting's peaks are known and none fits, None when a peak needs the timing
+    or a schedule is refused; then :func:`_variants` decides, as before (or, for False, later:
+    :attr:`_Candidate.untimed`)."""
     for rc in order:
         try:
             act = simulator.peaks(c.split, c.family, c.m, rc)
         except Refused:
-            return False
+            return None
         if act is None:
-            return False
+            return None
         if max(a + b + x for (a, b), x in zip(simulator.state(c.split, c.family, rc), act)) <= problem.budget:
             try:
                 sim = simulator.simulate(c.split, c.family, c.m, rc)
             except Refused:
-                return False
+                return None
             fits = ranking.keep(c, assemble(problem, sim))
             assert fits, "the untimed peaks are the timing's"
             return True
@@ -296,23 +356,55 @@ def _fits_untimed(problem: Problem, simulator: Simulator, c: _Candidate, order: 
 def _offload_phase(problem: Problem, simulator: Simulator, candidates: list[_Candidate], ranking: _Ranking) -> None:
     """Offload for the candidates that were simulated but did not fit, fastest first; those that
     cannot enter the top ``top`` even without offload's cost are pruned. Per candidate: with
-    recompute first, the offload tries of :func:`~.space.offload_tries`, the first that fits accepted."""
-    need = [c for c in candidates if c.fit is None and c.attempts]
-    need.sort(key=lambda c: min(a.iteration_ms for a in c.attempts))
+    recompute first, the offload tries of :func:`~.space.offload_tries`, the first that fits accepted.
+
+    A candidate whose timings are pending (:attr:`_Candidate.untimed`) enters the queue at its
+    time bound (≤ its fastest attempt, which is ≥ its ``pipeline_bound`` plus the step): when it
+    comes first it is timed and goes back at its fastest attempt, unless the bound is already
+    beaten — then so is its fastest attempt, and every later one (the ranking changes only by
+    fits), and it is pruned untimed (:attr:`_Candidate.pending_pruned`). So the candidates are
+    taken in the order of their fastest attempts (ties by their order in ``candidates``), with
+    the same ranking at each, as when all were timed first."""
+    need = [c for c in candidates if c.fit is None and (c.attempts or c.untimed)]
+    queue = [(c.bound if c.untimed else _fastest(c), i) for i, c in enumerate(need)]
+    heapq.heapify(queue)
     order = [rc for rc in (Recompute.ELEMENTWISE, Recompute.NONE) if rc in problem.options.recompute]
-    for c in need:
+    while queue:
+        key, i = heapq.heappop(queue)
+        c = need[i]
+        if c.untimed:  # never GPipe (:func:`_plain_phase` times it): its refusal below needs no ranking
+            if ranking.beaten(key):
+                c.pending_pruned.append(_OFFLOAD_PRUNED)
+            else:
+                _time_untimed(problem, simulator, c, ranking)
+                if c.attempts:
+                    heapq.heappush(queue, (_fastest(c), i))
+            continue
         if c.family.schedule == "gpipe":
             c.refusals.append(Refused("offload", "not offloaded: GPipe keeps every microbatch (peak grows with m)"))
             continue
-        fastest = min(a.iteration_ms for a in c.attempts)
-        if ranking.beaten(fastest):
-            c.pruned = (f"offload not evaluated: even without its cost the iteration takes ≥ {fastest / 1e3:.3g} s, "
-                        f"slower than the {problem.options.top} configurations shown")
+        if ranking.beaten(key):
+            c.pruned = _offload_pruned(c, problem.options.top)
             continue
         for rc in order:
             if c.fit:
                 break
             _offload_variants(problem, simulator, c, rc, ranking)
+
+
+def _fastest(c: _Candidate) -> float:
+    """The shortest iteration among ``c``'s attempts (ms)."""
+    return min(a.iteration_ms for a in c.attempts)
+
+
+def _complete_untimed(problem: Problem, simulator: Simulator, candidates: list[_Candidate],
+                      ranking: _Ranking) -> None:
+    """The pending timings (:attr:`_Candidate.untimed`) of the families without a configuration,
+    whose rejections quote their attempts (none of them fits, so no family gains one)."""
+    fitted = {c.family.label for c in candidates if c.fit}
+    for c in candidates:
+        if c.untimed and c.family.label not in fitted:
+            _time_untimed(problem, simulator, c, ranking)
 
 
 def _offload_variants(problem: Problem, simulator: Simulator, c: _Candidate, rc: bool, ranking: _Ranking,
