@@ -47,7 +47,8 @@ dropped unless ``m`` is too small to reach it. Each kept block can be lowered th
 
 V-Min's, V-Half's and V-ZB's own schedules join as candidates, so V-auto is never worse
 than any of them whose peak fits the limit. The winner has the shortest longest rank
-span, then makespan, then peak; every candidate is timed by :func:`simulate` before it wins.
+span, then makespan, then peak; every candidate's figures are :func:`simulate`'s before it wins
+(timed, or for a W refill its tracker's: the timing pass's engine, :func:`_tracked_peak`).
 
 Against the authors' own V-auto (their search lowers every block of the same family by
 the grid rules and keeps the fastest under the real costs): on every configuration of
