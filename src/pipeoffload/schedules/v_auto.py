@@ -47,7 +47,8 @@ dropped unless ``m`` is too small to reach it. Each kept block can be lowered th
 
 V-Min's, V-Half's and V-ZB's own schedules join as candidates, so V-auto is never worse
 than any of them whose peak fits the limit. The winner has the shortest longest rank
-span, then makespan, then peak; every candidate is timed by :func:`simulate` before it wins.
+span, then makespan, then peak; every candidate's figures are :func:`simulate`'s before it wins
+(timed, or for a W refill its tracker's: the timing pass's engine, :func:`_tracked_peak`).
 
 Against the authors' own V-auto (their search lowers every block of the same family by
 the grid rules and keeps the fastest under the real costs): on every configuration of
@@ -79,6 +80,8 @@ from .hole_fill import lex_better
 from .v_reorder import reorder_orders
 from .vshape import PERIOD, fixed_lowering, unit_peak_bound
 from .w_refill import refill_both
+from .zb_auto import Tracker
+from ..timeline import _clean
 
 __all__ = ["v_auto", "block_family", "REFINE", "SCAN", "GRID_SCAN", "PROXY_CELLS", "GRID_WORK"]
 
@@ -371,6 +374,7 @@ def _scan_blocks(pl: Placement, m: int, blocks: list[BuildingBlock], costs: Cost
     ``limit``. Returns the best of ``best`` and those candidates whose peak fits
     ``limit`` (shortest span, then makespan, then peak; ties keep the earlier)."""
     tol = limit * 1e-9 + 1e-12
+    positive = all(d > 0 for row in costs.duration_table(pl) for d in row.values())
     ops = op_table(pl, m)  # one tuple per op, shared by every lowering's orders
     ranked = []
     for blk in blocks:
@@ -384,9 +388,10 @@ def _scan_blocks(pl: Placement, m: int, blocks: list[BuildingBlock], costs: Cost
         for base, _k in list(cands):
             # A run refill_both leaves out would repeat the one before it (never better).
             # Its tracker timed it (the timing pass's engine): span and makespan are known,
-            # the peak is timed below only if they do not already lose.
+            # and with positive durations its peak too (_tracked_peak); otherwise the peak
+            # is timed below only if they do not already lose.
             for tr in refill_both(pl, m, base, costs, memory, [limit] * pl.num_ranks):
-                cands.append((tr.order, (tr.max_span(), tr.makespan(), None)))
+                cands.append((tr.order, (tr.max_span(), tr.makespan(), _tracked_peak(tr, positive))))
         for c, ckey in cands:
             if best is not None and _loses(ckey, best[1]):
                 continue
@@ -395,6 +400,23 @@ def _scan_blocks(pl: Placement, m: int, blocks: list[BuildingBlock], costs: Cost
             if ckey[2] <= limit + tol and (best is None or lex_better(ckey, best[1])):
                 best = (c, ckey)
     return best
+
+
+def _tracked_peak(tr: Tracker, positive: bool) -> float | None:
+    """The highest peak of a refill's order as :func:`_key` times it, from the refill's
+    tracker, or None (then it is timed) when some duration is not positive.
+
+    Why it is the timed peak: the tracker's level on a rank is the running sum of its
+    ops' deltas (the same delta table) in the order it made, from 0.0, and its peak the
+    highest level (at least 0.0). With positive durations the timeline's sweep (an
+    allocation at the op's start, a free at its end, frees first at equal times) meets a
+    rank's changes in op order, so it adds the same floats in the same order
+    (:func:`~pipeoffload.passes.timing.order_figures`), and so does the steady timing
+    (:func:`~pipeoffload.passes.steady_timing.steady_figures`: the running sum in op
+    order). Periods the refill shifted instead of placing repeat the levels of the period
+    before them (its state check compares the levels), so they add no new peak. Both
+    round by :func:`~pipeoffload.timeline._clean`, which is monotone."""
+    return _clean(max(tr.peak)) if positive else None
 
 
 def _fixed(spec: ScheduleSpec, pl: Placement, limit: float) -> list[tuple[Orders, Key]]:
