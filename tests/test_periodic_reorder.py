@@ -92,3 +92,18 @@ def test_reduced_run_refuses_what_it_cannot_prove(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(bb, "_cooldown_reach", lambda grid: -1)
     assert not _reduced_fires(block, 200)
     assert orders_from_block(block, 200) == bb._orders_full(block, 200)
+
+
+@pytest.mark.parametrize("make", [v_min_block, v_half_block, v_zb_block], ids=["v-min", "v-half", "v-zb"])
+def test_reduced_run_with_the_op_table(make) -> None:
+    """With an op table (as the V lowering passes it), the stretched orders are the full
+    pipeline's, made of the table's own tuples (its copies are column slices, zipped)."""
+    fired = 0
+    for p, m in ((4, 125), (8, 245), (13, 400)):
+        block = make(p)
+        table = bb.op_table(block.placement, m)
+        got = orders_from_block(block, m, table)
+        assert got == bb._orders_full(block, m), (p, m)
+        assert all(op is table[op[0], op[1]][op[2]] for row in got for op in row)
+        fired += _reduced_fires(block, m)
+    assert fired >= 2

@@ -109,3 +109,16 @@ def test_not_exact_or_not_periodic_falls_back():
     assert str(got.value) == str(want.value)
     assert steady_timing.steady_figures(block.placement, 12, short, Costs(), MemoryDeltas()) == order_figures(
         block.placement, 12, short, Costs(), MemoryDeltas())
+
+
+def test_bw_orders_are_timed_in_full():
+    """A BW op has no engine code: the shortcut declines (KeyError inside) and the
+    figures are order_figures'."""
+    from pipeoffload.ir import OpKind
+
+    block = v_min_block(4)
+    orders = [[(OpKind.BW, s, j) if k is OpKind.B else (k, s, j) for k, s, j in lst if k is not OpKind.W]
+              for lst in orders_from_block(block, 12)]
+    assert steady_timing._steady(block.placement, 12, orders, Costs(), MemoryDeltas()) == (None, 0)
+    assert steady_timing.steady_figures(block.placement, 12, orders, Costs(), MemoryDeltas()) == \
+        order_figures(block.placement, 12, orders, Costs(), MemoryDeltas())

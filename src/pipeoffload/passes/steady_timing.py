@@ -48,7 +48,7 @@ from ..ir import OpKind, Placement
 from .timing import _NOT_PLACED, CODE_KIND, ListScheduler, order_figures
 from ..timeline import _clean
 
-__all__ = ["steady_figures"]
+__all__ = ["steady_figures", "op_slots"]
 
 _GRAIN = float(1 << 20)  #: times and deltas must be multiples of 1/_GRAIN
 _LIMIT = float(1 << 31)  #: ... and their totals below this: every sum is exact
@@ -93,8 +93,7 @@ def _steady(placement: Placement, m: int, orders: Sequence[Sequence[tuple[OpKind
     S = placement.num_stages
     if not orders or any(not lst for lst in orders):
         return None, 0
-    if any(max(map(itemgetter(2), lst)) >= m or not set(map(itemgetter(0), lst)) <= _CODE.keys()
-           for lst in orders):
+    if any(max(map(itemgetter(2), lst)) >= m for lst in orders):
         return None, 0
     dur_t, mem_t = costs.duration_table(placement), memory.delta_table(placement)
     durc = [dur_t[s][CODE_KIND[c]] for c in range(3) for s in range(S)]
@@ -102,7 +101,10 @@ def _steady(placement: Placement, m: int, orders: Sequence[Sequence[tuple[OpKind
     n_ops = sum(map(len, orders))
     if not (_exact(durc + [costs.comm], n_ops) and _exact(memc, n_ops) and min(durc) > 0):
         return None, 0
-    codes = [[(_CODE[k] * S + s) * m + j for k, s, j in lst] for lst in orders]
+    try:
+        codes = [op_slots(lst, S, m, _CODE) for lst in orders]
+    except KeyError:  # a kind without an engine code (BW)
+        return None, 0
     eng = _Engine(placement, m, costs.comm, codes, durc)
     skipped = _run_with_skip(eng, m)
     if any(eng.done[r] < len(c) for r, c in enumerate(codes)):
@@ -114,6 +116,14 @@ def _steady(placement: Placement, m: int, orders: Sequence[Sequence[tuple[OpKind
     first, last = eng.first, eng.clock
     spans = [b - a if b >= a else 0.0 for a, b in zip(first, last)]
     return (peak, max(spans), max(last) - min(first)), skipped
+
+
+def op_slots(ops: Sequence[tuple[OpKind, int, int]], num_stages: int, m: int,
+             code_of: dict[OpKind, int]) -> list[int]:
+    """Each ``(kind, layer group, microbatch)`` op's slot in the engine's end table,
+    ``(code_of[kind]·num_stages + layer group)·m + microbatch``, in order.
+    Raises KeyError for a kind ``code_of`` lacks."""
+    return [(code_of[k] * num_stages + s) * m + j for k, s, j in ops]
 
 
 def _exact(values: list[float], n_ops: int) -> bool:
@@ -322,8 +332,7 @@ def _shift(eng: _Engine, cut: list[int], periods: list[int], n: int, shift: floa
     for r, ops in enumerate(eng.codes):
         a, per = cut[r], periods[r]
         for x in ops[a:a + per]:
-            e = end[x]
-            end[x + 1:x + n + 1] = [e + d for d in steps]
+            end[x + 1:x + n + 1] = list(map(end[x].__add__, steps))
         eng.clock[r] = end[ops[a + per - 1] + n]
         eng.done[r] = a + per + n * per
         eng.cut[r] = (a + per, a + per + n * per)

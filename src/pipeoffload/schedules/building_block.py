@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import accumulate
+from itertools import chain as chained  # (`chain` names the block's F/B chain below)
 from functools import lru_cache
 from typing import Mapping, Sequence
 
@@ -679,7 +680,8 @@ def _stretch(grid: SlotGrid, cut: int, T: int, extra: int, ops: OpTable | None =
             head += [(k, s, j + i) for i in range(extra) for k, s, j in period]
             head += [(c[0], c[1], c[2] + extra) for c in row[cut:] if c is not None]
         else:
-            head += [ops[k, s][j + i] for i in range(extra) for k, s, j in period]
+            # copy i is each period op's column entry i: its column sliced once, then zipped
+            head.extend(chained.from_iterable(zip(*[ops[k, s][j:j + extra] for k, s, j in period])))
             head += [ops[c[0], c[1]][c[2] + extra] for c in row[cut:] if c is not None]
         out.append(head)
     return out

@@ -24,13 +24,14 @@ argument why the result is the plain greedy's). Pure Python.
 from __future__ import annotations
 
 from collections import deque
+from itertools import chain
 from typing import Callable, Sequence
 
 from ..costs import Costs, MemoryDeltas
 from ..ir import OpKind, Placement, Schedule, build_schedule
 from ..passes.timing import _NOT_PLACED as _UNPLACED
 from ..passes.timing import B_CODE, CODE_KIND, KIND_CODE, W_CODE
-from ..passes.steady_timing import _exact, _first_period, _index, _period_range
+from ..passes.steady_timing import _exact, _first_period, _index, _period_range, op_slots
 from .zb_auto import Infeasible, Tracker
 
 __all__ = ["refill_weights", "refill_tracker", "refill_both"]
@@ -120,17 +121,16 @@ class _Refill:
         tr = Tracker(placement, m, costs, memory, float("inf"))
         S, M = tr.num_stages, tr.num_microbatches
         # The new order reuses the input's op tuples (by slot of the tracker's end table): at
-        # p = 128, m = 4096 a fresh tuple per op would be about 200 MB per run.
+        # p = 128, m = 4096 a fresh tuple per op would be about 200 MB per run. The skeleton
+        # is each rank's F/B ops by slot.
         ops_of: list = [None] * (3 * S * M)
         skeleton = []
+        w_first = W_CODE * S * M  # the lowest W slot
         for lst in orders:
-            row = []
-            for op in lst:
-                code = KIND_CODE[op[0]]
-                ops_of[(code * S + op[1]) * M + op[2]] = op
-                if code != W_CODE:
-                    row.append((code, op[1], op[2]))
-            skeleton.append(row)
+            slots = op_slots(lst, S, M, KIND_CODE)
+            for x, op in zip(slots, lst):
+                ops_of[x] = op
+            skeleton.append([x for x in slots if x < w_first])
         self.tr, self.ops_of, self.skeleton, self.caps = tr, ops_of, skeleton, caps
         self.partial, self.consulted = partial, consulted
         self.put = _placer(tr, ops_of)
@@ -139,9 +139,9 @@ class _Refill:
         self.lim = [len(row) for row in skeleton]
         self.blocked = [False] * len(skeleton)
         self.waiting: dict[int, list[int]] = {}
-        #: While limited: each skeleton op's ``slot → index`` on its rank, so that a rank
+        #: While limited: each skeleton op's index on its rank by slot, so that a rank
         #: stopped at its limit goes on to an op another rank waits for.
-        self.pos: dict[int, int] | None = None
+        self.pos: Callable[[int], int] | None = None
         self.skipped = 0  #: periods shifted (for the tests)
 
     def run(self) -> bool:
@@ -159,8 +159,9 @@ class _Refill:
             i, n = done[r], lim[r]
             blocked[r] = False
             while i < n:
-                code, stage, mb = ops[i]
-                own = code * S + stage
+                slot = ops[i]
+                own, mb = divmod(slot, M)
+                code, stage = divmod(own, S)
                 missing, arrive = -1, origin  # tr.missing_input and tr.arrival, inline
                 for base, latency in deps[own]:
                     e = end[base + mb]
@@ -174,7 +175,7 @@ class _Refill:
                     waiting.setdefault(missing, []).append(r)
                     blocked[r] = True
                     if self.pos is not None:  # limited: the rank that owes the op goes on to it
-                        q, k = tr.rank_of[(missing // M) % S], self.pos[missing]
+                        q, k = tr.rank_of[(missing // M) % S], self.pos(missing)
                         if q != r and k >= lim[q]:
                             if done[q] == lim[q] and not blocked[q]:
                                 ready.append(q)
@@ -196,7 +197,7 @@ class _Refill:
                 if code == B_CODE:
                     pend.append((stage, mb))
                 i += 1
-                woken = waiting.pop(own * M + mb, None)
+                woken = waiting.pop(slot, None)
                 if woken:
                     ready.extend(woken)
             done[r] = i
@@ -227,7 +228,7 @@ def _skip_steady(run: _Refill) -> int:
     times (:func:`_shiftable`) a shift commutes with max, + and the 1e-12 comparisons."""
     tr, m = run.tr, run.tr.num_microbatches
     S = tr.num_stages
-    codes = [[(c * S + s) * m + j for c, s, j in row] for row in run.skeleton]
+    codes = run.skeleton  # each rank's F/B slots
     periods = [len(c) // m if len(c) % m == 0 else 0 for c in codes]
     if not all(periods):
         return 0
@@ -236,7 +237,15 @@ def _skip_steady(run: _Refill) -> int:
     if None in refs:
         return 0
 
-    run.pos = {x: i for row in codes for i, x in enumerate(row)}
+
+    def pos(slot: int) -> int:
+        """The index of skeleton op ``slot`` on its rank: by the period in the periodic
+        range, else by a search (ValueError if absent)."""
+        q = tr.rank_of[(slot // m) % S]
+        k = _index(slot, codes[q], ranges[q], refs[q], m, periods[q])
+        return codes[q].index(slot) if k is None else k
+
+    run.pos = pos
     run.lim = [lo + 2 * per for (lo, _), per in zip(ranges, periods)]
     before, fails = None, 0
     # Checked while at least half the periodic range is left to shift (past that the
@@ -312,12 +321,11 @@ def _shift_periods(run: _Refill, before: tuple, now: tuple, n: int, shift: float
     S, end, ops_of = tr.num_stages, tr.end, run.ops_of
     steps = [k * shift for k in range(1, n + 1)]
     for r, order in enumerate(tr.order):
-        slots = [(KIND_CODE[k] * S + s) * m + j for k, s, j in order[before[4][r]:now[4][r]]]
-        for k in range(1, n + 1):
-            order.extend([ops_of[x + k] for x in slots])
+        slots = op_slots(order[before[4][r]:now[4][r]], S, m, KIND_CODE)
+        # period k is each slot's op k microbatches on: the columns' k-th entries, by zip
+        order.extend(chain.from_iterable(zip(*[ops_of[x + 1:x + n + 1] for x in slots])))
         for x in slots:
-            e = end[x]
-            end[x + 1:x + n + 1] = [e + d for d in steps]
+            end[x + 1:x + n + 1] = list(map(end[x].__add__, steps))
         tr.clock[r] += n * shift
         tr.idle[r] += n * (now[5][r] - before[5][r])
         run.pending[r] = deque((s, j + n) for s, j in run.pending[r])
