@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 from pipeoffload.costs import Costs, MemoryDeltas
 from pipeoffload.schedules import w_refill
 from pipeoffload.schedules.building_block import orders_from_block
-from pipeoffload.schedules.v_reorder import reorder_orders
+from pipeoffload.schedules.v_reorder_periods import reorder_orders
 from pipeoffload.schedules.vshape import unit_peak_bound, v_half_block, v_min_block, v_zb_block
 from pipeoffload.schedules.zb_auto import Infeasible
 

@@ -12,7 +12,7 @@ from pipeoffload.errors import ScheduleError
 from pipeoffload.passes.timing import order_figures
 from pipeoffload.passes import steady_timing
 from pipeoffload.schedules.building_block import orders_from_block
-from pipeoffload.schedules.v_reorder import reorder_orders
+from pipeoffload.schedules.v_reorder_periods import reorder_orders
 from pipeoffload.schedules.vshape import unit_peak_bound, v_half_block, v_min_block, v_zb_block
 from pipeoffload.schedules.w_refill import refill_both
 

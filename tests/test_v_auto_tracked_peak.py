@@ -16,7 +16,7 @@ from pipeoffload.schedules import generate
 from pipeoffload.schedules import v_auto as va
 from pipeoffload.schedules import w_refill
 from pipeoffload.schedules.building_block import op_table, orders_from_block
-from pipeoffload.schedules.v_reorder import reorder_orders
+from pipeoffload.schedules.v_reorder_periods import reorder_orders
 
 COSTS = [Costs(), Costs(F=1, B=1.5, W=0.5, comm=0.25), Costs(F=1, B=2, W=1, comm=0.5), Costs(F=1.1, B=2.3, W=0.7)]
 MEMORY = [MemoryDeltas(), MemoryDeltas(F=1, B=-0.25, W=-0.75), MemoryDeltas(F=0.3, B=-0.1, W=-0.2)]

@@ -42,9 +42,9 @@ def test_reduced_is_the_full_path(name: str, p: int, monkeypatch: pytest.MonkeyP
     runs = _counted(monkeypatch)
     for m in _sizes(block):
         ops = op_table(block.placement, m)
-        orders = vr.reorder_orders(block, m, ops)
-        assert orders == vr._orders_full(block, m, ops), (p, m)
-        assert orders == vr.reorder_orders(block, m), (p, m)  # with tuples made, not the table's
+        orders = vp.reorder_orders(block, m, ops)
+        assert orders == vr.full_orders(block, m, ops), (p, m)
+        assert orders == vp.reorder_orders(block, m), (p, m)  # with tuples made, not the table's
     assert sum(runs) >= 4, f"the reduced run proved {sum(runs)} times of {len(runs)}"
 
 
@@ -52,7 +52,7 @@ def test_reduced_is_the_full_path(name: str, p: int, monkeypatch: pytest.MonkeyP
 @settings(max_examples=40, deadline=None)
 def test_reduced_is_the_full_path_anywhere(name: str, p: int, m: int) -> None:
     block = BLOCKS[name](p)
-    assert vr.reorder_orders(block, m) == vr._orders_full(block, m)
+    assert vp.reorder_orders(block, m) == vr.full_orders(block, m)
 
 
 @pytest.mark.parametrize("p", [3, 4, 6])
@@ -61,7 +61,7 @@ def test_reduced_on_v_auto_blocks(p: int, monkeypatch: pytest.MonkeyPatch) -> No
     family = block_family(p)
     for block, _ in family[:: max(1, len(family) // 8)]:
         m = 2 * vp.reduced_count(block, 10**9) + 5
-        assert vr.reorder_orders(block, m) == vr._orders_full(block, m)
+        assert vp.reorder_orders(block, m) == vr.full_orders(block, m)
     assert any(runs), "the reduced run never proved on V-auto's blocks"
 
 
@@ -69,11 +69,11 @@ def test_reduced_on_v_auto_blocks(p: int, monkeypatch: pytest.MonkeyPatch) -> No
 def test_a_failed_check_falls_back(step: str, monkeypatch: pytest.MonkeyPatch) -> None:
     block = v_half_block(8)
     m = 3 * vp.reduced_count(block, 10**9)
-    full = vr._orders_full(block, m)
+    full = vr.full_orders(block, m)
     assert vp.reduced_orders(block, vp.reduced_count(block, m), m) == full
     monkeypatch.setattr(vp, step, lambda *args, **kwargs: None)
     runs = _counted(monkeypatch)
-    assert vr.reorder_orders(block, m) == full
+    assert vp.reorder_orders(block, m) == full
     assert runs == [False]
 
 
@@ -105,5 +105,5 @@ def test_a_blind_stretch_is_wrong_where_the_checks_refuse(small: int) -> None:
     tau = grid[0][0][small // 2]  # a cut in the middle of the run
     blind = [vp._lower_stretched(block.placement, i, rows, tau, block.period, m - small, None)
              for i, rows in enumerate(grid)]
-    assert blind != vr._orders_full(block, m)
+    assert blind != vr.full_orders(block, m)
     assert vp.reduced_orders(block, small, m) is None

@@ -247,7 +247,7 @@ def test_reorder_never_raises_peak_and_keeps_dependencies(block):
 @pytest.mark.parametrize("name,block", [("v-min", v_min_block), ("v-half", v_half_block), ("v-zb", v_zb_block)])
 def test_reorder_lowering_is_valid_and_keeps_the_peak(name, block):
     from pipeoffload.ir import build_schedule
-    from pipeoffload.schedules.v_reorder import reorder_orders
+    from pipeoffload.schedules.v_reorder_periods import reorder_orders
 
     for p in range(2, 9):
         for m in (1, p, 2 * p + 1):
@@ -264,7 +264,7 @@ def test_v_generators_keep_the_shorter_lowering(name, p, k, costs):
     order and the reference reorder's for the costs (V-Half at even p and B ≠ F: the reorder,
     up to 0.07 lower bubble); the W refill (schedules/w_refill.py) may make them shorter still."""
     from pipeoffload.ir import build_schedule
-    from pipeoffload.schedules.v_reorder import reorder_orders
+    from pipeoffload.schedules.v_reorder_periods import reorder_orders
 
     block = {"v-min": v_min_block, "v-half": v_half_block, "v-zb": v_zb_block}[name](p)
     m = k * p

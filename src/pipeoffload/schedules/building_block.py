@@ -250,7 +250,7 @@ OpTable = Mapping[BlockOp, Sequence[Cell]]
 def op_table(placement: Placement, m: int) -> dict[BlockOp, list[Cell]]:
     """Every op's cell of ``m`` microbatches on ``placement``, one tuple per op, by (kind,
     layer group) and microbatch: orders built from it (:func:`orders_from_block`,
-    :func:`.v_reorder.reorder_orders`) hold these tuples instead of each making its own
+    :func:`.v_reorder_periods.reorder_orders`) hold these tuples instead of each making its own
     (at p = 128, m = 4096, 3.1 M tuples, about 225 MB per order)."""
     return {(k, s): [(k, s, j) for j in range(m)] for k in (_F, _B, _W) for s in range(placement.num_stages)}
 

@@ -30,7 +30,7 @@ every 6 ranks: :func:`_peak`); a block is built only when it is lowered.
 **Search.** Blocks whose steady peak exceeds the limit (in chunk activations) are
 dropped unless ``m`` is too small to reach it. Each kept block can be lowered three ways:
 
-* the reference reorder (:func:`.v_reorder.reorder_orders`): the :data:`SCAN` blocks
+* the reference reorder (:func:`.v_reorder_periods.reorder_orders`): the :data:`SCAN` blocks
   nearest the limit are lowered so and timed (the blocks with the most memory leave the
   least idle time); the best few (:data:`REFINE`) are lowered again by every pipeline of
   :func:`.vshape` (the repeat-reorder-compress pipeline, and each with its W's re-placed
@@ -77,7 +77,7 @@ from .spec import ScheduleSpec
 from ..passes.steady_timing import steady_figures
 from .v_grid_lowering import Cell, grid_orders, lower_grid, repeated_grid, time_grid
 from .hole_fill import lex_better
-from .v_reorder import reorder_orders
+from .v_reorder_periods import reorder_orders
 from .vshape import PERIOD, fixed_lowering, unit_peak_bound
 from .w_refill import refill_both
 from .zb_auto import Tracker

@@ -39,40 +39,9 @@ _MEM = (1, 1, 0, 0, -1, -1)
 Times = list[list[int]]  #: per type, the slot of each microbatch (increasing)
 
 
-def reorder_orders(block: BuildingBlock, m: int, ops: OpTable | None = None) -> list[list[tuple[OpKind, int, int]]]:
-    """Per-rank ``(kind, layer group, microbatch)`` orders of ``block`` repeated ``m``
-    times, by the three passes of the module docstring (holding ``ops``' tuples when
-    given: :func:`.building_block.op_table`).
-
-    Guarantees: every op of every (layer group, microbatch) once; each order respects
-    the dependencies (it is a squeezed slot grid's order); the highest per-rank peak in
-    chunk units (F +1, W −1) is at most the repeated block's.
-
-    When ``m ≥ 2m'`` (``m'`` = :func:`.v_reorder_periods.reduced_count`, O(p) for the V
-    blocks) the passes run on ``m'`` microbatches and the orders for ``m`` are theirs with
-    the missing periods inserted, where each pass's check proves that equal
-    (:mod:`.v_reorder_periods`): O(p²) Python steps and O(p·m) tuples written in C;
-    otherwise, or when a check fails, on all ``m`` (same orders).
-
-    Cost on all ``m``: O(p·m log m) for the sorts, O(p·m) Python steps for the W placements and the
-    final lowering; the two squeezes step through the warm-up and the cool-down (O(p²)
-    ops for the V blocks) and write the periods they prove by slices (:class:`_SqueezeSkip`),
-    the cool-down's levels likewise (:class:`_RankLevels`); plus per moved op (O(p²) of
-    them) its window: the free slots between its inputs and its slot (O(m) at worst), and
-    for the cool-down's implicit-W check the events from its new slot until the rank's
-    levels meet the old ones (O(m) at worst, a few in practice)."""
-    from .v_reorder_periods import reduced_count, reduced_orders  # (it builds on this module's passes)
-
-    small = reduced_count(block, m)
-    if 2 * small <= m:  # (closer to m the reduced run and its checks cost about the full one)
-        orders = reduced_orders(block, small, m, ops)
-        if orders is not None:
-            return orders
-    return _orders_full(block, m, ops)
-
-
-def _orders_full(block: BuildingBlock, m: int, ops: OpTable | None = None) -> list[list[tuple[OpKind, int, int]]]:
-    """:func:`reorder_orders` on all ``m`` microbatches."""
+def full_orders(block: BuildingBlock, m: int, ops: OpTable | None = None) -> list[list[tuple[OpKind, int, int]]]:
+    """:func:`.v_reorder_periods.reorder_orders` on all ``m`` microbatches (its passes run
+    on every op; see there for the guarantees and the cost)."""
     pl = block.placement
     T = block.period
     grid = _repeated(block, m)

@@ -1,6 +1,6 @@
 """The slot reorder on fewer microbatches (docs/algorithms.md#92-v-min-and-v-half-in-periods).
 
-:func:`.v_reorder.reorder_orders` on ``m`` microbatches from its run on ``m' < m``: the
+:func:`reorder_orders` on ``m`` microbatches from its run on ``m' < m``: the
 five passes run on the ``m'``-grid, each with a check that proves its result for ``m``
 is its result for ``m'`` with ``Δ = m − m'`` periods inserted, and the final orders are
 the ``m'`` ones with the period repeated ``Δ`` more times. Where a check fails the
@@ -56,9 +56,39 @@ from operator import ne, sub
 from ..ir import OpKind, Placement
 from .building_block import BuildingBlock, OpTable
 from .v_reorder import (_B0, _B1, _F0, _F1, Times, _RankLevels, _reorder, _repeated, _squeeze,
-                        _with_weights)
+                        _with_weights, full_orders)
 
 Cuts = list[list[int]]  #: per rank, per list: the index where the periods go in
+
+
+def reorder_orders(block: BuildingBlock, m: int, ops: OpTable | None = None) -> list[list[tuple[OpKind, int, int]]]:
+    """Per-rank ``(kind, layer group, microbatch)`` orders of ``block`` repeated ``m``
+    times, by the three passes of :mod:`.v_reorder`'s docstring (holding ``ops``' tuples when
+    given: :func:`.building_block.op_table`).
+
+    Guarantees: every op of every (layer group, microbatch) once; each order respects
+    the dependencies (it is a squeezed slot grid's order); the highest per-rank peak in
+    chunk units (F +1, W −1) is at most the repeated block's.
+
+    When ``m ≥ 2m'`` (``m'`` = :func:`reduced_count`, O(p) for the V
+    blocks) the passes run on ``m'`` microbatches and the orders for ``m`` are theirs with
+    the missing periods inserted, where each pass's check proves that equal
+    (this module): O(p²) Python steps and O(p·m) tuples written in C;
+    otherwise, or when a check fails, on all ``m`` (same orders).
+
+    Cost on all ``m``: O(p·m log m) for the sorts, O(p·m) Python steps for the W placements and the
+    final lowering; the two squeezes step through the warm-up and the cool-down (O(p²)
+    ops for the V blocks) and write the periods they prove by slices (:class:`_SqueezeSkip`),
+    the cool-down's levels likewise (:class:`_RankLevels`); plus per moved op (O(p²) of
+    them) its window: the free slots between its inputs and its slot (O(m) at worst), and
+    for the cool-down's implicit-W check the events from its new slot until the rank's
+    levels meet the old ones (O(m) at worst, a few in practice)."""
+    small = reduced_count(block, m)
+    if 2 * small <= m:  # (closer to m the reduced run and its checks cost about the full one)
+        orders = reduced_orders(block, small, m, ops)
+        if orders is not None:
+            return orders
+    return full_orders(block, m, ops)
 
 
 def reduced_count(block: BuildingBlock, m: int) -> int:
@@ -79,7 +109,7 @@ def reduced_count(block: BuildingBlock, m: int) -> int:
 
 def reduced_orders(block: BuildingBlock, small: int, m: int,
                    ops: OpTable | None = None) -> list[list[tuple[OpKind, int, int]]] | None:
-    """:func:`.v_reorder.reorder_orders` for ``m`` from its passes on fewer microbatches.
+    """:func:`reorder_orders` for ``m`` from its passes on fewer microbatches.
 
     Args:
         block: the V building block.

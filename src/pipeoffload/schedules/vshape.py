@@ -49,7 +49,7 @@ from .hole_fill import BUDGET as HOLE_BUDGET, fill_holes
 from .building_block import BuildingBlock, chain_slots, op_table, orders_from_block, place_weight_grads
 from .spec import ScheduleSpec
 from ..passes.steady_timing import steady_figures
-from .v_reorder import reorder_orders
+from .v_reorder_periods import reorder_orders
 from .w_refill import refill_both
 from .zb_auto import Tracker, lower_bounds
 
@@ -187,7 +187,7 @@ def _lower_block_timed(name: str, block: BuildingBlock, spec: ScheduleSpec,
     """The best lowering of ``block`` for ``spec.costs``, by longest rank span, then
     makespan (ties keep the earlier): the building-block pipeline
     (:func:`.building_block.schedule_from_block`), the reference runtime's slot reorder
-    (:func:`.v_reorder.reorder_orders`), and each with its W's re-placed to fill idle
+    (:func:`.v_reorder_periods.reorder_orders`), and each with its W's re-placed to fill idle
     time (:func:`.w_refill.refill_weights`) under the unit peak bound, kept only when its
     peak under ``spec.memory`` is no higher than the first two's; with ``holes``, the
     winner then goes through the hole-filling pass (:func:`.hole_fill.fill_holes`, under
