@@ -288,13 +288,7 @@ class _Squeezer:
             row, a, b = self.out[r], prev_nxt[r], self.nxt[r]
             last = row[a:b]
             row[b:b + k * PERIOD] = last * k
-            cnt, wh = self.count[r], self.where[r]
-            for c in set(last) - {_EMPTY}:
-                offs = [o for o, x in enumerate(last) if x == c]
-                j, n = cnt[c], len(offs)
-                for i, o in enumerate(offs):  # the i-th of the period's n cells c, k times
-                    wh[c][j + i:j + k * n:n] = range(b + o, b + o + k * PERIOD, PERIOD)
-                cnt[c] = j + k * n
+            _record_repeats(last, b, k, self.count[r], self.where[r])
             self.nxt[r] = b + k * PERIOD
         self.skipped += k
 
@@ -493,6 +487,18 @@ def _fill_holes(grid: Grid, m: int, skip: bool = True) -> Grid:
     return grid
 
 
+def _record_repeats(last: list, start: int, k: int, cnt: dict, wh: dict) -> None:
+    """Positions of ``k`` copies of the period ``last`` written from slot ``start``: for each
+    label, its ``where`` list gains them in order and its ``count`` grows by ``k`` times its
+    cells in the period (extended-slice writes, O(k) in C per cell)."""
+    for c in set(last) - {_EMPTY}:
+        offs = [o for o, x in enumerate(last) if x == c]
+        j, n = cnt[c], len(offs)
+        for q, o in enumerate(offs):  # the q-th of the period's n cells c, k times
+            wh[c][j + q:j + k * n:n] = range(start + o, start + o + k * PERIOD, PERIOD)
+        cnt[c] = j + k * n
+
+
 class _HoleFiller:
     """The sweep of :func:`_fill_holes`, one slot column at a time, and its period skip.
 
@@ -654,13 +660,7 @@ class _HoleFiller:
             front = row[t:t + _FRONT]
             row[t:t + k * PERIOD] = last * k
             row[t + k * PERIOD:t + k * PERIOD + _FRONT] = front
-            cnt, wh = self.count[i], self.where[i]
-            for c in set(last) - {_EMPTY}:
-                offs = [o for o, x in enumerate(last) if x == c]
-                j, n = cnt[c], len(offs)
-                for q, o in enumerate(offs):  # the q-th of the period's n cells c, k times
-                    wh[c][j + q:j + k * n:n] = range(t + o, t + o + k * PERIOD, PERIOD)
-                cnt[c] = j + k * n
+            _record_repeats(last, t, k, self.count[i], self.where[i])
         self.skipped += k
 
 
