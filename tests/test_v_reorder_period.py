@@ -7,6 +7,7 @@ import pytest
 
 from pipeoffload.ir import OpKind
 from pipeoffload.schedules import v_reorder as vr
+from pipeoffload.schedules import v_reorder_periods as vp
 from pipeoffload.schedules.building_block import BuildingBlock
 from pipeoffload.schedules.v_auto import block_family
 from pipeoffload.schedules.vshape import v_half_block, v_min_block, v_zb_block
@@ -78,11 +79,12 @@ def test_periodic_rank_levels_are_the_plain_ones(name: str, p: int, monkeypatch:
 def test_reorder_orders_is_the_plain_pipeline(monkeypatch: pytest.MonkeyPatch) -> None:
     """reorder_orders with its shortcuts gives the orders of the passes without them."""
     cases = [(name, p, m) for name in sorted(BLOCKS) for p in (2, 4, 7) for m in (1, p + 1, 12 * p + 5)]
-    fast = [vr.reorder_orders(BLOCKS[n](p), m) for n, p, m in cases]
+    fast = [vp.reorder_orders(BLOCKS[n](p), m) for n, p, m in cases]
     plain_squeeze, plain_levels = vr._squeeze, vr._RankLevels
-    monkeypatch.setattr(vr, "_squeeze", lambda grid, period=0: plain_squeeze(grid))
-    monkeypatch.setattr(vr, "_RankLevels", lambda rows, period=0: plain_levels(rows))
-    assert fast == [vr.reorder_orders(BLOCKS[n](p), m) for n, p, m in cases]
+    for mod in (vr, vp):  # the reduced run imported the passes by name
+        monkeypatch.setattr(mod, "_squeeze", lambda grid, period=0: plain_squeeze(grid))
+        monkeypatch.setattr(mod, "_RankLevels", lambda rows, period=0: plain_levels(rows))
+    assert fast == [vp.reorder_orders(BLOCKS[n](p), m) for n, p, m in cases]
 
 
 @pytest.mark.parametrize("name", sorted(BLOCKS))
@@ -94,7 +96,7 @@ def test_orders_from_an_op_table_share_its_tuples(name: str) -> None:
     for p, m in ((1, 3), (4, 5), (5, 90), (8, 200)):
         block = BLOCKS[name](p)
         ops = op_table(block.placement, m)
-        for make in (orders_from_block, vr.reorder_orders):
+        for make in (orders_from_block, vp.reorder_orders):
             shared = make(block, m, ops)
             assert shared == make(block, m), (make.__name__, p, m)
             assert all(c is ops[c[0], c[1]][c[2]] for row in shared for c in row), (make.__name__, p, m)
