@@ -47,7 +47,7 @@ def _members(p: int, n: int) -> list:
     return fam[:: max(1, len(fam) // n)]
 
 
-@pytest.mark.parametrize("p,m", [(8, 96), (12, 120), (16, 128), (24, 150), (32, 200)])
+@pytest.mark.parametrize("p,m", [(8, 96), (12, 120), (16, 128), (24, 150)])  # larger: the p = 48 lowering test
 def test_skip_is_the_plain_sweep(monkeypatch, p, m):
     """Every filled grid of a sample of the family is the plain sweep's, and the skip
     writes periods on most of them."""
@@ -129,7 +129,7 @@ def _squeezed(grid: list, m: int, skip: bool) -> tuple:
     return ([row[:max(sq.nxt)] for row in sq.out], sq.count, sq.where, sq.nxt), sq.skipped
 
 
-@pytest.mark.parametrize("p,m", [(4, 12), (6, 30), (12, 50), (16, 128), (24, 20), (40, 240)])
+@pytest.mark.parametrize("p,m", [(4, 12), (6, 30), (12, 50), (16, 128), (24, 20)])  # larger: the p = 48 lowering test
 def test_squeeze_skip_is_the_plain_squeeze(monkeypatch, p, m):
     """Every squeeze of the grid lowering (rules 2, 3, 4) on a sample of the family: the same
     output, counts, positions and refusals as the plain sweep; the skip fires on most."""
