@@ -178,9 +178,9 @@ def whole_iterations(hardware: str, configs: tuple = CONFIGS, device: str | None
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     out: dict[str, Any] = {"hardware": hardware, "device": torch.cuda.get_device_name(dev) if dev.type == "cuda"
                            else "cpu", "runs": {}}
-    for label, fields, b, m, schedule in configs:
-        from pipeoffload.models import ModelConfig
+    from pipeoffload.models import ModelConfig
 
+    for label, fields, b, m, schedule in configs:
         spec = ModelConfig(**fields, seed=0).spec(microbatch=b, dtype="bf16" if dev.type == "cuda" else "fp32")
         meas = measure(fields, b, m, schedule, dev, steps)
         pred = predicted(spec, hardware, m, schedule)
