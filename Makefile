@@ -9,6 +9,9 @@ STAMP := $(VENV)/.installed
 
 # Extra pytest arguments for `make test` (.ci/run passes --durations=25).
 PYTEST_ARGS ?=
+# pytest-xdist workers for `make test`: the multi-process tests run on one of them, one world at a
+# time (tests/conftest.py), the single-process modules on the others. PYTEST_WORKERS=0 runs serially.
+PYTEST_WORKERS ?= 2
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -24,7 +27,7 @@ demo: $(STAMP)
 	$(BIN)/pipeoffload
 
 test: $(STAMP) chromium
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 chromium:
 	@# The browser tests need Chromium from the system's packages: install it when missing (root or passwordless sudo).

@@ -16,6 +16,12 @@ inherit the setting; ``tests/test_transport.py`` and a plain-gloo case in
 ``tests/test_runtime.py`` cover torch's own transport. ``PIPEOFFLOAD_P2P=torch`` in the
 environment runs the suite on plain gloo instead.
 
+Parallel runs (``make test`` runs ``pytest -n 2 --dist loadgroup``, pytest-xdist): every module
+with a multi-process test goes to one group, ``worlds``, so one worker runs the spawned worlds one
+after another (a world of four ranks already fills the machine's two cores, and the timeout tests
+need their peers scheduled) while the other workers run the single-process modules, each module
+whole on one worker (its module-scoped fixtures are built once).
+
 Hypothesis: the ``ci`` profile (few examples, no deadline) is the default; ``thorough``
 (many more) is selected by ``-m bench`` (``make bench``) or ``HYPOTHESIS_PROFILE=thorough``.
 Tests give no example counts of their own; a property that is costly per example scales
@@ -53,6 +59,16 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         # An empty parameter set would be reported as one skip, not as the failure it is.
         assert ALL_SCHEDULES, "pipeoffload.schedules.SCHEDULES is empty"
         metafunc.parametrize("schedule_name", ALL_SCHEDULES, ids=ALL_SCHEDULES)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # The xdist groups of the module docstring; without xdist the marks are inert.
+    worlds = {item.module.__name__ for item in items
+              if item.get_closest_marker("multiproc") is not None and getattr(item, "module", None) is not None}
+    for item in items:
+        module = getattr(item, "module", None)
+        name = module.__name__ if module is not None else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group("worlds" if name in worlds else name))
 
 
 @pytest.hookimpl(tryfirst=True)

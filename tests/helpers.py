@@ -11,9 +11,11 @@ Importing this module never imports torch.
 from __future__ import annotations
 
 import importlib
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import pytest
@@ -70,6 +72,14 @@ def missing(what: str, how: str) -> pytest.MarkDecorator:
     to install it)."""
     return pytest.mark.requires(f"{what} is not installed; these tests need it ({how}; `make test` installs it). "
                                 "PIPEOFFLOAD_ALLOW_MISSING=1 skips them instead")
+
+
+def requires_torchrun(bin_dir: Path):
+    """The mark for tests that launch ``torchrun`` from ``bin_dir`` (the interpreter's scripts):
+    none where the script is there, else ``missing``'s (the test fails, not skips, in CI)."""
+    if shutil.which("torchrun", path=str(bin_dir)) is not None:
+        return lambda test: test
+    return missing(f"torchrun (in {bin_dir})", "pip installs it with torch: pip install torch==2.13.0")
 
 
 def import_torch(modname: str = "torch"):

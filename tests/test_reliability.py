@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -21,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import import_torch
+from helpers import import_torch, requires_torchrun
 
 import_torch()
 
@@ -98,8 +97,7 @@ def test_a_rank_killed_mid_step_stops_every_rank_naming_it(tmp_path):
     assert _none_left(marker) == []
 
 
-@pytest.mark.skipif(shutil.which("torchrun", path=str(BIN)) is None,
-                    reason=f"no torchrun script in {BIN} (pip installs it with torch)")
+@requires_torchrun(BIN)
 def test_a_rank_killed_under_torchrun_stops_the_group_naming_it(tmp_path):
     # torchrun polls its workers every 0.1 s by default and SIGTERMs the survivors at once:
     # on a loaded 2-core machine that sometimes beat our survivor's own report (a CI flake).

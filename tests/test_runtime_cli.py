@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +13,8 @@ import pytest
 
 from pipeoffload.errors import ParameterError
 from pipeoffload.training.config import TrainConfig
+
+from helpers import requires_torchrun
 
 TINY = ["--layers", "4", "--hidden", "32", "--seq-len", "16", "--microbatch-size", "2", "--no-progress",
         "--timeout", "60"]
@@ -97,8 +98,7 @@ def test_train_end_to_end(tmp_path):
 
 
 @pytest.mark.multiproc
-@pytest.mark.skipif(shutil.which("torchrun", path=str(BIN)) is None,
-                    reason=f"no torchrun script in {BIN} (pip installs it with torch)")
+@requires_torchrun(BIN)
 def test_train_under_torchrun(tmp_path):
     out = tmp_path / "run"
     launcher = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", "-m", "pipeoffload"]
