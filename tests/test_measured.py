@@ -288,3 +288,46 @@ def test_plan_says_which_profiles_are_calibrated():
     for name in ("h100-80g", "h200"):  # fit on our own GPU runs' op times (docs/gpu.md)
         assert "layer op times" in calibration_note(HARDWARE[name]) and "held out" in HARDWARE[name].calibration
     assert "uncalibrated" in calibration_note(HARDWARE["cpu"])
+
+
+def test_synchronised_zb_rows_keep_the_barrier_and_show_the_zb_runtimes_level():
+    # The paper's ablation (ZB, ICLR, Appendix E, Table 7): ZB-2p with an all-reduce synchronisation
+    # instead of optimizer post-validation, 13.11 against Table 4's 14.5 at 1.5B, m = 24. Its
+    # iteration is the planner's (a barrier) even under post_validation=True, and it is over-predicted
+    # by 6% at the fit setting where the Megatron rows are within 0.5%: the ZB runtime's level
+    # (docs/planner.md#calibration).
+    from pipeoffload.costmodel.measured import SYNCHRONISED
+
+    assert [(r.model, r.m, r.throughput) for r in SYNCHRONISED][0] == ("1.5B", 24, 13.11)
+    assert all(r.synchronised and r.runtime == "zb" and r not in MEASURED for r in SYNCHRONISED)
+    sync = SYNCHRONISED[0]
+    barrier = predict(sync, A100)
+    assert predict(sync, A100, post_validation=True).iteration_s == barrier.iteration_s
+    assert 0.055 < barrier.throughput_error < 0.065
+    meg = [predict(r, A100) for r in MEASURED if r.model == "1.5B" and r.m == 24 and r.runtime == "megatron"]
+    assert all(abs(p.throughput_error) < 0.005 for p in meg)
+    # post-validation's measured gain at this setting, 10.6%, against our model's
+    pv_row = next(r for r in MEASURED if r.model == "1.5B" and r.m == 24 and r.schedule == "ZB-2p")
+    gain = predict(pv_row, A100, post_validation=True).throughput / predict(pv_row, A100).throughput - 1
+    assert pv_row.throughput / sync.throughput - 1 == pytest.approx(0.106, abs=0.001)
+    assert gain == pytest.approx(0.111, abs=0.002)
+
+
+def test_op_overhead_slows_only_its_runtimes_ops_and_keeps_the_order():
+    # predict(..., op_overhead=...): the analysis of a runtime's overhead (not the calibration's).
+    from pipeoffload.costmodel.measured import simulate_exactly, row_problem
+    from pipeoffload.planner.space import Split
+
+    zb = next(r for r in MEASURED if r.model == "1.5B" and r.m == 24 and r.schedule == "ZB-1p")
+    meg = next(r for r in MEASURED if r.model == "1.5B" and r.m == 24 and r.schedule == "1F1B")
+    base, slow = predict(zb, A100), predict(zb, A100, op_overhead={"zb": 0.05})
+    # ops 5% longer, the hops not: the iteration grows by a little less than 5%
+    assert 0.04 < slow.iteration_s / base.iteration_s - 1 < 0.05 and slow.reserved_gib == base.reserved_gib
+    assert predict(meg, A100, op_overhead={"zb": 0.05}).iteration_s == predict(meg, A100).iteration_s
+    problem, family = row_problem(zb, A100)
+    a, b = (simulate_exactly(problem, Split(1, 8, 1), family, 24, True, op_scale=s) for s in (1.0, 1.05))
+    assert a.schedule.ranks == b.schedule.ranks  # the order is the runtime's, from the undelayed inputs
+    assert b.sharded.costs.group_costs[3][0] == pytest.approx(1.05 * a.sharded.costs.group_costs[3][0])
+    for bad in ({"tpu": 0.1}, {"zb": -1.0}, {"zb": float("nan")}):
+        with pytest.raises(ParameterError, match="op_overhead"):
+            predict(zb, A100, op_overhead=bad)
