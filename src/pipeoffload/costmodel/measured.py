@@ -18,9 +18,11 @@ post-validation (its ablation), the one kind of ZB-runtime row whose iteration i
 kept out of ``MEASURED`` (a check of the ZB runtime's level, docs/planner.md#calibration).
 ``predict(..., op_overhead={"zb": f})``: the rows of a runtime with its F, B, W ``f`` longer than the
 profile's (an analysis of that runtime's overhead; no overhead is part of the calibration).
-``post_validation_iteration_ms(schedule, costs, step_ms)``: the iteration of the ZB runtime's
-back-to-back iterations without a barrier (its optimizer post-validation; ``predict(...,
-post_validation=True)``): an analysis, not the calibration's iteration (docs/planner.md#calibration).
+``post_validation_iteration_ms(schedule, costs, optimizer_ms, embedding_ms, held_from=None, hop_ms=0)``:
+the iteration of the ZB runtime's back-to-back iterations without a barrier (its optimizer
+post-validation; ``predict(..., post_validation=True)``), where each rank waits for the validation and
+the scalar hops' latency as parameters: an analysis, not the calibration's iteration
+(docs/planner.md#calibration).
 
 Sources (docs/planner.md#calibration): Qi et al., "Zero Bubble Pipeline Parallelism" — the ICLR 2024
 version's Table 3 (settings), Table 4 (throughput and memory of 1F1B, 1F1B-I, ZB-1p, ZB-2p) and
@@ -412,19 +414,23 @@ def simulate_exactly(problem: Any, split: Any, family: Any, m: int, zb_runtime: 
 
 
 def post_validation_iteration_ms(schedule: Any, costs: Any, optimizer_ms: float, embedding_ms: float = 0.0,
-                                 iterations: int = 3) -> float:
+                                 iterations: int = 3, held_from: Sequence[int] | None = None,
+                                 hop_ms: float = 0.0) -> float:
     """The steady iteration (ms) of ``schedule`` run back to back under optimizer post-validation
     (:data:`RUNTIME_POST_VALIDATION`): no barrier between iterations.
 
     Each rank steps its optimizer (``optimizer_ms``) once its own last op has ended and rank r − 1 has
-    started its step (the reduction along the pipeline), then runs the next iteration's ops; the next
-    iteration's first B or W on any rank waits for every rank's step to have started (the validation
-    coming back up the pipeline, before the first B). With a tied embedding on two ranks
-    (``embedding_ms`` > 0 and the first and last stage on different ranks), both launch its gradient
-    all-reduce when their weight-gradient store is cleared (the first W after which only W remain, or
-    microbatch m − 1's: ``WeightGradStore.clear``) and wait for it before their step. Hops are on the
-    dependency (``costs.comm``; ``p2p_exposed = 0``, the ZB runtime's P2P). One iteration alone without
-    a tied embedding is the planner's makespan + step.
+    started its step (the reduction along the pipeline, ``hop_ms`` later), then runs the next
+    iteration's ops; from index ``held_from[r]`` of its compute ops on, rank r waits for the validation
+    coming back up the pipeline: the last rank's step start plus ``hop_ms`` per rank between them. By
+    default the hold starts at each rank's first B or W (the runtime's ``run_until_post_validation``
+    runs only forwards before its ``POST_VALIDATION`` node); the node's own place (``auto_schedule.py``:
+    before the last warm-up F, or after all of them) can be passed instead. With a tied embedding on two
+    ranks (``embedding_ms`` > 0 and the first and last stage on different ranks), both launch its
+    gradient all-reduce when their weight-gradient store is cleared (the first W after which only W
+    remain, or microbatch m − 1's: ``WeightGradStore.clear``) and wait for it before their step. Hops
+    are on the dependency (``costs.comm``; ``p2p_exposed = 0``, the ZB runtime's P2P). One iteration
+    alone without a tied embedding is the planner's makespan + step.
 
     Args:
         schedule: a compute-only schedule (F, B, W or BW per rank).
@@ -432,37 +438,49 @@ def post_validation_iteration_ms(schedule: Any, costs: Any, optimizer_ms: float,
         optimizer_ms: the optimizer step (every rank).
         embedding_ms: the tied embedding's gradient all-reduce (0: none).
         iterations: iterations simulated (at least 2).
+        held_from: per rank, the index (in its compute ops) of the first op that waits for the
+            validation; None: each rank's first op that is not an F.
+        hop_ms: the latency of one scalar hop of the reduction down and of the validation up the
+            pipeline (the runtime's gloo ``isend``/``irecv`` of CPU scalars); an analysis, 0 by default.
 
     Returns:
         The distance between the last two iterations' ends, ms.
 
     Raises:
-        ParameterError: ``iterations`` < 2, or ``optimizer_ms`` or ``embedding_ms`` < 0.
+        ParameterError: ``iterations`` < 2; ``optimizer_ms``, ``embedding_ms`` or ``hop_ms`` < 0;
+            ``held_from`` not one index per rank.
         ScheduleError: the order deadlocks.
 
-    Guarantees: never longer than the makespan + ``optimizer_ms`` + ``embedding_ms`` (the planner's
-    iteration, a barrier: it only adds waits).
+    Guarantees: never longer than the makespan + ``optimizer_ms`` + ``embedding_ms`` with ``hop_ms`` = 0
+    (the planner's iteration, a barrier: it only adds waits); the default hold gives the same floats as
+    holding only B and W (an F after a rank's first B starts after it, so after the validation).
     """
     from ..errors import ParameterError
+    from ..ir import OpKind
 
     if iterations < 2:
         raise ParameterError("iterations", f"needs at least 2 to measure a spacing, got {iterations}")
-    for name, v in (("optimizer_ms", optimizer_ms), ("embedding_ms", embedding_ms)):
+    for name, v in (("optimizer_ms", optimizer_ms), ("embedding_ms", embedding_ms), ("hop_ms", hop_ms)):
         if not v >= 0:
             raise ParameterError(name, f"must be >= 0, got {v}")
     p, pl = schedule.num_ranks, schedule.placement
+    if held_from is None:
+        held_from = [next((i for i, o in enumerate(c for c in ops if c.kind.is_compute) if o.kind is not OpKind.F),
+                          len(ops)) for ops in schedule.ranks]
+    elif len(held_from) != p:
+        raise ParameterError("held_from", f"needs one index per rank ({p}), got {len(held_from)}")
     tied = (pl.rank_of(0), pl.rank_of(pl.num_stages - 1)) if embedding_ms > 0 else (0, 0)
-    free, ends, barrier = [0.0] * p, [], 0.0
+    free, ends, barrier = [0.0] * p, [], [0.0] * p
     for k in range(iterations):
-        last, clear = _timed_iteration(schedule, costs, k, free, barrier)
+        last, clear = _timed_iteration(schedule, costs, k, free, barrier, held_from)
         if tied[0] != tied[1]:  # both ranks wait for the all-reduce both launched
             done = max(clear[tied[0]], clear[tied[1]]) + embedding_ms
             last[tied[0]], last[tied[1]] = max(last[tied[0]], done), max(last[tied[1]], done)
         starts: list[float] = []
         for r in range(p):  # the grad-norm / inf reduction runs down the pipeline, then each rank steps
-            starts.append(max(last[r], starts[-1] if starts else 0.0))
+            starts.append(max(last[r], starts[-1] + hop_ms if starts else 0.0))
             free[r] = starts[r] + optimizer_ms
-        barrier = starts[-1]
+        barrier = [starts[-1] + (p - 1 - r) * hop_ms for r in range(p)]  # the validation, back up
         ends.append(max(free))
     return ends[-1] - ends[-2]
 
@@ -481,11 +499,12 @@ def _clear_index(ops: list, m: int) -> int:
                 len(ops))
 
 
-def _timed_iteration(schedule: Any, costs: Any, k: int, free: list[float],
-                     barrier: float) -> tuple[list[float], list[float]]:
+def _timed_iteration(schedule: Any, costs: Any, k: int, free: list[float], barrier: Sequence[float],
+                     held_from: Sequence[int]) -> tuple[list[float], list[float]]:
     """Iteration ``k`` of :func:`post_validation_iteration_ms`: every rank's ops in order from
-    ``free[r]`` (updated), B and W not before ``barrier``; returns each rank's last end and the start
-    of its weight-gradient store's clearing (:func:`_clear_index`; its last end if it has none)."""
+    ``free[r]`` (updated), those from index ``held_from[r]`` on not before ``barrier[r]``; returns each
+    rank's last end and the start of its weight-gradient store's clearing (:func:`_clear_index`; its
+    last end if it has none)."""
     from ..errors import ScheduleError
     from ..ir import OpKind
 
@@ -515,8 +534,8 @@ def _timed_iteration(schedule: Any, costs: Any, k: int, free: list[float],
                     t = max(free[r], table[dep] + (comm if pl.rank_of(dep[0]) != r else 0.0))
                 else:
                     break
-                if o.kind is not OpKind.F:
-                    t = max(t, barrier)
+                if ptr[r] >= held_from[r]:
+                    t = max(t, barrier[r])
                 if ptr[r] == at[r]:
                     clear[r] = t
                 free[r] = last[r] = t + dur[s][o.kind]
