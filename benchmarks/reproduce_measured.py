@@ -10,8 +10,11 @@ whether each setting's schedules come out in the measured order. Rows, sources a
 
     python benchmarks/reproduce_measured.py [--hardware a100-80g] [--json FILE] [--set FIELD=VALUE]
     python benchmarks/reproduce_measured.py --extrapolation   # the planner's m extrapolation vs exact
-    python benchmarks/reproduce_measured.py --authors PATH    # ZB-1p/2p orders against the authors' scheduler
+    python benchmarks/reproduce_measured.py --authors PATH    # ZB-1p/2p orders against the authors' scheduler,
+        # and post-validation held at their POST_VALIDATION nodes
     python benchmarks/reproduce_measured.py --post-validation # the ZB rows back to back, without the barrier
+    python benchmarks/reproduce_measured.py [--post-validation] --fit-op-overhead  # + the ZB runtime's op
+        # overhead fitted on the fit rows; or --op-overhead zb=FRACTION (analyses, not the calibration)
 
 PATH for ``--authors``: a checkout of sail-sg/zero-bubble-pipeline-parallelism at branch ``arxiv`` (the
 paper's version; its ``megatron/core/pipeline_parallel/auto_schedule.py`` is imported from there with a
@@ -155,6 +158,86 @@ def authors_check(path: str) -> str:
     return "\n".join(lines)
 
 
+def authors_post_validation_check(path: str, hops_ms: tuple[float, ...] = (5.0, 14.0)) -> str:
+    """For the four ZB-2p rows whose synchronised run the paper measured (``measured.SYNCHRONISED``): where
+    the authors' scheduler (``auto_schedule``, its ``POST_VALIDATION`` nodes) puts each rank's wait for
+    the validation, and post-validation's gain in our model held there instead of at the first B, and
+    with a scalar hop of ``hops_ms`` on the reduction's and the validation's chains; beside the gain
+    the paper measured (Table 4's run against the synchronised one)."""
+    import contextlib
+    import io
+
+    from pipeoffload.costmodel.measured import SYNCHRONISED, post_validation_iteration_ms, predict, row_problem
+    from pipeoffload.costmodel.measured import simulate_exactly, zb_runtime_inputs
+    from pipeoffload.planner.config import assemble
+    from pipeoffload.planner.space import Split
+
+    mod = _load_authors_auto_schedule(path)
+    lines = ["| model | GPUs | m | F before the node, rank 0 / 1 / last (first B) | gain: measured "
+             "| ours: at the first B | at the node | " + " | ".join(f"node, hop {h:g} ms" for h in hops_ms) + " |",
+             "|---|---|---|---|---|---|---|" + "---|" * len(hops_ms)]
+    for sync in SYNCHRONISED:
+        r = next(x for x in MEASURED
+                 if (x.source, x.model, x.m, x.schedule) == ("ZB Table 4", sync.model, sync.m, "ZB-2p"))
+        problem, family = row_problem(r)
+        sim = simulate_exactly(problem, Split(1, r.gpus, 1), family, r.m, zb_runtime=True)
+        inp = zb_runtime_inputs(problem.model, sim.sharded.costs, r.gpus, float(family.limit))
+        c, mem = inp["costs"], inp["memory"]
+        cfg = mod.GraphConfig(mem_f=mem.F, mem_b=mem.B, mem_w=mem.W, max_mem=inp["mem_limit"], cost_f=int(c.F),
+                              cost_b=int(c.B), cost_w=int(c.W), cost_comm=int(c.comm), print_scaling=1000)
+        with contextlib.redirect_stdout(io.StringIO()):  # their scheduler prints its whole result
+            nodes = mod.auto_schedule(r.gpus, r.m, cfg)
+        node = [sum(n.type in ("F", "B", "W") for n in ns[:[n.type for n in ns].index("POST_VALIDATION")])
+                for ns in nodes]  # compute ops before each rank's POST_VALIDATION node
+        ours = [[o for o in ops if o.kind.is_compute] for ops in sim.schedule.ranks]
+        if [[(o.kind.name, o.microbatch) for o in ops] for ops in ours] != \
+                [[(n.type, n.minibatch) for n in ns if n.type in ("F", "B", "W")] for ns in nodes]:
+            raise SystemExit(f"{r.setting}: the authors' order is not ours")
+        first_b = [next(i for i, o in enumerate(ops) if o.kind.name != "F") for ops in ours]
+        step = assemble(problem, sim).step
+        barrier = predict(r).iteration_s * 1e3
+        gains = [barrier / post_validation_iteration_ms(sim.schedule, sim.sharded.costs, step.optimizer_ms,
+                                                        step.embedding_ms, held_from=hold, hop_ms=h) - 1
+                 for hold, h in ((None, 0.0), (node, 0.0), *((node, h) for h in hops_ms))]
+        lines.append(f"| {r.model} | {r.gpus} | {r.m} | {node[0]} / {node[1]} / {node[-1]} "
+                     f"({first_b[0]} / {first_b[1]} / {first_b[-1]}) | {r.throughput / sync.throughput - 1:+.1%} | "
+                     + " | ".join(f"{g:+.1%}" for g in gains) + " |")
+    return "\n".join(lines)
+
+
+def synchronised_check(hw, post_validation: bool = False, op_overhead: dict | None = None) -> str:
+    """The paper's ZB-2p runs with an all-reduce synchronisation (``measured.SYNCHRONISED``, the one
+    ZB-runtime iteration that is a barrier, as the planner's) against our barrier iteration, and the
+    gain post-validation gave them (Table 4's ZB-2p at the same m) against our post-validation model's."""
+    from pipeoffload.costmodel.measured import SYNCHRONISED, predict
+
+    lines = ["| model | GPUs | m | synchronised: measured | ours (barrier) | error | post-validation: measured "
+             "| ours | error | post-validation's gain: measured / ours |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in SYNCHRONISED:
+        pv = next(x for x in MEASURED if (x.source, x.model, x.m, x.schedule) == ("ZB Table 4", r.model, r.m, "ZB-2p"))
+        sync, ours_pv = predict(r, hw, op_overhead=op_overhead), predict(pv, hw, True, op_overhead)
+        model_gain = ours_pv.throughput / predict(pv, hw, False, op_overhead).throughput - 1
+        lines.append(f"| {r.model} | {r.gpus} | {r.m} | {r.throughput:g} | {sync.throughput:.3g} | "
+                     f"{_pct(sync.throughput_error)} | {pv.throughput:g} | {ours_pv.throughput:.3g} | "
+                     f"{_pct(ours_pv.throughput_error)} | {pv.throughput / r.throughput - 1:+.1%} / {model_gain:+.1%} |")
+    return "\n".join(lines)
+
+
+def fit_op_overhead(hw, post_validation: bool, runtime: str = "zb") -> float:
+    """The fraction by which ``runtime``'s F, B, W must run longer than the profile's for its FIT rows
+    (``MeasuredRow.fit``) to come out with a mean log throughput error of 0, the iteration with or
+    without ``post_validation``; bisection to 1e-5 (the error falls monotonically with the fraction)."""
+    import math
+
+    rows = [r for r in MEASURED if r.fit and r.runtime == runtime]
+    lo, hi = -0.2, 0.2
+    while hi - lo > 1e-5:
+        mid = (lo + hi) / 2
+        preds = compare(rows, hw, post_validation, {runtime: mid})
+        lo, hi = (mid, hi) if sum(math.log1p(p.throughput_error) for p in preds) > 0 else (lo, mid)
+    return round((lo + hi) / 2, 4)
+
+
 def summary(preds: list[Prediction]) -> dict:
     def worst(rows: list[Prediction], attr: str) -> float:
         errs = [abs(getattr(p, attr)) for p in rows if getattr(p, attr) is not None]
@@ -165,7 +248,10 @@ def summary(preds: list[Prediction]) -> dict:
     return {"fit_throughput": worst(fit, "throughput_error"), "fit_memory": worst(fit, "memory_error"),
             "held_out_throughput": worst(held, "throughput_error"), "held_out_memory": worst(held, "memory_error"),
             "all_throughput": worst(preds, "throughput_error"), "all_memory": worst(preds, "memory_error"),
-            "ranking": ranking_agrees(preds), "ranking_ties": ranking_agrees(preds, tie=MEASUREMENT_TIE)}
+            "ranking": ranking_agrees(preds), "ranking_ties": ranking_agrees(preds, tie=MEASUREMENT_TIE),
+            "mean_by_runtime": {rt: sum(es) / len(es) for rt in sorted({p.row.runtime for p in preds})
+                                for es in [[p.throughput_error for p in preds
+                                            if p.row.runtime == rt and p.throughput_error is not None]] if es}}
 
 
 def main() -> int:
@@ -181,9 +267,16 @@ def main() -> int:
     ap.add_argument("--post-validation", action="store_true",
                     help="time the ZB runtime's rows back to back without the barrier between iterations "
                          "(its optimizer post-validation; an analysis, not the calibration's figures)")
+    ap.add_argument("--op-overhead", action="append", default=[], metavar="RUNTIME=FRACTION",
+                    help="time that runtime's rows (zb or megatron) with F, B, W longer by FRACTION: an analysis "
+                         "of its overhead, not the calibration's figures")
+    ap.add_argument("--fit-op-overhead", action="store_true",
+                    help="fit the zb runtime's op overhead on the fit rows (mean log error 0) and use it")
     args = ap.parse_args()
     if args.authors:
         print(authors_check(args.authors))
+        print()
+        print(authors_post_validation_check(args.authors))
         return 0
     if args.extrapolation:
         print(extrapolation())
@@ -193,17 +286,26 @@ def main() -> int:
         key, _, value = item.partition("=")
         hw = dataclasses.replace(hw, **{key: type(getattr(hw, key))(value) if getattr(hw, key) is not None
                                         else float(value)})
-    preds = compare(MEASURED, hw, post_validation=args.post_validation)
+    overhead = {k: float(v) for k, _, v in (item.partition("=") for item in args.op_overhead)}
+    if args.fit_op_overhead:
+        overhead["zb"] = fit_op_overhead(hw, args.post_validation)
+    preds = compare(MEASURED, hw, post_validation=args.post_validation, op_overhead=overhead)
     if args.post_validation:
         print("ZB runtime rows timed back to back under optimizer post-validation (no barrier between "
               "iterations); not the calibration's figures (docs/planner.md#calibration)\n")
+    if overhead:
+        print(f"F, B, W of the runtimes' rows longer by {overhead} than the profile's"
+              f"{' (zb: fitted on the fit rows)' if args.fit_op_overhead else ''}; not the calibration's figures\n")
     s = summary(preds)
     print(markdown(preds))
     print()
     print(op_times())
     print()
+    print(synchronised_check(hw, args.post_validation, overhead))
+    print()
     print(f"largest |error|: fit rows throughput {s['fit_throughput']:.1%}, memory {s['fit_memory']:.1%}; "
           f"held-out rows throughput {s['held_out_throughput']:.1%}, memory {s['held_out_memory']:.1%}")
+    print("mean throughput error by runtime: " + ", ".join(f"{rt} {e:+.1%}" for rt, e in s["mean_by_runtime"].items()))
     strict, loose = s["ranking"], s["ranking_ties"]
     print(f"schedule ranking as measured in {sum(strict.values())} of {len(strict)} settings; "
           f"{sum(loose.values())} of {len(loose)} counting measured differences under {MEASUREMENT_TIE:.0%} as ties")

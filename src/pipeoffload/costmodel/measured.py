@@ -13,9 +13,16 @@ per setting, whether the schedules come out in the measured order.
 ``zb_runtime_inputs(model, costs, p, limit)``: what the ZB runtime gives its automatic scheduler
 (ZB-1p, ZB-2p rows are generated from these, then timed with the planner's costs);
 ``row_problem(row)``: the planner's problem and schedule family of a row.
-``post_validation_iteration_ms(schedule, costs, step_ms)``: the iteration of the ZB runtime's
-back-to-back iterations without a barrier (its optimizer post-validation; ``predict(...,
-post_validation=True)``): an analysis, not the calibration's iteration (docs/planner.md#calibration).
+``SYNCHRONISED``: the paper's ZB-2p runs with an all-reduce synchronisation instead of its optimizer
+post-validation (its ablation), the one kind of ZB-runtime row whose iteration is the planner's barrier;
+kept out of ``MEASURED`` (a check of the ZB runtime's level, docs/planner.md#calibration).
+``predict(..., op_overhead={"zb": f})``: the rows of a runtime with its F, B, W ``f`` longer than the
+profile's (an analysis of that runtime's overhead; no overhead is part of the calibration).
+``post_validation_iteration_ms(schedule, costs, optimizer_ms, embedding_ms, held_from=None, hop_ms=0)``:
+the iteration of the ZB runtime's back-to-back iterations without a barrier (its optimizer
+post-validation; ``predict(..., post_validation=True)``), where each rank waits for the validation and
+the scalar hops' latency as parameters: an analysis, not the calibration's iteration
+(docs/planner.md#calibration).
 
 Sources (docs/planner.md#calibration): Qi et al., "Zero Bubble Pipeline Parallelism" — the ICLR 2024
 version's Table 3 (settings), Table 4 (throughput and memory of 1F1B, 1F1B-I, ZB-1p, ZB-2p) and
@@ -31,13 +38,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from .hardware import GiB, Hardware, get_hardware
 from .presets import get_model
 
 __all__ = ["MeasuredRow", "Prediction", "MEASURED", "PROFILED_MS", "FIT_MODEL", "SCHEDULE_FAMILIES", "RUNTIME_OF",
-           "RUNTIME_P2P_EXPOSED", "RUNTIME_GENERATES", "RUNTIME_POST_VALIDATION", "MEASUREMENT_TIE", "predict",
+           "RUNTIME_P2P_EXPOSED", "RUNTIME_GENERATES", "RUNTIME_POST_VALIDATION", "MEASUREMENT_TIE", "SYNCHRONISED",
+           "predict",
            "compare", "ranking_agrees", "row_problem", "zb_runtime_inputs", "post_validation_iteration_ms"]
 
 #: The paper's schedule names → (registry schedule, chunks v, memory limit in multiples of 1F1B's).
@@ -88,7 +96,9 @@ MEASUREMENT_TIE = 0.02
 class MeasuredRow:
     """One measured run: ``model`` (a preset) with ``microbatch`` sequences per microbatch, ``m``
     microbatches, pure PP over ``gpus`` A100-80G; ``throughput`` samples/GPU/s; ``memory_gib`` the peak
-    per GPU (None: not published for that row); ``fit``: the calibration used this setting."""
+    per GPU (None: not published for that row); ``fit``: the calibration used this setting;
+    ``synchronised``: the run replaced the runtime's optimizer post-validation with an all-reduce
+    synchronisation (the paper's ablation), so its iteration is a barrier whatever the runtime."""
 
     source: str
     model: str
@@ -101,6 +111,7 @@ class MeasuredRow:
     fit: bool = False
     note: str = ""
     group_m: int | None = None  #: the m of the setting the row is compared within (ZB-2p*: half its own)
+    synchronised: bool = False
 
     @property
     def setting(self) -> str:
@@ -181,6 +192,20 @@ def _rows() -> tuple[MeasuredRow, ...]:
 
 MEASURED: tuple[MeasuredRow, ...] = _rows()
 
+#: ZB (ICLR) Appendix E, Table 7: ZB-2p with an all-reduce synchronisation instead of optimizer
+#: post-validation (model -> GPUs, microbatch, m, throughput). With post-validation the same runs are
+#: Table 4's ZB-2p at that m (14.5, 4.32, 1.81, 0.99): the paper's "approximately 8%".
+_SYNCHRONISED: dict[str, tuple[int, int, int, float]] = {
+    "1.5B": (8, 6, 24, 13.11), "6.2B": (8, 3, 24, 4.00), "14.6B": (16, 1, 48, 1.68), "28.3B": (32, 1, 96, 0.91),
+}
+#: The synchronised ZB-2p runs: the ZB runtime timed with a barrier between iterations, as the planner
+#: times every iteration. Not in :data:`MEASURED` (a check of the ZB runtime's level; the 1.5B one is of
+#: the fit setting): docs/planner.md#calibration.
+SYNCHRONISED: tuple[MeasuredRow, ...] = tuple(
+    MeasuredRow("ZB App. E", model, gpus, b, m, "ZB-2p", thr, fit=model == FIT_MODEL,
+                note="all-reduce synchronisation, no post-validation", synchronised=True)
+    for model, (gpus, b, m, thr) in _SYNCHRONISED.items())
+
 
 @dataclass(frozen=True)
 class Prediction:
@@ -220,7 +245,8 @@ class Prediction:
                 "fits": self.fits, "note": r.note}
 
 
-def predict(row: MeasuredRow, hardware: str | Hardware = "a100-80g", post_validation: bool = False) -> Prediction:
+def predict(row: MeasuredRow, hardware: str | Hardware = "a100-80g", post_validation: bool = False,
+            op_overhead: Mapping[str, float] | None = None) -> Prediction:
     """The planner's prediction of one measured configuration.
 
     Args:
@@ -230,13 +256,19 @@ def predict(row: MeasuredRow, hardware: str | Hardware = "a100-80g", post_valida
             is the steady one of back-to-back iterations without the barrier
             (:func:`post_validation_iteration_ms`) instead of the planner's makespan + step. Off by
             default: the calibration's figures are the planner's iteration (docs/planner.md#calibration).
+            A :attr:`~MeasuredRow.synchronised` row keeps the barrier.
+        op_overhead: runtime (:data:`RUNTIME_OF`'s values) -> fraction by which that runtime's F, B
+            and W run longer than the profile's; the row's order is still the one generated from the
+            undelayed inputs. An analysis of a runtime's overhead (docs/planner.md#calibration: none is
+            part of the calibration). Default none.
 
     Returns:
         A :class:`Prediction`: throughput in samples per GPU per second, iteration, MFU, the
         allocated and the reserved (:meth:`Hardware.reserved`) peak of the fullest rank.
 
     Raises:
-        ParameterError: an unknown model, schedule or hardware.
+        ParameterError: an unknown model, schedule or hardware; an ``op_overhead`` runtime that is
+            not one, or a fraction that is not a finite number > -1.
 
     Guarantees: the configuration is the paper's — pure PP (TP = DP = 1), the first and last stage
     one layer shorter, 1F1B-I with one layer per chunk, no recompute, no offload — simulated at its
@@ -253,15 +285,29 @@ def predict(row: MeasuredRow, hardware: str | Hardware = "a100-80g", post_valida
     from ..planner.space import Split
 
     problem, family = row_problem(row, hardware)
-    sim = simulate_exactly(problem, Split(1, row.gpus, 1), family, row.m, zb_runtime=row.schedule in RUNTIME_GENERATES)
+    scale = 1.0 + _op_overhead(op_overhead, row.runtime)
+    sim = simulate_exactly(problem, Split(1, row.gpus, 1), family, row.m, zb_runtime=row.schedule in RUNTIME_GENERATES,
+                           op_scale=scale)
     cfg = assemble(problem, sim)
     it_s, mfu = cfg.iteration_ms / 1e3, cfg.mfu
-    if post_validation and row.runtime in RUNTIME_POST_VALIDATION:
+    if post_validation and row.runtime in RUNTIME_POST_VALIDATION and not row.synchronised:
         step = cfg.step
         it_s = post_validation_iteration_ms(sim.schedule, sim.sharded.costs, step.optimizer_ms, step.embedding_ms) / 1e3
         mfu = cfg.mfu * cfg.iteration_ms / 1e3 / it_s
     return Prediction(row, row.m * row.microbatch / (it_s * row.gpus), it_s, mfu, cfg.memory.device / GiB,
                       problem.hardware.reserved(cfg.memory.device) / GiB, cfg.fits, cfg.step_ms / 1e3)
+
+
+def _op_overhead(op_overhead: Mapping[str, float] | None, runtime: str) -> float:
+    """``runtime``'s entry of :func:`predict`'s ``op_overhead`` (0 without one), checked."""
+    from ..errors import ParameterError
+
+    for name, f in (op_overhead or {}).items():
+        if name not in RUNTIME_P2P_EXPOSED:
+            raise ParameterError("op_overhead", f"unknown runtime {name!r}; valid: {', '.join(RUNTIME_P2P_EXPOSED)}")
+        if not (isinstance(f, (int, float)) and -1.0 < f < float("inf")):
+            raise ParameterError("op_overhead", f"{name}: must be a finite fraction > -1, got {f!r}")
+    return float((op_overhead or {}).get(runtime, 0.0))
 
 
 def row_problem(row: MeasuredRow, hardware: str | Hardware = "a100-80g") -> tuple[Any, Any]:
@@ -333,10 +379,14 @@ def zb_runtime_inputs(model: Any, costs: Any, p: int, limit: float) -> dict[str,
             "mem_limit": limit * p * f_mem}
 
 
-def simulate_exactly(problem: Any, split: Any, family: Any, m: int, zb_runtime: bool = False) -> Any:
+def simulate_exactly(problem: Any, split: Any, family: Any, m: int, zb_runtime: bool = False,
+                     op_scale: float = 1.0) -> Any:
     """The candidate simulated at its own m (the planner's search extrapolates from two smaller m;
     a calibration must not carry that approximation's error); with ``zb_runtime`` (zb-auto only) the
-    order is generated from :func:`zb_runtime_inputs` instead of the planner's inputs."""
+    order is generated from :func:`zb_runtime_inputs` instead of the planner's inputs. ``op_scale``
+    multiplies every F, B, W for the timing (not the hop, not the order's inputs); the result's
+    ``sharded.costs`` are the scaled ones."""
+    from ..costs import Costs
     from ..passes.lower import lower
     from ..planner.simulate import Simulated, Simulator
     from ..planner.space import placement_of
@@ -353,25 +403,34 @@ def simulate_exactly(problem: Any, split: Any, family: Any, m: int, zb_runtime: 
         schedule = build(ScheduleSpec(family.schedule, split.pp, m, **inputs), check=False)
     else:
         schedule = simulator.schedule(family, split.pp, m, False, split.tp, split.sp, split.dp)
+    if op_scale != 1.0:  # the ops run longer than profiled; the runtime generated its order from the profile
+        c = sh.costs
+        gc = [(f * op_scale, b * op_scale, w * op_scale) for f, b, w in c.group_costs]
+        sh = dataclasses.replace(sh, costs=Costs(c.F * op_scale, c.B * op_scale, c.W * op_scale, c.comm,
+                                                 group_costs=gc))
     tl = lower(schedule, sh.costs, sh.memory, memory_unit="bytes", validated=True).timeline
     return Simulated(split, family, m, False, schedule, tl, sh, placement_of(family, split.pp), tl.makespan,
                      list(tl.busy()), list(tl.peak_memory()), 0.0, m, False)
 
 
 def post_validation_iteration_ms(schedule: Any, costs: Any, optimizer_ms: float, embedding_ms: float = 0.0,
-                                 iterations: int = 3) -> float:
+                                 iterations: int = 3, held_from: Sequence[int] | None = None,
+                                 hop_ms: float = 0.0) -> float:
     """The steady iteration (ms) of ``schedule`` run back to back under optimizer post-validation
     (:data:`RUNTIME_POST_VALIDATION`): no barrier between iterations.
 
     Each rank steps its optimizer (``optimizer_ms``) once its own last op has ended and rank r − 1 has
-    started its step (the reduction along the pipeline), then runs the next iteration's ops; the next
-    iteration's first B or W on any rank waits for every rank's step to have started (the validation
-    coming back up the pipeline, before the first B). With a tied embedding on two ranks
-    (``embedding_ms`` > 0 and the first and last stage on different ranks), both launch its gradient
-    all-reduce when their weight-gradient store is cleared (the first W after which only W remain, or
-    microbatch m − 1's: ``WeightGradStore.clear``) and wait for it before their step. Hops are on the
-    dependency (``costs.comm``; ``p2p_exposed = 0``, the ZB runtime's P2P). One iteration alone without
-    a tied embedding is the planner's makespan + step.
+    started its step (the reduction along the pipeline, ``hop_ms`` later), then runs the next
+    iteration's ops; from index ``held_from[r]`` of its compute ops on, rank r waits for the validation
+    coming back up the pipeline: the last rank's step start plus ``hop_ms`` per rank between them. By
+    default the hold starts at each rank's first B or W (the runtime's ``run_until_post_validation``
+    runs only forwards before its ``POST_VALIDATION`` node); the node's own place (``auto_schedule.py``:
+    before the last warm-up F, or after all of them) can be passed instead. With a tied embedding on two
+    ranks (``embedding_ms`` > 0 and the first and last stage on different ranks), both launch its
+    gradient all-reduce when their weight-gradient store is cleared (the first W after which only W
+    remain, or microbatch m − 1's: ``WeightGradStore.clear``) and wait for it before their step. Hops
+    are on the dependency (``costs.comm``; ``p2p_exposed = 0``, the ZB runtime's P2P). One iteration
+    alone without a tied embedding is the planner's makespan + step.
 
     Args:
         schedule: a compute-only schedule (F, B, W or BW per rank).
@@ -379,37 +438,49 @@ def post_validation_iteration_ms(schedule: Any, costs: Any, optimizer_ms: float,
         optimizer_ms: the optimizer step (every rank).
         embedding_ms: the tied embedding's gradient all-reduce (0: none).
         iterations: iterations simulated (at least 2).
+        held_from: per rank, the index (in its compute ops) of the first op that waits for the
+            validation; None: each rank's first op that is not an F.
+        hop_ms: the latency of one scalar hop of the reduction down and of the validation up the
+            pipeline (the runtime's gloo ``isend``/``irecv`` of CPU scalars); an analysis, 0 by default.
 
     Returns:
         The distance between the last two iterations' ends, ms.
 
     Raises:
-        ParameterError: ``iterations`` < 2, or ``optimizer_ms`` or ``embedding_ms`` < 0.
+        ParameterError: ``iterations`` < 2; ``optimizer_ms``, ``embedding_ms`` or ``hop_ms`` < 0;
+            ``held_from`` not one index per rank.
         ScheduleError: the order deadlocks.
 
-    Guarantees: never longer than the makespan + ``optimizer_ms`` + ``embedding_ms`` (the planner's
-    iteration, a barrier: it only adds waits).
+    Guarantees: never longer than the makespan + ``optimizer_ms`` + ``embedding_ms`` with ``hop_ms`` = 0
+    (the planner's iteration, a barrier: it only adds waits); the default hold gives the same floats as
+    holding only B and W (an F after a rank's first B starts after it, so after the validation).
     """
     from ..errors import ParameterError
+    from ..ir import OpKind
 
     if iterations < 2:
         raise ParameterError("iterations", f"needs at least 2 to measure a spacing, got {iterations}")
-    for name, v in (("optimizer_ms", optimizer_ms), ("embedding_ms", embedding_ms)):
+    for name, v in (("optimizer_ms", optimizer_ms), ("embedding_ms", embedding_ms), ("hop_ms", hop_ms)):
         if not v >= 0:
             raise ParameterError(name, f"must be >= 0, got {v}")
     p, pl = schedule.num_ranks, schedule.placement
+    if held_from is None:
+        held_from = [next((i for i, o in enumerate(c for c in ops if c.kind.is_compute) if o.kind is not OpKind.F),
+                          len(ops)) for ops in schedule.ranks]
+    elif len(held_from) != p:
+        raise ParameterError("held_from", f"needs one index per rank ({p}), got {len(held_from)}")
     tied = (pl.rank_of(0), pl.rank_of(pl.num_stages - 1)) if embedding_ms > 0 else (0, 0)
-    free, ends, barrier = [0.0] * p, [], 0.0
+    free, ends, barrier = [0.0] * p, [], [0.0] * p
     for k in range(iterations):
-        last, clear = _timed_iteration(schedule, costs, k, free, barrier)
+        last, clear = _timed_iteration(schedule, costs, k, free, barrier, held_from)
         if tied[0] != tied[1]:  # both ranks wait for the all-reduce both launched
             done = max(clear[tied[0]], clear[tied[1]]) + embedding_ms
             last[tied[0]], last[tied[1]] = max(last[tied[0]], done), max(last[tied[1]], done)
         starts: list[float] = []
         for r in range(p):  # the grad-norm / inf reduction runs down the pipeline, then each rank steps
-            starts.append(max(last[r], starts[-1] if starts else 0.0))
+            starts.append(max(last[r], starts[-1] + hop_ms if starts else 0.0))
             free[r] = starts[r] + optimizer_ms
-        barrier = starts[-1]
+        barrier = [starts[-1] + (p - 1 - r) * hop_ms for r in range(p)]  # the validation, back up
         ends.append(max(free))
     return ends[-1] - ends[-2]
 
@@ -428,11 +499,12 @@ def _clear_index(ops: list, m: int) -> int:
                 len(ops))
 
 
-def _timed_iteration(schedule: Any, costs: Any, k: int, free: list[float],
-                     barrier: float) -> tuple[list[float], list[float]]:
+def _timed_iteration(schedule: Any, costs: Any, k: int, free: list[float], barrier: Sequence[float],
+                     held_from: Sequence[int]) -> tuple[list[float], list[float]]:
     """Iteration ``k`` of :func:`post_validation_iteration_ms`: every rank's ops in order from
-    ``free[r]`` (updated), B and W not before ``barrier``; returns each rank's last end and the start
-    of its weight-gradient store's clearing (:func:`_clear_index`; its last end if it has none)."""
+    ``free[r]`` (updated), those from index ``held_from[r]`` on not before ``barrier[r]``; returns each
+    rank's last end and the start of its weight-gradient store's clearing (:func:`_clear_index`; its
+    last end if it has none)."""
     from ..errors import ScheduleError
     from ..ir import OpKind
 
@@ -462,8 +534,8 @@ def _timed_iteration(schedule: Any, costs: Any, k: int, free: list[float],
                     t = max(free[r], table[dep] + (comm if pl.rank_of(dep[0]) != r else 0.0))
                 else:
                     break
-                if o.kind is not OpKind.F:
-                    t = max(t, barrier)
+                if ptr[r] >= held_from[r]:
+                    t = max(t, barrier[r])
                 if ptr[r] == at[r]:
                     clear[r] = t
                 free[r] = last[r] = t + dur[s][o.kind]
@@ -477,9 +549,9 @@ def _timed_iteration(schedule: Any, costs: Any, k: int, free: list[float],
 
 
 def compare(rows: Sequence[MeasuredRow] = MEASURED, hardware: str | Hardware = "a100-80g",
-            post_validation: bool = False) -> list[Prediction]:
+            post_validation: bool = False, op_overhead: Mapping[str, float] | None = None) -> list[Prediction]:
     """:func:`predict` for every row."""
-    return [predict(r, hardware, post_validation) for r in rows]
+    return [predict(r, hardware, post_validation, op_overhead) for r in rows]
 
 
 def ranking_agrees(preds: Sequence[Prediction], tie: float = 0.0) -> dict[str, bool]:
