@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from itertools import accumulate
 from itertools import chain as chained  # (`chain` names the block's F/B chain below)
 from functools import lru_cache
+from heapq import heappop, heappush
+import weakref
 from typing import Mapping, Sequence
 
 from ..errors import ScheduleError
@@ -247,12 +249,32 @@ def _dep_kinds(kind: OpKind, stage: int, num_stages: int) -> tuple[tuple[OpKind,
 OpTable = Mapping[BlockOp, Sequence[Cell]]
 
 
+class _OpTable(dict):
+    """:func:`op_table`'s dict (a subclass only so that :data:`_TABLES` can refer to it weakly)."""
+
+
+#: The op tables alive now, by (layer groups, m): while a caller holds one, :func:`op_table`
+#: hands out the same (V-auto holds its table across V-Min's and V-Half's lowerings).
+_TABLES: weakref.WeakValueDictionary[tuple[int, int], _OpTable] = weakref.WeakValueDictionary()
+
+
 def op_table(placement: Placement, m: int) -> dict[BlockOp, list[Cell]]:
     """Every op's cell of ``m`` microbatches on ``placement``, one tuple per op, by (kind,
     layer group) and microbatch: orders built from it (:func:`orders_from_block`,
     :func:`.v_reorder_periods.reorder_orders`) hold these tuples instead of each making its own
-    (at p = 128, m = 4096, 3.1 M tuples, about 225 MB per order)."""
-    return {(k, s): [(k, s, j) for j in range(m)] for k in (_F, _B, _W) for s in range(placement.num_stages)}
+    (at p = 128, m = 4096, 3.1 M tuples, about 225 MB per order).
+
+    The table is read, never written, by its users: while one for the same layer groups
+    and ``m`` is still alive (someone holds it), that one is returned instead of a new
+    one — equal tuples, so the same orders; 0.06 s a table at p = 64, m = 512. Nothing
+    keeps a table alive but its holders."""
+    key = (placement.num_stages, m)
+    table = _TABLES.get(key)
+    if table is None:
+        table = _OpTable(((k, s), [(k, s, j) for j in range(m)]) for k in (_F, _B, _W)
+                         for s in range(placement.num_stages))
+        _TABLES[key] = table
+    return table
 
 
 def repeat(block: BuildingBlock, m: int, ops: OpTable | None = None) -> SlotGrid:
@@ -348,6 +370,7 @@ def _reorder_bytes(grid: SlotGrid, peaks: list[int], mem: list[bytearray], stead
     while t < length:
         if skip is not None and t % skip.period == 0:
             t = skip.boundary(t)
+            done = skip.done  # a new list at each boundary
         for r in range(p):
             row = cells[r]
             cell = row[t]
@@ -359,8 +382,12 @@ def _reorder_bytes(grid: SlotGrid, peaks: list[int], mem: list[bytearray], stead
                 u = pos[(dk, ds, j)] + 1
                 if u > lb:
                     lb = u
-            if skip is not None:
-                skip.note(r, cell, lb)
+            if skip is not None:  # record the scanned op and the earliest slot its decision reads
+                done.append((r, cell))
+                if lb < skip.min_lb:
+                    skip.min_lb = lb
+                if lb < skip.after_lb:
+                    skip.after_lb = lb
             if kind is _F:
                 q = t
                 if lb < t:
@@ -372,8 +399,9 @@ def _reorder_bytes(grid: SlotGrid, peaks: list[int], mem: list[bytearray], stead
             while q < t and row[q] is not None:
                 q += 1
             if q < t:
-                grid.take(cell)
-                grid.put(cell, q)
+                row[t] = None  # grid.take and grid.put, inline: slot q is free and in the row
+                row[q] = cell
+                pos[cell] = q
                 if kind is _F:
                     mem[r][q:t] = mem[r][q:t].translate(_UP)
                 elif kind is _W:
@@ -421,14 +449,6 @@ class _PeriodSkip:
         #: and the earliest slot an op scanned after it read (:func:`_orders_reduced`).
         self.at: int | None = None
         self.after_lb = 0
-
-    def note(self, r: int, cell: Cell, lb: int) -> None:
-        """Record a scanned op and the start of what its decision reads."""
-        self.done.append((r, cell))
-        if lb < self.min_lb:
-            self.min_lb = lb
-        if lb < self.after_lb:
-            self.after_lb = lb
 
     def boundary(self, a: int) -> int:
         """At period boundary ``a`` (slots before it scanned): the slot to go on from."""
@@ -491,9 +511,17 @@ def compress_cooldown(grid: SlotGrid) -> SlotGrid:
     """Step 3: re-slot every rank's ops after its last forward, in place.
 
     Slot by slot, a rank runs its first ready B (in grid order), else its first ready
-    W. No forward remains, so memory only falls: the rank's peak is unchanged."""
+    W. No forward remains, so memory only falls: the rank's peak is unchanged.
+
+    Cost: O(n log n) for the ``n`` tail ops (each made ready once, when its last input is
+    placed, then kept in its rank's heap by grid order), plus one step per slot at which
+    some rank runs an op. An op is ready at slot ``t`` when every input sits before
+    ``t``; an op placed at ``t`` is visible from ``t + 1`` (ops of one slot are chosen
+    before any is placed). tests/test_periodic_reorder.py keeps the slot-by-slot scan
+    of every rank and compares."""
     pl = grid.placement
     p, S = pl.num_ranks, pl.num_stages
+    pos = grid.pos
     tails: list[list[Cell]] = []
     start: list[int] = []
     for r in range(p):
@@ -506,58 +534,54 @@ def compress_cooldown(grid: SlotGrid) -> SlotGrid:
             grid.take(c)
         tails.append(tail)
         start.append(last_f + 1)
-    t = min(start)
-    limit = grid.length + 2 * sum(len(x) for x in tails) * max(1, p) + 8
-    inputs = {c: _dep_cells(c, S) for tail in tails for c in tail}
-    ready: dict[Cell, int] = {}  # slot from which an op's inputs are all done, once they are placed
-    # Per rank, its B's and its W's, each in grid order.
-    lists = [([c for c in tail if c[0] is not _W], [c for c in tail if c[0] is _W]) for tail in tails]
-    left = sum(len(x) for x in tails)
+    where = {c: (r, i) for r, tail in enumerate(tails) for i, c in enumerate(tail)}
+    need: dict[Cell, int] = {}  # inputs not yet placed (tail ops)
+    after: dict[Cell, int] = {}  # the slot after the latest input placed
+    waiters: dict[Cell, list[Cell]] = {}  # tail op -> the tail ops that wait for it
+    due: dict[int, list[Cell]] = {}  # slot -> the ops that become ready (and may run) there
+    for c in where:
+        n = at = 0
+        for d in _dep_cells(c, S):
+            u = pos.get(d)
+            if u is None:  # taken above: a tail op
+                n += 1
+                waiters.setdefault(d, []).append(c)
+            elif u >= at:
+                at = u + 1
+        need[c], after[c] = n, at
+        if not n:
+            due.setdefault(max(at, start[where[c][0]]), []).append(c)
+    # Per rank, its ready B's and its ready W's, each a heap by grid order.
+    heaps: list[tuple[list, list]] = [([], []) for _ in range(p)]
+    busy: set[int] = set()  # ranks with a ready op
+    left = len(where)
+    t = min(start, default=0)
     while left:
+        for c in due.pop(t, ()):
+            r, i = where[c]
+            heappush(heaps[r][c[0] is _W], (i, c))
+            busy.add(r)
+        if not busy:
+            if not due:
+                raise ScheduleError("building block: cool-down compression made no progress (internal error)")
+            t = min(due)
+            continue
         placed = []
-        for r in range(p):
-            if t < start[r]:
-                continue
-            pick = _first_ready(lists[r][0], t, ready, inputs, grid.pos)
-            if pick is None:
-                pick = _first_ready(lists[r][1], t, ready, inputs, grid.pos)
-            if pick is not None:
-                placed.append((r, pick))
-        # Place after scanning all ranks, so an op placed at t is visible only from t + 1.
-        for r, c in placed:
-            lists[r][c[0] is _W].remove(c)
+        for r in busy:
+            b_ready, w_ready = heaps[r]
+            placed.append(heappop(b_ready if b_ready else w_ready)[1])
+        busy = {r for r in busy if heaps[r][0] or heaps[r][1]}
+        for c in placed:
             grid.put(c, t)
+            for w in waiters.pop(c, ()):
+                need[w] -= 1
+                if t >= after[w]:
+                    after[w] = t + 1
+                if not need[w]:
+                    due.setdefault(max(after[w], start[where[w][0]]), []).append(w)
         left -= len(placed)
         t += 1
-        if t > limit:
-            raise ScheduleError("building block: cool-down compression made no progress (internal error)")
     return grid
-
-
-def _first_ready(cells: list[Cell], t: int, ready: dict[Cell, int], inputs: dict[Cell, list[Cell]],
-                 pos: dict[Cell, int]) -> Cell | None:
-    """The first of ``cells`` whose inputs are all placed before slot ``t`` (an input not
-    yet placed: not done). An op's slot of readiness is kept once its inputs are placed
-    (they never move again)."""
-    for c in cells:
-        at = ready.get(c)
-        if at is None:
-            at = 0
-            for d in inputs[c]:
-                u = pos.get(d)
-                if u is None:
-                    break
-                if u >= at:
-                    at = u + 1
-            else:
-                ready[c] = at
-                if at <= t:
-                    return c
-                continue
-            continue
-        if at <= t:
-            return c
-    return None
 
 
 def lower(name: str, grid: SlotGrid, **params: object) -> Schedule:

@@ -72,7 +72,7 @@ from functools import lru_cache
 from ..costs import Costs, MemoryDeltas
 from ..errors import ParameterError
 from ..ir import OpKind, Placement, Schedule, build_schedule
-from .building_block import BuildingBlock, op_table, orders_from_block
+from .building_block import BuildingBlock, OpTable, op_table, orders_from_block
 from .spec import ScheduleSpec
 from ..passes.steady_timing import steady_figures
 from .v_grid_lowering import Cell, grid_orders, lower_grid, repeated_grid, time_grid
@@ -329,6 +329,9 @@ def v_auto(spec: ScheduleSpec) -> Schedule:
         limit = float(spec.mem_limit)
         if limit <= 0:
             raise ParameterError("mem_limit", f"must be > 0, got {spec.mem_limit!r}")
+    # One op table for every lowering's orders: held here, V-Min's and V-Half's lowerings
+    # (vshape) get the same one from op_table instead of each making its own.
+    ops = op_table(pl, m)
     fixed = _fixed(spec, pl, limit)
     tol = limit * 1e-9 + 1e-12
 
@@ -349,7 +352,8 @@ def v_auto(spec: ScheduleSpec) -> Schedule:
     fam = _family(p)
     fitting = sorted((pp for pp in fam if pp[0] <= cap + 1e-9), key=lambda pp: (pp[0] > units + 1e-9, -pp[0]))
     best = _scan_blocks(pl, m, [_family_block(p, params) for _, params in fitting[:SCAN]], costs, memory,
-                        limit, best)
+                        limit, best, ops)
+    del ops
     found = _grid_candidate(p, m, costs, memory, units, limit + tol)
     # time_grid's span is the timing pass's (tests/test_v_auto_family.py): a grid whose
     # span is clearly longer than the best's cannot win, and is not made into orders.
@@ -368,14 +372,14 @@ Key = tuple[float, float, float]  #: longest rank span, makespan, peak (:func:`_
 
 
 def _scan_blocks(pl: Placement, m: int, blocks: list[BuildingBlock], costs: Costs, memory: MemoryDeltas,
-                 limit: float, best: tuple[Orders, Key] | None) -> tuple[Orders, Key] | None:
+                 limit: float, best: tuple[Orders, Key] | None, ops: OpTable) -> tuple[Orders, Key] | None:
     """The slot reorder of each of ``blocks``, timed; the :data:`REFINE` best of them
     also by the building-block pipeline and each base with its W's refilled under
     ``limit``. Returns the best of ``best`` and those candidates whose peak fits
-    ``limit`` (shortest span, then makespan, then peak; ties keep the earlier)."""
+    ``limit`` (shortest span, then makespan, then peak; ties keep the earlier).
+    ``ops``: :func:`.building_block.op_table` for ``m`` (every lowering's orders hold its tuples)."""
     tol = limit * 1e-9 + 1e-12
     positive = all(d > 0 for row in costs.duration_table(pl) for d in row.values())
-    ops = op_table(pl, m)  # one tuple per op, shared by every lowering's orders
     ranked = []
     for blk in blocks:
         s = reorder_orders(blk, m, ops)

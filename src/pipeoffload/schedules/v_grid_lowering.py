@@ -412,8 +412,11 @@ def _rebuild_cooldown(grid: Grid, m: int) -> Grid:
     for i, row in enumerate(grid):
         n_b = n_bb = n_w = n_ww = 0
         last_ff = -1
+        want_b = min(i + 1, max_b)
         for t in range(len(row) - 1, -1, -1):
             c = row[t]
+            if last_ff >= 0 and n_b >= want_b and n_bb >= max_bb:
+                break  # (from here on the walk would change nothing: the row's start is left unread)
             if c == "f" and last_ff == -1:
                 last_ff = t
             if c == "B" and n_b < i + 1 and n_b < max_b:
@@ -441,9 +444,14 @@ def _rebuild_cooldown(grid: Grid, m: int) -> Grid:
             row[_at(row, anchor + 1 + i - 2 * k)] = "B"
     length = 0
     for row in grid:
-        owed_w = owed_ww = 0
-        last_w = max((t for t, c in enumerate(row) if c in _DOWN), default=-1)
-        for t, c in enumerate(row):
+        last_w = len(row) - 1
+        while last_w >= 0 and row[last_w] not in _DOWN:
+            last_w -= 1
+        # What is owed after the last W: up to it nothing is written, so counted in C.
+        head = row[:last_w + 1]
+        owed_w, owed_ww = head.count("B") - head.count("W"), head.count("b") - head.count("w")
+        for t in range(last_w + 1, len(row)):
+            c = row[t]
             if c == "B":
                 owed_w += 1
             elif c == "b":
@@ -452,7 +460,7 @@ def _rebuild_cooldown(grid: Grid, m: int) -> Grid:
                 owed_w -= 1
             elif c == "w":
                 owed_ww -= 1
-            elif c == _EMPTY and t > last_w:
+            elif c == _EMPTY:
                 if owed_w > 0:
                     row[t] = "W"
                     owed_w -= 1
@@ -526,9 +534,12 @@ class _HoleFiller:
         self.length = len(grid[0])
         self.last_at = []
         for row in grid:
+            # Each label's last slot (-1: none), and the last empty slot's when there is one.
             last = dict.fromkeys(LABELS, -1)
-            for t, c in enumerate(row):
-                last[c] = t
+            rev = row[::-1]
+            for c in LABELS + _EMPTY:
+                if c in rev:
+                    last[c] = len(row) - 1 - rev.index(c)
             self.last_at.append(last)
         self.last_op = [max(last[c] for c in LABELS) for last in self.last_at]
         self.level = [0] * self.p
