@@ -732,15 +732,32 @@ def _timed_columns(schedule: Schedule, dur: Sequence[Mapping[OpKind, float]],
     if n_placed < sum(map(len, tis)):
         return None  # deadlock: run_list_schedule names the cycle
     ends_out = [array("d", en) for en in ends]
-    mems = [array("d", [mem_of[k] for k in t]) for t in tis]
-    return EventColumns(ops, [array("d", st) for st in starts], ends_out, mems, _EventOrder(schedule, comm, dur_of),
-                        serial=_serial(dur_of, ends_out))
+    return EventColumns(ops, [array("d", st) for st in starts], ends_out, _Deltas(schedule, mem_of),
+                        _EventOrder(schedule, comm, dur_of), serial=_serial(dur_of, ends_out))
 
 
 def _own_of(num_stages: int) -> list[int]:
     """Per table index (``kind index · S + stage``, :data:`_TABLE_KINDS`): the engine's
     ``code · S + stage`` (a BW completes the B code)."""
     return [KIND_CODE[k] * num_stages + s for k in _TABLE_KINDS for s in range(num_stages)]
+
+
+class _Deltas:
+    """Makes each rank's memory deltas of :func:`_timed_columns`' columns (``array('d')``
+    per rank, each op's ``mem_of`` at its table index) when called: the first time they
+    are read (the planner reads them for a few of its ~ 400 timings). A class, not a
+    closure, so that a timeline holding it still pickles."""
+
+    __slots__ = ("schedule", "mem_of")
+
+    def __init__(self, schedule: Schedule, mem_of: list[float]) -> None:
+        self.schedule, self.mem_of = schedule, mem_of
+
+    def __call__(self) -> list[array]:
+        addr = _compact_addresses(self.schedule)
+        assert addr is not None  # it was timed from these addresses
+        mem_of = self.mem_of
+        return [array("d", [mem_of[k] for k in t]) for t in addr[1]]
 
 
 class _EventOrder:
