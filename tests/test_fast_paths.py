@@ -300,3 +300,31 @@ def _whole_retime(self, base, lists, rank, k):
     except Infeasible:
         return None
     return _Timing(tr.end, tr.clock, tr.first)
+
+
+@settings(deadline=None, max_examples=60)
+@given(name=st.sampled_from(["zb-v", "v-half", "zb-h1", "1f1b", "interleaved-1f1b"]), p=st.integers(1, 5),
+       m=st.integers(1, 10), costs=costs_st, memory=memory_st, tiny_f=st.booleans())
+def test_order_figures_running_sums_are_the_sweep(name: str, p: int, m: int, costs: Costs, memory: MemoryDeltas,
+                                                  tiny_f: bool) -> None:
+    """order_figures reads serial ranks' peaks as running sums of their deltas and their first
+    start and last end at their ends: the same floats as the memory sweep over every op
+    (_figures_swept, forced here); an op shorter than an ulp of the times takes the sweep
+    (the shortcut's condition: there an op may end when it starts)."""
+    from pipeoffload.passes import timing
+
+    if name == "interleaved-1f1b":
+        m = p * max(1, m // p)
+    s = generate(name, p, m, **({"v": 2} if name == "interleaved-1f1b" else {}))
+    if tiny_f:
+        costs = Costs(F=1e-30, B=costs.B, W=costs.W, comm=costs.comm)
+    swept, serial = timing._figures_swept, timing._serial
+    calls = []
+    timing._figures_swept = lambda *a: calls.append(1) or swept(*a)
+    try:
+        got = order_figures(s.placement, m, _orders(s), costs, memory)
+        assert bool(calls) == tiny_f  # the running sums whenever every op lasts over an ulp
+        timing._serial = lambda *a: False
+        assert got == order_figures(s.placement, m, _orders(s), costs, memory)
+    finally:
+        timing._figures_swept, timing._serial = swept, serial

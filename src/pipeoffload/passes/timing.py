@@ -29,7 +29,7 @@ from typing import Any, Callable, Mapping, Sequence
 from ..costs import Costs, MemoryDeltas
 from ..errors import ScheduleError
 from ..ir import CompactOrders, Op, OpKind, Placement, Schedule, overlap_pairs
-from ..timeline import ALLOC, FREE, EventColumns, TimedOp, Timeline, _clean, memory_sweep
+from ..timeline import ALLOC, FREE, EventColumns, TimedOp, Timeline, _clean, _running_peak, memory_sweep
 
 #: Completion key of an op: ("F"|"B"|"W", stage, microbatch). B and BW both
 #: complete the "B" key (they produce the input gradient).
@@ -790,7 +790,7 @@ class _EventOrder:
         return order
 
 
-def _serial(dur_of: Sequence[float], ends: Sequence[array]) -> bool:
+def _serial(dur_of: Sequence[float], ends: Sequence[Sequence[float]]) -> bool:
     """Whether the engine's columns are :class:`EventColumns` ``serial``: every op starts
     at or after its rank's clock (the previous op's end), so each rank's starts and ends
     never fall; each lasts a positive time when every duration is positive and at least
@@ -883,10 +883,32 @@ def order_figures(
 
         simulate(build_schedule("orders", num_microbatches, placement, orders), costs, memory)  # raises
         raise ScheduleError("order_figures: the orders deadlock")  # not reached
-    p = len(orders)
     starts: list[list[float]] = [[0.0] * len(lst) for lst in orders]
     for r, i, t in placed:
         starts[r][i] = t
+    lasts = [[st[-1] + du[-1]] if st else [] for st, du in zip(starts, durs)]
+    if _serial([min(map(min, filter(None, durs)), default=0.0)], lasts):
+        # Each rank's ops run one after another, each lasting > 0 (and more than an ulp):
+        # its starts and ends rise along its list, and its memory changes (an allocation at
+        # an op's start, a free at its end) come in its order in the sweep — the running
+        # sums of its deltas, the same floats (as simulate's columns, timeline._column_peak).
+        first = [st[0] if st else math.inf for st in starts]
+        last = [x[0] if x else -math.inf for x in lasts]
+        peaks = [_clean(_running_peak([mem[s][k] for k, s, _ in lst])) for lst in orders]
+    else:
+        first, last, peaks = _figures_swept(orders, starts, durs, mem)
+    spans = [b - a if b >= a else 0.0 for a, b in zip(first, last)]
+    if not placed:
+        return max(peaks, default=0.0), max(spans, default=0.0), 0.0
+    return max(peaks), max(spans), max(last) - min(first)
+
+
+def _figures_swept(orders: Sequence[Sequence[tuple[OpKind, int, int]]], starts: list[list[float]],
+                   durs: list[list[float]], mem: list[dict[OpKind, float]]
+                   ) -> tuple[list[float], list[float], list[float]]:
+    """:func:`order_figures`' per-rank first start, last end and peak through the memory
+    sweep: the general case (an op of 0 ms, or shorter than an ulp of the times)."""
+    p = len(orders)
     first, last = [math.inf] * p, [-math.inf] * p
     peaks = []
     for r, lst in enumerate(orders):
@@ -904,7 +926,4 @@ def order_figures(
             elif d < 0:
                 points.append((b, FREE, d))
         peaks.append(_clean(max([0.0] + [level for _, _, level in memory_sweep(points)])))
-    spans = [b - a if b >= a else 0.0 for a, b in zip(first, last)]
-    if not placed:
-        return max(peaks, default=0.0), max(spans, default=0.0), 0.0
-    return max(peaks), max(spans), max(last) - min(first)
+    return first, last, peaks
