@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from pipeoffload.costs import Costs, MemoryDeltas
 from pipeoffload.errors import ScheduleError
-from pipeoffload.ir import build_schedule
+from pipeoffload.ir import OpKind, build_schedule
 from pipeoffload.passes.timing import KIND_CODE, order_figures, place_rank_lists, simulate
 from pipeoffload.schedules import generate
 from pipeoffload.schedules.building_block import orders_from_block
@@ -328,3 +328,16 @@ def test_order_figures_running_sums_are_the_sweep(name: str, p: int, m: int, cos
         assert got == order_figures(s.placement, m, _orders(s), costs, memory)
     finally:
         timing._figures_swept, timing._serial = swept, serial
+
+
+def test_order_figures_of_ops_on_another_rank_are_simulates() -> None:
+    """An op in another rank's list leaves the compact loop (which times a list on its own
+    rank's clock): the figures are then simulate's, by definition."""
+    s = generate("zb-h1", 3, 4)
+    orders = _orders(s)
+    assert orders[2][-1][0] is OpKind.W
+    orders[1].append(orders[2].pop())  # rank 2's last W listed last on rank 1
+    costs, memory = Costs(F=1.0, B=2.0, W=0.5, comm=0.1), MemoryDeltas(F=2.0, B=-0.5, W=-1.5)
+    tl = simulate(build_schedule("orders", 4, s.placement, orders), costs, memory)
+    assert order_figures(s.placement, 4, orders, costs, memory) == (
+        max(tl.peak_memory()), max(tl.spans()), tl.makespan)

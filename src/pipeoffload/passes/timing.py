@@ -870,57 +870,70 @@ def order_figures(
     Guarantees: the same floats as ``max(tl.peak_memory())``, ``max(tl.spans())`` and
     ``tl.makespan`` of ``tl = simulate(schedule, costs, memory)`` for the schedule of
     these orders (same engine, same per-rank memory changes in the same order, the same
-    sweep). Raises ScheduleError on deadlock, as :func:`simulate`. Cost: O(number of ops).
+    sweep); orders with an op outside its list's rank (or its layer groups, or a negative
+    microbatch) are simulated so. Raises ScheduleError on deadlock, as :func:`simulate`.
+    Cost: O(number of ops).
     """
     dur, mem = costs.duration_table(placement), memory.delta_table(placement)
-    codes = [[(KIND_CODE[k], s, j) for k, s, j in lst] for lst in orders]
-    m = max([num_microbatches] + [j + 1 for lst in orders for _, _, j in lst])
-    durs = [[dur[s][k] for k, s, _ in lst] for lst in orders]
-    engine = ListScheduler(placement.stage_to_rank, m, costs.comm)
-    done, placed = _time_rank_lists(engine, codes, durs, None)
-    if any(n < len(lst) for n, lst in zip(done, orders)):
-        from ..ir import build_schedule
-
-        simulate(build_schedule("orders", num_microbatches, placement, orders), costs, memory)  # raises
-        raise ScheduleError("order_figures: the orders deadlock")  # not reached
-    starts: list[list[float]] = [[0.0] * len(lst) for lst in orders]
-    for r, i, t in placed:
-        starts[r][i] = t
-    lasts = [[st[-1] + du[-1]] if st else [] for st, du in zip(starts, durs)]
-    if _serial([min(map(min, filter(None, durs)), default=0.0)], lasts):
+    S, rank_of, kind_index = placement.num_stages, placement.stage_to_rank, _TABLE_KIND_INDEX
+    tis = [[kind_index[k] * S + s for k, s, _ in lst] for lst in orders]
+    mbs = [[j for _, _, j in lst] for lst in orders]
+    groups = [{s for _, s, _ in lst} for lst in orders]
+    if any(x and min(x) < 0 for x in mbs) or any(s not in range(S) or rank_of[s] != r
+                                                 for r, g in enumerate(groups) for s in g):
+        return _simulated_figures(placement, num_microbatches, orders, costs, memory)
+    m = max([num_microbatches] + [max(x) + 1 for x in mbs if x])
+    dur_of = [dur[s][k] for k in _TABLE_KINDS for s in range(S)]
+    mem_of = [mem[s][k] for k in _TABLE_KINDS for s in range(S)]
+    # every op of list r is on rank r: the timing pass's compact loop
+    starts, ends, placed = _time_compact(ListScheduler(rank_of, m, costs.comm), tis, mbs, _own_of(S), dur_of)
+    if placed < sum(map(len, tis)):
+        return _simulated_figures(placement, num_microbatches, orders, costs, memory)  # raises
+    lasts = [[en[-1]] if en else [] for en in ends]
+    if _serial(dur_of, lasts):
         # Each rank's ops run one after another, each lasting > 0 (and more than an ulp):
         # its starts and ends rise along its list, and its memory changes (an allocation at
         # an op's start, a free at its end) come in its order in the sweep — the running
         # sums of its deltas, the same floats (as simulate's columns, timeline._column_peak).
         first = [st[0] if st else math.inf for st in starts]
         last = [x[0] if x else -math.inf for x in lasts]
-        peaks = [_clean(_running_peak([mem[s][k] for k, s, _ in lst])) for lst in orders]
+        peaks = [_clean(_running_peak([mem_of[k] for k in ti])) for ti in tis]
     else:
-        first, last, peaks = _figures_swept(orders, starts, durs, mem)
+        first, last, peaks = _figures_swept(tis, starts, dur_of, mem_of)
     spans = [b - a if b >= a else 0.0 for a, b in zip(first, last)]
     if not placed:
         return max(peaks, default=0.0), max(spans, default=0.0), 0.0
     return max(peaks), max(spans), max(last) - min(first)
 
 
-def _figures_swept(orders: Sequence[Sequence[tuple[OpKind, int, int]]], starts: list[list[float]],
-                   durs: list[list[float]], mem: list[dict[OpKind, float]]
+def _simulated_figures(placement: Placement, num_microbatches: int,
+                       orders: Sequence[Sequence[tuple[OpKind, int, int]]], costs: Costs,
+                       memory: MemoryDeltas) -> tuple[float, float, float]:
+    """:func:`order_figures` by its definition: the orders' schedule simulated (raises
+    ScheduleError on a deadlock)."""
+    from ..ir import build_schedule
+
+    tl = simulate(build_schedule("orders", num_microbatches, placement, orders), costs, memory)
+    return max(tl.peak_memory(), default=0.0), max(tl.spans(), default=0.0), tl.makespan
+
+
+def _figures_swept(tis: list[list[int]], starts: list[list[float]], dur_of: list[float], mem_of: list[float]
                    ) -> tuple[list[float], list[float], list[float]]:
     """:func:`order_figures`' per-rank first start, last end and peak through the memory
-    sweep: the general case (an op of 0 ms, or shorter than an ulp of the times)."""
-    p = len(orders)
+    sweep (ops by table index): the general case (an op shorter than an ulp of the times)."""
+    p = len(tis)
     first, last = [math.inf] * p, [-math.inf] * p
     peaks = []
-    for r, lst in enumerate(orders):
-        st, du = starts[r], durs[r]
+    for r, ti in enumerate(tis):
+        st = starts[r]
         points = []
-        for i, (k, s, _) in enumerate(lst):
-            a, b = st[i], st[i] + du[i]
+        for i, k in enumerate(ti):
+            a, b = st[i], st[i] + dur_of[k]
             if a < first[r]:
                 first[r] = a
             if b > last[r]:
                 last[r] = b
-            d = mem[s][k]
+            d = mem_of[k]
             if d > 0:
                 points.append((a, ALLOC, d))
             elif d < 0:
