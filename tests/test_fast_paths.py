@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from pipeoffload.costs import Costs, MemoryDeltas
 from pipeoffload.errors import ScheduleError
-from pipeoffload.ir import build_schedule
+from pipeoffload.ir import OpKind, build_schedule
 from pipeoffload.passes.timing import KIND_CODE, order_figures, place_rank_lists, simulate
 from pipeoffload.schedules import generate
 from pipeoffload.schedules.building_block import orders_from_block
@@ -300,3 +300,44 @@ def _whole_retime(self, base, lists, rank, k):
     except Infeasible:
         return None
     return _Timing(tr.end, tr.clock, tr.first)
+
+
+@settings(deadline=None, max_examples=60)
+@given(name=st.sampled_from(["zb-v", "v-half", "zb-h1", "1f1b", "interleaved-1f1b"]), p=st.integers(1, 5),
+       m=st.integers(1, 10), costs=costs_st, memory=memory_st, tiny_f=st.booleans())
+def test_order_figures_running_sums_are_the_sweep(name: str, p: int, m: int, costs: Costs, memory: MemoryDeltas,
+                                                  tiny_f: bool) -> None:
+    """order_figures reads serial ranks' peaks as running sums of their deltas and their first
+    start and last end at their ends: the same floats as the memory sweep over every op
+    (_figures_swept, forced here); an op shorter than an ulp of the times takes the sweep
+    (the shortcut's condition: there an op may end when it starts)."""
+    from pipeoffload.passes import timing
+
+    if name == "interleaved-1f1b":
+        m = p * max(1, m // p)
+    s = generate(name, p, m, **({"v": 2} if name == "interleaved-1f1b" else {}))
+    if tiny_f:
+        costs = Costs(F=1e-30, B=costs.B, W=costs.W, comm=costs.comm)
+    swept, serial = timing._figures_swept, timing._serial
+    calls = []
+    timing._figures_swept = lambda *a: calls.append(1) or swept(*a)
+    try:
+        got = order_figures(s.placement, m, _orders(s), costs, memory)
+        assert bool(calls) == tiny_f  # the running sums whenever every op lasts over an ulp
+        timing._serial = lambda *a: False
+        assert got == order_figures(s.placement, m, _orders(s), costs, memory)
+    finally:
+        timing._figures_swept, timing._serial = swept, serial
+
+
+def test_order_figures_of_ops_on_another_rank_are_simulates() -> None:
+    """An op in another rank's list leaves the compact loop (which times a list on its own
+    rank's clock): the figures are then simulate's, by definition."""
+    s = generate("zb-h1", 3, 4)
+    orders = _orders(s)
+    assert orders[2][-1][0] is OpKind.W
+    orders[1].append(orders[2].pop())  # rank 2's last W listed last on rank 1
+    costs, memory = Costs(F=1.0, B=2.0, W=0.5, comm=0.1), MemoryDeltas(F=2.0, B=-0.5, W=-1.5)
+    tl = simulate(build_schedule("orders", 4, s.placement, orders), costs, memory)
+    assert order_figures(s.placement, 4, orders, costs, memory) == (
+        max(tl.peak_memory()), max(tl.spans()), tl.makespan)

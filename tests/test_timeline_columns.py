@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from pipeoffload.costs import Costs, MemoryDeltas
 from pipeoffload.errors import ScheduleError
 from pipeoffload.ir import OpKind, Schedule
-from pipeoffload.passes.timing import run_list_schedule, simulate
+from pipeoffload.passes.timing import _Deltas, _EventOrder, run_list_schedule, simulate
 from pipeoffload.schedules import generate
 from pipeoffload.timeline import Timeline, _last_ops_serial
 
@@ -28,6 +28,8 @@ def _check_same(sched: Schedule, costs: Costs, memory: MemoryDeltas) -> None:
     ref = _general(sched, costs, memory)
     fast = simulate(sched, costs, memory)
     assert fast._columns is not None  # the compact path was taken
+    assert isinstance(fast._columns._order, _EventOrder)  # the event order not recorded: made when read
+    assert isinstance(fast._columns._mem, _Deltas)  # nor the deltas
     # Metrics first, from the columns (no TimedOp made yet) ...
     assert fast.summary() == ref.summary()
     assert fast.spans() == ref.spans() and fast.busy() == ref.busy()

@@ -80,10 +80,11 @@ class EventColumns:
     order), their starts, ends and memory deltas as ``array('d')``, and the rank of
     each event in event order. :class:`TimedOp` objects are made only on demand.
 
-    ``order`` may be given as a function that makes it, called the first time it is
-    read (the periodic timing, :mod:`pipeoffload.passes.steady_columns`, writes the
-    times without running the engine op by op, so the event order is made only when
-    a listing in event order needs it).
+    ``order`` and ``mem`` may be given as functions that make them, called the first
+    time they are read (the timing pass does not record the event order, and the
+    periodic timing, :mod:`pipeoffload.passes.steady_columns`, writes the times without
+    running the engine op by op, so the event order is made only when a listing in
+    event order needs it; the planner reads the deltas of few of its timelines).
 
     Guarantees: :meth:`timed_ops` gives the :class:`TimedOp` list these columns stand
     for (event ``k`` is the next op of rank ``order[k]``), every op on the
@@ -95,12 +96,20 @@ class EventColumns:
     rank's first start and last end at its ends, and its memory levels as running sums.
     """
 
-    __slots__ = ("ops", "start", "end", "mem", "_order", "serial")
+    __slots__ = ("ops", "start", "end", "_mem", "_order", "serial")
 
     def __init__(self, ops: Sequence[Sequence[Op]], start: Sequence[array], end: Sequence[array],
-                 mem: Sequence[array], order: array | Callable[[], array], serial: bool = False) -> None:
-        self.ops, self.start, self.end, self.mem, self._order = ops, start, end, mem, order
+                 mem: Sequence[array] | Callable[[], Sequence[array]], order: array | Callable[[], array],
+                 serial: bool = False) -> None:
+        self.ops, self.start, self.end, self._mem, self._order = ops, start, end, mem, order
         self.serial = serial
+
+    @property
+    def mem(self) -> Sequence[array]:
+        """Per rank, each op's memory delta."""
+        if callable(self._mem):
+            self._mem = self._mem()
+        return self._mem
 
     @property
     def order(self) -> array:
@@ -411,8 +420,16 @@ def _column_peak(cols: EventColumns, r: int) -> float:
     the sweep itself."""
     st, en, mem = cols.start[r], cols.end[r], cols.mem[r]
     if cols.serial or all(map(lt, st, en)) and all(map(le, en, st[1:])):
-        return max(accumulate(mem, initial=0.0))
+        return _running_peak(mem)
     return max([0.0] + [level for _, _, level in memory_sweep(_column_changes(cols, r))])
+
+
+def _running_peak(deltas: Iterable[float]) -> float:
+    """The highest running sum of ``deltas`` from 0 (0 at least), in C: the peak of a
+    rank whose memory changes come in its op order (its ops run one after another, each
+    lasting a positive time), as :func:`memory_sweep` would level them (a zero delta,
+    which the sweep leaves out, repeats a level)."""
+    return max(accumulate(deltas, initial=0.0))
 
 
 def _column_changes(cols: EventColumns, r: int) -> list[Change]:

@@ -24,7 +24,7 @@ from ..costs import Costs, MemoryDeltas
 from ..ir import OpKind, Schedule
 from .steady_timing import _Engine, _exact, _run_with_skip
 from ..timeline import EventColumns, Timeline
-from .timing import KIND_CODE, ListScheduler, _compact_from_arrays, _time_compact, _timeline_fields
+from .timing import KIND_CODE, _EventOrder, _timeline_fields
 
 __all__ = ["steady_timeline"]
 
@@ -90,25 +90,3 @@ def steady_timeline(schedule: Schedule, costs: Costs, memory: MemoryDeltas, memo
     ops = [compact.rank_ops(pl, r) for r in range(len(codes))]
     columns = EventColumns(ops, starts, ends, mems, _EventOrder(schedule, costs.comm, dur_of), serial=True)
     return Timeline.from_columns(schedule.num_ranks, columns, **_timeline_fields(schedule, memory_unit)), skipped
-
-
-class _EventOrder:
-    """Makes the plain timing's event order (the rank of each op in the order the engine
-    places them) when called: run when a listing in event order first needs it. A class,
-    not a closure, so that a timeline holding it still pickles."""
-
-    __slots__ = ("schedule", "comm", "dur_of")
-
-    def __init__(self, schedule: Schedule, comm: float, dur_of: list[float]) -> None:
-        self.schedule, self.comm, self.dur_of = schedule, comm, dur_of
-
-    def __call__(self) -> array:
-        schedule = self.schedule
-        ops, tis, mbs, m = _compact_from_arrays(schedule, schedule.compact)
-        S = schedule.num_stages
-        engine = ListScheduler(schedule.placement.stage_to_rank, m, self.comm, 0.0)
-        own_of = [_CODE_OF_INDEX[k] * S + s for k in range(4) for s in range(S)]
-        starts = [array("d", bytes(8 * len(t))) for t in tis]
-        ends = [array("d", bytes(8 * len(t))) for t in tis]
-        end = array("d", [-float("inf")]) * len(engine.end)
-        return _time_compact(engine, tis, mbs, own_of, self.dur_of, starts, ends, end)

@@ -22,13 +22,14 @@ from __future__ import annotations
 import math
 from array import array
 from collections import deque
-from operator import add
+from functools import lru_cache
+from itertools import repeat
 from typing import Any, Callable, Mapping, Sequence
 
 from ..costs import Costs, MemoryDeltas
 from ..errors import ScheduleError
-from ..ir import CompactOrders, Op, OpKind, Placement, RankOps, Schedule, overlap_pairs
-from ..timeline import ALLOC, FREE, EventColumns, TimedOp, Timeline, _clean, memory_sweep
+from ..ir import CompactOrders, Op, OpKind, Placement, Schedule, overlap_pairs
+from ..timeline import ALLOC, FREE, EventColumns, TimedOp, Timeline, _clean, _running_peak, memory_sweep
 
 #: Completion key of an op: ("F"|"B"|"W", stage, microbatch). B and BW both
 #: complete the "B" key (they produce the input gradient).
@@ -92,6 +93,17 @@ def _code_dependencies(code: int, stage: int, num_stages: int) -> list[tuple[int
     return [(_CODE_OF_NAME[name], s) for name, s, _ in dependencies(op, num_stages)]
 
 
+@lru_cache(maxsize=64)
+def _dependency_pattern(num_stages: int) -> tuple[tuple[tuple[int, int, int], ...], ...]:
+    """Per ``code·S + stage`` (``S = num_stages``): each input of :func:`_code_dependencies`
+    as ``(code·S + stage of the input, its stage, the op's stage)``. The same for every
+    engine with ``S`` layer groups, so made once per ``S`` (an engine is made per timing
+    and per generator run: the planner makes ~ 1100)."""
+    S = num_stages
+    return tuple(tuple((dc * S + ds, ds, s) for dc, ds in _code_dependencies(c, s, S))
+                 for c in range(3) for s in range(S))
+
+
 def _key_str(key: Key) -> str:
     kind = {"F": "F", "B": "B/BW", "W": "W"}[key[0]]
     return f"{kind}(stage={key[1]}, mb={key[2]})"
@@ -129,13 +141,10 @@ class ListScheduler:
         #: End time of every op (index :meth:`slot`), ``-inf`` until placed.
         self.end = [_NOT_PLACED] * (3 * S * m)
         #: Per ``code·S + stage``: each input as (slot of its microbatch 0, latency).
+        rank_of = self.rank_of
         self.deps: list[tuple[tuple[int, float], ...]] = [
-            tuple(
-                ((dc * S + ds) * m, comm if self.rank_of[ds] != self.rank_of[s] else 0.0)
-                for dc, ds in _code_dependencies(c, s, S)
-            )
-            for c in range(3)
-            for s in range(S)
+            tuple((own * m, comm if rank_of[ds] != rank_of[s] else 0.0) for own, ds, s in inputs)
+            for inputs in _dependency_pattern(S)
         ]
 
     def slot(self, code: int, stage: int, mb: int) -> int:
@@ -402,8 +411,8 @@ def prove_deadlock_free(schedule: Schedule) -> None:
         raise ScheduleError(_deadlock_message(schedule, ranks, done, stuck, pairs))
 
 
-def _proved_compact(schedule: Schedule, ops: Sequence[Sequence[Op]], tis: Sequence[array],
-                    mbs: Sequence[array], m: int) -> bool:
+def _proved_compact(schedule: Schedule, ops: Sequence[Sequence[Op]], tis: Sequence[Sequence[int]],
+                    mbs: Sequence[Sequence[int]], m: int) -> bool:
     """Whether every compute op runs: :func:`place_rank_lists` over the compact addresses
     of :func:`_compact_addresses`, a 0/1 table of the ops placed, no timing and no
     callback per op. Cost: O(number of ops)."""
@@ -615,7 +624,7 @@ def _timeline_fields(schedule: Schedule, memory_unit: str) -> dict[str, Any]:
 
 
 def _simulate_columns(schedule: Schedule, costs: Costs | None, memory: MemoryDeltas | None, memory_unit: str,
-                      placed: list[array] | None = None) -> Timeline | None:
+                      placed: list[list[float]] | None = None) -> Timeline | None:
     """:func:`simulate` on compact addresses (:func:`_timed_columns`, whose ``placed``
     this passes on), or None where that does not apply (then :func:`simulate` takes the
     general path)."""
@@ -634,13 +643,13 @@ _TABLE_KINDS = (OpKind.F, OpKind.B, OpKind.W, OpKind.BW)
 _TABLE_KIND_INDEX = {k: i for i, k in enumerate(_TABLE_KINDS)}
 
 
-def _compact_addresses(schedule: Schedule) -> tuple[list[list[Op]], list[array], list[array], int] | None:
+def _compact_addresses(schedule: Schedule) -> tuple[list[Sequence[Op]], list[list[int]], list[list[int]], int] | None:
     """Per rank: its compute ops (the schedule's own list when it holds nothing else),
-    each op's table index (:data:`_TABLE_KINDS`) and microbatch as ``array('l')``, and
-    the number of microbatches to size the engine for. None when an op is outside the
-    placement's layer groups, has a negative microbatch or sits in another rank's list
-    (its ``rank`` or its layer group's rank is not the list's): the general path then
-    raises or times it as before."""
+    each op's table index (:data:`_TABLE_KINDS`) and microbatch as lists of ints (the
+    engine's loop reads lists faster than arrays), and the number of microbatches to
+    size the engine for. None when an op is outside the placement's layer groups, has a
+    negative microbatch or sits in another rank's list (its ``rank`` or its layer
+    group's rank is not the list's): the general path then raises or times it as before."""
     S, m = schedule.num_stages, schedule.num_microbatches
     compact = schedule.compact
     if compact is not None and compact.compute_only():
@@ -649,7 +658,8 @@ def _compact_addresses(schedule: Schedule) -> tuple[list[list[Op]], list[array],
     ops_out, tis_out, mbs_out = [], [], []
     top = m - 1
     for r, lst in enumerate(schedule.ranks):
-        tis, mbs = array("l"), array("l")
+        tis: list[int] = []
+        mbs: list[int] = []
         ti_add, mb_add = tis.append, mbs.append
         other = False
         for op in lst:
@@ -671,34 +681,37 @@ def _compact_addresses(schedule: Schedule) -> tuple[list[list[Op]], list[array],
 
 
 def _compact_from_arrays(schedule: Schedule, compact: CompactOrders
-                         ) -> tuple[list[RankOps], list[array], list[array], int] | None:
+                         ) -> tuple[list[Sequence[Op]], list[list[int]], list[list[int]], int] | None:
     """:func:`_compact_addresses` of a schedule still held as compute-only
     :class:`CompactOrders` (its kind codes are the table's kind indices, F, B, W, BW;
-    every layer group is in range), in C: no :class:`Op` is made."""
+    every layer group is in range): no :class:`Op` is made. A rank's layer groups are
+    checked once each (the set of its stages), not once per op."""
     pl = schedule.placement
     S, m, rank_of = pl.num_stages, schedule.num_microbatches, pl.stage_to_rank
     tis_out, top = [], m - 1
     for r, (ks, ss, js) in enumerate(zip(compact.kinds, compact.stages, compact.mbs)):
-        if js and (min(js) < 0 or set(map(rank_of.__getitem__, ss)) != {r}):
+        if js and (min(js) < 0 or any(rank_of[s] != r for s in set(ss))):
             return None
         if js:
             top = max(top, max(js))
-        tis_out.append(array("l", map(add, map(S.__mul__, ks), ss)))
+        tis_out.append([k * S + s for k, s in zip(ks, ss)])
     ops = [compact.rank_ops(pl, r) for r in range(len(tis_out))]
-    return ops, tis_out, list(compact.mbs), top + 1
+    return ops, tis_out, [js.tolist() for js in compact.mbs], top + 1
 
 
 def _timed_columns(schedule: Schedule, dur: Sequence[Mapping[OpKind, float]],
                    mem: Sequence[Mapping[OpKind, float]], comm: float,
-                   placed: list[array] | None = None) -> EventColumns | None:
+                   placed: list[list[float]] | None = None) -> EventColumns | None:
     """:func:`simulate`'s timing as :class:`EventColumns`, without an :class:`Op` lookup
     per op of the durations and deltas nor a :class:`TimedOp`: the same engine and fused
-    loop as :func:`run_list_schedule`, the same floats in the same event order.
+    loop as :func:`run_list_schedule`, the same floats in the same event order. The event
+    order is made when first read (:class:`_EventOrder`, the same engine run again; the
+    planner reads it for a few of its ~ 400 timings).
 
     None (the caller takes :func:`run_list_schedule`, which then raises or times as
     ever) for overlapped pairs, a deadlock, a duration or delta that is not a float,
     and the cases :func:`_compact_addresses` leaves out. ``placed``, when given, gets
-    the engine's end table appended (``array('d')``, ``-inf`` at an op never placed;
+    the engine's end table appended (a list of floats, ``-inf`` at an op never placed;
     index ``(code·S + stage)·m' + mb`` with ``m'`` the engine's size: the validator's
     fused proof reads it). Cost: O(number of ops)."""
     if overlap_pairs(schedule):
@@ -713,20 +726,71 @@ def _timed_columns(schedule: Schedule, dur: Sequence[Mapping[OpKind, float]],
         return None
     ops, tis, mbs, m = addr
     engine = ListScheduler(schedule.placement.stage_to_rank, m, comm, 0.0)
-    own_of = [KIND_CODE[k] * S + s for k in _TABLE_KINDS for s in range(S)]
-    starts = [array("d", bytes(8 * len(t))) for t in tis]
-    ends = [array("d", bytes(8 * len(t))) for t in tis]
-    end = array("d", [_NOT_PLACED]) * len(engine.end)  # the engine's end table, 8 bytes a slot
-    order = _time_compact(engine, tis, mbs, own_of, dur_of, starts, ends, end)
+    starts, ends, n_placed = _time_compact(engine, tis, mbs, _own_of(S), dur_of)
     if placed is not None:
-        placed.append(end)
-    if len(order) < sum(map(len, tis)):
+        placed.append(engine.end)
+    if n_placed < sum(map(len, tis)):
         return None  # deadlock: run_list_schedule names the cycle
-    mems = [array("d", map(mem_of.__getitem__, t)) for t in tis]
-    return EventColumns(ops, starts, ends, mems, order, serial=_serial(dur_of, ends))
+    ends_out = [array("d", en) for en in ends]
+    return EventColumns(ops, [array("d", st) for st in starts], ends_out, _Deltas(schedule, mem_of),
+                        _EventOrder(schedule, comm, dur_of), serial=_serial(dur_of, ends_out))
 
 
-def _serial(dur_of: Sequence[float], ends: Sequence[array]) -> bool:
+def _own_of(num_stages: int) -> list[int]:
+    """Per table index (``kind index · S + stage``, :data:`_TABLE_KINDS`): the engine's
+    ``code · S + stage`` (a BW completes the B code)."""
+    return [KIND_CODE[k] * num_stages + s for k in _TABLE_KINDS for s in range(num_stages)]
+
+
+class _Deltas:
+    """Makes each rank's memory deltas of :func:`_timed_columns`' columns (``array('d')``
+    per rank, each op's ``mem_of`` at its table index) when called: the first time they
+    are read (the planner reads them for a few of its ~ 400 timings). A class, not a
+    closure, so that a timeline holding it still pickles."""
+
+    __slots__ = ("schedule", "mem_of")
+
+    def __init__(self, schedule: Schedule, mem_of: list[float]) -> None:
+        self.schedule, self.mem_of = schedule, mem_of
+
+    def __call__(self) -> list[array]:
+        addr = _compact_addresses(self.schedule)
+        assert addr is not None  # it was timed from these addresses
+        mem_of = self.mem_of
+        return [array("d", [mem_of[k] for k in t]) for t in addr[1]]
+
+
+class _EventOrder:
+    """Makes the plain timing's event order (the rank of each op in the order the engine
+    places them) when called: run when a listing in event order first needs it (the
+    timing itself does not record it, and :mod:`~pipeoffload.passes.steady_columns`
+    writes most times without placing ops one by one). A class, not a closure, so that
+    a timeline holding it still pickles.
+
+    Guarantees: the order of :func:`_time_compact` run on ``schedule`` with ``comm`` and
+    the per-table-index durations ``dur_of`` (the engine places the same ops in the same
+    order whatever it records)."""
+
+    __slots__ = ("schedule", "comm", "dur_of")
+
+    def __init__(self, schedule: Schedule, comm: float, dur_of: list[float]) -> None:
+        self.schedule, self.comm, self.dur_of = schedule, comm, dur_of
+
+    def __call__(self) -> array:
+        schedule = self.schedule
+        addr = _compact_addresses(schedule)
+        assert addr is not None  # it was timed from these addresses
+        _, tis, mbs, m = addr
+        engine = ListScheduler(schedule.placement.stage_to_rank, m, self.comm, 0.0)
+        runs: list[tuple[int, int]] = []
+        _time_compact(engine, tis, mbs, _own_of(schedule.num_stages), self.dur_of, runs)
+        order = array("l")
+        for r, n in runs:
+            order.extend(repeat(r, n))
+        return order
+
+
+def _serial(dur_of: Sequence[float], ends: Sequence[Sequence[float]]) -> bool:
     """Whether the engine's columns are :class:`EventColumns` ``serial``: every op starts
     at or after its rank's clock (the previous op's end), so each rank's starts and ends
     never fall; each lasts a positive time when every duration is positive and at least
@@ -736,26 +800,31 @@ def _serial(dur_of: Sequence[float], ends: Sequence[array]) -> bool:
     return shortest > 0 and math.isfinite(latest) and latest >= 0 and shortest >= math.ulp(latest)
 
 
-def _time_compact(engine: ListScheduler, tis: Sequence[array], mbs: Sequence[array], own_of: Sequence[int],
-                  dur_of: Sequence[float], starts: Sequence[array], ends: Sequence[array], end: array) -> array:
+def _time_compact(engine: ListScheduler, tis: Sequence[list[int]], mbs: Sequence[list[int]], own_of: Sequence[int],
+                  dur_of: Sequence[float], runs: list[tuple[int, int]] | None = None
+                  ) -> tuple[list[list[float]], list[list[float]], int]:
     """:func:`_time_rank_lists` over compact addresses (rank ``r``'s op ``i`` is
-    ``own_of[tis[r][i]]``, microbatch ``mbs[r][i]``, runs for ``dur_of[tis[r][i]]``):
-    writes each op's start and end into ``starts``/``ends`` and the engine's end table
-    ``end`` (all ``-inf`` on entry), and returns the rank of each placed op in placement
-    order (as many as were placed: fewer on a deadlock)."""
+    ``own_of[tis[r][i]]``, microbatch ``mbs[r][i]``, runs for ``dur_of[tis[r][i]]``),
+    writing the engine's end table ``engine.end``. Returns each rank's starts and ends
+    (0.0 at an op not placed) and how many ops were placed (fewer than all on a
+    deadlock). With ``runs``, appends ``(rank, count)`` for each run of ops the loop
+    places on one rank in a row: the event order, rank by rank (per run, not per op,
+    and only when asked: the planner reads the order of few timings). Lists throughout:
+    their reads and writes are the interpreter's fast paths, arrays' are not."""
     m = engine.num_microbatches
-    deps, clock, origin = engine.deps, engine.clock, engine.origin
+    deps, clock, origin, end = engine.deps, engine.clock, engine.origin, engine.end
     unplaced = _NOT_PLACED
     p = len(tis)
     done = [0] * p
-    order = array("l")
-    note = order.append
+    starts = [[0.0] * len(t) for t in tis]
+    ends = [[0.0] * len(t) for t in tis]
     waiting: dict[int, list[int]] = {}
     ready = deque(range(p))
     while ready:
         r = ready.popleft()
         ti, mb_of, st, en = tis[r], mbs[r], starts[r], ends[r]
-        i, n = done[r], len(ti)
+        i = i0 = done[r]
+        n = len(ti)
         c = clock[r]  # every op of list r is on rank r (_compact_addresses): its clock, while r runs
         while i < n:
             k, mb = ti[i], mb_of[i]
@@ -778,13 +847,14 @@ def _time_compact(engine: ListScheduler, tis: Sequence[array], mbs: Sequence[arr
             slot = own * m + mb
             st[i] = t
             en[i] = end[slot] = c = t + dur_of[k]
-            note(r)
             i += 1
             woken = waiting.pop(slot, None)
             if woken:
                 ready.extend(woken)
         done[r], clock[r] = i, c
-    return order
+        if runs is not None and i > i0:
+            runs.append((r, i - i0))
+    return starts, ends, sum(done)
 
 
 def order_figures(
@@ -800,41 +870,73 @@ def order_figures(
     Guarantees: the same floats as ``max(tl.peak_memory())``, ``max(tl.spans())`` and
     ``tl.makespan`` of ``tl = simulate(schedule, costs, memory)`` for the schedule of
     these orders (same engine, same per-rank memory changes in the same order, the same
-    sweep). Raises ScheduleError on deadlock, as :func:`simulate`. Cost: O(number of ops).
+    sweep); orders with an op outside its list's rank (or its layer groups, or a negative
+    microbatch) are simulated so. Raises ScheduleError on deadlock, as :func:`simulate`.
+    Cost: O(number of ops).
     """
     dur, mem = costs.duration_table(placement), memory.delta_table(placement)
-    codes = [[(KIND_CODE[k], s, j) for k, s, j in lst] for lst in orders]
-    m = max([num_microbatches] + [j + 1 for lst in orders for _, _, j in lst])
-    durs = [[dur[s][k] for k, s, _ in lst] for lst in orders]
-    engine = ListScheduler(placement.stage_to_rank, m, costs.comm)
-    done, placed = _time_rank_lists(engine, codes, durs, None)
-    if any(n < len(lst) for n, lst in zip(done, orders)):
-        from ..ir import build_schedule
+    S, rank_of, kind_index = placement.num_stages, placement.stage_to_rank, _TABLE_KIND_INDEX
+    tis = [[kind_index[k] * S + s for k, s, _ in lst] for lst in orders]
+    mbs = [[j for _, _, j in lst] for lst in orders]
+    groups = [{s for _, s, _ in lst} for lst in orders]
+    if any(x and min(x) < 0 for x in mbs) or any(s not in range(S) or rank_of[s] != r
+                                                 for r, g in enumerate(groups) for s in g):
+        return _simulated_figures(placement, num_microbatches, orders, costs, memory)
+    m = max([num_microbatches] + [max(x) + 1 for x in mbs if x])
+    dur_of = [dur[s][k] for k in _TABLE_KINDS for s in range(S)]
+    mem_of = [mem[s][k] for k in _TABLE_KINDS for s in range(S)]
+    # every op of list r is on rank r: the timing pass's compact loop
+    starts, ends, placed = _time_compact(ListScheduler(rank_of, m, costs.comm), tis, mbs, _own_of(S), dur_of)
+    if placed < sum(map(len, tis)):
+        return _simulated_figures(placement, num_microbatches, orders, costs, memory)  # raises
+    lasts = [[en[-1]] if en else [] for en in ends]
+    if _serial(dur_of, lasts):
+        # Each rank's ops run one after another, each lasting > 0 (and more than an ulp):
+        # its starts and ends rise along its list, and its memory changes (an allocation at
+        # an op's start, a free at its end) come in its order in the sweep — the running
+        # sums of its deltas, the same floats (as simulate's columns, timeline._column_peak).
+        first = [st[0] if st else math.inf for st in starts]
+        last = [x[0] if x else -math.inf for x in lasts]
+        peaks = [_clean(_running_peak([mem_of[k] for k in ti])) for ti in tis]
+    else:
+        first, last, peaks = _figures_swept(tis, starts, dur_of, mem_of)
+    spans = [b - a if b >= a else 0.0 for a, b in zip(first, last)]
+    if not placed:
+        return max(peaks, default=0.0), max(spans, default=0.0), 0.0
+    return max(peaks), max(spans), max(last) - min(first)
 
-        simulate(build_schedule("orders", num_microbatches, placement, orders), costs, memory)  # raises
-        raise ScheduleError("order_figures: the orders deadlock")  # not reached
-    p = len(orders)
-    starts: list[list[float]] = [[0.0] * len(lst) for lst in orders]
-    for r, i, t in placed:
-        starts[r][i] = t
+
+def _simulated_figures(placement: Placement, num_microbatches: int,
+                       orders: Sequence[Sequence[tuple[OpKind, int, int]]], costs: Costs,
+                       memory: MemoryDeltas) -> tuple[float, float, float]:
+    """:func:`order_figures` by its definition: the orders' schedule simulated (raises
+    ScheduleError on a deadlock)."""
+    from ..ir import build_schedule
+
+    tl = simulate(build_schedule("orders", num_microbatches, placement, orders), costs, memory)
+    return max(tl.peak_memory(), default=0.0), max(tl.spans(), default=0.0), tl.makespan
+
+
+def _figures_swept(tis: list[list[int]], starts: list[list[float]], dur_of: list[float], mem_of: list[float]
+                   ) -> tuple[list[float], list[float], list[float]]:
+    """:func:`order_figures`' per-rank first start, last end and peak through the memory
+    sweep (ops by table index): the general case (an op shorter than an ulp of the times)."""
+    p = len(tis)
     first, last = [math.inf] * p, [-math.inf] * p
     peaks = []
-    for r, lst in enumerate(orders):
-        st, du = starts[r], durs[r]
+    for r, ti in enumerate(tis):
+        st = starts[r]
         points = []
-        for i, (k, s, _) in enumerate(lst):
-            a, b = st[i], st[i] + du[i]
+        for i, k in enumerate(ti):
+            a, b = st[i], st[i] + dur_of[k]
             if a < first[r]:
                 first[r] = a
             if b > last[r]:
                 last[r] = b
-            d = mem[s][k]
+            d = mem_of[k]
             if d > 0:
                 points.append((a, ALLOC, d))
             elif d < 0:
                 points.append((b, FREE, d))
         peaks.append(_clean(max([0.0] + [level for _, _, level in memory_sweep(points)])))
-    spans = [b - a if b >= a else 0.0 for a, b in zip(first, last)]
-    if not placed:
-        return max(peaks, default=0.0), max(spans, default=0.0), 0.0
-    return max(peaks), max(spans), max(last) - min(first)
+    return first, last, peaks
