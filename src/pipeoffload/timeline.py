@@ -420,11 +420,11 @@ def _column_peak(cols: EventColumns, r: int) -> float:
     the sweep itself."""
     st, en, mem = cols.start[r], cols.end[r], cols.mem[r]
     if cols.serial or all(map(lt, st, en)) and all(map(le, en, st[1:])):
-        return _running_peak(mem)
+        return running_peak(mem)
     return max([0.0] + [level for _, _, level in memory_sweep(_column_changes(cols, r))])
 
 
-def _running_peak(deltas: Iterable[float]) -> float:
+def running_peak(deltas: Iterable[float]) -> float:
     """The highest running sum of ``deltas`` from 0 (0 at least), in C: the peak of a
     rank whose memory changes come in its op order (its ops run one after another, each
     lasting a positive time), as :func:`memory_sweep` would level them (a zero delta,

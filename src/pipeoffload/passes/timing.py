@@ -29,7 +29,7 @@ from typing import Any, Callable, Mapping, Sequence
 from ..costs import Costs, MemoryDeltas
 from ..errors import ScheduleError
 from ..ir import CompactOrders, Op, OpKind, Placement, Schedule, overlap_pairs
-from ..timeline import ALLOC, FREE, EventColumns, TimedOp, Timeline, _clean, _running_peak, memory_sweep
+from ..timeline import ALLOC, FREE, EventColumns, TimedOp, Timeline, _clean, memory_sweep, running_peak
 
 #: Completion key of an op: ("F"|"B"|"W", stage, microbatch). B and BW both
 #: complete the "B" key (they produce the input gradient).
@@ -897,7 +897,7 @@ def order_figures(
         # sums of its deltas, the same floats (as simulate's columns, timeline._column_peak).
         first = [st[0] if st else math.inf for st in starts]
         last = [x[0] if x else -math.inf for x in lasts]
-        peaks = [_clean(_running_peak([mem_of[k] for k in ti])) for ti in tis]
+        peaks = [_clean(running_peak([mem_of[k] for k in ti])) for ti in tis]
     else:
         first, last, peaks = _figures_swept(tis, starts, dur_of, mem_of)
     spans = [b - a if b >= a else 0.0 for a, b in zip(first, last)]

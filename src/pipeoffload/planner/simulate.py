@@ -29,8 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from itertools import accumulate
-from typing import Any, Iterable
+from typing import Any
 
 from ..costs import Costs, MemoryDeltas
 from ..errors import ParameterError, PipeoffloadError, ScheduleError
@@ -38,7 +37,7 @@ from ..ir import ALL_KINDS, OVERLAP, CompactOrders, OpKind, Placement, Schedule
 from ..passes.issue_policy import paused_gc
 from ..passes.lower import lower
 from ..passes.offload import OffloadOptions, OffloadResult, OffloadSession, offload_bounds
-from ..timeline import Timeline, _clean
+from ..timeline import Timeline, _clean, running_peak
 from .bounds import pipeline_bound
 from .dp import dp_exposed
 from .hostlink import host_links
@@ -107,7 +106,7 @@ def order_peaks(schedule: Schedule, costs: Costs, memory: MemoryDeltas) -> list[
     compact = schedule.compact
     if compact is not None:  # the arrays, without making the Op lists
         return _compact_peaks(compact, mem)
-    return [_running_peak(mem[o.stage][o.kind] for o in lst if o.kind in _COMPUTE) for lst in schedule.ranks]
+    return [_clean(running_peak(mem[o.stage][o.kind] for o in lst if o.kind in _COMPUTE)) for lst in schedule.ranks]
 
 
 def _compact_peaks(compact: CompactOrders, mem: list[dict[OpKind, float]]) -> list[float]:
@@ -115,14 +114,8 @@ def _compact_peaks(compact: CompactOrders, mem: list[dict[OpKind, float]]) -> li
     the same order (the compute kinds are the codes below :data:`_N_COMPUTE` of
     :data:`~pipeoffload.ir.ALL_KINDS`; other ops change no memory)."""
     by_code = [tuple(row[k] for k in ALL_KINDS[:_N_COMPUTE]) for row in mem]
-    return [_running_peak(by_code[s][k] for k, s in zip(kinds, stages) if k < _N_COMPUTE)
+    return [_clean(running_peak(by_code[s][k] for k, s in zip(kinds, stages) if k < _N_COMPUTE))
             for kinds, stages in zip(compact.kinds, compact.stages)]
-
-
-def _running_peak(deltas: Iterable[float]) -> float:
-    """The highest running sum of ``deltas`` from 0 (0 at least), added in their order in C
-    (adding 0.0 leaves a sum as it is, so zero deltas change nothing)."""
-    return _clean(max(accumulate(deltas, initial=0.0)))
 
 
 @dataclass
