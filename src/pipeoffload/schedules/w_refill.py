@@ -334,6 +334,8 @@ def _skip_steady(run: _Refill) -> int:
     # (With run.extra, as a run on that many more microbatches checks: refill_periodic.)
     extra = run.extra
     while all(2 * (n + per) <= lo + hi + extra * per for n, per, (lo, hi) in zip(run.lim, periods, ranges)):
+        if any(n + per > hi for n, per, (_, hi) in zip(run.lim, periods, ranges)):
+            return 0  # (only with extra: no period is left to shift on these orders)
         if not run.run():
             return 0
         now = _state(run)
