@@ -49,7 +49,7 @@ from ..ir import OpKind, Placement
 from .timing import _NOT_PLACED, CODE_KIND, ListScheduler, order_figures
 from ..timeline import _clean
 
-__all__ = ["steady_figures", "op_slots", "PeriodicOrders", "insert_periods", "periodic_figures", "inputs_from", "inside_range"]
+__all__ = ["steady_figures", "op_slots", "PeriodicOrders", "insert_periods", "periodic_figures", "inputs_from", "inside_range", "exact_costs"]
 
 _GRAIN = float(1 << 20)  #: times and deltas must be multiples of 1/_GRAIN
 _LIMIT = float(1 << 31)  #: ... and their totals below this: every sum is exact
@@ -244,11 +244,10 @@ def _steady_run(placement: Placement, m: int, orders: Sequence[Sequence[tuple[Op
         return None, None
     if any(max(map(itemgetter(2), lst)) >= m for lst in orders):
         return None, None
-    dur_t, mem_t = costs.duration_table(placement), memory.delta_table(placement)
-    durc = [dur_t[s][CODE_KIND[c]] for c in range(3) for s in range(S)]
-    memc = [mem_t[s][CODE_KIND[c]] for c in range(3) for s in range(S)]
-    if not (_exact(durc + [costs.comm], n_ops) and _exact(memc, n_ops) and min(durc) > 0):
+    tables = _exact_tables(placement, costs, memory, n_ops)
+    if tables is None:
         return None, None
+    durc, memc = tables
     try:
         codes = [op_slots(lst, S, m, _CODE) for lst in orders]
     except KeyError:  # a kind without an engine code (BW)
@@ -262,6 +261,27 @@ def _steady_run(placement: Placement, m: int, orders: Sequence[Sequence[tuple[Op
         return None, None
     peak = max(peaks)
     return (peak, *_spans(eng.first, eng.clock)), eng
+
+
+def _exact_tables(placement: Placement, costs: Costs, memory: MemoryDeltas,
+                  n_ops: int) -> tuple[list[float], list[float]] | None:
+    """The durations and memory deltas by engine code (``code·S + layer group``) when the
+    shortcut's exactness holds for ``n_ops`` ops (module docstring), else None."""
+    S = placement.num_stages
+    dur_t, mem_t = costs.duration_table(placement), memory.delta_table(placement)
+    durc = [dur_t[s][CODE_KIND[c]] for c in range(3) for s in range(S)]
+    memc = [mem_t[s][CODE_KIND[c]] for c in range(3) for s in range(S)]
+    if not (_exact(durc + [costs.comm], n_ops) and _exact(memc, n_ops) and min(durc) > 0):
+        return None
+    return durc, memc
+
+
+def exact_costs(placement: Placement, costs: Costs, memory: MemoryDeltas, n_ops: int) -> bool:
+    """Whether :func:`steady_figures` (and so :func:`periodic_figures`) can shift periods
+    of ``n_ops`` ops under ``costs`` and ``memory``: every duration positive, every
+    duration, the latency and every delta an exact binary fraction (module docstring).
+    Otherwise both time every op, and a :class:`PeriodicOrders` is best expanded once."""
+    return _exact_tables(placement, costs, memory, n_ops) is not None
 
 
 def _spans(first: Sequence[float], last: Sequence[float]) -> tuple[float, float]:

@@ -48,7 +48,7 @@ from ..ir import OpKind, Placement, Schedule, build_schedule
 from .hole_fill import BUDGET as HOLE_BUDGET, fill_holes
 from .building_block import BuildingBlock, chain_slots, op_table, periodic_from_block, place_weight_grads
 from .spec import ScheduleSpec
-from ..passes.steady_timing import PeriodicOrders, periodic_figures, steady_figures
+from ..passes.steady_timing import PeriodicOrders, exact_costs, periodic_figures, steady_figures
 from .v_reorder_periods import reorder_periodic
 from .w_refill import refill_periodic
 from .zb_auto import Tracker, lower_bounds
@@ -115,7 +115,11 @@ LOWERING_COST = (
     "same run, e.g. at unit costs) and the timings of the two base candidates and of any other that could win "
     "go through the periodic steady state when the costs are binary fractions (unit costs, halves: "
     ":mod:`~pipeoffload.passes.steady_timing`, :func:`.w_refill.refill_both`): the warm-up and cool-down, O(p²) ops, are placed "
-    "and the proved periods written by slices, O(p·m) list work in C; with other costs each is O(p·m) ops. "
+    "and the proved periods written by slices; with other costs each is O(p·m) ops. The candidates are held "
+    "as their orders on m' microbatches plus where the missing periods go in (PeriodicOrders): their timings "
+    "and refills run on m' when that run proves the result for m is the short one with the periods inserted "
+    "(periodic_figures, refill_periodic: O(p²) Python work and O(p·m') list work each), and only the winner's "
+    "O(p·m) tuples are written (in C); otherwise on the expanded orders, as above. "
     "Hole filling runs only while its budget can time a trial (6·p·m ≤ 25 000 ops): O(p·m) in all, with the "
     "constant of about six timings (about two with binary-fraction costs)")
 
@@ -198,7 +202,12 @@ def _lower_block_timed(name: str, block: BuildingBlock, spec: ScheduleSpec,
     Each candidate is compared by three figures of its timing
     (:func:`~pipeoffload.passes.steady_timing.steady_figures`: those of ``simulate``'s timeline, without
     building it, the periodic steady state shifted where that is exact), and only the
-    winner becomes a Schedule (for hole filling).
+    winner becomes a Schedule (for hole filling). The candidates are
+    :class:`~pipeoffload.passes.steady_timing.PeriodicOrders` (orders on fewer microbatches
+    and where the missing periods go in), timed
+    (:func:`~pipeoffload.passes.steady_timing.periodic_figures`) and refilled
+    (:func:`.w_refill.refill_periodic`) on the short orders where that is proved the same;
+    only the winner is expanded.
 
     Guarantees: per-rank peak at most :func:`unit_peak_bound` units (unit accounting,
     any costs); the longest span is no longer than either of the first two lowerings'."""
@@ -209,10 +218,16 @@ def _lower_block_timed(name: str, block: BuildingBlock, spec: ScheduleSpec,
     # Each candidate is held as its orders on fewer microbatches and where the missing
     # periods go in (PeriodicOrders), timed and refilled there; only the winner is expanded.
     first = periodic_from_block(block, m, ops)
+    # Costs the short runs cannot shift under: each candidate expanded once, as it is timed on m
+    plain = not exact_costs(pl, spec.costs, spec.memory, first.n_ops())
+    if plain:
+        first = PeriodicOrders.plain(first.expand(ops))
     figures = list(periodic_figures(pl, m, first, spec.costs, spec.memory))
     if _at_bounds(figures, pl, m, spec):
         return first.expand(ops), tuple(figures)  # no candidate could be strictly better, and ties keep the earlier
     second = reorder_periodic(block, m, ops)
+    if plain:
+        second = PeriodicOrders.plain(second.expand(ops))
     figures2 = list(periodic_figures(pl, m, second, spec.costs, spec.memory))
     best = _Best(first, figures, max(figures[0], figures2[0]))
     best.offer(second, figures2[1], figures2[2], lambda: figures2)
@@ -243,7 +258,8 @@ class _Best:
     shortest longest span, then makespan (ties keep the earlier), among those whose peak
     is within ``cap`` (the first two candidates' highest). A candidate's peak is asked
     only when it would beat the best so far: the others cannot win whatever their peak.
-    Losers are dropped as they come (at p = 128, m = 4096 each order holds 3 M ops).
+    Losers are dropped as they come (each candidate's orders are held on ``m'`` microbatches
+    where the short runs prove it, else on ``m``: 3 M ops at p = 128, m = 4096).
     ``figures``: the winner's ``(peak, span, makespan)`` by ``steady_figures``."""
 
     def __init__(self, orders: PeriodicOrders, figures: Sequence[float], cap: float) -> None:
