@@ -79,18 +79,23 @@ def _refill_runs(placement: Placement, m: int, orders: Sequence[Sequence[tuple[O
                  extra: int = 0) -> list[_Refill]:
     """:func:`refill_both`'s runs; ``n_ops`` the op count the exactness bound is checked
     for and ``extra`` the microbatches :func:`_skip_steady` checks as if there (both for
-    :func:`refill_periodic`: the orders with the periods inserted)."""
+    :func:`refill_periodic`: the orders with the periods inserted; then a run that raises
+    :class:`.zb_auto.Infeasible` raises it here, since where it stopped says nothing of
+    the run on more microbatches)."""
     out = []
     consulted = [False]
     try:
         out.append(_refill(placement, m, orders, costs, memory, caps, True, consulted, n_ops, extra))
     except Infeasible:
+        if extra:
+            raise
         consulted[0] = True  # where it stopped is not known: run the second
     if consulted[0]:
         try:
             out.append(_refill(placement, m, orders, costs, memory, caps, False, [False], n_ops, extra))
         except Infeasible:
-            pass
+            if extra:
+                raise
     return out
 
 
@@ -108,13 +113,17 @@ def refill_periodic(placement: Placement, m: int, cand: PeriodicOrders, costs: C
     same cool-down ``Δ`` microbatches and ``Δ·T`` later — when every input a cool-down op
     (W's included) reads sits at or after its rank's checked period. The same decisions
     also set ``consulted`` the same way, so the same runs are made. Where a check fails
-    (or the costs are not binary fractions, or a run stops) :func:`refill_both` runs on
+    (or the costs are not binary fractions, or a run raises Infeasible) :func:`refill_both` runs on
     the expanded orders.
 
     Cost: the refills on ``m'`` (O(p²) ops placed for the V orders, O(p·m') list work)."""
     if cand.extra:
-        runs = _refill_runs(placement, m - cand.extra, cand.orders, costs, memory, caps, cand.n_ops(), cand.extra)
-        out = [_stretched(run, cand) for run in runs]
+        try:
+            runs = _refill_runs(placement, m - cand.extra, cand.orders, costs, memory, caps, cand.n_ops(),
+                                cand.extra)
+        except Infeasible:
+            runs = [None]
+        out = [None if run is None else _stretched(run, cand) for run in runs]
         if None not in out:
             return out
     return [(PeriodicOrders.plain(tr.order), tr.max_span(), tr.makespan())
