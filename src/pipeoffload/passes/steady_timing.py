@@ -31,6 +31,12 @@ period's deltas sum to 0 exactly in a steady V order, so the skipped periods rep
 levels already seen. Otherwise (other costs, zero durations, BW ops, a period whose
 deltas do not cancel) :func:`steady_figures` is :func:`order_figures`.
 
+Orders for ``m`` microbatches that are orders for ``m' < m`` with periods inserted
+(:class:`PeriodicOrders`, the V lowerings' candidates) are timed on ``m'``:
+:func:`periodic_figures` derives the figures for ``m`` from that run when it proves them
+the same (the run for ``m`` shifts more periods of the same steady state), else times
+the expanded orders.
+
 Pure Python.
 """
 
