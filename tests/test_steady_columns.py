@@ -56,6 +56,20 @@ def test_same_timeline_and_it_fires(name: str, v) -> None:
         assert fired == 0
 
 
+def test_the_columns_repeat_a_period(monkeypatch) -> None:
+    """Starts and deltas inside the periodic ranges are one period's values repeated (the
+    timeline still simulate's); fails if that never fires."""
+    from pipeoffload.passes import steady_columns as sc
+
+    seen: list[int] = []
+    real = sc._repeats
+    monkeypatch.setattr(sc, "_repeats", lambda *a: seen.append(real(*a)) or seen[-1])
+    sched = _schedule("v-half", None, 8, 40)
+    got = steady_timeline(sched, EXACT[2], MEMORY[1], "units")
+    assert _view(got[0]) == _view(simulate(sched, EXACT[2], MEMORY[1]))
+    assert sum(k >= 2 for k in seen) >= 8, seen
+
+
 def test_not_exact_takes_the_plain_timing() -> None:
     sched = _schedule("zb-v", None, 4, 16)
     assert steady_timeline(sched, Costs(F=1.0, B=1.1, W=1.0), MemoryDeltas(), "units") is None  # 1.1: not binary

@@ -57,21 +57,29 @@ def test_fixed_lowering_random_costs(name, p, m, f, b, w, comm):
 def _winner_sources(monkeypatch) -> list[str]:
     """Record, per lowering, whether a W refill's orders won ('refill') or not ('other')."""
     seen: list[str] = []
-    real, real_refill = vshape._lower_block_timed, vshape.refill_both
+    real, real_refill, real_best = vshape._lower_block_timed, vshape.refill_periodic, vshape._Best
     refills: list = []
+    bests: list = []
 
     def refill(*a, **k):
-        for tr in real_refill(*a, **k):
-            refills.append(tr.order)
-            yield tr
+        for cand, span, makespan in real_refill(*a, **k):
+            refills.append(cand)
+            yield cand, span, makespan
+
+    class Best(real_best):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            bests.append(self)
 
     def spy(name, block, spec, holes=False):
         refills.clear()
+        bests.clear()
         orders, figures = real(name, block, spec, holes)
-        seen.append("refill" if any(orders is o for o in refills) else "other")
+        seen.append("refill" if bests and any(bests[-1].orders is o for o in refills) else "other")
         return orders, figures
 
-    monkeypatch.setattr(vshape, "refill_both", refill)
+    monkeypatch.setattr(vshape, "refill_periodic", refill)
+    monkeypatch.setattr(vshape, "_Best", Best)
     monkeypatch.setattr(vshape, "_lower_block_timed", spy)
     return seen
 

@@ -19,14 +19,14 @@ BLOCKS = {"v-min": v_min_block, "v-half": v_half_block, "v-zb": v_zb_block}
 def _counted(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     """Each reduced run's outcome (True: proved), as reorder_orders calls it."""
     runs: list[bool] = []
-    plain = vp.reduced_orders
+    plain = vp.reduced_periodic
 
     def counted(*args, **kwargs):
         orders = plain(*args, **kwargs)
         runs.append(orders is not None)
         return orders
 
-    monkeypatch.setattr(vp, "reduced_orders", counted)
+    monkeypatch.setattr(vp, "reduced_periodic", counted)
     return runs
 
 

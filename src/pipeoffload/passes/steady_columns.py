@@ -20,10 +20,11 @@ from __future__ import annotations
 
 from array import array
 from operator import add, sub
+
 from ..costs import Costs, MemoryDeltas
 from ..ir import OpKind, Schedule
-from .steady_timing import _Engine, _exact, _run_with_skip
 from ..timeline import EventColumns, Timeline
+from .steady_timing import _Engine, _exact, _run_with_skip
 from .timing import KIND_CODE, _EventOrder, _timeline_fields
 
 __all__ = ["steady_timeline"]
@@ -85,8 +86,37 @@ def steady_timeline(schedule: Schedule, costs: Costs, memory: MemoryDeltas, memo
     if placed is not None:
         placed.append(end)
     ends = [array("d", map(end.__getitem__, c)) for c in codes]
-    starts = [array("d", map(sub, e, map(dur_of.__getitem__, ti))) for e, ti in zip(ends, tis)]
-    mems = [array("d", map(mem_of.__getitem__, ti)) for ti in tis]
+    ranges = eng.ranges or [(0, 0)] * len(codes)
+    periods = eng.periods or [0] * len(codes)
+    starts = [array("d", map(sub, e, _column(dur_of, ti, c, rng, per, m)))
+              for e, ti, c, rng, per in zip(ends, tis, codes, ranges, periods)]
+    mems = [_column(mem_of, ti, c, rng, per, m) for ti, c, rng, per in zip(tis, codes, ranges, periods)]
     ops = [compact.rank_ops(pl, r) for r in range(len(codes))]
     columns = EventColumns(ops, starts, ends, mems, _EventOrder(schedule, costs.comm, dur_of), serial=True)
     return Timeline.from_columns(schedule.num_ranks, columns, **_timeline_fields(schedule, memory_unit)), skipped
+
+
+def _column(table: list[float], ti: list[int], codes: list[int], rng: tuple[int, int], period: int,
+            m: int) -> array:
+    """``array('d')`` of ``table[t]`` for each op's table index ``t`` in ``ti``. Inside the
+    periodic range ``rng`` of ``codes`` (each op the one ``period`` before it one
+    microbatch on: the same table index) one period's values are repeated (in C, the same
+    floats), once each chain of the range is checked to be one op (a microbatch wrapping
+    into the next op's slots would change it); elsewhere one lookup per op."""
+    k = _repeats(codes, rng, period, m)
+    if k < 2:
+        return array("d", map(table.__getitem__, ti))
+    get, lo = table.__getitem__, rng[0]
+    return (array("d", map(get, ti[:lo])) + array("d", map(get, ti[lo:lo + period])) * k
+            + array("d", map(get, ti[lo + k * period:])))
+
+
+def _repeats(codes: list[int], rng: tuple[int, int], period: int, m: int) -> int:
+    """Whole periods in the periodic range ``rng`` of ``codes`` (slots of ``m``
+    microbatches) when each of its chains is one op (0 otherwise): :func:`_column`."""
+    lo, hi = rng
+    k = (hi - lo) // period if period else 0
+    if k < 2 or any(codes[i] // m != codes[i + (k - 1) * period] // m for i in range(lo, lo + period)):
+        return 0
+    return k
+

@@ -31,6 +31,12 @@ period's deltas sum to 0 exactly in a steady V order, so the skipped periods rep
 levels already seen. Otherwise (other costs, zero durations, BW ops, a period whose
 deltas do not cancel) :func:`steady_figures` is :func:`order_figures`.
 
+Orders for ``m`` microbatches that are orders for ``m' < m`` with periods inserted
+(:class:`PeriodicOrders`, the V lowerings' candidates) are timed on ``m'``:
+:func:`periodic_figures` derives the figures for ``m`` from that run when it proves them
+the same (the run for ``m`` shifts more periods of the same steady state), else times
+the expanded orders.
+
 Pure Python.
 """
 
@@ -39,16 +45,17 @@ from __future__ import annotations
 import math
 import re
 from collections import deque
-from itertools import accumulate
+from dataclasses import dataclass
+from itertools import accumulate, chain
 from operator import itemgetter, sub
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from ..costs import Costs, MemoryDeltas
 from ..ir import OpKind, Placement
 from .timing import _NOT_PLACED, CODE_KIND, ListScheduler, order_figures
 from ..timeline import _clean
 
-__all__ = ["steady_figures", "op_slots"]
+__all__ = ["steady_figures", "op_slots", "PeriodicOrders", "insert_periods", "periodic_figures", "inputs_from", "inside_range", "exact_costs"]
 
 _GRAIN = float(1 << 20)  #: times and deltas must be multiples of 1/_GRAIN
 _LIMIT = float(1 << 31)  #: ... and their totals below this: every sum is exact
@@ -86,36 +93,207 @@ def steady_figures(placement: Placement, num_microbatches: int,
     return figures
 
 
+Cell = tuple[OpKind, int, int]  #: (kind, layer group, microbatch)
+
+
+def insert_periods(row: Sequence[Cell], at: int, per: int, extra: int,
+                   ops: Mapping[tuple[OpKind, int], Sequence[Cell]] | None = None) -> list[Cell]:
+    """``row[:at]``, then the period ``row[at − per:at]`` ``1..extra`` microbatches on (copy
+    by copy), then ``row[at:]`` ``extra`` microbatches on: a rank's order with ``extra``
+    periods inserted at index ``at``. With ``ops`` (each ``(kind, layer group)``'s op
+    tuples by microbatch, e.g. :func:`~pipeoffload.schedules.building_block.op_table`)
+    the new entries are its tuples, else new ones. O(len(row) + per·extra), in C."""
+    out = list(row[:at])
+    period = row[at - per:at] if per else ()
+    if ops is None:
+        out += [(k, s, j + i) for i in range(1, extra + 1) for k, s, j in period]
+        out += [(k, s, j + extra) for k, s, j in row[at:]]
+    else:
+        # copy i is each period op's column entry i: its column sliced once, then zipped
+        out.extend(chain.from_iterable(zip(*[ops[k, s][j + 1:j + extra + 1] for k, s, j in period])))
+        out += [ops[k, s][j + extra] for k, s, j in row[at:]]
+    return out
+
+
+@dataclass
+class PeriodicOrders:
+    """Per-rank orders for ``m`` microbatches held as those for ``m' = m − extra`` and
+    where the ``extra`` missing periods go in: rank ``r``'s order for ``m`` is
+    :func:`insert_periods` ``(orders[r], at[r], per[r], extra)``. The V lowerings make
+    their candidates so (the building-block pipeline, the slot reorder and the W refill
+    prove their result for ``m`` is theirs for ``m'`` with the periods inserted), time
+    them on ``m'`` (:func:`periodic_figures`) and make only the winner's ``m`` orders."""
+
+    orders: list[list[Cell]]
+    at: list[int]
+    per: list[int]
+    extra: int
+
+    @classmethod
+    def plain(cls, orders: list[list[Cell]]) -> "PeriodicOrders":
+        """``orders`` themselves (nothing inserted)."""
+        return cls(orders, [len(r) for r in orders], [0] * len(orders), 0)
+
+    def n_ops(self) -> int:
+        """Ops of the orders for ``m``."""
+        return sum(map(len, self.orders)) + self.extra * sum(self.per)
+
+    def expand(self, ops: Mapping[tuple[OpKind, int], Sequence[Cell]] | None = None) -> list[list[Cell]]:
+        """The orders for ``m`` (``orders`` itself when nothing is inserted); ``ops`` as
+        :func:`insert_periods`. O(p·m) list work in C."""
+        if not self.extra:
+            return self.orders
+        return [insert_periods(row, a, per, self.extra, ops) for row, a, per in zip(self.orders, self.at, self.per)]
+
+
+def periodic_figures(placement: Placement, num_microbatches: int, cand: PeriodicOrders, costs: Costs,
+                     memory: MemoryDeltas) -> tuple[float, float, float]:
+    """:func:`steady_figures` of ``cand.expand()`` (``num_microbatches`` = m), from the
+    timing of ``cand.orders`` on ``m' = m − cand.extra`` microbatches when that is exact.
+
+    Why they are equal (:func:`_inserts_shift`'s checks). Let ``O'`` be the short orders
+    and ``O`` those for ``m``; with ``at[r]`` inside rank ``r``'s periodic range
+    ``[lo, hi)`` (one period past ``lo``), ``O`` is ``O'`` with that range ``Δ·P`` ops
+    longer and ``O[i + Δ·P]`` = ``O'[i]`` ``Δ`` microbatches on for ``i ≥ lo``. The
+    engine's runs on both are the same up to the cut where the one on ``O'`` proves its
+    period (the limited runs place only ops below ``hi``, where both agree, and each check
+    reads the same ops), so the one on ``O`` proves it there too and shifts ``Δ`` periods
+    more, each ``T`` later. Its cool-down is then ``O'``'s, ``Δ`` microbatches and ``Δ·T``
+    later, by induction on the recurrence, when every input a cool-down op of ``O'`` reads
+    lies at or after its rank's checked period (those ends are ``Δ·T`` later in ``O``).
+    So each rank's first start is the same, its last end ``Δ·T`` later (exact under the
+    binary-fraction condition, checked for ``O``'s op count), and its peak — the running
+    sum without the shifted periods, which sum to 0 — the same. Otherwise
+    :func:`steady_figures` of the expanded orders.
+
+    Cost: the engine on ``O'`` (O(p²) ops for the V candidates, O(p·m') list work) and
+    the checks, O(p²)."""
+    if not cand.extra:
+        return steady_figures(placement, num_microbatches, cand.orders, costs, memory)
+    small = num_microbatches - cand.extra
+    figures, eng = _steady_run(placement, small, cand.orders, costs, memory, cand.n_ops())
+    if figures is None or not _inserts_shift(eng, cand.at, cand.per, small):
+        return steady_figures(placement, num_microbatches, cand.expand(), costs, memory)
+    dT = cand.extra * eng.shift
+    return (figures[0], *_spans(eng.first, [c + dT for c in eng.clock]))
+
+
+def _inserts_shift(eng: "_Engine", at: Sequence[int], per: Sequence[int], m: int) -> bool:
+    """:func:`periodic_figures`' checks on the engine's run over ``O'`` (``m`` = m'): it
+    shifted periods; each ``at[r]`` lies in ``[lo + P, hi]`` of rank ``r``'s periodic
+    range with ``per[r] = P`` (and the range's chains are the same op, not a microbatch
+    wrapping into the next op's codes); every input of an op timed after the shifted
+    periods sits at or after its rank's checked period."""
+    if eng.skipped < 1:
+        return False
+    codes = eng.codes
+    if not all(inside_range(ops, rng, P, a, c, m) for ops, rng, P, a, c in zip(codes, eng.ranges, eng.periods, at, per)):
+        return False
+    # the checked period's inputs from eng.low on, hence every op from one period before, end T after their copies
+    low = [q - P for q, P in zip(eng.low, eng.periods)]
+    reading = [ops[eng.cut[r][1]:] for r, ops in enumerate(codes)]
+    return inputs_from(eng.deps, eng.rank_of, codes, reading, low, eng.ranges, eng.refs, eng.periods, m)
+
+
+def inside_range(codes: list[int], rng: tuple[int, int], period: int, at: int, per: int, m: int) -> bool:
+    """Whether periods of ``per`` ops inserted at index ``at`` go in inside the periodic
+    range ``rng`` of ``codes`` (slots of ``m`` microbatches, ``period`` ops a period):
+    ``per = period``, ``lo + period ≤ at ≤ hi``, and each chain of the range (an op, then
+    ``period`` later its next microbatch) stays the same op, not a microbatch wrapping
+    into the next op's slots (then the range is the same one for more microbatches)."""
+    lo, hi = rng
+    if per != period or not lo + period <= at <= hi:
+        return False
+    return all(codes[i] // m == codes[i + (hi - 1 - i) // period * period] // m for i in range(lo, lo + period))
+
+
+def inputs_from(deps: Sequence, rank_of: Sequence[int], codes: list[list[int]], reading: Sequence[Sequence[int]],
+                low: Sequence[int], ranges: Sequence[tuple[int, int]], refs: Sequence, periods: Sequence[int],
+                m: int) -> bool:
+    """Whether every input of the ops ``reading`` (end-table slots) is at index ``≥ low[q]``
+    in ``codes[q]``, its rank's list: found by the period inside the periodic range
+    (``ranges``, ``refs``, ``periods``), and past the range (then after ``low``, which lies
+    inside it) by a set of the ranges' tails; an input before the range fails. O(ops read
+    plus the tails)."""
+    S = len(deps) // 3
+    tails = [set(c[hi:]) for c, (_, hi) in zip(codes, ranges)]
+    for ops in reading:
+        for x in ops:
+            own, mb = divmod(x, m)
+            for base, _ in deps[own]:
+                y = base + mb
+                q = rank_of[(y // m) % S]
+                k = _index(y, codes[q], ranges[q], refs[q], m, periods[q])
+                if k is None:
+                    if y not in tails[q]:
+                        return False
+                elif k < low[q]:
+                    return False
+    return True
+
+
 def _steady(placement: Placement, m: int, orders: Sequence[Sequence[tuple[OpKind, int, int]]],
             costs: Costs, memory: MemoryDeltas) -> tuple[tuple[float, float, float] | None, int]:
     """The figures and how many periods were shifted (0: none), or ``(None, 0)`` when the
     shortcut does not apply (then :func:`order_figures` must time the orders)."""
+    figures, eng = _steady_run(placement, m, orders, costs, memory, sum(map(len, orders)))
+    return (None, 0) if figures is None else (figures, eng.skipped)
+
+
+def _steady_run(placement: Placement, m: int, orders: Sequence[Sequence[tuple[OpKind, int, int]]],
+                costs: Costs, memory: MemoryDeltas, n_ops: int) -> tuple[tuple[float, float, float] | None, _Engine | None]:
+    """:func:`_steady`'s figures and the engine that made them (``(None, None)`` when the
+    shortcut does not apply); the exactness bound is checked for ``n_ops`` ops (more than
+    ``orders`` hold when :func:`periodic_figures` times the orders before periods go in)."""
     S = placement.num_stages
     if not orders or any(not lst for lst in orders):
-        return None, 0
+        return None, None
     if any(max(map(itemgetter(2), lst)) >= m for lst in orders):
-        return None, 0
-    dur_t, mem_t = costs.duration_table(placement), memory.delta_table(placement)
-    durc = [dur_t[s][CODE_KIND[c]] for c in range(3) for s in range(S)]
-    memc = [mem_t[s][CODE_KIND[c]] for c in range(3) for s in range(S)]
-    n_ops = sum(map(len, orders))
-    if not (_exact(durc + [costs.comm], n_ops) and _exact(memc, n_ops) and min(durc) > 0):
-        return None, 0
+        return None, None
+    tables = _exact_tables(placement, costs, memory, n_ops)
+    if tables is None:
+        return None, None
+    durc, memc = tables
     try:
         codes = [op_slots(lst, S, m, _CODE) for lst in orders]
     except KeyError:  # a kind without an engine code (BW)
-        return None, 0
+        return None, None
     eng = _Engine(placement, m, costs.comm, codes, durc)
-    skipped = _run_with_skip(eng, m)
+    eng.skipped = _run_with_skip(eng, m)
     if any(eng.done[r] < len(c) for r, c in enumerate(codes)):
-        return None, 0  # deadlock: order_figures names it
+        return None, None  # deadlock: order_figures names it
     peaks = [_rank_peak(c, memc, m, eng.cut[r]) for r, c in enumerate(codes)]
     if None in peaks:
-        return None, 0
+        return None, None
     peak = max(peaks)
-    first, last = eng.first, eng.clock
+    return (peak, *_spans(eng.first, eng.clock)), eng
+
+
+def _exact_tables(placement: Placement, costs: Costs, memory: MemoryDeltas,
+                  n_ops: int) -> tuple[list[float], list[float]] | None:
+    """The durations and memory deltas by engine code (``code·S + layer group``) when the
+    shortcut's exactness holds for ``n_ops`` ops (module docstring), else None."""
+    S = placement.num_stages
+    dur_t, mem_t = costs.duration_table(placement), memory.delta_table(placement)
+    durc = [dur_t[s][CODE_KIND[c]] for c in range(3) for s in range(S)]
+    memc = [mem_t[s][CODE_KIND[c]] for c in range(3) for s in range(S)]
+    if not (_exact(durc + [costs.comm], n_ops) and _exact(memc, n_ops) and min(durc) > 0):
+        return None
+    return durc, memc
+
+
+def exact_costs(placement: Placement, costs: Costs, memory: MemoryDeltas, n_ops: int) -> bool:
+    """Whether :func:`steady_figures` (and so :func:`periodic_figures`) can shift periods
+    of ``n_ops`` ops under ``costs`` and ``memory``: every duration positive, every
+    duration, the latency and every delta an exact binary fraction (module docstring).
+    Otherwise both time every op, and a :class:`PeriodicOrders` is best expanded once."""
+    return _exact_tables(placement, costs, memory, n_ops) is not None
+
+
+def _spans(first: Sequence[float], last: Sequence[float]) -> tuple[float, float]:
+    """Longest rank span and makespan from each rank's first start and last end."""
     spans = [b - a if b >= a else 0.0 for a, b in zip(first, last)]
-    return (peak, max(spans), max(last) - min(first)), skipped
+    return max(spans), max(last) - min(first)
 
 
 def op_slots(ops: Sequence[tuple[OpKind, int, int]], num_stages: int, m: int,
@@ -163,6 +341,14 @@ class _Engine:
         self.done = [0] * p
         self.lim = [0] * p
         self.cut = [None] * p  # per rank, (start, stop) of the shifted indices, or None
+        self.skipped = 0  #: periods shifted (:func:`_run_with_skip`)
+        self.shift = 0.0  #: the period's time ``T`` when shifted
+        #: per rank: ops per period, the periodic range and its first period (:func:`_run_with_skip`)
+        self.periods: list[int] = []
+        self.ranges: list[tuple[int, int]] = []
+        self.refs: list = []
+        #: per rank, the earliest index whose end the check compared with its copy's (set when it passes)
+        self.low: list[int] = []
         self.waiting: dict[int, list[int]] = {}
         self.blocked = [False] * p
         #: While limited: ``slot → (rank, index)`` of an op (None if unknown), so that a
@@ -234,6 +420,7 @@ def _run_with_skip(eng: _Engine, m: int) -> int:
     if all(periods):
         ranges = [_period_range(c, per) for c, per in zip(codes, periods)]
         refs = [_first_period(c, lo, per, m) for c, (lo, _), per in zip(codes, ranges, periods)]
+        eng.periods, eng.ranges, eng.refs = periods, ranges, refs
         eng.lim = [lo + 3 * per for (lo, _), per in zip(ranges, periods)]
         S = len(eng.deps) // 3
 
@@ -321,6 +508,7 @@ def _steady_shift(eng: _Engine, cut: list[int], periods: list[int], ranges: list
         for x in ops[low[q]:cut[q]]:
             if end[x - 1] + shift != end[x]:
                 return None
+    eng.low = low
     return shift
 
 
@@ -328,6 +516,7 @@ def _shift(eng: _Engine, cut: list[int], periods: list[int], n: int, shift: floa
     """Write the ends of the ``n`` periods after each rank's checked one (each op ``k·T``
     after its copy in it, one slice per op) and resume the engine after them."""
     end = eng.end
+    eng.shift = shift
     steps = [k * shift for k in range(1, n + 1)]
     for r, ops in enumerate(eng.codes):
         a, per = cut[r], periods[r]

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import accumulate
-from itertools import chain as chained  # (`chain` names the block's F/B chain below)
 from functools import lru_cache
 from heapq import heappop, heappush
 import weakref
@@ -39,6 +38,7 @@ from typing import Mapping, Sequence
 
 from ..errors import ScheduleError
 from ..ir import Op, OpKind, Placement, Schedule, build_schedule
+from ..passes.steady_timing import PeriodicOrders
 from ..passes.timing import dependencies
 
 #: An op of the block: (kind, layer group). Kinds are F, B and W.
@@ -617,12 +617,20 @@ def orders_from_block(block: BuildingBlock, num_microbatches: int, ops: OpTable 
     for the V blocks; on the full path, O(p·v·m) slots, plus :func:`reorder`'s scans (the
     warm-up's and the cool-down's, the steady state shifted) and the cool-down's
     compression (each tail op's readiness found once its inputs are placed)."""
+    return periodic_from_block(block, num_microbatches, ops).expand(ops)
+
+
+def periodic_from_block(block: BuildingBlock, num_microbatches: int, ops: OpTable | None = None) -> PeriodicOrders:
+    """:func:`orders_from_block` as the reduced run's orders and where the missing periods
+    go in (:class:`~pipeoffload.passes.steady_timing.PeriodicOrders`; nothing inserted when
+    the run is on all ``m``). Cost: :func:`orders_from_block`'s without the O(p·m) tuples
+    written."""
     small = _reduced_count(block, num_microbatches)
     if small < num_microbatches:
-        orders = _orders_reduced(block, small, num_microbatches, ops)
-        if orders is not None:
-            return orders
-    return _orders_full(block, num_microbatches, ops)
+        reduced = reduced_grid(block, small, ops)
+        if reduced is not None:
+            return _grid_periodic(reduced[0], reduced[1], block.period, num_microbatches - small)
+    return PeriodicOrders.plain(_orders_full(block, num_microbatches, ops))
 
 
 def _orders_full(block: BuildingBlock, m: int, ops: OpTable | None = None) -> list[list[Cell]]:
@@ -660,6 +668,15 @@ def _orders_reduced(block: BuildingBlock, small: int, m: int, ops: OpTable | Non
     ``m − small`` periods after the other: the orders for ``m`` are those for ``small``
     with the period ``[a−T, a)`` repeated ``m − small`` more times (microbatches one
     higher each) and everything after it ``m − small`` microbatches on."""
+    reduced = reduced_grid(block, small, ops)
+    return None if reduced is None else _stretch(reduced[0], reduced[1], block.period, m - small, ops)
+
+
+def reduced_grid(block: BuildingBlock, small: int, ops: OpTable | None = None) -> tuple[SlotGrid, int] | None:
+    """:func:`_orders_reduced`'s run on ``small`` microbatches: its finished grid and the
+    slot ``cut`` of its proved period ``[cut, cut + T)`` (the orders for any larger ``m``
+    are the grid's with that period repeated, :func:`_stretch`), or None when it does not
+    prove what makes them equal."""
     grid = repeat(block, small, ops)
     reorder(grid, steady=steady_range(block, small))
     skip = grid.skip
@@ -671,7 +688,7 @@ def _orders_reduced(block: BuildingBlock, small: int, m: int, ops: OpTable | Non
     if skip.after_lb < zone or _cooldown_reach(grid) < zone:
         return None
     compress_cooldown(grid)
-    return _stretch(grid, cut, T, m - small, ops)
+    return grid, cut
 
 
 def _cooldown_reach(grid: SlotGrid) -> int:
@@ -696,16 +713,15 @@ def _stretch(grid: SlotGrid, cut: int, T: int, extra: int, ops: OpTable | None =
     """Per-rank orders of ``grid`` with its period ``[cut, cut + T)`` repeated ``extra``
     more times (microbatches one higher each) and the ops from ``cut`` on moved ``extra``
     microbatches on (:func:`_orders_reduced`); ``ops``' tuples when given."""
-    out = []
+    return _grid_periodic(grid, cut, T, extra).expand(ops)
+
+
+def _grid_periodic(grid: SlotGrid, cut: int, T: int, extra: int) -> PeriodicOrders:
+    """:func:`_stretch` as ``grid``'s orders and where the ``extra`` periods go in: after
+    the period ``[cut, cut + T)``, a copy of its ops each."""
+    at, per = [], []
     for row in grid.cells:
-        head = [c for c in row[:cut] if c is not None]
-        period = [c for c in row[cut:cut + T] if c is not None]
-        if ops is None:
-            head += [(k, s, j + i) for i in range(extra) for k, s, j in period]
-            head += [(c[0], c[1], c[2] + extra) for c in row[cut:] if c is not None]
-        else:
-            # copy i is each period op's column entry i: its column sliced once, then zipped
-            head.extend(chained.from_iterable(zip(*[ops[k, s][j:j + extra] for k, s, j in period])))
-            head += [ops[c[0], c[1]][c[2] + extra] for c in row[cut:] if c is not None]
-        out.append(head)
-    return out
+        head, period = row[:cut + T], row[cut:cut + T]
+        at.append(len(head) - head.count(None))
+        per.append(len(period) - period.count(None))
+    return PeriodicOrders(grid.orders(), at, per, extra)

@@ -54,6 +54,7 @@ from itertools import chain, compress, count
 from operator import ne, sub
 
 from ..ir import OpKind, Placement
+from ..passes.steady_timing import PeriodicOrders, insert_periods
 from .building_block import BuildingBlock, OpTable
 from .v_reorder import (_B0, _B1, _F0, _F1, Times, _RankLevels, _reorder, _repeated, _squeeze,
                         _with_weights, full_orders)
@@ -83,12 +84,19 @@ def reorder_orders(block: BuildingBlock, m: int, ops: OpTable | None = None) -> 
     them) its window: the free slots between its inputs and its slot (O(m) at worst), and
     for the cool-down's implicit-W check the events from its new slot until the rank's
     levels meet the old ones (O(m) at worst, a few in practice)."""
+    return reorder_periodic(block, m, ops).expand(ops)
+
+
+def reorder_periodic(block: BuildingBlock, m: int, ops: OpTable | None = None) -> PeriodicOrders:
+    """:func:`reorder_orders` as the reduced run's orders and where the missing periods go
+    in (:class:`~pipeoffload.passes.steady_timing.PeriodicOrders`; nothing inserted when
+    the full path ran). Cost: :func:`reorder_orders`' without the O(p·m) tuples written."""
     small = reduced_count(block, m)
     if 2 * small <= m:  # (closer to m the reduced run and its checks cost about the full one)
-        orders = reduced_orders(block, small, m, ops)
+        orders = reduced_periodic(block, small, m, ops)
         if orders is not None:
             return orders
-    return full_orders(block, m, ops)
+    return PeriodicOrders.plain(full_orders(block, m, ops))
 
 
 def reduced_count(block: BuildingBlock, m: int) -> int:
@@ -109,6 +117,12 @@ def reduced_count(block: BuildingBlock, m: int) -> int:
 
 def reduced_orders(block: BuildingBlock, small: int, m: int,
                    ops: OpTable | None = None) -> list[list[tuple[OpKind, int, int]]] | None:
+    """:func:`reduced_periodic`'s orders for ``m`` (None where it is None)."""
+    orders = reduced_periodic(block, small, m, ops)
+    return None if orders is None else orders.expand(ops)
+
+
+def reduced_periodic(block: BuildingBlock, small: int, m: int, ops: OpTable | None = None) -> PeriodicOrders | None:
     """:func:`reorder_orders` for ``m`` from its passes on fewer microbatches.
 
     Args:
@@ -118,16 +132,17 @@ def reduced_orders(block: BuildingBlock, small: int, m: int,
         ops: :func:`.building_block.op_table` for ``m`` (its tuples are used), or None.
 
     Returns:
-        Per-rank ``(kind, layer group, microbatch)`` orders, or None when a pass's check
-        fails (module docstring); the caller then runs the full path.
+        The per-rank ``(kind, layer group, microbatch)`` orders on ``small`` microbatches
+        and where the ``m − small`` periods go in, or None when a pass's check fails
+        (module docstring); the caller then runs the full path.
 
     Raises:
         Nothing of its own.
 
-    Guarantees: when not None, exactly the full path's orders for ``m`` (each pass's
-    result for ``m`` is proved to be its result for ``small`` with the periods inserted).
-    Cost: the passes on ``small`` microbatches, O(p) bisections and C scans per list for
-    the checks, O(p·m) tuples written in C."""
+    Guarantees: when not None, its ``expand(ops)`` is exactly the full path's orders for
+    ``m`` (each pass's result for ``m`` is proved to be its result for ``small`` with the
+    periods inserted). Cost: the passes on ``small`` microbatches, O(p) bisections and C
+    scans per list for the checks; no O(p·m) work."""
     pl = block.placement
     T = block.period
     grid = _repeated(block, small)
@@ -146,7 +161,8 @@ def reduced_orders(block: BuildingBlock, small: int, m: int,
         band = _band(grid, cuts, T)
     if band is None:
         return None
-    return [_lower_stretched(pl, i, rows, band[1], T, m - small, ops) for i, rows in enumerate(grid)]
+    short = [_lower_short(pl, i, rows, band[1], T, ops) for i, rows in enumerate(grid)]
+    return PeriodicOrders([o for o, _, _ in short], [a for _, a, _ in short], [c for _, _, c in short], m - small)
 
 
 def _mult(rows: Times) -> list[int]:
@@ -307,6 +323,14 @@ def _lower_stretched(pl: Placement, i: int, rows: Times, tau: int, T: int, extra
     """:func:`.v_reorder._lower` of rank ``i``'s lists with ``extra`` periods inserted at
     slot ``tau`` (inside the band): the ops before ``tau``, those of ``[tau − T, tau)``
     ``1..extra`` microbatches on, then the rest ``extra`` on."""
+    return insert_periods(*_lower_short(pl, i, rows, tau, T, ops), extra, ops)
+
+
+def _lower_short(pl: Placement, i: int, rows: Times, tau: int, T: int,
+                 ops: OpTable | None) -> tuple[list[tuple[OpKind, int, int]], int, int]:
+    """:func:`.v_reorder._lower` of rank ``i``'s lists (the short run's order, ``ops``'
+    tuples when given), the index of slot ``tau`` in it and the ops of ``[tau − T, tau)``:
+    where :func:`_lower_stretched` inserts the periods."""
     p = pl.num_ranks
     c0, c1 = i, 2 * p - 1 - i
     what = [(OpKind.F, c0), (OpKind.F, c1), (OpKind.B, c1), (OpKind.B, c0), (OpKind.W, c1), (OpKind.W, c0)]
@@ -314,11 +338,6 @@ def _lower_stretched(pl: Placement, i: int, rows: Times, tau: int, T: int, extra
     cells = sorted([(t * 8 + k) * n + j for k, ts in enumerate(rows) for j, t in enumerate(ts)])
     x1, x2 = bisect_left(cells, (tau - T) * 8 * n), bisect_left(cells, tau * 8 * n)
     if ops is None:
-        m = len(rows[0]) + extra
-        ops = {w: [(w[0], w[1], j) for j in range(m)] for w in what}
+        ops = {w: [(w[0], w[1], j) for j in range(n)] for w in what}
     table = [ops[w] for w in what]
-    out = [table[e // n & 7][e % n] for e in cells[:x2]]
-    period = [(table[e // n & 7], e % n) for e in cells[x1:x2]]
-    out.extend(chain.from_iterable(zip(*[col[j + 1:j + extra + 1] for col, j in period])))  # copy by copy
-    out += [table[e // n & 7][e % n + extra] for e in cells[x2:]]
-    return out
+    return [table[e // n & 7][e % n] for e in cells], x2, x2 - x1

@@ -46,11 +46,11 @@ from typing import Callable, Sequence
 from ..costs import Costs, MemoryDeltas
 from ..ir import OpKind, Placement, Schedule, build_schedule
 from .hole_fill import BUDGET as HOLE_BUDGET, fill_holes
-from .building_block import BuildingBlock, chain_slots, op_table, orders_from_block, place_weight_grads
+from .building_block import BuildingBlock, chain_slots, op_table, periodic_from_block, place_weight_grads
 from .spec import ScheduleSpec
-from ..passes.steady_timing import steady_figures
-from .v_reorder_periods import reorder_orders
-from .w_refill import refill_both
+from ..passes.steady_timing import PeriodicOrders, exact_costs, periodic_figures, steady_figures
+from .v_reorder_periods import reorder_periodic
+from .w_refill import refill_periodic
 from .zb_auto import Tracker, lower_bounds
 
 __all__ = ["v_min", "v_half", "v_zb", "v_min_block", "v_half_block", "v_zb_block", "PERIOD", "unit_peak_bound"]
@@ -115,7 +115,11 @@ LOWERING_COST = (
     "same run, e.g. at unit costs) and the timings of the two base candidates and of any other that could win "
     "go through the periodic steady state when the costs are binary fractions (unit costs, halves: "
     ":mod:`~pipeoffload.passes.steady_timing`, :func:`.w_refill.refill_both`): the warm-up and cool-down, O(p²) ops, are placed "
-    "and the proved periods written by slices, O(p·m) list work in C; with other costs each is O(p·m) ops. "
+    "and the proved periods written by slices; with other costs each is O(p·m) ops. The candidates are held "
+    "as their orders on m' microbatches plus where the missing periods go in (PeriodicOrders): their timings "
+    "and refills run on m' when that run proves the result for m is the short one with the periods inserted "
+    "(periodic_figures, refill_periodic: O(p²) Python work and O(p·m') list work each), and only the winner's "
+    "O(p·m) tuples are written (in C); otherwise on the expanded orders, as above. "
     "Hole filling runs only while its budget can time a trial (6·p·m ≤ 25 000 ops): O(p·m) in all, with the "
     "constant of about six timings (about two with binary-fraction costs)")
 
@@ -198,7 +202,12 @@ def _lower_block_timed(name: str, block: BuildingBlock, spec: ScheduleSpec,
     Each candidate is compared by three figures of its timing
     (:func:`~pipeoffload.passes.steady_timing.steady_figures`: those of ``simulate``'s timeline, without
     building it, the periodic steady state shifted where that is exact), and only the
-    winner becomes a Schedule (for hole filling).
+    winner becomes a Schedule (for hole filling). The candidates are
+    :class:`~pipeoffload.passes.steady_timing.PeriodicOrders` (orders on fewer microbatches
+    and where the missing periods go in), timed
+    (:func:`~pipeoffload.passes.steady_timing.periodic_figures`) and refilled
+    (:func:`.w_refill.refill_periodic`) on the short orders where that is proved the same;
+    only the winner is expanded.
 
     Guarantees: per-rank peak at most :func:`unit_peak_bound` units (unit accounting,
     any costs); the longest span is no longer than either of the first two lowerings'."""
@@ -206,37 +215,42 @@ def _lower_block_timed(name: str, block: BuildingBlock, spec: ScheduleSpec,
     pl = block.placement
     caps = [unit_peak_bound(name, p)] * p
     ops = op_table(pl, m)  # one tuple per op, shared by every candidate's orders
-    first = orders_from_block(block, m, ops)
-    figures = list(steady_figures(pl, m, first, spec.costs, spec.memory))
+    # Each candidate is held as its orders on fewer microbatches and where the missing
+    # periods go in (PeriodicOrders), timed and refilled there; only the winner is expanded.
+    first = periodic_from_block(block, m, ops)
+    # Costs the short runs cannot shift under: each candidate expanded once, as it is timed on m
+    plain = not exact_costs(pl, spec.costs, spec.memory, first.n_ops())
+    if plain:
+        first = PeriodicOrders.plain(first.expand(ops))
+    figures = list(periodic_figures(pl, m, first, spec.costs, spec.memory))
     if _at_bounds(figures, pl, m, spec):
-        return first, tuple(figures)  # no candidate could be strictly better, and ties keep the earlier
-    second = reorder_orders(block, m, ops)
-    del ops  # (the orders hold the tuples)
-    figures2 = list(steady_figures(pl, m, second, spec.costs, spec.memory))
+        return first.expand(ops), tuple(figures)  # no candidate could be strictly better, and ties keep the earlier
+    second = reorder_periodic(block, m, ops)
+    if plain:
+        second = PeriodicOrders.plain(second.expand(ops))
+    figures2 = list(periodic_figures(pl, m, second, spec.costs, spec.memory))
     best = _Best(first, figures, max(figures[0], figures2[0]))
     best.offer(second, figures2[1], figures2[2], lambda: figures2)
     inputs = [first, second]
     del first, second  # from here only ``best`` and the refills' next input stay alive
     while inputs:
-        # A run refill_both leaves out would repeat the one before it: equal figures
+        # A run refill_periodic leaves out would repeat the one before it: equal figures
         # never win (ties keep the earlier). Its tracker timed it with the timing pass's
         # engine: span and makespan are known; the peak (under spec.memory) is found only
         # if it could win.
-        for tr in refill_both(pl, m, inputs.pop(0), spec.costs, MemoryDeltas(), caps):
-            best.offer(tr.order, tr.max_span(), tr.makespan(),
-                       lambda o=tr.order: steady_figures(pl, m, o, spec.costs, spec.memory))
-        tr = None  # the last tracker (end table, skeleton: ≈ 150 MB at p = 128, m = 4096) goes before the next refill
+        for cand, span, makespan in refill_periodic(pl, m, inputs.pop(0), spec.costs, MemoryDeltas(), caps):
+            best.offer(cand, span, makespan, lambda o=cand: periodic_figures(pl, m, o, spec.costs, spec.memory))
     # fill_holes times the whole order once, then each trial move: when its budget cannot
     # time one trial (6·p·m ops, e.g. p = 64, m = 512), it returns the winner unchanged.
-    if holes and 2 * sum(len(r) for r in best.orders) <= HOLE_BUDGET:
+    if holes and 2 * best.orders.n_ops() <= HOLE_BUDGET:
         # The pass only keeps strictly better orders, so the winner can only improve.
-        winner = build_schedule(name, m, pl, best.orders, p=p, m=m, v=2)
+        winner = build_schedule(name, m, pl, best.orders.expand(ops), p=p, m=m, v=2)
         filled = fill_holes(winner, spec.costs, MemoryDeltas(), caps)
         if filled is not winner:
             orders = [[(o.kind, o.stage, o.microbatch) for o in r] for r in filled.ranks]
             fig = steady_figures(pl, m, orders, spec.costs, spec.memory)
-            best.offer(orders, fig[1], fig[2], lambda: fig)
-    return best.orders, best.figures
+            best.offer(PeriodicOrders.plain(orders), fig[1], fig[2], lambda: fig)
+    return best.orders.expand(ops), best.figures
 
 
 class _Best:
@@ -244,14 +258,16 @@ class _Best:
     shortest longest span, then makespan (ties keep the earlier), among those whose peak
     is within ``cap`` (the first two candidates' highest). A candidate's peak is asked
     only when it would beat the best so far: the others cannot win whatever their peak.
-    Losers are dropped as they come (at p = 128, m = 4096 each order holds 3 M ops).
+    Losers are dropped as they come (each candidate's orders are held on ``m'`` microbatches
+    where the short runs prove it, else on ``m``: 3 M ops at p = 128, m = 4096).
     ``figures``: the winner's ``(peak, span, makespan)`` by ``steady_figures``."""
 
-    def __init__(self, orders: Orders, figures: Sequence[float], cap: float) -> None:
+    def __init__(self, orders: PeriodicOrders, figures: Sequence[float], cap: float) -> None:
         self.orders, self.key, self.cap = orders, (figures[1], figures[2]), cap
         self.figures: Figures = tuple(figures)
 
-    def offer(self, orders: Orders, span: float, makespan: float, figures: Callable[[], Sequence[float]]) -> None:
+    def offer(self, orders: PeriodicOrders, span: float, makespan: float,
+              figures: Callable[[], Sequence[float]]) -> None:
         """Keep ``orders`` if it beats the winner on ``span``, then ``makespan``, and its
         peak (``figures()[0]``, asked only then) is within the cap."""
         eps = 1e-9 * max(1.0, span)

@@ -31,10 +31,11 @@ from ..costs import Costs, MemoryDeltas
 from ..ir import OpKind, Placement, Schedule, build_schedule
 from ..passes.timing import _NOT_PLACED as _UNPLACED
 from ..passes.timing import B_CODE, CODE_KIND, KIND_CODE, W_CODE
-from ..passes.steady_timing import _exact, _first_period, _index, _period_range, op_slots
+from ..passes.steady_timing import (PeriodicOrders, _exact, _first_period, _index, _period_range, inputs_from,
+                                    inside_range, op_slots)
 from .zb_auto import Infeasible, Tracker
 
-__all__ = ["refill_weights", "refill_tracker", "refill_both"]
+__all__ = ["refill_weights", "refill_tracker", "refill_both", "refill_periodic"]
 
 
 def refill_weights(schedule: Schedule, costs: Costs, memory: MemoryDeltas, caps: Sequence[float],
@@ -57,7 +58,7 @@ def refill_tracker(placement: Placement, m: int, orders: Sequence[Sequence[tuple
     ``order`` is the new orders and whose times (``max_span()``, ``makespan()``) are
     those the timing pass gives them (the same engine and ``costs``). Raises
     :class:`.zb_auto.Infeasible` as :func:`refill_weights`."""
-    return _refill(placement, m, orders, costs, memory, caps, partial, [False])
+    return _refill(placement, m, orders, costs, memory, caps, partial, [False]).tr
 
 
 def refill_both(placement: Placement, m: int, orders: Sequence[Sequence[tuple[OpKind, int, int]]],
@@ -70,28 +71,103 @@ def refill_both(placement: Placement, m: int, orders: Sequence[Sequence[tuple[Op
     Cost: O(p·v·m) per run; with binary-fraction costs (unit costs, halves) the periodic
     steady state is shifted once proved (:func:`_skip_steady`): O(p²) ops placed for the
     V orders, plus O(p·v·m) list work in C."""
+    return [run.tr for run in _refill_runs(placement, m, orders, costs, memory, caps, sum(map(len, orders)))]
+
+
+def _refill_runs(placement: Placement, m: int, orders: Sequence[Sequence[tuple[OpKind, int, int]]],
+                 costs: Costs, memory: MemoryDeltas, caps: Sequence[float], n_ops: int,
+                 extra: int = 0) -> list[_Refill]:
+    """:func:`refill_both`'s runs; ``n_ops`` the op count the exactness bound is checked
+    for and ``extra`` the microbatches :func:`_skip_steady` checks as if there (both for
+    :func:`refill_periodic`: the orders with the periods inserted; then a run that raises
+    :class:`.zb_auto.Infeasible` raises it here, since where it stopped says nothing of
+    the run on more microbatches)."""
     out = []
     consulted = [False]
     try:
-        out.append(_refill(placement, m, orders, costs, memory, caps, True, consulted))
+        out.append(_refill(placement, m, orders, costs, memory, caps, True, consulted, n_ops, extra))
     except Infeasible:
+        if extra:
+            raise
         consulted[0] = True  # where it stopped is not known: run the second
     if consulted[0]:
         try:
-            out.append(_refill(placement, m, orders, costs, memory, caps, False, [False]))
+            out.append(_refill(placement, m, orders, costs, memory, caps, False, [False], n_ops, extra))
         except Infeasible:
-            pass
+            if extra:
+                raise
     return out
+
+
+def refill_periodic(placement: Placement, m: int, cand: PeriodicOrders, costs: Costs, memory: MemoryDeltas,
+                    caps: Sequence[float]) -> list[tuple[PeriodicOrders, float, float]]:
+    """:func:`refill_both` of ``cand.expand()`` (``m`` microbatches), from the runs on
+    ``cand.orders`` (``m' = m − cand.extra`` microbatches) where they prove theirs equal:
+    each result's new orders (periodic again), longest span and makespan.
+
+    Why they are equal: as :func:`~pipeoffload.passes.steady_timing.periodic_figures`
+    argues for the timing, with the refill's state (clocks, levels, pending W's) for the
+    engine's: the run on the orders for ``m`` is the one on ``m'`` up to the cut where
+    :func:`_skip_steady` proves its period (only ops below the skeleton's periodic range's
+    end are placed: a search past it is refused), shifts ``Δ`` periods more and places the
+    same cool-down ``Δ`` microbatches and ``Δ·T`` later — when every input a cool-down op
+    (W's included) reads sits at or after its rank's checked period. The same decisions
+    also set ``consulted`` the same way, so the same runs are made. Where a check fails
+    (or the costs are not binary fractions, or a run raises Infeasible) :func:`refill_both` runs on
+    the expanded orders.
+
+    Cost: the refills on ``m'`` (O(p²) ops placed for the V orders, O(p·m') list work)."""
+    if cand.extra:
+        try:
+            runs = _refill_runs(placement, m - cand.extra, cand.orders, costs, memory, caps, cand.n_ops(),
+                                cand.extra)
+        except Infeasible:
+            runs = [None]
+        out = [None if run is None else _stretched(run, cand) for run in runs]
+        if None not in out:
+            return out
+    return [(PeriodicOrders.plain(tr.order), tr.max_span(), tr.makespan())
+            for tr in refill_both(placement, m, cand.expand(), costs, memory, caps)]
+
+
+def _stretched(run: _Refill, cand: PeriodicOrders) -> tuple[PeriodicOrders, float, float] | None:
+    """:func:`refill_periodic`'s result from a run on ``cand.orders``, or None when its
+    checks fail."""
+    if not run.skipped or run.searched or run.steady is None:
+        return None
+    tr, m = run.tr, run.tr.num_microbatches
+    codes, ranges, periods = run.skeleton, run.ranges, run.periods
+    for r, row in enumerate(cand.orders):  # the input's periods go in inside the skeleton's periodic range
+        a, per = cand.at[r], cand.per[r]
+        at_s = a - sum(1 for op in row[:a] if op[0] is OpKind.W)
+        per_s = per - sum(1 for op in row[a - per:a] if op[0] is OpKind.W)
+        if not inside_range(codes[r], ranges[r], periods[r], at_s, per_s, m):
+            return None
+    before, now, shift, n, low = run.steady
+    per_out = [b - a for a, b in zip(before[4], now[4])]
+    at_out = [b + n * c for b, c in zip(now[4], per_out)]
+    S = tr.num_stages
+    reading = [op_slots(o[a:], S, m, KIND_CODE) for o, a in zip(tr.order, at_out)]
+    # _same_state compared every skeleton op's end from low[q] + P on with its copy's P back
+    if not inputs_from(tr.deps, tr.rank_of, codes, reading, low, ranges, run.refs, periods, m):
+        return None
+    dT = cand.extra * shift
+    last = [c + dT for c in tr.clock]
+    return (PeriodicOrders(tr.order, at_out, per_out, cand.extra), max(c - f for c, f in zip(last, tr.first)),
+            max(last) - min(tr.first))
 
 
 def _refill(placement: Placement, m: int, orders: Sequence[Sequence[tuple[OpKind, int, int]]],
             costs: Costs, memory: MemoryDeltas, caps: Sequence[float], partial: bool,
-            consulted: list[bool]) -> Tracker:
-    """:func:`refill_tracker`; sets ``consulted[0]`` when a decision depended on ``partial``.
-    The periodic steady state is shifted instead of placed when that is exact
-    (:class:`_Refill`, :func:`_skip_steady`); the result is the same."""
+            consulted: list[bool], n_ops: int | None = None, extra: int = 0) -> _Refill:
+    """:func:`refill_tracker`'s run (its tracker ``.tr``); sets ``consulted[0]`` when a
+    decision depended on ``partial``. The periodic steady state is shifted instead of
+    placed when that is exact for ``n_ops`` ops (default: the orders'; :class:`_Refill`,
+    :func:`_skip_steady`, whose checks go on as far as on ``extra`` more microbatches);
+    the result is the same."""
     run = _Refill(placement, m, orders, costs, memory, caps, partial, consulted)
-    if _shiftable(run.tr, placement, costs, sum(map(len, orders))):
+    run.extra = extra
+    if _shiftable(run.tr, placement, costs, sum(map(len, orders)) if n_ops is None else n_ops):
         flag = consulted[0]
         try:
             run.skipped = _skip_steady(run)
@@ -106,7 +182,7 @@ def _refill(placement: Placement, m: int, orders: Sequence[Sequence[tuple[OpKind
     for r, q in enumerate(run.pending):
         while q:
             run.put(W_CODE, *q.popleft(), r)
-    return run.tr
+    return run
 
 
 class _Refill:
@@ -143,6 +219,17 @@ class _Refill:
         #: stopped at its limit goes on to an op another rank waits for.
         self.pos: Callable[[int], int] | None = None
         self.skipped = 0  #: periods shifted (for the tests)
+        #: Set by :func:`_skip_steady` when it shifts: the states at the two cuts, the
+        #: period's time and the periods shifted; the skeleton's periodic ranges, first
+        #: periods and ops per period; whether ``pos`` searched a rank's list (an op
+        #: outside its periodic range).
+        self.steady: tuple | None = None
+        self.ranges: list[tuple[int, int]] = []
+        self.refs: list = []
+        self.periods: list[int] = []
+        self.searched = False
+        self.extra = 0  #: :func:`_skip_steady` checks as far as on this many more microbatches
+        self.low: list[int] = []  #: per rank, from where _same_state found the skeleton periodic in time
 
     def run(self) -> bool:
         """Place every rank's ops up to its limit; whether each got there."""
@@ -236,21 +323,28 @@ def _skip_steady(run: _Refill) -> int:
     refs = [_first_period(c, lo, per, m) for c, (lo, _), per in zip(codes, ranges, periods)]
     if None in refs:
         return 0
-
+    run.ranges, run.refs, run.periods = ranges, refs, periods
 
     def pos(slot: int) -> int:
         """The index of skeleton op ``slot`` on its rank: by the period in the periodic
         range, else by a search (ValueError if absent)."""
         q = tr.rank_of[(slot // m) % S]
         k = _index(slot, codes[q], ranges[q], refs[q], m, periods[q])
-        return codes[q].index(slot) if k is None else k
+        if k is None:
+            k = codes[q].index(slot)
+            run.searched |= k >= ranges[q][1]
+        return k
 
     run.pos = pos
     run.lim = [lo + 2 * per for (lo, _), per in zip(ranges, periods)]
     before, fails = None, 0
     # Checked while at least half the periodic range is left to shift (past that the
     # checks would cost more than they can save).
-    while all(2 * (n + per) <= lo + hi for n, per, (lo, hi) in zip(run.lim, periods, ranges)):
+    # (With run.extra, as a run on that many more microbatches checks: refill_periodic.)
+    extra = run.extra
+    while all(2 * (n + per) <= lo + hi + extra * per for n, per, (lo, hi) in zip(run.lim, periods, ranges)):
+        if any(n + per > hi for n, per, (_, hi) in zip(run.lim, periods, ranges)):
+            return 0  # (only with extra: no period is left to shift on these orders)
         if not run.run():
             return 0
         now = _state(run)
@@ -259,6 +353,7 @@ def _skip_steady(run: _Refill) -> int:
             n = min((hi - d) // per for d, per, (_, hi) in zip(run.done, periods, ranges))
             if shift is not None and n >= 1:
                 _shift_periods(run, before, now, n, shift, periods)
+                run.steady = (before, now, shift, n, run.low)
                 return n
             fails += 1
             if fails >= 8:  # not steady yet: the next check a few periods on (fewer stops)
@@ -310,6 +405,7 @@ def _same_state(run: _Refill, before: tuple, now: tuple, codes: list[list[int]],
         for x in row[low[q] + periods[q]:now[0][q]]:
             if end[x - 1] + shift != end[x]:
                 return None
+    run.low = low
     return shift
 
 
