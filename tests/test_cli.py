@@ -24,6 +24,27 @@ def test_help_lists_verbs():
         assert verb in r.stdout
 
 
+def test_a_named_verb_builds_its_parser_alone(monkeypatch, capsys):
+    """The lazy path fires (only the named verb's module is asked for) and parses as the full parser."""
+    import importlib
+
+    from pipeoffload import cli
+
+    asked: list[str] = []
+    real = importlib.import_module
+    monkeypatch.setattr(cli.importlib, "import_module", lambda name: asked.append(name) or real(name))
+    assert main(["schedules", "--json"]) == 0
+    assert asked == ["pipeoffload.commands.schedules"]
+    capsys.readouterr()
+    for argv in (["plan", "--model", "98.5B", "--gpus", "64", "--json"], ["simulate", "zb-auto", "-p", "4", "-m", "8"],
+                 ["scale", "--model", "14.6B"], ["schedules"]):
+        assert cli.build_parser([argv[0]]).parse_args(argv) == cli.build_parser().parse_args(argv)
+    asked.clear()
+    with pytest.raises(SystemExit):  # an option before the verb: every verb, as before
+        main(["--version", "plan"])
+    assert len(asked) == len(cli.VERBS)
+
+
 def test_schedules_lists_registry(capsys):
     assert main(["schedules"]) == 0
     out = capsys.readouterr().out

@@ -127,3 +127,22 @@ def test_the_time_bound_adds_the_step_exactly_and_stays_a_lower_bound(planned):
         plain = pipeline_bound(sh.costs.group_costs, placement_of(c.family, c.split.pp), c.m)
         assert bound - plain == pytest.approx(c.step_ms)
         assert bound <= c.iteration_ms * (1 + 1e-9)
+
+
+def test_the_cost_tables_layer_split_is_computed_once_per_p_v(monkeypatch):
+    """CostTable.layer_split's memo fires (one computation per (p, v), whatever the recompute
+    setting) and returns what a fresh table computes."""
+    from pipeoffload.planner.sharding import CostTable
+
+    model = get_model("14.6B")
+    table = CostTable(model, A100, NODE)
+    computed: list[tuple[int, int]] = []
+    real = CostTable._layer_split
+    monkeypatch.setattr(CostTable, "_layer_split", lambda self, p, v: computed.append((p, v)) or real(self, p, v))
+    shapes = [(4, 1), (4, 2), (8, 3), (2, 4)]
+    for recompute in (False, True):
+        for p, v in shapes:
+            assert table.sharded(recompute, p, v, 2).layers == table.layer_split(p, v)
+    assert computed == shapes
+    for p, v in shapes:
+        assert table.layer_split(p, v) == real(CostTable(model, A100, NODE), p, v)

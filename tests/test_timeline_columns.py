@@ -138,6 +138,25 @@ def test_last_ops_backwards_read_fires_and_stops_early() -> None:
     assert 4 <= len(made) <= 4 * 2  # per rank its last op, and the one before where that is not a W
 
 
+def test_last_ops_on_compact_orders_read_the_arrays(monkeypatch) -> None:
+    """On a generated (compact) schedule's columns the backward read takes the kind and group
+    codes from the arrays: no Op is made, and the result is the scan's."""
+    from pipeoffload.ir import CompactOrders, RankOps
+
+    sched, costs = generate("zb-v", 4, 12), Costs(F=1.0, B=2.0, W=0.5, comm=0.25)
+    tl = simulate(sched, costs, MemoryDeltas())
+    cols = tl._columns
+    assert cols is not None and cols.serial and all(isinstance(ops, RankOps) for ops in cols.ops)
+    kinds = frozenset({OpKind.W, OpKind.BW})
+    want = _scanned_last_ops(simulate(sched, costs, MemoryDeltas()), kinds)
+
+    def no_op(*_a, **_k):
+        raise AssertionError("an Op was made")
+
+    monkeypatch.setattr(CompactOrders, "op", no_op)
+    assert _last_ops_serial(cols, kinds) == want and len(want) == 8
+
+
 class _Counting:
     """A rank's op sequence that records which indices were read."""
 

@@ -24,7 +24,7 @@ from itertools import accumulate
 from operator import itemgetter, le, lt, sub
 from typing import Callable, Collection, Iterable, Iterator, Sequence
 
-from .ir import Op, OpKind, RankOps
+from .ir import ALL_KINDS, Op, OpKind, RankOps
 
 #: Streams (lanes) an op may run on. Compute ops run on "compute"; transfers on
 #: "d2h" / "h2d" (host link); sends and receives on "comm".
@@ -395,12 +395,23 @@ def _last_ops_serial(cols: EventColumns, kinds: Collection[OpKind]) -> dict[int,
     """:meth:`Timeline.last_ops` on serial columns: each rank's list read backwards until
     each of its layer groups has its op; None when a group has ops on two ranks."""
     out: dict[int, tuple[float, float]] = {}
+    codes = {i for i, k in enumerate(ALL_KINDS) if k in kinds}
     for r, ops in enumerate(cols.ops):
         # every group of the rank, whether or not it has such an op
         groups = ops.stages() if isinstance(ops, RankOps) else {op.stage for op in ops}
         if groups & out.keys():
             return None
         st, en = cols.start[r], cols.end[r]
+        if isinstance(ops, RankOps):  # the kind codes and groups read from the arrays: no Op made
+            kind_of, stage_of = ops.orders.kinds[ops.rank], ops.orders.stages[ops.rank]
+            for i in range(len(ops) - 1, -1, -1):
+                if not groups:
+                    break
+                s = stage_of[i]
+                if s in groups and kind_of[i] in codes:
+                    out[s] = (st[i], en[i])
+                    groups.discard(s)
+            continue
         for i in range(len(ops) - 1, -1, -1):
             if not groups:
                 break

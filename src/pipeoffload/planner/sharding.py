@@ -185,6 +185,7 @@ class CostTable:
         self.crosses_nodes = crosses_nodes  # some pipeline hop crosses nodes: hops at the inter-node rate
         self._pipeline: dict[tuple[bool, int, int], PipelineCosts] = {}
         self._sharded: dict[tuple, ShardedCosts] = {}
+        self._splits: dict[tuple[int, int], tuple[int, ...]] = {}
 
     def model_for(self, recompute: "Recompute") -> ModelSpec:
         """The model with ``recompute`` (:meth:`ModelSpec.with_recompute`)."""
@@ -201,7 +202,13 @@ class CostTable:
         return 2.0 * max(dropped, 0) / self.node.hbm_bw * 1e3
 
     def layer_split(self, p: int, v: int) -> tuple[int, ...]:
-        """Layers per group of a ``p·v``-group split."""
+        """Layers per group of a ``p·v``-group split (computed once per ``(p, v)``: every
+        recompute setting asks for the same split, and "auto" costs two pipeline cost models)."""
+        if (p, v) not in self._splits:
+            self._splits[p, v] = self._layer_split(p, v)
+        return self._splits[p, v]
+
+    def _layer_split(self, p: int, v: int) -> tuple[int, ...]:
         n, layers = p * v, self.model.layers
         if n > layers:  # only the trimmed split exists: edge chunks with the embedding / head alone
             return layer_split(layers, n, trim_edges=True)
