@@ -355,6 +355,11 @@ class OffloadSession:
         """The plan for ``chunks`` (C); raises as :func:`plan_offload`."""
         return _plan_in(self._ctx, dataclasses.replace(self.options, offload_chunks=chunks))
 
+    def bounds(self, chunks: Sequence[int]) -> dict[int, tuple[list[float], list[float]]] | None:
+        """:func:`offload_bounds` with this session's options, in its context: the postponed
+        warm-up and the re-timing check are made once for the bounds and the plans."""
+        return _bounds_in(self._ctx, self.options, chunks)
+
 
 def _one_options(options: OffloadOptions | None, given: OffloadOptions) -> OffloadOptions:
     """``options``, or the keywords' ``given`` when None; ParameterError naming
@@ -427,13 +432,24 @@ def offload_bounds(schedule: Schedule, timeline: Timeline, *, comm: float, optio
     before and after — a plan holds a copy on the host only between its offload's start (at or
     after the forward's end, within 10⁻⁹ of the slot period for the fixed slots) and its
     reload's end (by the backward's start, within the same), so ``host_memory[r] ≤`` it."""
-    o = options
-    if o.auto or o.stash or o.mem_limit is not None or o.on_infeasible != "skip" or o.postpone_warmup is None:
+    if not _bounded(options):
         return None
-    schedule, timeline, comm = _timed_inputs(schedule, timeline, None, None, "units", comm)
-    ctx = _Context.make(schedule, timeline, o.offload_time, o.transfer_times, o.link_group, o.solo_factor, comm)
+    return OffloadSession(schedule, timeline, comm=comm, options=options).bounds(chunks)
+
+
+def _bounded(o: OffloadOptions) -> bool:
+    """Whether :func:`offload_bounds` can say anything for ``o``."""
+    return not (o.auto or o.stash or o.mem_limit is not None or o.on_infeasible != "skip" or o.postpone_warmup is None)
+
+
+def _bounds_in(ctx: "_Context", o: OffloadOptions,
+               chunks: Sequence[int]) -> dict[int, tuple[list[float], list[float]]] | None:
+    """:func:`offload_bounds` in the context ``ctx`` (made with ``o``)."""
+    if not _bounded(o):
+        return None
+    timeline = ctx.timeline
     for C in chunks:
-        _check_chunks(C, schedule.chunks)
+        _check_chunks(C, ctx.schedule.chunks)
     events = ctx.base_events
     if o.postpone_warmup:
         try:
