@@ -171,3 +171,30 @@ def test_draft_figures_are_the_built_timelines(name, p, m, kw, memory, stash):
                     assert draft.makespan == res.timeline.makespan == res.makespan
                     n += 1
     assert n > 0
+
+
+def _fields(res) -> str:
+    return repr((res.schedule.ranks, res.schedule.params, res.timeline.events, res.timeline.meta, res.transfers,
+                 res.skipped, res.settings, res.delayed, res.peak, res.peak_no_offload, res.host_memory,
+                 res.makespan, res.makespan_no_offload, res.offloaded_chunks))
+
+
+@pytest.mark.parametrize("name,p,m,kw", [("group-interleaved", 4, 12, {"v": 3, "g": 3}),
+                                         ("interleaved-1f1b", 4, 12, {"v": 3})])
+@pytest.mark.parametrize("postpone", [True, False])
+def test_plans_for_fewer_chunks_proved_worse_are_not_made(name, p, m, kw, postpone, monkeypatch):
+    """"skip" mode compares the plan for C with those for fewer chunks; one whose floor is over
+    the best peak is not made: the plans equal those made comparing with every one."""
+    sched = generate(name, p=p, m=m, **kw)
+    costs = Costs(F=1.0, B=2.0, W=1.0, comm=0.05)
+    tl = simulate(sched, costs, MemoryDeltas(F=4.0, B=-1.0, W=-3.0))
+    opts = off.OffloadOptions(offload_time=0.2, on_infeasible="skip", postpone_warmup=postpone)
+    chunks = range(2, sched.chunks + 1)
+    fired = []
+    check = off._fewer_cannot_win
+    monkeypatch.setattr(off, "_fewer_cannot_win", lambda *a: fired.append(check(*a)) or fired[-1])
+    got = [_fields(off.OffloadSession(sched, tl, comm=costs.comm, options=opts).plan(C)) for C in chunks]
+    monkeypatch.setattr(off, "_fewer_cannot_win", lambda *a: False)
+    want = [_fields(off.OffloadSession(sched, tl, comm=costs.comm, options=opts).plan(C)) for C in chunks]
+    assert got == want
+    assert any(fired)  # the proof fires

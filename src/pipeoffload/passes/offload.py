@@ -447,16 +447,33 @@ def _bounds_in(ctx: "_Context", o: OffloadOptions,
     """:func:`offload_bounds` in the context ``ctx`` (made with ``o``)."""
     if not _bounded(o):
         return None
-    timeline = ctx.timeline
     for C in chunks:
         _check_chunks(C, ctx.schedule.chunks)
+    return _floors(ctx, o.postpone_warmup, chunks)
+
+
+def _floors(ctx: "_Context", postpone: bool,
+            chunks: Sequence[int]) -> dict[int, tuple[list[float], list[float]]] | None:
+    """Per C of ``chunks``, :func:`offload_bounds`' (floor, ceiling) for the plans in "skip"
+    mode without the stash window and with warm-ups postponed or not (``postpone``); None
+    when they are to be postponed and re-timing does not reproduce the timeline. Each C's
+    made once per context (``ctx.memo``)."""
     events = ctx.base_events
-    if o.postpone_warmup:
+    if postpone:
         try:
             ctx.check_retimable()
         except ParameterError:
             return None
         events = _postponed_warmup(ctx)[0]
+    todo = [C for C in chunks if ("bounds", postpone, C) not in ctx.memo]
+    if todo:
+        ctx.memo.update({("bounds", postpone, C): got for C, got in _sweep_floors(ctx, events, todo).items()})
+    return {C: ctx.memo[("bounds", postpone, C)] for C in chunks}
+
+
+def _sweep_floors(ctx: "_Context", events: list[TimedOp], chunks: Sequence[int]) -> dict:
+    """:func:`_floors` made: the level sweeps of every C of ``chunks`` on ``events``."""
+    timeline = ctx.timeline
     back = {(e.op.stage, e.op.microbatch): e.start for e in events if e.op.kind.is_backward}
     widen = 1e-6 * max(1.0, abs(ctx.base_makespan))
     out = {}
@@ -621,6 +638,8 @@ def _no_worse_than_fewer_chunks(ctx: _Context, res: OffloadResult, mode: str, po
 
     C, best, placed = res.offloaded_chunks, res, res.offloaded_chunks
     for fewer in range(C - 1, 0, -1):
+        if _fewer_cannot_win(ctx, fewer, postpone, best):
+            continue
         other = _plan_for_chunks(ctx, fewer, mode, postpone)
         if other is not None and key(other) < key(best):
             best, placed = other, fewer
@@ -635,6 +654,27 @@ def _no_worse_than_fewer_chunks(ctx: _Context, res: OffloadResult, mode: str, po
     best.timeline.meta["offload"] = {"chunks": C, "transfers": len(best.transfers), "skipped": dict(best.skipped)}
     best.settings["placed_chunks"] = placed
     return best
+
+
+def _fewer_cannot_win(ctx: _Context, fewer: int, postpone: bool | None, best: OffloadResult) -> bool:
+    """Whether the "skip" plan for ``fewer`` chunks is proved no better than ``best`` (a plan
+    of this context in "skip" mode): its makespan is ``best``'s (the compute ops keep their
+    times, postponed or not alike), and its highest peak is at least the highest floor
+    (:func:`_floors`, proved below every plan), which is over ``best``'s highest peak by more
+    than the rounding of the two sums (:data:`_FLOOR_SLACK`). Not said (False) with the stash
+    window or with both warm-up settings planned."""
+    if ctx.stash or postpone is None:
+        return False
+    floors = _floors(ctx, postpone, (fewer,))
+    if floors is None:
+        return False
+    top = max(best.peak, default=0.0)
+    return max(floors[fewer][0], default=0.0) > top + _FLOOR_SLACK * max(1.0, abs(top))
+
+
+#: Relative slack of a floor's comparison with a plan's peak: the two sum the same deltas in
+#: other orders, so a floor over a peak by less than this proves nothing.
+_FLOOR_SLACK = 1e-9
 
 
 def _plan_to_limit(ctx: _Context, chunks: int | None, limit: float) -> OffloadResult:
@@ -1458,14 +1498,18 @@ class _Savings:
     def add(self, start: float, until: float, amount: float) -> None:
         """Book a saving of ``amount`` from ``start`` until ``until``."""
         self.items.append((start, until, amount))
-        self.over_at = min(self.over_at, until - _EPS)
-        self.last_from = max(self.last_from, start)
         if self.exact:
             self.magnitude += abs(amount)
             if float(amount).is_integer() and self.magnitude <= _EXACT_SUMS:
                 heapq.heappush(self.waiting, (start, until, amount))
                 return
             self.exact = False  # the inexact path reads ``items`` (every saving booked) from now on
+            self.over_at = min(x[1] - _EPS for x in self.items)
+            self.last_from = max(x[0] for x in self.items)
+            self.total = None
+            return
+        self.over_at = min(self.over_at, until - _EPS)
+        self.last_from = max(self.last_from, start)
         self.total = None
 
     def at(self, t: float) -> float:
