@@ -1390,7 +1390,10 @@ def _sweep_link(cands: list[_Candidate], ranks: list[int], levels: dict[int, lis
     The points are read in time order, so per rank only the candidates not placed yet
     whose producer has ended (:class:`_Covering`) are looked at, in the order above: the
     same candidates tried in the same order as a scan of all of them. Cost: O(points ·
-    log + tries), a try being a candidate that covers its point."""
+    log + tries), a try being a candidate that covers its point. None (given up) once a
+    rank's level is over both ``target`` and ``give_up`` (the best plan's highest level so
+    far): the whole sweep's highest level would be too, so it could neither meet ``target``
+    nor beat that plan."""
     base = {r: levels.get(r, []) for r in ranks}
     sign = -1 if far_first else 1
     mine: dict[int, list[_Candidate]] = {r: [] for r in ranks}
