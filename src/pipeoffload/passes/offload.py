@@ -92,7 +92,7 @@ from typing import Sequence
 from ..costs import Costs, MemoryDeltas
 from ..errors import ParameterError
 from ..ir import WINDOW_KINDS, Op, OpKind, Schedule
-from ..timeline import ALLOC, FREE, TimedOp, Timeline, _clean, memory_sweep
+from ..timeline import _TIME_ORDER, ALLOC, FREE, Change, TimedOp, Timeline, _clean, memory_sweep
 from .timing import completion_key, dependents, run_list_schedule, simulate
 
 __all__ = [
@@ -355,6 +355,11 @@ class OffloadSession:
         """The plan for ``chunks`` (C); raises as :func:`plan_offload`."""
         return _plan_in(self._ctx, dataclasses.replace(self.options, offload_chunks=chunks))
 
+    def bounds(self, chunks: Sequence[int]) -> dict[int, tuple[list[float], list[float]]] | None:
+        """:func:`offload_bounds` with this session's options, in its context: the postponed
+        warm-up and the re-timing check are made once for the bounds and the plans."""
+        return _bounds_in(self._ctx, self.options, chunks)
+
 
 def _one_options(options: OffloadOptions | None, given: OffloadOptions) -> OffloadOptions:
     """``options``, or the keywords' ``given`` when None; ParameterError naming
@@ -427,20 +432,48 @@ def offload_bounds(schedule: Schedule, timeline: Timeline, *, comm: float, optio
     before and after — a plan holds a copy on the host only between its offload's start (at or
     after the forward's end, within 10⁻⁹ of the slot period for the fixed slots) and its
     reload's end (by the backward's start, within the same), so ``host_memory[r] ≤`` it."""
-    o = options
-    if o.auto or o.stash or o.mem_limit is not None or o.on_infeasible != "skip" or o.postpone_warmup is None:
+    if not _bounded(options):
         return None
-    schedule, timeline, comm = _timed_inputs(schedule, timeline, None, None, "units", comm)
-    ctx = _Context.make(schedule, timeline, o.offload_time, o.transfer_times, o.link_group, o.solo_factor, comm)
+    return OffloadSession(schedule, timeline, comm=comm, options=options).bounds(chunks)
+
+
+def _bounded(o: OffloadOptions) -> bool:
+    """Whether :func:`offload_bounds` can say anything for ``o``."""
+    return not (o.auto or o.stash or o.mem_limit is not None or o.on_infeasible != "skip" or o.postpone_warmup is None)
+
+
+def _bounds_in(ctx: "_Context", o: OffloadOptions,
+               chunks: Sequence[int]) -> dict[int, tuple[list[float], list[float]]] | None:
+    """:func:`offload_bounds` in the context ``ctx`` (made with ``o``)."""
+    if not _bounded(o):
+        return None
     for C in chunks:
-        _check_chunks(C, schedule.chunks)
+        _check_chunks(C, ctx.schedule.chunks)
+    return _floors(ctx, o.postpone_warmup, chunks)
+
+
+def _floors(ctx: "_Context", postpone: bool,
+            chunks: Sequence[int]) -> dict[int, tuple[list[float], list[float]]] | None:
+    """Per C of ``chunks``, :func:`offload_bounds`' (floor, ceiling) for the plans in "skip"
+    mode without the stash window and with warm-ups postponed or not (``postpone``); None
+    when they are to be postponed and re-timing does not reproduce the timeline. Each C's
+    made once per context (``ctx.memo``)."""
     events = ctx.base_events
-    if o.postpone_warmup:
+    if postpone:
         try:
             ctx.check_retimable()
         except ParameterError:
             return None
         events = _postponed_warmup(ctx)[0]
+    todo = [C for C in chunks if ("bounds", postpone, C) not in ctx.memo]
+    if todo:
+        ctx.memo.update({("bounds", postpone, C): got for C, got in _sweep_floors(ctx, events, todo).items()})
+    return {C: ctx.memo[("bounds", postpone, C)] for C in chunks}
+
+
+def _sweep_floors(ctx: "_Context", events: list[TimedOp], chunks: Sequence[int]) -> dict:
+    """:func:`_floors` made: the level sweeps of every C of ``chunks`` on ``events``."""
+    timeline = ctx.timeline
     back = {(e.op.stage, e.op.microbatch): e.start for e in events if e.op.kind.is_backward}
     widen = 1e-6 * max(1.0, abs(ctx.base_makespan))
     out = {}
@@ -481,7 +514,8 @@ def offload_from_slots(schedule: Schedule, timeline: Timeline, slots: Sequence[t
         cand = _Candidate(fe.rank, s, fe.op.chunk, j, fe.mem, fe.end, be.start, b - a, ctx.link.link_of(fe.rank))
         cands.append(cand)
         placed[id(cand)] = (a, b, c, d)
-    res = _build_result(ctx, offload_chunks, ctx.base_events, cands, placed, Counter())
+    res = _Draft(ctx, offload_chunks, ctx.base_events, cands, placed, Counter()).result()
+    res = _finish(res)
     res.settings = {"auto": False, "offload_time": None, "transfer_times": None, "link_group": link_group,
                     "solo_factor": 1.0, "planned_by": "solver"}
     return res
@@ -604,6 +638,8 @@ def _no_worse_than_fewer_chunks(ctx: _Context, res: OffloadResult, mode: str, po
 
     C, best, placed = res.offloaded_chunks, res, res.offloaded_chunks
     for fewer in range(C - 1, 0, -1):
+        if _fewer_cannot_win(ctx, fewer, postpone, best):
+            continue
         other = _plan_for_chunks(ctx, fewer, mode, postpone)
         if other is not None and key(other) < key(best):
             best, placed = other, fewer
@@ -618,6 +654,27 @@ def _no_worse_than_fewer_chunks(ctx: _Context, res: OffloadResult, mode: str, po
     best.timeline.meta["offload"] = {"chunks": C, "transfers": len(best.transfers), "skipped": dict(best.skipped)}
     best.settings["placed_chunks"] = placed
     return best
+
+
+def _fewer_cannot_win(ctx: _Context, fewer: int, postpone: bool | None, best: OffloadResult) -> bool:
+    """Whether the "skip" plan for ``fewer`` chunks is proved no better than ``best`` (a plan
+    of this context in "skip" mode): its makespan is ``best``'s (the compute ops keep their
+    times, postponed or not alike), and its highest peak is at least the highest floor
+    (:func:`_floors`, proved below every plan), which is over ``best``'s highest peak by more
+    than the rounding of the two sums (:data:`_FLOOR_SLACK`). Not said (False) with the stash
+    window or with both warm-up settings planned."""
+    if ctx.stash or postpone is None:
+        return False
+    floors = _floors(ctx, postpone, (fewer,))
+    if floors is None:
+        return False
+    top = max(best.peak, default=0.0)
+    return max(floors[fewer][0], default=0.0) > top + _FLOOR_SLACK * max(1.0, abs(top))
+
+
+#: Relative slack of a floor's comparison with a plan's peak: the two sum the same deltas in
+#: other orders, so a floor over a peak by less than this proves nothing.
+_FLOOR_SLACK = 1e-9
 
 
 def _plan_to_limit(ctx: _Context, chunks: int | None, limit: float) -> OffloadResult:
@@ -638,7 +695,8 @@ def _plan_to_limit(ctx: _Context, chunks: int | None, limit: float) -> OffloadRe
         mode = "skip" if getattr(place, "long_lived", False) or getattr(place, "needs_events", False) else "delay"
         release: dict = {}
         for _ in range(_MAX_LIMIT_WAITS):
-            res = _plan_with_placement(ctx, C, mode, False, place, release)
+            draft = _plan_with_placement(ctx, C, mode, False, place, release)
+            res = None if draft is None else draft.result()
             if res is None or res.makespan > _LIMIT_STRETCH * ctx.base_makespan:
                 res = None  # waits that keep pushing each other out: this heuristic gives up
                 break
@@ -854,27 +912,30 @@ def _draft_copy(res: OffloadResult) -> OffloadResult:
 
 def _plan_for_chunks_once(ctx: _Context, C: int, mode: str, postpone: bool | None) -> OffloadResult | None:
     """:func:`_plan_for_chunks` made (the draft the memo keeps)."""
-    best: OffloadResult | None = None
+    best: tuple | None = None  # (key, draft, placement name, postponed)
     for later in _postpone_choices(ctx, postpone):
         for name, place in _STRATEGIES.items():
             if (getattr(place, "long_lived", False) or getattr(place, "needs_events", False)) and mode != "skip":
                 continue  # drops candidates: only where dropping is what was asked for
-            res = _plan_with_placement(ctx, C, mode, later, place)
-            if res is None:
+            draft = _plan_with_placement(ctx, C, mode, later, place)
+            if draft is None:
                 continue
-            res.settings["placement"] = name
-            res.settings["postponed"] = later
-            key = (_clean(res.makespan), max(res.peak, default=0.0), sum(res.peak))
-            if best is None or key < (_clean(best.makespan), max(best.peak, default=0.0), sum(best.peak)):
-                best = res
-    return best
+            key = (_clean(draft.makespan), max(draft.peak, default=0.0), sum(draft.peak))
+            if best is None or key < best[0]:
+                best = (key, draft, name, later)
+    if best is None:
+        return None
+    res = best[1].result()  # only the plan kept gets its timeline
+    res.settings["placement"] = best[2]
+    res.settings["postponed"] = best[3]
+    return res
 
 
 def _plan_with_placement(ctx: _Context, C: int, mode: str, postpone: bool, place,
-                         release: dict | None = None) -> OffloadResult | None:
-    """Plan with C chunks and one placement heuristic; None when infeasible in "error"
-    mode (reason in ctx.last_failure). ``release``: earliest starts of compute ops (op
-    key → time) to re-time with first (the limit mode's waits).
+                         release: dict | None = None) -> "_Draft | None":
+    """Plan with C chunks and one placement heuristic (its figures: :class:`_Draft`); None
+    when infeasible in "error" mode (reason in ctx.last_failure). ``release``: earliest
+    starts of compute ops (op key → time) to re-time with first (the limit mode's waits).
 
     "delay": a late reload's B may not start before the reload ends; re-time the
     compute ops with those release times and plan again, until no reload is late.
@@ -902,7 +963,7 @@ def _plan_with_placement(ctx: _Context, C: int, mode: str, postpone: bool, place
                 skipped[SKIP_LINK] += len(failed)
                 gone = {id(c) for c in failed}
                 cands = [c for c in cands if id(c) not in gone]
-            return _build_result(ctx, C, events, cands, placed, skipped, finish=False)
+            return _Draft(ctx, C, events, cands, placed, skipped)
         if mode == "error":
             first = min(failed, key=lambda c: c.backward_start)
             consumer = "weight gradient (W)" if first.window == "stash" else "backward"
@@ -1298,7 +1359,10 @@ def _place_by_peak(cands: list[_Candidate], mode: str, events: list[TimedOp]) ->
             mid = (lo + hi) // 2
             met = False
             for far_first in (False, True):
-                plan, reached = _sweep_link(lst, ranks, levels, tops[mid], far_first)
+                got = _sweep_link(lst, ranks, levels, tops[mid], far_first, math.inf if best is None else best[0][0])
+                if got is None:  # over the target and over the best's highest level: neither meets nor wins
+                    continue
+                plan, reached = got
                 key = (max(reached.values()), sum(reached.values()))
                 met = met or key[0] <= tops[mid] + _EPS
                 if best is None or key < best[0]:
@@ -1312,7 +1376,8 @@ def _place_by_peak(cands: list[_Candidate], mode: str, events: list[TimedOp]) ->
 
 
 def _sweep_link(cands: list[_Candidate], ranks: list[int], levels: dict[int, list[tuple[float, float, bool]]],
-                target: float, far_first: bool) -> tuple[dict[int, _Slots], dict[int, float]]:
+                target: float, far_first: bool, give_up: float = math.inf
+                ) -> tuple[dict[int, _Slots], dict[int, float]] | None:
     """One link's plan for ``target`` (:func:`_place_by_peak`) and each rank's highest
     estimated level under it. At a point, the covering candidate whose consumer comes
     first is tried first (its reload leaves the link free sooner), or with
@@ -1320,79 +1385,148 @@ def _sweep_link(cands: list[_Candidate], ranks: list[int], levels: dict[int, lis
     neither wins everywhere. A candidate that finds no link time at one point is tried
     again at later points (its offload may end by then). A reload
     allocates again when it starts, so its start joins the sweep as one more point (its
-    level: the rank's level there without the savings that ended by then)."""
+    level: the rank's level there without the savings that ended by then).
+
+    The points are read in time order, so per rank only the candidates not placed yet
+    whose producer has ended (:class:`_Covering`) are looked at, in the order above: the
+    same candidates tried in the same order as a scan of all of them. Cost: O(points ·
+    log + tries), a try being a candidate that covers its point. None (given up) once a
+    rank's level is over both ``target`` and ``give_up`` (the best plan's highest level so
+    far): the whole sweep's highest level would be too, so it could neither meet ``target``
+    nor beat that plan."""
     base = {r: levels.get(r, []) for r in ranks}
-    mine: dict[int, list[_Candidate]] = {r: [] for r in ranks}
     sign = -1 if far_first else 1
+    mine: dict[int, list[_Candidate]] = {r: [] for r in ranks}
     for c in sorted(cands, key=lambda c: (sign * c.backward_start, c.forward_end, c.stage, c.microbatch)):
         mine[c.rank].append(c)
     up: list[tuple[float, float]] = []
     down: list[tuple[float, float]] = []
     placed: dict[int, _Slots] = {}
     saved = {r: _Savings() for r in ranks}
+    covering = {r: _Covering(mine[r], far_first) for r in ranks}
     reached = {r: 0.0 for r in ranks}
-
-    def level(r: int, t: float) -> float:
-        i = bisect_right(base[r], (t + _EPS, math.inf, True)) - 1
-        lvl = base[r][i][1] if i >= 0 else 0.0
-        return lvl - saved[r].at(t)
-
-    ends = {r: [sign * c.backward_start for c in mine[r]] for r in ranks}  # ascending
     sweep = [(t, r) for r in ranks for t, _, alloc in base[r] if alloc]
     heapq.heapify(sweep)
     while sweep:
         t, r = heapq.heappop(sweep)
-        now = level(r, t)
-        if now <= target + _EPS:
-            reached[r] = max(reached[r], now)
-            continue
-        # Only candidates whose consumer starts after t can cover t.
-        lst = mine[r]
-        order = (lst[bisect_right(ends[r], t + _EPS):] if not far_first
-                 else lst[:bisect_left(ends[r], -t + _EPS)])
-        for c in order:
-            if now <= target + _EPS:
-                break
-            if id(c) in placed or not _covers(c, t):
-                continue
-            slots = _slots_around(c, t, up, down)
-            if slots is None:
-                continue
-            placed[id(c)] = slots
-            saved[r].add(slots[1], slots[2], c.amount)
-            heapq.heappush(sweep, (slots[2], r))
-            now -= c.amount
-        reached[r] = max(reached[r], now)
+        lv = base[r]
+        i = bisect_right(lv, (t + _EPS, math.inf, True)) - 1
+        now = (lv[i][1] if i >= 0 else 0.0) - saved[r].at(t)
+        if now > target + _EPS:
+            cover = covering[r]
+            for k in cover.at(t):
+                c = cover.cands[k]
+                if not _covers(c, t):
+                    continue
+                slots = _slots_around(c, t, up, down)
+                if slots is None:
+                    continue
+                placed[id(c)] = slots
+                cover.place(k)
+                saved[r].add(slots[1], slots[2], c.amount)
+                heapq.heappush(sweep, (slots[2], r))
+                now -= c.amount
+                if now <= target + _EPS:
+                    break
+        if now > reached[r]:
+            reached[r] = now
+            if now > give_up and now > target + _EPS:
+                return None
     return placed, reached
 
 
 _place_by_peak.needs_events = True  # type: ignore[attr-defined]
 
 
-class _Savings:
-    """One rank's savings in :func:`_sweep_link`: ``(from, until, amount)`` in the order they
-    were booked, read at times that never go back. :meth:`at` is the sum the sweep always
-    took — over the savings not over by ``t`` (dropped for good) that have begun by ``t``, in
-    booking order — with the list filtered only when one is over and the sum of all of them
-    kept while none is over and all have begun: the same floats added in the same order."""
+class _Covering:
+    """One rank's candidates in :func:`_sweep_link`'s try order (``cands``), as indices: those
+    not placed whose producer has ended by the time read (``forward_end ≤ t + ε``, which every
+    candidate covering ``t`` meets), within the slice of the try order whose consumer can still
+    come after ``t``. Times are read in order, so a candidate joins once and leaves when placed
+    or when its consumer has passed for good."""
 
-    __slots__ = ("items", "over_at", "last_from", "total")
+    __slots__ = ("cands", "far_first", "ends", "by_producer", "joined", "open")
+
+    def __init__(self, cands: list[_Candidate], far_first: bool) -> None:
+        self.cands, self.far_first = cands, far_first
+        sign = -1 if far_first else 1
+        self.ends = [sign * c.backward_start for c in cands]  #: ascending
+        self.by_producer = sorted(range(len(cands)), key=lambda k: cands[k].forward_end)
+        self.joined = 0  #: how many of ``by_producer`` have joined
+        self.open: list[int] = []  #: sorted indices into ``cands``
+
+    def at(self, t: float) -> list[int]:
+        """The indices to try at ``t`` (no earlier than any time read before), in try order:
+        a superset of the candidates covering ``t`` and not placed (a copy: placing one
+        while going through it is allowed)."""
+        cands, order, n = self.cands, self.by_producer, len(self.by_producer)
+        while self.joined < n and cands[order[self.joined]].forward_end <= t + _EPS:
+            insort(self.open, order[self.joined])
+            self.joined += 1
+        if self.far_first:  # the consumer at or before t: the tail of the order, for good
+            cut = bisect_left(self.open, bisect_left(self.ends, -t + _EPS))
+            del self.open[cut:]
+            return list(self.open)
+        cut = bisect_left(self.open, bisect_right(self.ends, t + _EPS))
+        del self.open[:cut]
+        return list(self.open)
+
+    def place(self, k: int) -> None:
+        """Candidate ``k`` is placed: it is tried no more."""
+        del self.open[bisect_left(self.open, k)]
+
+
+class _Savings:
+    """One rank's savings in :func:`_sweep_link`: ``(from, until, amount)`` booked, read at
+    times that never go back. :meth:`at` is the sum over those not over by ``t``
+    (``t < until − ε``) that have begun (``from ≤ t + ε``) — a function of ``t`` and the
+    savings booked, since savings over stay over. While every amount is a whole number and
+    their absolute sum is at most 2⁵³ (bytes, unit memory), every partial sum in any order is
+    exact, so the sum is kept as savings begin and end (O(log n) a change). Else, as before:
+    summed in booking order, the list filtered only when one is over and the sum of all of
+    them kept while every one has begun and none is over — the same floats in the same order."""
+
+    __slots__ = ("items", "over_at", "last_from", "total", "exact", "magnitude", "waiting", "begun")
 
     def __init__(self) -> None:
-        self.items: list[tuple[float, float, float]] = []
+        self.items: list[tuple[float, float, float]] = []  #: in booking order (the inexact path)
         self.over_at = math.inf  #: the smallest ``until − ε``: a read at or after it drops one
         self.last_from = -math.inf  #: the latest ``from``
-        self.total: float | None = None  #: the sum of every amount, while the list is unchanged
+        self.total: float | None = 0.0  #: exact: the sum begun and not over; else that of every item
+        self.exact = True
+        self.magnitude = 0.0  #: the sum of every amount's absolute value
+        self.waiting: list[tuple[float, float, float]] = []  #: exact: heap of (from, until, amount) not begun
+        self.begun: list[tuple[float, float]] = []  #: exact: heap of (until − ε, amount) begun, not over
 
     def add(self, start: float, until: float, amount: float) -> None:
         """Book a saving of ``amount`` from ``start`` until ``until``."""
         self.items.append((start, until, amount))
+        if self.exact:
+            self.magnitude += abs(amount)
+            if float(amount).is_integer() and self.magnitude <= _EXACT_SUMS:
+                heapq.heappush(self.waiting, (start, until, amount))
+                return
+            self.exact = False  # the inexact path reads ``items`` (every saving booked) from now on
+            self.over_at = min(x[1] - _EPS for x in self.items)
+            self.last_from = max(x[0] for x in self.items)
+            self.total = None
+            return
         self.over_at = min(self.over_at, until - _EPS)
         self.last_from = max(self.last_from, start)
         self.total = None
 
     def at(self, t: float) -> float:
         """The savings at ``t`` (no earlier than any time read before)."""
+        if self.exact:
+            waiting, begun = self.waiting, self.begun
+            while waiting and waiting[0][0] <= t + _EPS:
+                _, until, amount = heapq.heappop(waiting)
+                if t < until - _EPS:
+                    heapq.heappush(begun, (until - _EPS, amount))
+                    self.total += amount
+            while begun and not t < begun[0][0]:
+                self.total -= heapq.heappop(begun)[1]
+            return self.total
         if not t < self.over_at:  # the sweep's time never goes back: savings over by now go for good
             self.items = [x for x in self.items if t < x[1] - _EPS]
             self.over_at = min((x[1] - _EPS for x in self.items), default=math.inf)
@@ -1403,6 +1537,10 @@ class _Savings:
                 self.total = sum(a for _, _, a in self.items)
             return self.total
         return sum(a for s0, _, a in self.items if s0 <= t + _EPS)
+
+
+#: Whole numbers up to this add exactly in floats, in any order (:class:`_Savings`).
+_EXACT_SUMS = float(2 ** 53)
 
 
 def _covers(c: _Candidate, t: float) -> bool:
@@ -1475,18 +1613,90 @@ _STRATEGIES = {"value": _place_by_value, "deadline": _place_by_deadline,
 # --------------------------------------------------------------------------------------
 
 
-def _build_result(ctx: _Context, C: int, events: list[TimedOp], cands: list[_Candidate],
-                  placed: dict[int, _Slots], skipped: Counter, finish: bool = True) -> OffloadResult:
-    """The offloaded schedule and timeline for the placed candidates. With ``finish``
-    False, a draft: everything a plan is compared by (timeline, transfers, peaks,
-    makespan) but the schedule's op lists and the host memory, which
-    :func:`_finish` adds (the same values, made only for the plan that is kept)."""
+class _Draft:
+    """One placement's plan, compared by its figures before its timeline is made: the
+    transfers (solo speed-up applied), the per-rank peaks and the makespan, exactly as the
+    timeline :meth:`result` makes would give them (:func:`_plan_peaks`); the placements
+    that lose are never built."""
+
+    __slots__ = ("ctx", "C", "events", "skipped", "transfers", "compute", "peak", "makespan")
+
+    def __init__(self, ctx: _Context, C: int, events: list[TimedOp], cands: list[_Candidate],
+                 placed: dict[int, _Slots], skipped: Counter) -> None:
+        self.ctx, self.C, self.events, self.skipped = ctx, C, events, skipped
+        self.transfers = [Transfer(c.rank, c.stage, c.chunk, c.microbatch, c.amount, *placed[id(c)], c.backward_start,
+                                   c.link, c.window) for c in cands]
+        _apply_solo_speedup(self.transfers, [c.forward_end for c in cands], ctx.link.solo_factor)
+        self.compute = _compute_figures(ctx, events)
+        self.peak, self.makespan = _plan_peaks(self.compute, self.transfers), self.compute.makespan
+
+    def result(self) -> OffloadResult:
+        """The draft :class:`OffloadResult` (:func:`_build_result`)."""
+        return _build_result(self)
+
+
+class _ComputeFigures:
+    """What every plan on one list of compute events shares: the events sorted by (rank,
+    start) as a plan's timeline holds them, each rank's memory changes in the order
+    :func:`~pipeoffload.timeline.memory_sweep` takes them, and the makespan."""
+
+    __slots__ = ("events", "compute", "changes", "makespan")
+
+    def __init__(self, events: list[TimedOp], num_ranks: int) -> None:
+        self.events = events
+        self.compute = sorted(events, key=lambda e: (e.rank, e.start))
+        tl = Timeline(num_ranks=num_ranks, events=self.compute)
+        self.changes = [sorted(pts, key=_TIME_ORDER) for pts in tl.memory_changes()]
+        self.makespan = tl.makespan
+
+
+def _compute_figures(ctx: _Context, events: list[TimedOp]) -> _ComputeFigures:
+    """:class:`_ComputeFigures` of ``events``, kept for the last events asked for (every
+    placement of a plan asks for the same)."""
+    hit = ctx.memo.get("compute_figures")
+    if hit is None or hit.events is not events:
+        hit = ctx.memo["compute_figures"] = _ComputeFigures(events, ctx.timeline.num_ranks)
+    return hit
+
+
+def _plan_peaks(compute: _ComputeFigures, transfers: list[Transfer]) -> list[float]:
+    """Per rank, the peak of the timeline of ``compute``'s events and ``transfers``' ops
+    (:func:`_transfer_events`), float for float what its ``peak_memory()`` gives: that
+    sorts each rank's changes — the compute events' first, then the transfers' in their
+    order — by (time, free before allocate), stably, and adds them up; here the compute
+    changes come sorted already and are merged with the transfers' (sorted the same way),
+    the compute change first of two equal keys, so the same floats are added in the same
+    order. A transfer frees its amount when its offload ends and allocates it when its
+    reload starts (its two other ops change nothing)."""
+    own: list[list[Change]] = [[] for _ in compute.changes]
+    for t in transfers:
+        a = t.amount
+        if a > 0:
+            own[t.rank] += [(t.offload_end, FREE, -a), (t.reload_start, ALLOC, a)]
+        elif a < 0:
+            own[t.rank] += [(t.offload_end, ALLOC, -a), (t.reload_end, FREE, a)]
+    out = []
+    for base, mine in zip(compute.changes, own):
+        level = top = 0.0
+        if mine:
+            mine.sort(key=_TIME_ORDER)
+            base = heapq.merge(base, mine, key=_TIME_ORDER)
+        for _, _, delta in base:
+            level += delta
+            if level > top:
+                top = level
+        out.append(_clean(top))
+    return out
+
+
+def _build_result(draft: _Draft) -> OffloadResult:
+    """The offloaded timeline of ``draft``, as a draft result: everything a plan is compared
+    by (timeline, transfers, peaks, makespan) but the schedule's op lists and the host
+    memory, which :func:`_finish` adds (the same values, made only for the plan that is kept)."""
+    ctx, C, events, skipped, transfers = draft.ctx, draft.C, draft.events, draft.skipped, draft.transfers
     tl = ctx.timeline
-    transfers = [Transfer(c.rank, c.stage, c.chunk, c.microbatch, c.amount, *placed[id(c)], c.backward_start, c.link,
-                          c.window) for c in cands]
-    _apply_solo_speedup(transfers, [c.forward_end for c in cands], ctx.link.solo_factor)
     t_events = _transfer_events(transfers)
-    compute = sorted(events, key=lambda e: (e.rank, e.start))
+    compute = draft.compute.compute
     new_tl = Timeline(
         num_ranks=tl.num_ranks,
         events=compute + t_events,
@@ -1498,8 +1708,8 @@ def _build_result(ctx: _Context, C: int, events: list[TimedOp], cands: list[_Can
     )
     if "baseline" not in ctx.memo:
         ctx.memo["baseline"] = (tl.memory_curves(), tl.peak_memory())
-    curves, peaks = ctx.memo["baseline"]
-    new_tl.meta["baseline_memory_curves"] = curves if finish else None  # a placeholder keeps the key order
+    peaks = ctx.memo["baseline"][1]
+    new_tl.meta["baseline_memory_curves"] = None  # a placeholder keeps the key order (set by _finish)
     base_b = {e.op.key: e.start for e in ctx.base_events if e.op.kind.is_backward}
     delayed = sum(1 for e in events if e.op.kind.is_backward and e.start > base_b[e.op.key] + _EPS)
     res = OffloadResult(
@@ -1510,14 +1720,14 @@ def _build_result(ctx: _Context, C: int, events: list[TimedOp], cands: list[_Can
         skipped={k: skipped[k] for k in sorted(skipped)},
         delayed=delayed,
         peak_no_offload=list(peaks),
-        peak=new_tl.peak_memory(),
+        peak=list(draft.peak),
         host_memory=[],
         makespan_no_offload=ctx.base_makespan,
-        makespan=new_tl.makespan,
+        makespan=draft.makespan,
     )
     new_tl.meta["offload"] = {"chunks": C, "transfers": len(transfers), "skipped": dict(res.skipped)}
     res._pending = (ctx, C, compute, t_events)  # type: ignore[attr-defined]
-    return _finish(res) if finish else res
+    return res
 
 
 def _finish(res: OffloadResult | None) -> OffloadResult | None:

@@ -36,7 +36,7 @@ from ..errors import ParameterError, PipeoffloadError, ScheduleError
 from ..ir import ALL_KINDS, OVERLAP, CompactOrders, OpKind, Placement, Schedule
 from ..passes.issue_policy import paused_gc
 from ..passes.lower import lower
-from ..passes.offload import OffloadOptions, OffloadResult, OffloadSession, offload_bounds
+from ..passes.offload import OffloadOptions, OffloadResult, OffloadSession
 from ..timeline import Timeline, _clean, running_peak
 from .bounds import pipeline_bound
 from .dp import dp_exposed
@@ -290,11 +290,9 @@ class Simulator:
         None where the pass cannot say (cached). Raises :class:`Refused` as :meth:`simulate`."""
         key = (split, family, m, recompute)
         if key not in self._bounds:
-            sim = self.simulate(split, family, m, recompute)
-            with paused_gc():
-                got = offload_bounds(sim.schedule.compute_only(), sim.timeline, comm=sim.sharded.costs.comm,
-                                     options=self._offload_options(split, sim, 1, False),
-                                     chunks=range(1, sim.schedule.chunks + 1))
+            with paused_gc():  # in the session the plans use: they share its postponed warm-up
+                sim, session = self._offload_session(split, family, m, recompute, False)
+                got = session.bounds(range(1, sim.schedule.chunks + 1))
             peak0 = sim.timeline.peak_memory()
             self._bounds[key] = None if got is None else {
                 C: ([a + max(0.0, b - c) for a, b, c in zip(floor, sim.act, peak0)], host)
@@ -310,17 +308,25 @@ class Simulator:
         ("offload") when the pass refuses."""
         sim = self.simulate(split, family, m, recompute)
         self.stats["offload_plans"] += 1
-        settings = self._offload_options(split, sim, 1, stash)
-        key = (split, family, m, recompute, settings)
         try:  # the offload step of passes.lower on the timeline already made (lower would time it again)
             with paused_gc():
-                if self._session is None or self._session[0] != key:  # one candidate's tries C = 1, 2, … share it
-                    self._session = (key, OffloadSession(sim.schedule.compute_only(), sim.timeline,
-                                                         comm=sim.sharded.costs.comm, options=settings))
-                result = self._session[1].plan(chunks)
+                result = self._offload_session(split, family, m, recompute, stash)[1].plan(chunks)
         except PipeoffloadError as e:
             raise Refused("offload", f"offload pass refused C={chunks}{' +stash' if stash else ''}: {e}") from None
         return sim, result
+
+    def _offload_session(self, split: Split, family: Family, m: int, recompute: bool,
+                         stash: bool) -> tuple[Simulated, OffloadSession]:
+        """The candidate simulated and its offload session (:class:`~pipeoffload.passes.offload.
+        OffloadSession`), kept for the last candidate asked for: one candidate's bounds and tries
+        C = 1, 2, … share it."""
+        sim = self.simulate(split, family, m, recompute)
+        settings = self._offload_options(split, sim, 1, stash)
+        key = (split, family, m, recompute, settings)
+        if self._session is None or self._session[0] != key:
+            self._session = (key, OffloadSession(sim.schedule.compute_only(), sim.timeline,
+                                                 comm=sim.sharded.costs.comm, options=settings))
+        return sim, self._session[1]
 
 
 def generator_limit(problem: Problem, family: Family, p: int, sh: ShardedCosts, dp: int = 1) -> float | None:
