@@ -35,6 +35,22 @@ from pipeoffload.costmodel.hardware import get_hardware  # noqa: E402
 from pipeoffload.costmodel.measured import MEASURED, MEASUREMENT_TIE, Prediction, compare, ranking_agrees  # noqa: E402
 
 
+
+def _authors_config(mod, r):
+    """Measured row ``r``'s setting, simulated with the ZB runtime's order, and the authors'
+    scheduler's ``GraphConfig`` (``mod``: their auto_schedule module) of the inputs their
+    runtime feeds it (``zb_runtime_inputs``): (problem, simulated, config)."""
+    from pipeoffload.costmodel.measured import row_problem, simulate_exactly, zb_runtime_inputs
+    from pipeoffload.planner.space import Split
+
+    problem, family = row_problem(r)
+    sim = simulate_exactly(problem, Split(1, r.gpus, 1), family, r.m, zb_runtime=True)
+    inp = zb_runtime_inputs(problem.model, sim.sharded.costs, r.gpus, float(family.limit))
+    c, mem = inp["costs"], inp["memory"]
+    return problem, sim, mod.GraphConfig(mem_f=mem.F, mem_b=mem.B, mem_w=mem.W, max_mem=inp["mem_limit"],
+                                         cost_f=int(c.F), cost_b=int(c.B), cost_w=int(c.W), cost_comm=int(c.comm),
+                                         print_scaling=1000)
+
 def _pct(x: float | None) -> str:
     return "–" if x is None else f"{x:+.1%}"
 
@@ -128,8 +144,7 @@ def authors_check(path: str) -> str:
     what their ``auto_schedule`` runs) on :func:`~pipeoffload.costmodel.measured.zb_runtime_inputs`,
     each rank's ops in the order of their completion times (their ``ilp_results``), against the order
     ``predict`` times; with its bubble on the planner's per-stage costs."""
-    from pipeoffload.costmodel.measured import RUNTIME_GENERATES, simulate_exactly, row_problem, zb_runtime_inputs
-    from pipeoffload.planner.space import Split
+    from pipeoffload.costmodel.measured import RUNTIME_GENERATES
 
     mod = _load_authors_auto_schedule(path)
     lines = ["| setting | schedule | m | b | orders | bubble ms (makespan − busiest rank) |",
@@ -140,12 +155,7 @@ def authors_check(path: str) -> str:
         if r.schedule not in RUNTIME_GENERATES or key in seen:
             continue
         seen.add(key)
-        problem, family = row_problem(r)
-        sim = simulate_exactly(problem, Split(1, r.gpus, 1), family, r.m, zb_runtime=True)
-        inp = zb_runtime_inputs(problem.model, sim.sharded.costs, r.gpus, float(family.limit))
-        c, mem = inp["costs"], inp["memory"]
-        cfg = mod.GraphConfig(mem_f=mem.F, mem_b=mem.B, mem_w=mem.W, max_mem=inp["mem_limit"], cost_f=int(c.F),
-                              cost_b=int(c.B), cost_w=int(c.W), cost_comm=int(c.comm), print_scaling=1000)
+        problem, sim, cfg = _authors_config(mod, r)
         graph = mod.Graph.build_graph(r.gpus, r.m, cfg)
         _, _, end = mod.initial_solution(graph, print_result=False)
         theirs = [sorted(((k, s, i) for k in range(3) for i in range(r.m)), key=lambda n: end[graph.get_id(*n)])
@@ -167,10 +177,8 @@ def authors_post_validation_check(path: str, hops_ms: tuple[float, ...] = (5.0, 
     import contextlib
     import io
 
-    from pipeoffload.costmodel.measured import SYNCHRONISED, post_validation_iteration_ms, predict, row_problem
-    from pipeoffload.costmodel.measured import simulate_exactly, zb_runtime_inputs
+    from pipeoffload.costmodel.measured import SYNCHRONISED, post_validation_iteration_ms, predict
     from pipeoffload.planner.config import assemble
-    from pipeoffload.planner.space import Split
 
     mod = _load_authors_auto_schedule(path)
     lines = ["| model | GPUs | m | F before the node, rank 0 / 1 / last (first B) | gain: measured "
@@ -179,12 +187,7 @@ def authors_post_validation_check(path: str, hops_ms: tuple[float, ...] = (5.0, 
     for sync in SYNCHRONISED:
         r = next(x for x in MEASURED
                  if (x.source, x.model, x.m, x.schedule) == ("ZB Table 4", sync.model, sync.m, "ZB-2p"))
-        problem, family = row_problem(r)
-        sim = simulate_exactly(problem, Split(1, r.gpus, 1), family, r.m, zb_runtime=True)
-        inp = zb_runtime_inputs(problem.model, sim.sharded.costs, r.gpus, float(family.limit))
-        c, mem = inp["costs"], inp["memory"]
-        cfg = mod.GraphConfig(mem_f=mem.F, mem_b=mem.B, mem_w=mem.W, max_mem=inp["mem_limit"], cost_f=int(c.F),
-                              cost_b=int(c.B), cost_w=int(c.W), cost_comm=int(c.comm), print_scaling=1000)
+        problem, sim, cfg = _authors_config(mod, r)
         with contextlib.redirect_stdout(io.StringIO()):  # their scheduler prints its whole result
             nodes = mod.auto_schedule(r.gpus, r.m, cfg)
         node = [sum(n.type in ("F", "B", "W") for n in ns[:[n.type for n in ns].index("POST_VALIDATION")])
