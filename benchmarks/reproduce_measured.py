@@ -15,6 +15,8 @@ whether each setting's schedules come out in the measured order. Rows, sources a
     python benchmarks/reproduce_measured.py --post-validation # the ZB rows back to back, without the barrier
     python benchmarks/reproduce_measured.py [--post-validation] --fit-op-overhead  # + the ZB runtime's op
         # overhead fitted on the fit rows; or --op-overhead zb=FRACTION (analyses, not the calibration)
+    python benchmarks/reproduce_measured.py --wave-quantization 128x128  # GEMMs tile- and wave-quantized,
+        # the constants re-fit (an analysis: docs/planner.md#calibration)
 
 PATH for ``--authors``: a checkout of sail-sg/zero-bubble-pipeline-parallelism at branch ``arxiv`` (the
 paper's version; its ``megatron/core/pipeline_parallel/auto_schedule.py`` is imported from there with a
@@ -24,10 +26,13 @@ stub for ``pulp``, which the heuristic does not use; torch and numpy must be imp
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
+import math
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
@@ -241,6 +246,152 @@ def fit_op_overhead(hw, post_validation: bool, runtime: str = "zb") -> float:
     return round((lo + hi) / 2, 4)
 
 
+#: GEMM tile and wave quantization (an analysis; docs/planner.md#calibration, "Tile and wave
+#: quantization"). NVIDIA's Matrix Multiplication Background User's Guide (DU-09799-001, §2.3 and
+#: §3): cuBLAS cuts a GEMM's M×N output into thread-block tiles — 256×128 and 128×256 the most
+#: efficient, then 128×128, 256×64, 64×256, 128×64, 64×128, 64×64 — and runs them in waves of one
+#: tile per SM for 256×128 on an A100 (108 SMs); a partial last wave costs a full one. The SM count is
+#: the A100's; the tiles are the guide's, not fitted.
+A100_SMS = 108
+WAVE_TILES: dict[str, tuple[int, int]] = {"256x128": (256, 128), "128x128": (128, 128)}
+
+
+def layer_gemms(model) -> dict[str, list[tuple[int, int, int, int]]]:
+    """One layer's GEMMs per op as (M, N, K, batch), the output M×N: F = QKV, out-projection,
+    FC1, FC2 (``tokens`` rows) and, without flash attention, the core attention's batched
+    Q·Kᵀ and A·V over ``microbatch·heads``; B = each linear's input gradient (output tokens × its
+    input width, reduced over its output width) and the attention's four batched GEMMs; W = each
+    linear's weight gradient (its weight's shape, reduced over the tokens). Their FLOPs are the
+    cost model's layer FLOPs (a test)."""
+    T, h, s, d = model.tokens, model.hidden, model.seq, model.head_dim
+    heads = model.microbatch * model.heads
+    lin = [(T, h + 2 * model.kv_dim, h), (T, h, h), (T, (model.ffn_matrices - 1) * model.ffn, h),
+           (T, h, model.ffn)]
+    attn_f = [(s, s, d, heads), (s, d, s, heads)]
+    attn_b = [(s, s, d, heads)] + [(s, d, s, heads)] * 3  # dA = dO·Vᵀ; dV, dQ, dK
+    return {"F": [(M, N, K, 1) for M, N, K in lin] + attn_f,
+            "B": [(M, K, N, 1) for M, N, K in lin] + attn_b,
+            "W": [(K, N, M, 1) for M, N, K in lin]}
+
+
+def head_gemms(model) -> dict[str, list[tuple[int, int, int, int]]]:
+    """The output layer's GEMMs per op (M, N, K, batch): logits, their input gradient, the weight's."""
+    T, h, V = model.tokens, model.hidden, model.vocab
+    return {"F": [(T, V, h, 1)], "B": [(T, h, V, 1)], "W": [(V, h, T, 1)]}
+
+
+def wave_efficiency(m: int, n: int, batch: int, tile: tuple[int, int], sms: int = A100_SMS) -> float:
+    """Useful fraction of the tile-waves an M×N output (``batch`` of them) occupies: tiles of
+    ``tile`` in whichever orientation wastes less, padded at the edges (tile quantization), run
+    ``sms`` at a time with the last wave counted whole (wave quantization). O(1)."""
+    best = 0.0
+    for tm, tn in (tile, tile[::-1]):
+        tiles = math.ceil(m / tm) * math.ceil(n / tn) * batch
+        best = max(best, m * n * batch / (math.ceil(tiles / sms) * sms * tm * tn))
+    return best
+
+
+def quantized_flops(gemms: list[tuple[int, int, int, int]], tile: tuple[int, int] | None,
+                    sms: int = A100_SMS) -> float:
+    """The GEMMs' FLOPs, each over its :func:`wave_efficiency` (plain FLOPs for ``tile=None``)."""
+    return sum(2 * m * n * k * b / (wave_efficiency(m, n, b, tile, sms) if tile else 1.0) for m, n, k, b in gemms)
+
+
+def _fit_stage(hw, tile):
+    """The profiled stages' (layers, shape efficiency, ms per elementwise pass, profiled ms) and
+    the three constants re-fit exactly on the fit model's stage with ``tile``'s quantization."""
+    from pipeoffload.costmodel import get_model, pipeline_costs
+    from pipeoffload.costmodel.measured import FIT_MODEL, PROFILED_MS
+    from pipeoffload.costmodel.model import gemm_shape_efficiency
+
+    stages = {}
+    for name, (p, tf, tb, tw, _) in PROFILED_MS.items():
+        model = get_model(name)
+        g = pipeline_costs(model, hw, p, trim_edges=True).groups[p // 2]
+        flops = {op: g.layers * quantized_flops(gl, tile) / gemm_shape_efficiency(model, hw)
+                 for op, gl in layer_gemms(model).items()}
+        stages[name] = (flops, g.block.traffic_bytes / hw.hbm_bw * 1e3, (tf, tb, tw))
+    flops, pass_ms, (tf, tb, tw) = stages[FIT_MODEL]
+    rate = flops["W"] / tw * 1e3  # FLOP/s: W is GEMMs only
+    return stages, rate, (tf - flops["F"] / rate * 1e3) / pass_ms, (tb - flops["B"] / rate * 1e3) / pass_ms
+
+
+def wave_op_times(hw, tile: tuple[int, int] | None) -> tuple[Any, dict[str, tuple[float, float, float]]]:
+    """The profile with its three constants re-fit on the fit stage under ``tile``'s quantization
+    (``None``: none, the documented exact re-fit), and each profiled stage's (F, B, W) error."""
+    stages, rate, ew_f, ew_b = _fit_stage(hw, tile)
+    errors = {}
+    for name, (flops, pass_ms, measured) in stages.items():
+        ours = (flops["F"] / rate * 1e3 + ew_f * pass_ms, flops["B"] / rate * 1e3 + ew_b * pass_ms,
+                flops["W"] / rate * 1e3)
+        errors[name] = tuple(o / m - 1 for o, m in zip(ours, measured))
+    return dataclasses.replace(hw, compute_rate=rate, elementwise_f=ew_f, elementwise_b=ew_b), errors
+
+
+@contextlib.contextmanager
+def wave_quantized_costs(tile: tuple[int, int], sms: int = A100_SMS):
+    """Within the block the cost model times each GEMM of a layer group at its
+    :func:`wave_efficiency` (the layers' and, on the last group, the output layer's; the shape
+    efficiency and the elementwise time as before). Patches ``model._group_cost``: an analysis
+    only, restored on exit."""
+    from pipeoffload.costmodel import model as cm
+
+    plain = cm._group_cost
+
+    def group_cost(model, hardware, blocks, index, layers, num_groups):
+        g = plain(model, hardware, blocks, index, layers, num_groups)
+        rate_ms = hardware.compute_rate / 1e3 * cm.gemm_shape_efficiency(model, hardware)
+        last = index == num_groups - 1
+        times = {}
+        for op, gl in layer_gemms(model).items():
+            flops = getattr(g.block, op.lower() + "_flops")  # no recompute in these rows
+            extra = layers * (quantized_flops(gl, tile, sms) - quantized_flops(gl, None))
+            if last:
+                hg = head_gemms(model)[op]
+                extra += quantized_flops(hg, tile, sms) - quantized_flops(hg, None)
+            times[op + "_ms"] = getattr(g, op + "_ms") + extra / rate_ms if flops else getattr(g, op + "_ms")
+        return dataclasses.replace(g, **times)
+
+    cm._group_cost = group_cost
+    try:
+        yield
+    finally:
+        cm._group_cost = plain
+
+
+def wave_quantization(hw, name: str) -> str:
+    """Op times and the 93 rows with ``name``'s tile quantized (constants re-fit on the fit stage)."""
+    lines = [f"GEMMs tile- and wave-quantized ({name} tiles, {A100_SMS} SMs), three constants re-fit on the "
+             "fit stage; an analysis, not the calibration (docs/planner.md#calibration)", ""]
+    from pipeoffload.costmodel import get_model
+    from pipeoffload.costmodel.measured import FIT_MODEL, PROFILED_MS
+
+    tile = WAVE_TILES[name]
+    for model in PROFILED_MS:
+        gl = layer_gemms(get_model(model))
+        lines.append(f"{model}: a layer's GEMMs at " + " / ".join(
+            f"{quantized_flops(gl[op], None) / quantized_flops(gl[op], tile):.3f}" for op in "FBW")
+            + " (F / B / W) of their FLOPs' time")
+    for label, t in (("none (exact re-fit)", None), (name, tile)):
+        fitted, errors = wave_op_times(hw, t)
+        held = [e for model, es in errors.items() if model != FIT_MODEL for e in es]
+        lines.append(f"{label}: {fitted.compute_rate / 1e12:.1f} TFLOP/s, passes {fitted.elementwise_f:.2f} / "
+                     f"{fitted.elementwise_b:.2f}; held-out op times (F/B/W) "
+                     + ", ".join(f"{m} " + "/".join(f"{e:+.1%}" for e in es) for m, es in errors.items()
+                                 if m != FIT_MODEL) + f"; largest {max(map(abs, held)):.1%}")
+    with wave_quantized_costs(tile):
+        preds = compare(MEASURED, fitted)
+        sync = synchronised_check(fitted)
+    s = summary(preds)
+    lines += ["", sync, "", f"largest |error|: fit rows throughput {s['fit_throughput']:.1%}, memory "
+              f"{s['fit_memory']:.1%}; held-out rows throughput {s['held_out_throughput']:.1%}, memory "
+              f"{s['held_out_memory']:.1%}; ranking {sum(s['ranking'].values())} of {len(s['ranking'])} strict, "
+              f"{sum(s['ranking_ties'].values())} with ties"]
+    lines += [f"  differs: {k}{' (only within measured ties)' if s['ranking_ties'][k] else ''}"
+              for k, ok in s["ranking"].items() if not ok]
+    return "\n".join(lines)
+
+
 def summary(preds: list[Prediction]) -> dict:
     def worst(rows: list[Prediction], attr: str) -> float:
         errs = [abs(getattr(p, attr)) for p in rows if getattr(p, attr) is not None]
@@ -273,6 +424,9 @@ def main() -> int:
     ap.add_argument("--op-overhead", action="append", default=[], metavar="RUNTIME=FRACTION",
                     help="time that runtime's rows (zb or megatron) with F, B, W longer by FRACTION: an analysis "
                          "of its overhead, not the calibration's figures")
+    ap.add_argument("--wave-quantization", choices=sorted(WAVE_TILES),
+                    help="time every GEMM with its tile and wave quantization at these tiles, the three "
+                         "constants re-fit on the fit stage (an analysis, not the calibration's figures)")
     ap.add_argument("--fit-op-overhead", action="store_true",
                     help="fit the zb runtime's op overhead on the fit rows (mean log error 0) and use it")
     args = ap.parse_args()
@@ -289,6 +443,9 @@ def main() -> int:
         key, _, value = item.partition("=")
         hw = dataclasses.replace(hw, **{key: type(getattr(hw, key))(value) if getattr(hw, key) is not None
                                         else float(value)})
+    if args.wave_quantization:
+        print(wave_quantization(hw, args.wave_quantization))
+        return 0
     overhead = {k: float(v) for k, _, v in (item.partition("=") for item in args.op_overhead)}
     if args.fit_op_overhead:
         overhead["zb"] = fit_op_overhead(hw, args.post_validation)
