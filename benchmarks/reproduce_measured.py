@@ -369,9 +369,9 @@ def wave_quantization(hw, name: str) -> str:
     tile = WAVE_TILES[name]
     for model in PROFILED_MS:
         gl = layer_gemms(get_model(model))
-        lines.append(f"{model}: a layer's GEMMs at " + " / ".join(
+        lines.append(f"{model}: a layer's GEMMs run at " + " / ".join(
             f"{quantized_flops(gl[op], None) / quantized_flops(gl[op], tile):.3f}" for op in "FBW")
-            + " (F / B / W) of their FLOPs' time")
+            + " (F / B / W) of their unquantized rate")
     for label, t in (("none (exact re-fit)", None), (name, tile)):
         fitted, errors = wave_op_times(hw, t)
         held = [e for model, es in errors.items() if model != FIT_MODEL for e in es]
