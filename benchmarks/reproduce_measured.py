@@ -258,8 +258,9 @@ WAVE_TILES: dict[str, tuple[int, int]] = {"256x128": (256, 128), "128x128": (128
 
 def layer_gemms(model) -> dict[str, list[tuple[int, int, int, int]]]:
     """One layer's GEMMs per op as (M, N, K, batch), the output M×N: F = QKV, out-projection,
-    FC1, FC2 (``tokens`` rows) and, without flash attention, the core attention's batched
-    Q·Kᵀ and A·V over ``microbatch·heads``; B = each linear's input gradient (output tokens × its
+    FC1, FC2 (``tokens`` rows) and the core attention's batched Q·Kᵀ and A·V over
+    ``microbatch·heads`` (cuBLAS GEMMs: the paper's rows ran without flash attention, whose fused
+    kernel this does not describe); B = each linear's input gradient (output tokens × its
     input width, reduced over its output width) and the attention's four batched GEMMs; W = each
     linear's weight gradient (its weight's shape, reduced over the tokens). Their FLOPs are the
     cost model's layer FLOPs (a test)."""
