@@ -54,6 +54,24 @@ def schedule_class(sched) -> tuple[str, bool, bool]:
     return (sched.placement.kind, sched.chunks > 1, OpKind.W in kinds)
 
 
+def load_benchmark(name: str) -> Any:
+    """``benchmarks/<name>.py`` imported as a module. Scripts there put ``src/`` and
+    ``benchmarks/`` on ``sys.path`` when run; that is undone here, so a test's imports stay
+    the installed package's."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[1]
+    saved = list(sys.path)
+    sys.path.insert(0, str(root / "benchmarks"))  # a script may import its sibling scripts
+    try:
+        spec = importlib.util.spec_from_file_location(name, root / "benchmarks" / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+    finally:
+        sys.path[:] = saved
+
+
 def require(modname: str):
     """Import and return ``modname``, or ``None`` when it is not installed. A test module
     that needs it marks its tests with :func:`missing` when it is: conftest.py makes each

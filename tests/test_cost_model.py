@@ -7,6 +7,8 @@ import json
 
 import pytest
 
+from helpers import load_benchmark
+
 from pipeoffload.cli import main
 from pipeoffload.costmodel.model import (
     BlockCost,
@@ -430,14 +432,11 @@ def test_gh100_profiles_price_the_ops_our_runtime_measured_within_their_stated_e
     """The H100 and H200 profiles against the F, B and W of the reference transformer's layer groups
     measured on each GPU (docs/gpu/): within the error the profile's ``calibration`` states, on its own
     GPU's run and on the other's (held out)."""
-    import importlib.util
     import re
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    spec = importlib.util.spec_from_file_location("fit_gpu_profile", root / "benchmarks" / "fit_gpu_profile.py")
-    fit = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fit)
+    fit = load_benchmark("fit_gpu_profile")
     hw = get_hardware(name)
     # The profile's constants are the fit's on its own GPU's run (benchmarks/fit_gpu_profile.py).
     assert fit.fit(fit.measured_ops(root / "docs" / "gpu" / run), hw.gemm_half_width, hw.hbm_bw) == (

@@ -8,7 +8,6 @@ simulated arrival times, the hold, a tiny end-to-end replay).
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 import os
 import subprocess
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import import_torch
+from helpers import import_torch, load_benchmark
 
 torch = import_torch()
 
@@ -25,18 +24,6 @@ from pipeoffload.errors import ParameterError  # noqa: E402
 from pipeoffload.runtime.offload_store import OffloadStore  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _load(name: str):
-    saved = list(sys.path)  # gpu_check.py puts src/ and benchmarks/ on the path: undone here
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        return mod
-    finally:
-        sys.path[:] = saved
 
 
 def _trace(tmp_path: Path, gz: bool = False) -> Path:
@@ -58,7 +45,7 @@ def _trace(tmp_path: Path, gz: bool = False) -> Path:
 
 
 def test_copy_overlap_counts_copy_time_under_compute_kernels(tmp_path):
-    bench = _load("bench_offload_gpu")
+    bench = load_benchmark("bench_offload_gpu")
     r = bench.copy_overlap(str(_trace(tmp_path)))
     assert r["copies"] == 2 and r["kernels"] == 3
     assert r["copy_s"] == pytest.approx(30e-6)
@@ -67,7 +54,7 @@ def test_copy_overlap_counts_copy_time_under_compute_kernels(tmp_path):
 
 
 def test_trace_picture_is_drawn(tmp_path):
-    plot = _load("plot_gpu_trace")
+    plot = load_benchmark("plot_gpu_trace")
     spans = plot.lanes(str(_trace(tmp_path, gz=True)))
     assert len(spans["compute"]) == 3 and spans["d2h"] == [(0.005, 0.025)] and spans["h2d"] == [(0.04, 0.05)]
     png = tmp_path / "o.png"
@@ -98,7 +85,7 @@ def test_reload_alloc_is_checked():
 
 @pytest.mark.multiproc
 def test_multiprocess_section_runs_two_schedules_under_both_transports_on_cpu(tmp_path):
-    gpu = _load("gpu_check")
+    gpu = load_benchmark("gpu_check")
     res = gpu.multiprocess(tmp_path, device="cpu", ps=(2,), schedules=["1f1b", "zb-v"],
                            transports=("torch", "nccl-rules"))
     assert "not run" in res["nccl"]  # no GPU here: said so, not silently left out
@@ -116,7 +103,7 @@ def test_multiprocess_section_runs_two_schedules_under_both_transports_on_cpu(tm
 
 @pytest.mark.multiproc
 def test_multiprocess_section_a_failing_case_does_not_stop_the_others(tmp_path):
-    gpu = _load("gpu_check")
+    gpu = load_benchmark("gpu_check")
     res = gpu.multiprocess(tmp_path, device="cpu", ps=(2,), schedules=["no-such-schedule", "1f1b"],
                            transports=("torch",), offload=False, steps=1)
     g = res["groups"]["gloo p=2"]
@@ -128,7 +115,7 @@ def test_multiprocess_section_a_failing_case_does_not_stop_the_others(tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine where NCCL cannot start")
 def test_multiprocess_driver_reports_a_world_that_cannot_start_on_every_case(tmp_path, monkeypatch):
-    gpu = _load("gpu_check")
+    gpu = load_benchmark("gpu_check")
     monkeypatch.setitem(sys.modules, "gpu_check", gpu)  # the worker must be importable by name
     spec = {"p": 2, "m": 4, "backend": "nccl", "device": "cpu", "model": gpu.MP_MODEL["cpu"], "out": str(tmp_path),
             "offload": False, "steps": 1, "timeout_s": 10, "cases": [[0, "1f1b", "torch"], [1, "zb-v", "torch"]]}
@@ -139,7 +126,7 @@ def test_multiprocess_driver_reports_a_world_that_cannot_start_on_every_case(tmp
 
 
 def test_overhead_summary_reports_the_worst_case_at_k_le_1():
-    gpu = _load("gpu_check")
+    gpu = load_benchmark("gpu_check")
     runs = {"a": {"k_measured": 0.9, "overhead": 0.05, "overhead_with_waits": 0.004},
             "b": {"k_measured": 0.95, "overhead": 0.07, "overhead_with_waits": 0.02},
             "c": {"k_measured": 1.7, "overhead": 0.17, "overhead_with_waits": 0.09},
@@ -159,7 +146,7 @@ def test_pipeline_releases_are_the_simulated_arrivals_of_remote_inputs():
     from pipeoffload.ir import OpKind
     from pipeoffload.schedules import generate
 
-    bench = _load("bench_offload_gpu")
+    bench = load_benchmark("bench_offload_gpu")
     F, BW = OpKind.F, OpKind.BW
     sched = generate("1f1b", p=2, m=2)
     # F = B = W = 1 per layer group (BW = 2). Rank 1: F(1,0) [1,2], BW [2,4], F(1,1) [4,5], BW [5,7];
@@ -188,7 +175,7 @@ def test_pipeline_releases_are_the_simulated_arrivals_of_remote_inputs():
 def test_wait_until_holds_the_host_until_the_deadline():
     import time
 
-    bench = _load("bench_offload_gpu")
+    bench = load_benchmark("bench_offload_gpu")
     t0 = time.perf_counter()
     held = bench.wait_until(t0 + 0.03)
     assert time.perf_counter() >= t0 + 0.03 and 0.0 < held < 0.5
@@ -199,7 +186,7 @@ def test_replay_holds_each_released_op_until_its_time():
     from pipeoffload.models.config import ModelConfig
     from pipeoffload.schedules import generate
 
-    bench = _load("bench_offload_gpu")
+    bench = load_benchmark("bench_offload_gpu")
     sched = generate("1f1b", p=2, m=2)
     cfg = ModelConfig(layers=1, hidden=32, heads=4, kv_heads=2, seq_len=16)
     mods = {1: bench.Chunk(cfg, 1, seed=1)}
@@ -217,7 +204,7 @@ def test_replay_holds_each_released_op_until_its_time():
 
 
 def test_offload_replay_with_and_without_the_pipeline_waits_on_cpu(tmp_path):
-    bench = _load("bench_offload_gpu")
+    bench = load_benchmark("bench_offload_gpu")
     tiny = ["--device", "cpu", "--tiny", "-p", "2", "-m", "4", "--hidden", "32", "--seq-len", "32", "--steps", "1"]
     r = bench.run(tiny + ["--json", str(tmp_path / "r.json")])
     assert list(r["runs"]) == ["no offload", "offload", "no offload, waits", "offload, waits"]
@@ -237,7 +224,7 @@ def test_offload_replay_with_and_without_the_pipeline_waits_on_cpu(tmp_path):
 
 
 def test_gemm_half_width_fit_recovers_a_known_curve():
-    prof = _load("gpu_profile")
+    prof = load_benchmark("gpu_profile")
     for hw in (0.0, 64.0, 320.0, 1000.0):
         rows = [(w, w / (w + hw)) for w in (128, 256, 512, 1024, 2048, 4096)]
         assert prof.fit_half_width(rows) == pytest.approx(hw, abs=0.01)
@@ -268,7 +255,7 @@ def test_whole_iteration_section_on_cpu():
     mixed-precision step, every figure is compared, and the activation peak the runtime measured
     matches the cost model's eager description of the reference transformer (GPipe holds m
     microbatches, 1F1B at p = 1 one). Timings on a CPU mean nothing and are not checked."""
-    gi = _load("gpu_iteration")
+    gi = load_benchmark("gpu_iteration")
     res = gi.whole_iterations("cpu", gi.TINY, "cpu", steps=1)
     runs = res["runs"]
     assert set(runs) == {label for label, *_ in gi.TINY}

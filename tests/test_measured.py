@@ -12,6 +12,8 @@ import dataclasses
 
 import pytest
 
+from helpers import load_benchmark
+
 from pipeoffload.costmodel.hardware import (A100_MEMORY_ERROR, A100_THROUGHPUT_ERROR, GiB, HARDWARE,
                                             default_reserve, hardware_from_dict)
 from pipeoffload.costmodel.measured import (FIT_MODEL, MEASURED, PROFILED_MS, MeasuredRow, Prediction, compare,
@@ -366,25 +368,8 @@ def test_op_overhead_slows_only_its_runtimes_ops_and_keeps_the_order():
             predict(zb, A100, op_overhead=bad)
 
 
-def _reproduce_measured():
-    """benchmarks/reproduce_measured.py as a module (it puts src/ on the path: undone here)."""
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    saved = list(sys.path)
-    try:
-        path = Path(__file__).resolve().parents[1] / "benchmarks" / "reproduce_measured.py"
-        spec = importlib.util.spec_from_file_location("reproduce_measured", path)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-    finally:
-        sys.path[:] = saved
-    return mod
-
-
 def test_wave_quantization_gemms_are_the_cost_models_flops():
-    rm = _reproduce_measured()
+    rm = load_benchmark("reproduce_measured")
     for name in PROFILED_MS:
         m = get_model(name)
         lay, head = m.layer(), m.head()
@@ -396,7 +381,7 @@ def test_wave_quantization_gemms_are_the_cost_models_flops():
 
 def test_wave_efficiency_of_the_measured_shapes():
     # NVIDIA's rule: tiles padded at the edges, run 108 at a time on an A100, a partial wave whole.
-    rm = _reproduce_measured()
+    rm = load_benchmark("reproduce_measured")
     big, small = rm.WAVE_TILES["256x128"], rm.WAVE_TILES["128x128"]
     assert rm.wave_efficiency(6144, 2304, 1, big) == 1.0  # 1.5B's out-projection: 24 x 18 = 4 waves
     assert rm.wave_efficiency(3072, 4096, 1, big) == pytest.approx(384 / 432)  # 6.2B: 3.56 -> 4 waves
@@ -409,7 +394,7 @@ def test_wave_efficiency_of_the_measured_shapes():
 def test_wave_quantization_does_not_bring_the_held_out_op_times_closer():
     # Issue 26, third round (docs/planner.md#calibration): re-fit on the 1.5B stage, neither of the
     # guide's tiles brings the held-out stages' F, B, W closer to the paper's; the profile keeps none.
-    rm = _reproduce_measured()
+    rm = load_benchmark("reproduce_measured")
     largest = {}
     for name, tile in [("none", None)] + list(rm.WAVE_TILES.items()):
         _, errors = rm.wave_op_times(A100, tile)
@@ -420,7 +405,7 @@ def test_wave_quantization_does_not_bring_the_held_out_op_times_closer():
 
 
 def test_wave_quantized_costs_patch_the_gemm_time_only_and_restore():
-    rm = _reproduce_measured()
+    rm = load_benchmark("reproduce_measured")
     m, tile = get_model("6.2B"), rm.WAVE_TILES["128x128"]
     plain = pipeline_costs(m, A100, 8).groups
     with rm.wave_quantized_costs(tile):

@@ -11,16 +11,14 @@ pass-through, real release of device storage, the host pool, and the errors.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from helpers import ALL_SCHEDULES, import_torch, train_steps
+from helpers import ALL_SCHEDULES, import_torch, load_benchmark, train_steps
 
 torch = import_torch()
 
@@ -410,10 +408,7 @@ def test_train_with_offload_chunks_and_recompute_end_to_end(tmp_path):
 
 
 def test_gpu_offload_benchmark_runs_on_cpu_at_tiny_sizes(capsys, one_thread):
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_offload_gpu.py"
-    spec = importlib.util.spec_from_file_location("bench_offload_gpu", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_benchmark("bench_offload_gpu")
     res = mod.run(["--device", "cpu", "--tiny", "-p", "2", "-m", "4", "--steps", "1"])
     assert res["bitwise_equal_grads"] and res["max_rel_grad_diff"] == 0.0
     assert res["plan"]["offload_time"] > 0  # planned from the measured op times and copy bandwidth
