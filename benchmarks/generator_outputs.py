@@ -8,7 +8,10 @@ the memory curves, the report) over a grid, in one process, hashed per case.
 Grid: zb-v, v-min, v-half, v-zb, v-auto (``--families`` to choose); p = 2..9, 12, 16 (``--quick``:
 2, 3, 4, 6, 8, 9); a few m from 1 to 3p+2; unit costs and four F:B:W(:comm) settings; with
 ``--offload auto``, a memory limit, and unequal memory deltas on some. ``--quick`` has 832 cases
-(about 90 s CPU), the full grid 1240 (about 230 s CPU).
+(about 90 s CPU), the full grid 1240 (about 230 s CPU). ``--large`` is another grid: p = 4, 8, 16,
+32 at m = 320 and 517, past the point (m′ ≈ 270–300) where the V lowerings build their candidates on
+fewer microbatches and insert the missing periods (docs/algorithms.md §9.2), with unit costs and one
+setting of binary fractions; 80 cases of the default families.
 """
 
 from __future__ import annotations
@@ -25,6 +28,15 @@ from pipeoffload.cli import main
 
 FAMILIES = ["zb-v", "v-min", "v-half", "v-zb", "v-auto"]
 COSTS = [None, "F=1,B=2,W=1", "F=1,B=1.5,W=0.5,comm=0.1", "F=1.3,B=1,W=2.1,comm=0.05", "F=2,B=1,W=1"]
+
+
+def large_cases(families: list[str]) -> Iterator[list[str]]:
+    """The ``--large`` grid: sizes where the periodic shortcuts of the V lowerings fire."""
+    for fam in families:
+        for p in (4, 8, 16, 32):
+            for m in (320, 517):
+                for c in (None, "F=1,B=1.5,W=0.5,comm=0.125"):
+                    yield [fam, "-p", str(p), "-m", str(m)] + (["--costs", c] if c else [])
 
 
 def cases(families: list[str], quick: bool) -> Iterator[list[str]]:
@@ -60,6 +72,7 @@ def cli() -> int:
     ap.add_argument("mode", choices=["record", "compare"])
     ap.add_argument("file", help="the recorded outputs (JSON: case -> [status, hash])")
     ap.add_argument("--quick", action="store_true", help="the smaller grid")
+    ap.add_argument("--large", action="store_true", help="the large-m grid instead (80 cases)")
     ap.add_argument("--families", default=",".join(FAMILIES), help="comma-separated families")
     a = ap.parse_args()
     ref = None
@@ -67,7 +80,8 @@ def cli() -> int:
         with open(a.file) as f:
             ref = json.load(f)
     res, bad = {}, 0
-    for args in cases(a.families.split(","), a.quick):
+    fams = a.families.split(",")
+    for args in (large_cases(fams) if a.large else cases(fams, a.quick)):
         key = " ".join(args)
         res[key] = run_case(args)
         if ref is not None and ref.get(key) != res[key]:
