@@ -298,13 +298,15 @@ class _AutoGreedy:
         #: the first): a run for a larger m may start there (:meth:`run`).
         self.checkpoint: _RoundState | None = None
 
-    def run(self, resume: "tuple[_RoundState, Tracker] | None" = None) -> Tracker:
+    def run(self, resume: tuple[_RoundState, Tracker] | None = None) -> Tracker:
         """The whole run; with ``resume`` (a :attr:`checkpoint` of a run of the same inputs
         and variant for fewer microbatches, and that run's tracker) from that round on: the
         same tracker, float for float, since every decision before it is the same for both m."""
-        first_round = 1 if resume is None else self._restore(*resume)
         if resume is None:
             self._first_iteration()
+            first_round = 1
+        else:
+            first_round = self._restore(*resume)
         for k in range(first_round, self.m):
             if not self.exhausted:
                 self.checkpoint = self._state(k)
@@ -330,14 +332,14 @@ class _AutoGreedy:
         self.exhausted = True
         return False
 
-    def _state(self, k: int) -> "_RoundState":
+    def _state(self, k: int) -> _RoundState:
         """The state at the start of steady round ``k`` (O(p): the op lists are kept by
         their lengths, the end table by the tracker's later values, which never change)."""
         tr = self.tracker
         return _RoundState(k, [len(o) for o in tr.order], tr.clock[:], tr.level[:], tr.peak[:], tr.idle[:],
                            tr.started[:], tr.first[:], tuple(c[:] for c in self.placed), frozenset(self.consulted))
 
-    def _restore(self, state: "_RoundState", prior: Tracker) -> int:
+    def _restore(self, state: _RoundState, prior: Tracker) -> int:
         """Set this run to ``state`` of a run on ``prior`` (fewer microbatches, the same inputs
         otherwise); returns the round to go on with. Cost: O(ops placed by then)."""
         tr = self.tracker
@@ -499,7 +501,9 @@ def auto_candidates(
     A run for ``m`` starts at the checkpoint of the last call's run of its variant when
     that call had the same inputs and fewer microbatches (:data:`_LAST_CALL`; the planner
     asks for ``m1`` and then ``m2``): no decision before that checkpoint read m
-    (:meth:`_AutoGreedy._more`), so both runs make them alike, float for float."""
+    (:meth:`_AutoGreedy._more`), so both runs make them alike, float for float. The
+    trackers returned must not be changed: the next call may start from their op lists
+    and end tables (the callers only read them)."""
     out = []
     done: list[tuple[tuple[bool, bool, bool], _AutoGreedy]] = []
     runs: dict[tuple[bool, bool, bool], _AutoGreedy] = {}  # per variant, the run made or standing for it
