@@ -95,3 +95,14 @@ def test_generated_schedules_equal(restores: list[int]) -> None:
     zb_auto._LAST_CALL.clear()
     fresh = build(ScheduleSpec("zb-auto", 6, 19, costs=costs, memory=memory), check=False)
     assert resumed.ranks == fresh.ranks
+
+
+def test_a_large_call_keeps_nothing(monkeypatch: pytest.MonkeyPatch, restores: list[int]) -> None:
+    """Above ``_KEEP_OPS`` a call's trackers are let go when it returns (and the last call's too)."""
+    costs, memory = Costs(comm=0.1), MemoryDeltas(F=1.0, B=-0.5, W=-0.5)
+    limit = default_limit(Placement.loop(3, 1), memory)
+    auto_candidates(3, 6, costs, memory, limit)
+    assert zb_auto._LAST_CALL
+    monkeypatch.setattr(zb_auto, "_KEEP_OPS", 3 * 3 * 6)
+    auto_candidates(3, 7, costs, memory, limit)  # resumed, but over the bound: nothing kept
+    assert restores and not zb_auto._LAST_CALL

@@ -522,14 +522,17 @@ def auto_candidates(
             continue
         done.append((variant, greedy))
         out.append(greedy.tracker)
-    if key is not None:
-        _LAST_CALL[:] = [(key, m, runs)]
+    _LAST_CALL[:] = [(key, m, runs)] if key is not None and 3 * p * m <= _KEEP_OPS else []
     return out
 
 
 #: The last :func:`auto_candidates` call: its inputs (:func:`_inputs`), m, and per variant
 #: the run that made (or stood for) it. One call only: the planner's ``m2`` follows its ``m1``.
 _LAST_CALL: list[tuple[tuple, int, dict[tuple[bool, bool, bool], _AutoGreedy]]] = []
+#: The most ops (3·p·m) of a call whose runs are kept for the next: the planner's calls up to
+#: p = 64 have at most 3·64·193 (m2 = 3p + 1); a larger call (``pipeoffload simulate`` at
+#: p = 64, m = 1024 kept 26 MB more at its peak) lets its trackers go when it returns, as before.
+_KEEP_OPS = 1 << 16
 
 
 def _inputs(tr: Tracker) -> tuple:
