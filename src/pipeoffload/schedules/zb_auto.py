@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections import deque
 from itertools import product
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from ..costs import Costs, MemoryDeltas
 from ..ir import OpKind, Placement
@@ -246,6 +246,21 @@ def auto_variant(
     return _AutoGreedy(p, m, costs, memory, limit, variant).run()
 
 
+class _RoundState(NamedTuple):
+    """A greedy run's state at the start of a steady round (:meth:`_AutoGreedy._state`)."""
+
+    round: int
+    lengths: list[int]  #: ops placed per rank
+    clock: list[float]
+    level: list[float]
+    peak: list[float]
+    idle: list[float]
+    started: list[bool]
+    first: list[float]
+    placed: tuple[list[int], list[int], list[int]]  #: F, B, W placed per stage
+    consulted: frozenset[int]
+
+
 class _AutoGreedy:
     """The state of one run of the heuristic: the tracker and, per stage (= rank),
     how many F, B and W it has placed."""
@@ -253,6 +268,7 @@ class _AutoGreedy:
     __slots__ = (
         "p", "m", "limit", "tracker", "allow_bubble_before_first_b", "prioritize_b", "greedy_fill",
         "dur_f", "dur_b", "dur_w", "mem_f", "mem_w", "placed", "n_f", "n_b", "n_w", "clock", "idle", "consulted",
+        "exhausted", "checkpoint",
     )
 
     def __init__(self, p: int, m: int, costs: Costs, memory: MemoryDeltas, limit: float,
@@ -275,11 +291,27 @@ class _AutoGreedy:
         #: The variant flags (indices into the variant) whose value this run's decisions
         #: depended on; a variant differing only in the others makes the same run.
         self.consulted: set[int] = set()
+        #: Whether a decision so far read ``m`` and went the way a larger m would not
+        #: (:meth:`_more`): until then the run is the same run for every larger m.
+        self.exhausted = False
+        #: The state at the start of the last steady round begun before that (None before
+        #: the first): a run for a larger m may start there (:meth:`run`).
+        self.checkpoint: _RoundState | None = None
 
-    def run(self) -> Tracker:
-        self._first_iteration()
-        for _ in range(1, self.m):
+    def run(self, resume: tuple[_RoundState, Tracker] | None = None) -> Tracker:
+        """The whole run; with ``resume`` (a :attr:`checkpoint` of a run of the same inputs
+        and variant for fewer microbatches, and that run's tracker) from that round on: the
+        same tracker, float for float, since every decision before it is the same for both m."""
+        if resume is None:
+            self._first_iteration()
+            first_round = 1
+        else:
+            first_round = self._restore(*resume)
+        for k in range(first_round, self.m):
+            if not self.exhausted:
+                self.checkpoint = self._state(k)
             self._steady_round()
+        self.exhausted = True
         n_w = self.n_w
         for j in range(self.p):
             while n_w[j] < self.m:
@@ -291,6 +323,39 @@ class _AutoGreedy:
         counts = self.placed[code]
         self.tracker.put(code, stage, counts[stage])
         counts[stage] += 1
+
+    def _more(self, n: int) -> bool:
+        """``n < m``; the first False marks the run :attr:`exhausted` (for any larger m it
+        would be True: every other decision reads no m, so the runs part here)."""
+        if n < self.m:
+            return True
+        self.exhausted = True
+        return False
+
+    def _state(self, k: int) -> _RoundState:
+        """The state at the start of steady round ``k`` (O(p): the op lists are kept by
+        their lengths, the end table by the tracker's later values, which never change)."""
+        tr = self.tracker
+        return _RoundState(k, [len(o) for o in tr.order], tr.clock[:], tr.level[:], tr.peak[:], tr.idle[:],
+                           tr.started[:], tr.first[:], tuple(c[:] for c in self.placed), frozenset(self.consulted))
+
+    def _restore(self, state: _RoundState, prior: Tracker) -> int:
+        """Set this run to ``state`` of a run on ``prior`` (fewer microbatches, the same inputs
+        otherwise); returns the round to go on with. Cost: O(ops placed by then)."""
+        tr = self.tracker
+        S, M, M0, end, end0 = tr.num_stages, tr.num_microbatches, prior.num_microbatches, tr.end, prior.end
+        for r, n in enumerate(state.lengths):
+            ops = tr.order[r] = prior.order[r][:n]
+            for kind, stage, mb in ops:  # the end table's slots, re-indexed for M microbatches
+                own = KIND_CODE[kind] * S + stage
+                end[own * M + mb] = end0[own * M0 + mb]
+        for mine, theirs in ((tr.clock, state.clock), (tr.level, state.level), (tr.peak, state.peak),
+                             (tr.idle, state.idle), (tr.started, state.started), (tr.first, state.first)):
+            mine[:] = theirs  # in place: self.clock and self.idle are these lists
+        for mine, theirs in zip(self.placed, state.placed):
+            mine[:] = theirs
+        self.consulted = set(state.consulted)
+        return state.round
 
     def _make_room(self, stage: int, code: int) -> None:
         """W's forced by the memory limit (W frees what B left)."""
@@ -333,14 +398,14 @@ class _AutoGreedy:
     def _warmup_forwards(self) -> list[int]:
         """How many more forwards each stage runs before its first B: as many as fit
         the limit before that B's input can arrive, strictly fewer on each later stage."""
-        p, m, tr = self.p, self.m, self.tracker
+        p, tr = self.p, self.tracker
         n_f = self.n_f
         limit, tol, comm = self.limit, tr.tol, tr.comm
         extra = [0] * p
         last_t = tr.end_of(F_CODE, p - 1, 0) + self.dur_b[p - 1]
         for j in range(p - 2, -1, -1):
             level, t = tr.level[j], tr.clock[j]
-            while n_f[j] + extra[j] < m and level + self.mem_f[j] <= limit + tol:
+            while self._more(n_f[j] + extra[j]) and level + self.mem_f[j] <= limit + tol:
                 if (t + self.dur_f[j] > last_t + comm) != (t >= last_t + comm):
                     self.consulted.add(0)  # the two warm-up rules part here
                 if self.allow_bubble_before_first_b:
@@ -354,7 +419,7 @@ class _AutoGreedy:
             last_t = max(t, last_t + comm) + self.dur_b[j]
         for j in range(1, p):  # strictly fewer warm-up forwards on each later stage
             extra[j] = min(extra[j], extra[j - 1])  # (never more: its inputs come from j−1)
-            while extra[j] > 0 and extra[j] >= extra[j - 1] and n_f[j] + extra[j] < m:
+            while extra[j] > 0 and extra[j] >= extra[j - 1] and self._more(n_f[j] + extra[j]):
                 extra[j] -= 1
         return extra
 
@@ -381,7 +446,8 @@ class _AutoGreedy:
             self._make_room(j, B_CODE)
             if j + 1 < p:
                 self._fill_gap(j, tr.end_of(B_CODE, j + 1, n_b[j]) + comm)
-            if j == 0 and n_f[0] == self.m:
+            if j == 0 and n_f[0] == self.m:  # n_f[0] ≤ m: never so for a larger m
+                self.exhausted = True
                 self._drain_weights(0)
             self._make_room(j, B_CODE)
             self._put(j, B_CODE)
@@ -390,7 +456,7 @@ class _AutoGreedy:
         """1 if stage ``j`` runs a forward this round, else 0. With ``prioritize_b``, a
         stage far ahead of the next one skips it unless it is free."""
         n_f, n_b, n_w = self.n_f, self.n_b, self.n_w
-        if n_f[j] >= self.m:
+        if not self._more(n_f[j]):
             return 0
         if j + 1 < self.p and n_f[j] >= n_f[j + 1] + 2:
             self.consulted.add(1)
@@ -430,20 +496,58 @@ def auto_candidates(
     A run records which of its variant's flags its decisions consulted; a later variant
     that differs from a finished run only in flags that run never consulted makes exactly
     the same decisions, so that run's tracker stands for it instead of a second run (the
-    list is the same as running every variant; the same object may appear twice)."""
+    list is the same as running every variant; the same object may appear twice).
+
+    A run for ``m`` starts at the checkpoint of the last call's run of its variant when
+    that call had the same inputs and fewer microbatches (:data:`_LAST_CALL`; the planner
+    asks for ``m1`` and then ``m2``): no decision before that checkpoint read m
+    (:meth:`_AutoGreedy._more`), so both runs make them alike, float for float. The
+    trackers returned must not be changed: the next call may start from their op lists
+    and end tables (the callers only read them)."""
     out = []
-    done: list[tuple[tuple[bool, bool, bool], set[int], Tracker]] = []
+    done: list[tuple[tuple[bool, bool, bool], _AutoGreedy]] = []
+    runs: dict[tuple[bool, bool, bool], _AutoGreedy] = {}  # per variant, the run made or standing for it
+    key: tuple | None = None
     for variant in VARIANTS:
-        same = next((tr for v, consulted, tr in done
-                     if all(v[i] == variant[i] for i in consulted)), None)
+        same = next((g for v, g in done if all(v[i] == variant[i] for i in g.consulted)), None)
         if same is not None:
-            out.append(same)
+            runs[variant] = same
+            out.append(same.tracker)
             continue
-        greedy = _AutoGreedy(p, m, costs, memory, limit, variant)
+        greedy = runs[variant] = _AutoGreedy(p, m, costs, memory, limit, variant)
+        key = key or _inputs(greedy.tracker)
         try:
-            tr = greedy.run()
+            greedy.run(_resume_point(key, m, variant))
         except Infeasible:
             continue
-        done.append((variant, greedy.consulted, tr))
-        out.append(tr)
+        done.append((variant, greedy))
+        out.append(greedy.tracker)
+    _LAST_CALL[:] = [(key, m, runs)] if key is not None and 3 * p * m <= _KEEP_OPS else []
     return out
+
+
+#: The last :func:`auto_candidates` call: its inputs (:func:`_inputs`), m, and per variant
+#: the run that made (or stood for) it. One call only: the planner's ``m2`` follows its ``m1``.
+_LAST_CALL: list[tuple[tuple, int, dict[tuple[bool, bool, bool], _AutoGreedy]]] = []
+#: The most ops (3·p·m) of a call whose runs are kept for the next: the planner's calls up to
+#: p = 64 have at most 3·64·193 (m2 = 3p + 1); a larger call (``pipeoffload simulate`` at
+#: p = 64, m = 1024 kept 26 MB more at its peak) lets its trackers go when it returns, as before.
+_KEEP_OPS = 1 << 16
+
+
+def _inputs(tr: Tracker) -> tuple:
+    """What a run reads besides m and its variant: p, the durations, deltas, hop and limit."""
+    return tr.p, tuple(tr.dur), tuple(tr.mem), tr.comm, tr.limit
+
+
+def _resume_point(key: tuple, m: int, variant: tuple[bool, bool, bool]) -> tuple[_RoundState, Tracker] | None:
+    """Where a run of ``variant`` for ``m`` with inputs ``key`` may start: the checkpoint of
+    the last call's run of that variant (or of the run that stood for it: the same
+    decisions) when that call had the same inputs and fewer microbatches; else None."""
+    if not _LAST_CALL:
+        return None
+    last_key, last_m, runs = _LAST_CALL[0]
+    prior = runs.get(variant) if last_m < m and last_key == key else None
+    if prior is None or prior.checkpoint is None:
+        return None
+    return prior.checkpoint, prior.tracker
