@@ -72,15 +72,14 @@ from functools import lru_cache
 from ..costs import Costs, MemoryDeltas
 from ..errors import ParameterError
 from ..ir import OpKind, Placement, Schedule, build_schedule
-from .building_block import BuildingBlock, OpTable, op_table, orders_from_block
+from .building_block import BuildingBlock, OpTable, op_table, periodic_from_block
 from .spec import ScheduleSpec
-from ..passes.steady_timing import steady_figures
+from ..passes.steady_timing import PeriodicOrders, periodic_figures
 from .v_grid_lowering import Cell, grid_orders, lower_grid, repeated_grid, time_grid
 from .hole_fill import lex_better
-from .v_reorder_periods import reorder_orders
+from .v_reorder_periods import reorder_periodic
 from .vshape import PERIOD, fixed_lowering, unit_peak_bound
-from .w_refill import refill_both
-from .zb_auto import Tracker
+from .w_refill import refill_periodic
 from ..timeline import _clean
 
 __all__ = ["v_auto", "block_family", "REFINE", "SCAN", "GRID_SCAN", "PROXY_CELLS", "GRID_WORK"]
@@ -265,12 +264,13 @@ def block_family(p: int) -> tuple[tuple[BuildingBlock, int], ...]:
 Orders = list[list[Cell]]  #: per rank, (kind, layer group, microbatch)
 
 
-def _key(pl: Placement, m: int, orders: Orders, costs: Costs, memory: MemoryDeltas) -> tuple[float, float, float]:
+def _key(pl: Placement, m: int, cand: PeriodicOrders, costs: Costs, memory: MemoryDeltas) -> tuple[float, float, float]:
     """Longest rank span (what the bubble rate measures), then makespan, then peak, of
-    ``orders`` timed as :func:`~pipeoffload.passes.timing.simulate` times them
-    (:func:`~pipeoffload.passes.steady_timing.steady_figures`: no timeline is built, the periodic steady
-    state is shifted where that is exact)."""
-    peak, span, makespan = steady_figures(pl, m, orders, costs, memory)
+    ``cand.expand()`` timed as :func:`~pipeoffload.passes.timing.simulate` times them
+    (:func:`~pipeoffload.passes.steady_timing.periodic_figures`: no timeline is built, the
+    orders are timed on ``m − cand.extra`` microbatches and the periodic steady state shifted
+    where that is exact — the same floats)."""
+    peak, span, makespan = periodic_figures(pl, m, cand, costs, memory)
     return (span, makespan, peak)
 
 
@@ -338,10 +338,10 @@ def v_auto(spec: ScheduleSpec) -> Schedule:
     def fits(key: tuple[float, float, float]) -> bool:
         return key[2] <= limit + tol
 
-    best: tuple[Orders, tuple[float, float, float]] | None = None
+    best: tuple[PeriodicOrders, tuple[float, float, float]] | None = None
     for s, key in fixed:
         if fits(key) and (best is None or lex_better(key, best[1])):
-            best = (s, key)
+            best = (PeriodicOrders.plain(s), key)
 
     # Chunk activations the limit holds; with few microbatches a block's steady peak is
     # not reached (at most 2m chunks are ever alive), so larger blocks may still fit.
@@ -353,49 +353,57 @@ def v_auto(spec: ScheduleSpec) -> Schedule:
     fitting = sorted((pp for pp in fam if pp[0] <= cap + 1e-9), key=lambda pp: (pp[0] > units + 1e-9, -pp[0]))
     best = _scan_blocks(pl, m, [_family_block(p, params) for _, params in fitting[:SCAN]], costs, memory,
                         limit, best, ops)
-    del ops
+    winner = None if best is None else (best[0].expand(ops), best[1])  # only the winner is expanded
+    del ops, best
     found = _grid_candidate(p, m, costs, memory, units, limit + tol)
     # time_grid's span is the timing pass's (tests/test_v_auto_family.py): a grid whose
     # span is clearly longer than the best's cannot win, and is not made into orders.
-    if found is not None and (best is None or found[1][0] <= best[1][0] * (1 + 1e-6) + 1e-12):
+    if found is not None and (winner is None or found[1][0] <= winner[1][0] * (1 + 1e-6) + 1e-12):
         grid = grid_orders(found[0])
-        key = _key(pl, m, grid, costs, memory)
-        if fits(key) and lex_better(key, None if best is None else best[1]):
-            best = (grid, key)
-    if best is None:
+        key = _key(pl, m, PeriodicOrders.plain(grid), costs, memory)
+        if fits(key) and lex_better(key, None if winner is None else winner[1]):
+            winner = (grid, key)
+    if winner is None:
         raise ParameterError("mem_limit", f"no V-auto schedule keeps every rank within {limit:g}; "
                              f"V-Min's peak is {fixed[0][1][2]:g}")
-    return build_schedule(spec.name, m, pl, best[0], p=p, m=m, v=2, mem_limit=limit)
+    return build_schedule(spec.name, m, pl, winner[0], p=p, m=m, v=2, mem_limit=limit)
 
 
 Key = tuple[float, float, float]  #: longest rank span, makespan, peak (:func:`_key`)
 
 
 def _scan_blocks(pl: Placement, m: int, blocks: list[BuildingBlock], costs: Costs, memory: MemoryDeltas,
-                 limit: float, best: tuple[Orders, Key] | None, ops: OpTable) -> tuple[Orders, Key] | None:
+                 limit: float, best: tuple[PeriodicOrders, Key] | None,
+                 ops: OpTable) -> tuple[PeriodicOrders, Key] | None:
     """The slot reorder of each of ``blocks``, timed; the :data:`REFINE` best of them
     also by the building-block pipeline and each base with its W's refilled under
     ``limit``. Returns the best of ``best`` and those candidates whose peak fits
     ``limit`` (shortest span, then makespan, then peak; ties keep the earlier).
-    ``ops``: :func:`.building_block.op_table` for ``m`` (every lowering's orders hold its tuples)."""
+    ``ops``: :func:`.building_block.op_table` for ``m`` (every lowering's orders hold its tuples).
+
+    Every candidate is held as :class:`~pipeoffload.passes.steady_timing.PeriodicOrders`
+    (its orders on ``m'`` microbatches and where the missing periods go in, as the
+    lowerings prove them), timed (:func:`_key`) and refilled
+    (:func:`.w_refill.refill_periodic`) on those: the figures and orders of the expanded
+    orders, float for float; the caller expands only the winner."""
     tol = limit * 1e-9 + 1e-12
     positive = all(d > 0 for row in costs.duration_table(pl) for d in row.values())
     ranked = []
     for blk in blocks:
-        s = reorder_orders(blk, m, ops)
+        s = reorder_periodic(blk, m, ops)
         ranked.append((_key(pl, m, s, costs, memory), len(ranked), blk, s))
     ranked.sort(key=lambda x: (x[0], x[1]))
     for key, _, blk, s in ranked[:REFINE]:
-        cands: list[tuple[Orders, tuple]] = [(s, key)]
-        s2 = orders_from_block(blk, m, ops)
+        cands: list[tuple[PeriodicOrders, tuple]] = [(s, key)]
+        s2 = periodic_from_block(blk, m, ops)
         cands.append((s2, _key(pl, m, s2, costs, memory)))
         for base, _k in list(cands):
-            # A run refill_both leaves out would repeat the one before it (never better).
+            # A run refill_periodic leaves out would repeat the one before it (never better).
             # Its tracker timed it (the timing pass's engine): span and makespan are known,
             # and with positive durations its peak too (_tracked_peak); otherwise the peak
             # is timed below only if they do not already lose.
-            for tr in refill_both(pl, m, base, costs, memory, [limit] * pl.num_ranks):
-                cands.append((tr.order, (tr.max_span(), tr.makespan(), _tracked_peak(tr, positive))))
+            for c, span, makespan, peak in refill_periodic(pl, m, base, costs, memory, [limit] * pl.num_ranks):
+                cands.append((c, (span, makespan, _tracked_peak(peak, positive))))
         for c, ckey in cands:
             if best is not None and _loses(ckey, best[1]):
                 continue
@@ -406,9 +414,10 @@ def _scan_blocks(pl: Placement, m: int, blocks: list[BuildingBlock], costs: Cost
     return best
 
 
-def _tracked_peak(tr: Tracker, positive: bool) -> float | None:
-    """The highest peak of a refill's order as :func:`_key` times it, from the refill's
-    tracker, or None (then it is timed) when some duration is not positive.
+def _tracked_peak(peak: float, positive: bool) -> float | None:
+    """The highest peak of a refill's order as :func:`_key` times it, from ``peak``, the
+    highest level of the refill's tracker (:func:`.w_refill.refill_periodic`), or None
+    (then it is timed) when some duration is not positive.
 
     Why it is the timed peak: the tracker's level on a rank is the running sum of its
     ops' deltas (the same delta table) in the order it made, from 0.0, and its peak the
@@ -419,8 +428,9 @@ def _tracked_peak(tr: Tracker, positive: bool) -> float | None:
     (:func:`~pipeoffload.passes.steady_timing.steady_figures`: the running sum in op
     order). Periods the refill shifted instead of placing repeat the levels of the period
     before them (its state check compares the levels), so they add no new peak. Both
-    round by :func:`~pipeoffload.timeline._clean`, which is monotone."""
-    return _clean(max(tr.peak)) if positive else None
+    round by :func:`~pipeoffload.timeline._clean`, which is monotone. A refill run on
+    ``m'`` microbatches has the levels of the one on ``m`` (:func:`.w_refill.refill_periodic`)."""
+    return _clean(peak) if positive else None
 
 
 def _fixed(spec: ScheduleSpec, pl: Placement, limit: float) -> list[tuple[Orders, Key]]:
