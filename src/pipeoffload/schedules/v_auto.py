@@ -196,11 +196,22 @@ def _peak(p: int, params: tuple[int, ...]) -> int:
         f_r, big_b, b_r = f_last + p - 1 - r, b_first + s, b0_last + p - 1 - r
         e1 = big_b + 1 + (w1 - big_b - 1) % PERIOD
         e0 = b_r + 1 + (w0 - b_r - 1) % PERIOD
-        for t in range(PERIOD):
-            n = (t - s) // PERIOD - (t - e0) // PERIOD + (t - f_r) // PERIOD - (t - e1) // PERIOD
-            if n > best:
-                best = n
+        # Copies alive at phase t: (t−s)//T − (t−e0)//T + (t−f_r)//T − (t−e1)//T; with
+        # x = T·q + ρ, (t − x)//T = −q − [t < ρ] for t in 0..T−1 (_phase_excess).
+        (qs, rs), (q0, r0), (qf, rf), (q1, r1) = divmod(s, PERIOD), divmod(e0, PERIOD), divmod(f_r, PERIOD), \
+            divmod(e1, PERIOD)
+        n = q0 - qs + q1 - qf + _phase_excess(rs, r0, rf, r1)
+        if n > best:
+            best = n
     return best
+
+
+@lru_cache(maxsize=None)
+def _phase_excess(rs: int, r0: int, rf: int, r1: int) -> int:
+    """``max over t in 0..T−1`` of ``[t < r0] + [t < r1] − [t < rs] − [t < rf]``: the part of
+    :func:`_peak`'s count of one rank that depends on the phases of its four ends
+    (residues mod ``T``); at most ``T⁴`` inputs."""
+    return max((t < r0) + (t < r1) - (t < rs) - (t < rf) for t in range(PERIOD))
 
 
 @lru_cache(maxsize=64)
