@@ -141,3 +141,41 @@ def test_caps_too_low_fall_back(cap: int) -> None:
         got = [(c.expand(), *rest) for c, *rest in w_refill.refill_periodic(pl, m, cand, COSTS[1], MemoryDeltas(), caps)]
         want = w_refill.refill_both(pl, m, cand.expand(), COSTS[1], MemoryDeltas(), caps)
         assert got == _figures(want)
+
+
+def test_inputs_from_by_sets_is_the_index_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """inputs_from's membership sets (ranks whose range chains are whole) against the
+    per-input index arithmetic, on the calls the shortcuts make and on the same calls with
+    other ``low`` cuts (before, inside and past the range: both answers met); fails unless
+    the sets are used."""
+    calls: list[tuple] = []
+    real = steady_timing.inputs_from
+
+    def spy(deps, rank_of, codes, reading, low, *rest):
+        calls.append((deps, rank_of, [list(c) for c in codes], [list(r) for r in reading], list(low), *rest))
+        return real(deps, rank_of, codes, reading, low, *rest)
+
+    monkeypatch.setattr(steady_timing, "inputs_from", spy)
+    monkeypatch.setattr(w_refill, "inputs_from", spy)
+    for name in sorted(BLOCKS):
+        _check(name, 4, 90, COSTS[1], MEMORY[0])
+    monkeypatch.undo()
+    assert len(calls) >= 6
+    whole, seen = [], set()
+    chains_whole = steady_timing._chains_whole
+
+    def counted(*a):
+        ok = chains_whole(*a)
+        whole.append(ok)
+        return ok
+
+    for deps, rank_of, codes, reading, low, ranges, refs, periods, m in calls:
+        for cut in (low, [lo - 1 for lo, _ in ranges], [q + P for q, P in zip(low, periods)],
+                    [hi for _, hi in ranges], [(lo + hi) // 2 for lo, hi in ranges]):
+            args = (deps, rank_of, codes, reading, cut, ranges, refs, periods, m)
+            monkeypatch.setattr(steady_timing, "_chains_whole", counted)
+            fast = steady_timing.inputs_from(*args)
+            monkeypatch.setattr(steady_timing, "_chains_whole", lambda *a: False)
+            assert fast == steady_timing.inputs_from(*args)
+            seen.add(fast)
+    assert any(whole) and seen == {True, False}, (any(whole), seen)
