@@ -316,15 +316,13 @@ def v_auto(spec: ScheduleSpec) -> Schedule:
 
     Cost in p and m: the family in closed form, O(p) members at O(1) each (3.6 k at
     p = 64; :func:`_family`), none built but the ones lowered. Then a constant number
-    of lowerings, each over O(p·m) ops: V-Min and V-Half (and V-ZB when its bound may
-    fit; :data:`.vshape.LOWERING_COST`), taken with the figures their lowering timed
-    them by (:func:`.vshape.fixed_lowering`: not timed again), :data:`SCAN` slot reorders
-    and timings, :data:`REFINE` building-block pipelines with their W refills. The six
-    slot reorders (two inside V-Min and V-Half) are the largest part, O(p·m) Python steps
-    each (docs/algorithms.md §9.4: 3.6 of 8.2 s CPU under load at p = 64, m = 512); the
-    timings and refills go through the periodic steady state when the costs are binary
-    fractions (:mod:`~pipeoffload.passes.steady_timing`: O(p²) ops placed, O(p·m) list
-    work in C). The grid rules lower ``max(1, min(GRID_SCAN, GRID_WORK / (p²·(max(m, 2p) +
+    of lowerings: V-Min and V-Half (and V-ZB when its bound may fit), taken with the
+    figures their lowering timed them by (:func:`.vshape.fixed_lowering`), :data:`SCAN`
+    slot reorders and timings, :data:`REFINE` building-block pipelines with their W
+    refills, each held, timed and refilled on O(p) microbatches where the lowerings prove
+    it (:func:`_scan_blocks`): O(p²) Python steps each (≈ 0.3 s a slot reorder, 0.06 s a
+    timing, 0.1 s a refill at p = 64, m = 512, docs/algorithms.md §9.4), only the winner
+    expanded (O(p·m) in C). The grid rules lower ``max(1, min(GRID_SCAN, GRID_WORK / (p²·(max(m, 2p) +
     4p))))`` blocks at O(p²·(max(m, 2p) + 4p)) each (the hole filling writes the
     periods it proves repeated by slices, :mod:`.v_grid_lowering`; one block, 0.5 s, at
     p = 64, m = 512), after timing ``min(family, PROXY_CELLS / 6pm)`` repeated grids,
@@ -364,20 +362,19 @@ def v_auto(spec: ScheduleSpec) -> Schedule:
     fitting = sorted((pp for pp in fam if pp[0] <= cap + 1e-9), key=lambda pp: (pp[0] > units + 1e-9, -pp[0]))
     best = _scan_blocks(pl, m, [_family_block(p, params) for _, params in fitting[:SCAN]], costs, memory,
                         limit, best, ops)
-    winner = None if best is None else (best[0].expand(ops), best[1])  # only the winner is expanded
-    del ops, best
+    del ops
     found = _grid_candidate(p, m, costs, memory, units, limit + tol)
     # time_grid's span is the timing pass's (tests/test_v_auto_family.py): a grid whose
     # span is clearly longer than the best's cannot win, and is not made into orders.
-    if found is not None and (winner is None or found[1][0] <= winner[1][0] * (1 + 1e-6) + 1e-12):
+    if found is not None and (best is None or found[1][0] <= best[1][0] * (1 + 1e-6) + 1e-12):
         grid = grid_orders(found[0])
         key = _key(pl, m, PeriodicOrders.plain(grid), costs, memory)
-        if fits(key) and lex_better(key, None if winner is None else winner[1]):
-            winner = (grid, key)
-    if winner is None:
+        if fits(key) and lex_better(key, None if best is None else best[1]):
+            best = (grid, key)
+    if best is None:
         raise ParameterError("mem_limit", f"no V-auto schedule keeps every rank within {limit:g}; "
                              f"V-Min's peak is {fixed[0][1][2]:g}")
-    return build_schedule(spec.name, m, pl, winner[0], p=p, m=m, v=2, mem_limit=limit)
+    return build_schedule(spec.name, m, pl, best[0], p=p, m=m, v=2, mem_limit=limit)
 
 
 Key = tuple[float, float, float]  #: longest rank span, makespan, peak (:func:`_key`)
@@ -385,7 +382,7 @@ Key = tuple[float, float, float]  #: longest rank span, makespan, peak (:func:`_
 
 def _scan_blocks(pl: Placement, m: int, blocks: list[BuildingBlock], costs: Costs, memory: MemoryDeltas,
                  limit: float, best: tuple[PeriodicOrders, Key] | None,
-                 ops: OpTable) -> tuple[PeriodicOrders, Key] | None:
+                 ops: OpTable) -> tuple[Orders, Key] | None:
     """The slot reorder of each of ``blocks``, timed; the :data:`REFINE` best of them
     also by the building-block pipeline and each base with its W's refilled under
     ``limit``. Returns the best of ``best`` and those candidates whose peak fits
@@ -396,7 +393,7 @@ def _scan_blocks(pl: Placement, m: int, blocks: list[BuildingBlock], costs: Cost
     (its orders on ``m'`` microbatches and where the missing periods go in, as the
     lowerings prove them), timed (:func:`_key`) and refilled
     (:func:`.w_refill.refill_periodic`) on those: the figures and orders of the expanded
-    orders, float for float; the caller expands only the winner."""
+    orders, float for float; only the winner is expanded (returned as orders)."""
     tol = limit * 1e-9 + 1e-12
     positive = all(d > 0 for row in costs.duration_table(pl) for d in row.values())
     ranked = []
@@ -422,7 +419,7 @@ def _scan_blocks(pl: Placement, m: int, blocks: list[BuildingBlock], costs: Cost
                 ckey = _key(pl, m, c, costs, memory)
             if ckey[2] <= limit + tol and (best is None or lex_better(ckey, best[1])):
                 best = (c, ckey)
-    return best
+    return None if best is None else (best[0].expand(ops), best[1])
 
 
 def _tracked_peak(peak: float, positive: bool) -> float | None:
