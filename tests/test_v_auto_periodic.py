@@ -19,7 +19,7 @@ CASES = [  # (the first three: a scanned block on m' microbatches wins, expanded
     (5, 60, Costs(F=1, B=1.5, W=0.5, comm=0.25), MemoryDeltas(), 4.5),
     (6, 72, Costs(F=1, B=1.5, W=0.5, comm=0.25), MemoryDeltas(), 5.4),
     (4, 60, Costs(F=1, B=1.5, W=0.5, comm=0.25), MemoryDeltas(F=1, B=-0.25, W=-0.75), None),
-    (4, 48, Costs(F=1.1, B=2.3, W=0.7), MemoryDeltas(), None),  # not binary fractions: expanded inside
+    (4, 48, Costs(F=1.1, B=2.3, W=0.7), MemoryDeltas(), None),  # not binary fractions: expanded when made
 ]
 
 
@@ -56,6 +56,8 @@ def test_scan_on_fewer_microbatches_is_the_full_path(p, m, costs, memory, limit,
     fast = generate("v-auto", p=p, m=m, costs=costs, memory=memory, mem_limit=limit)
     if costs.F == 1:  # binary fractions: the short path must be taken
         assert short["timed"] >= 2 and short["refilled"] >= 1, short
+    else:  # the short runs cannot shift: each candidate was expanded once, when made
+        assert short == {"timed": 0, "refilled": 0} and held, short
     won = any(c.extra and c.expand() == scanned[0] for c in held)
     assert won == (CASES.index((p, m, costs, memory, limit)) < 3)
     # The full path: every candidate expanded before it is timed or refilled.

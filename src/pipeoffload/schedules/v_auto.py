@@ -74,7 +74,7 @@ from ..errors import ParameterError
 from ..ir import OpKind, Placement, Schedule, build_schedule
 from .building_block import BuildingBlock, OpTable, op_table, periodic_from_block
 from .spec import ScheduleSpec
-from ..passes.steady_timing import PeriodicOrders, periodic_figures
+from ..passes.steady_timing import PeriodicOrders, exact_costs, periodic_figures
 from .v_grid_lowering import Cell, grid_orders, lower_grid, repeated_grid, time_grid
 from .hole_fill import lex_better
 from .v_reorder_periods import reorder_periodic
@@ -393,17 +393,24 @@ def _scan_blocks(pl: Placement, m: int, blocks: list[BuildingBlock], costs: Cost
     (its orders on ``m'`` microbatches and where the missing periods go in, as the
     lowerings prove them), timed (:func:`_key`) and refilled
     (:func:`.w_refill.refill_periodic`) on those: the figures and orders of the expanded
-    orders, float for float; only the winner is expanded (returned as orders)."""
+    orders, float for float; only the winner is expanded (returned as orders). Under costs
+    the short runs cannot shift (not binary fractions: :func:`exact_costs`) each candidate is
+    expanded once, when made, as V-Min's and V-Half's lowerings do."""
     tol = limit * 1e-9 + 1e-12
     positive = all(d > 0 for row in costs.duration_table(pl) for d in row.values())
+    plain = not exact_costs(pl, costs, memory, 6 * pl.num_ranks * m)  # (6pm: every op for m)
+
+    def held(cand: PeriodicOrders) -> PeriodicOrders:
+        return PeriodicOrders.plain(cand.expand(ops)) if plain else cand
+
     ranked = []
     for blk in blocks:
-        s = reorder_periodic(blk, m, ops)
+        s = held(reorder_periodic(blk, m, ops))
         ranked.append((_key(pl, m, s, costs, memory), len(ranked), blk, s))
     ranked.sort(key=lambda x: (x[0], x[1]))
     for key, _, blk, s in ranked[:REFINE]:
         cands: list[tuple[PeriodicOrders, tuple]] = [(s, key)]
-        s2 = periodic_from_block(blk, m, ops)
+        s2 = held(periodic_from_block(blk, m, ops))
         cands.append((s2, _key(pl, m, s2, costs, memory)))
         for base, _k in list(cands):
             # A run refill_periodic leaves out would repeat the one before it (never better).
