@@ -1,7 +1,7 @@
 """The V lowering's candidates on fewer microbatches (issue 24, passes/steady_timing.periodic_figures,
 schedules/w_refill.refill_periodic): timing and refilling the short orders and inserting the
-periods gives the figures, orders, spans and makespans of the full path, float for float, and the
-tests fail if the shortcuts never fire."""
+periods gives the figures, orders, spans, makespans and refill peaks of the full path, float for
+float, and the tests fail if the shortcuts never fire."""
 
 from __future__ import annotations
 
@@ -48,6 +48,11 @@ def _candidates(name: str, p: int, m: int) -> list[PeriodicOrders]:
     return [periodic_from_block(block, m, ops), reorder_periodic(block, m, ops)]
 
 
+def _figures(trackers: list) -> list[tuple]:
+    """What refill_periodic gives for each of refill_both's trackers."""
+    return [(tr.order, tr.max_span(), tr.makespan(), max(tr.peak)) for tr in trackers]
+
+
 def _check(name: str, p: int, m: int, costs: Costs, memory: MemoryDeltas) -> None:
     """Each candidate's figures and refills against the full path on its expanded orders."""
     block = BLOCKS[name](p)
@@ -55,10 +60,12 @@ def _check(name: str, p: int, m: int, costs: Costs, memory: MemoryDeltas) -> Non
     for cand in _candidates(name, p, m):
         full = cand.expand()
         assert periodic_figures(pl, m, cand, costs, memory) == order_figures(pl, m, full, costs, memory), (p, m)
-        got = w_refill.refill_periodic(pl, m, cand, costs, MemoryDeltas(), caps)
-        want = w_refill.refill_both(pl, m, full, costs, MemoryDeltas(), caps)
-        assert [(c.expand(), s, t) for c, s, t in got] == [(tr.order, tr.max_span(), tr.makespan()) for tr in want]
-        for c, _, _ in got:  # the refilled candidates' figures the same way
+        # (V-lowerings refill under unit deltas, V-auto under the real ones: its peak is the tracker's)
+        for mem in dict.fromkeys([MemoryDeltas(), memory]):
+            got = w_refill.refill_periodic(pl, m, cand, costs, mem, caps)
+            want = w_refill.refill_both(pl, m, full, costs, mem, caps)
+            assert [(c.expand(), *rest) for c, *rest in got] == _figures(want)
+        for c, _, _, _ in got:  # the refilled candidates' figures the same way
             assert periodic_figures(pl, m, c, costs, memory) == steady_figures(pl, m, c.expand(), costs, memory)
 
 
@@ -92,12 +99,12 @@ def test_refused_checks_fall_back(monkeypatch: pytest.MonkeyPatch) -> None:
     pl, caps = block.placement, [unit_peak_bound(name, p)] * p
     costs = COSTS[1]
     want = [periodic_figures(pl, m, c, costs, MemoryDeltas()) for c in cands]
-    refills = [[(x.expand(), s, t) for x, s, t in w_refill.refill_periodic(pl, m, c, costs, MemoryDeltas(), caps)]
+    refills = [[(x.expand(), *rest) for x, *rest in w_refill.refill_periodic(pl, m, c, costs, MemoryDeltas(), caps)]
                for c in cands]
     monkeypatch.setattr(steady_timing, "_inserts_shift", lambda *a: False)
     monkeypatch.setattr(w_refill, "_stretched", lambda *a: None)
     assert [periodic_figures(pl, m, c, costs, MemoryDeltas()) for c in cands] == want
-    assert [[(x.expand(), s, t) for x, s, t in w_refill.refill_periodic(pl, m, c, costs, MemoryDeltas(), caps)]
+    assert [[(x.expand(), *rest) for x, *rest in w_refill.refill_periodic(pl, m, c, costs, MemoryDeltas(), caps)]
             for c in cands] == refills
 
 
@@ -131,6 +138,44 @@ def test_caps_too_low_fall_back(cap: int) -> None:
     pl, caps = block.placement, [cap] * p
     for cand in _candidates(name, p, m):
         assert cand.extra
-        got = [(c.expand(), s, t) for c, s, t in w_refill.refill_periodic(pl, m, cand, COSTS[1], MemoryDeltas(), caps)]
+        got = [(c.expand(), *rest) for c, *rest in w_refill.refill_periodic(pl, m, cand, COSTS[1], MemoryDeltas(), caps)]
         want = w_refill.refill_both(pl, m, cand.expand(), COSTS[1], MemoryDeltas(), caps)
-        assert got == [(tr.order, tr.max_span(), tr.makespan()) for tr in want]
+        assert got == _figures(want)
+
+
+def test_inputs_from_by_sets_is_the_index_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """inputs_from's membership sets (ranks whose range chains are whole) against the
+    per-input index arithmetic, on the calls the shortcuts make and on the same calls with
+    other ``low`` cuts (before, inside and past the range: both answers met); fails unless
+    the sets are used."""
+    calls: list[tuple] = []
+    real = steady_timing.inputs_from
+
+    def spy(deps, rank_of, codes, reading, low, *rest):
+        calls.append((deps, rank_of, [list(c) for c in codes], [list(r) for r in reading], list(low), *rest))
+        return real(deps, rank_of, codes, reading, low, *rest)
+
+    monkeypatch.setattr(steady_timing, "inputs_from", spy)
+    monkeypatch.setattr(w_refill, "inputs_from", spy)
+    for name in sorted(BLOCKS):
+        _check(name, 4, 90, COSTS[1], MEMORY[0])
+    monkeypatch.undo()
+    assert len(calls) >= 6
+    whole, seen = [], set()
+    chains_whole = steady_timing._chains_whole
+
+    def counted(*a):
+        ok = chains_whole(*a)
+        whole.append(ok)
+        return ok
+
+    for deps, rank_of, codes, reading, low, ranges, refs, periods, m in calls:
+        for cut in (low, [lo - 1 for lo, _ in ranges], [q + P for q, P in zip(low, periods)],
+                    [hi for _, hi in ranges], [(lo + hi) // 2 for lo, hi in ranges]):
+            args = (deps, rank_of, codes, reading, cut, ranges, refs, periods, m)
+            monkeypatch.setattr(steady_timing, "_chains_whole", counted)
+            fast = steady_timing.inputs_from(*args)
+            monkeypatch.setattr(steady_timing, "_chains_whole", lambda *a: False)
+            assert fast == steady_timing.inputs_from(*args)
+            seen.add(fast)
+    assert any(whole) and seen == {True, False}, (any(whole), seen)

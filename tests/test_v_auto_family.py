@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeoffload.costs import Costs, MemoryDeltas
+from pipeoffload.passes.steady_timing import PeriodicOrders
 from pipeoffload.schedules import ScheduleSpec
 from pipeoffload.schedules import v_auto as va
 from pipeoffload.schedules.building_block import BuildingBlock, steady_peak
@@ -165,6 +166,6 @@ def test_time_grid_figures_are_the_timing_passes(p, m, costs, memory):
         grid = va._lowered(p, m, params, True) if pk <= 2 * p else None
         if grid is not None:
             n += 1
-            key = va._key(pl, m, va.grid_orders(grid), costs, memory)
+            key = va._key(pl, m, PeriodicOrders.plain(va.grid_orders(grid)), costs, memory)
             assert va.time_grid(grid, dur, costs.comm, delta) == key
     assert n > 0

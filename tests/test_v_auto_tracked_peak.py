@@ -44,7 +44,7 @@ def _check(p: int, m: int, costs: Costs, memory: MemoryDeltas, extra: float) -> 
         limit = steady_figures(pl, m, base, costs, memory)[0] + extra
         for tr in w_refill.refill_both(pl, m, base, costs, memory, [limit] * p):
             timed = steady_figures(pl, m, tr.order, costs, memory)[0]
-            assert va._tracked_peak(tr, True) == timed == order_figures(pl, m, tr.order, costs, memory)[0]
+            assert va._tracked_peak(max(tr.peak), True) == timed == order_figures(pl, m, tr.order, costs, memory)[0]
             n += 1
     return n
 
@@ -92,25 +92,25 @@ def test_v_auto_uses_the_tracked_peak(p, m, costs, memory, limit, saves, monkeyp
     refills: set[int] = set()
     timed: list[int] = []
     alive: list = []  # the orders seen, kept so that no id is reused
-    real_refill, real_key = va.refill_both, va._key
+    real_refill, real_key = va.refill_periodic, va._key
 
     def refill(*args, **kw):
         out = list(real_refill(*args, **kw))
-        refills.update(id(tr.order) for tr in out)
-        alive.extend(tr.order for tr in out)
+        refills.update(id(c) for c, *_ in out)
+        alive.extend(c for c, *_ in out)
         return out
 
-    def key(pl, mm, orders, *rest):
-        timed.append(id(orders))
-        alive.append(orders)
-        return real_key(pl, mm, orders, *rest)
+    def key(pl, mm, cand, *rest):
+        timed.append(id(cand))
+        alive.append(cand)
+        return real_key(pl, mm, cand, *rest)
 
-    monkeypatch.setattr(va, "refill_both", refill)
+    monkeypatch.setattr(va, "refill_periodic", refill)
     monkeypatch.setattr(va, "_key", key)
     fast = generate("v-auto", p=p, m=m, costs=costs, memory=memory, mem_limit=limit)
     assert refills, "no refill ran: the shortcut is untested here"
     assert not refills & set(timed), "a refill's order was timed again"
-    monkeypatch.setattr(va, "_tracked_peak", lambda tr, positive: None)
+    monkeypatch.setattr(va, "_tracked_peak", lambda peak, positive: None)
     refills.clear()
     slow = generate("v-auto", p=p, m=m, costs=costs, memory=memory, mem_limit=limit)
     assert bool(refills & set(timed)) == saves, "the timed path timed a refill" if not saves else "it timed none"

@@ -204,6 +204,14 @@ def inside_range(codes: list[int], rng: tuple[int, int], period: int, at: int, p
     lo, hi = rng
     if per != period or not lo + period <= at <= hi:
         return False
+    return _chains_whole(codes, rng, period, m)
+
+
+def _chains_whole(codes: list[int], rng: tuple[int, int], period: int, m: int) -> bool:
+    """Whether each chain of the periodic range ``rng`` (an op, then ``period`` later its
+    next microbatch) stays the same op to the range's end. Then every op in the range sits
+    where :func:`_index` looks for it (its first-period copy plus whole periods)."""
+    lo, hi = rng
     return all(codes[i] // m == codes[i + (hi - 1 - i) // period * period] // m for i in range(lo, lo + period))
 
 
@@ -214,15 +222,27 @@ def inputs_from(deps: Sequence, rank_of: Sequence[int], codes: list[list[int]], 
     in ``codes[q]``, its rank's list: found by the period inside the periodic range
     (``ranges``, ``refs``, ``periods``), and past the range (then after ``low``, which lies
     inside it) by a set of the ranges' tails; an input before the range fails. O(ops read
-    plus the tails)."""
+    plus the tails).
+
+    Where a rank's range chains are whole (:func:`_chains_whole`, the usual case), an op
+    of the range is found by :func:`_index` exactly at its index, so the inputs allowed on
+    that rank are the set of its list from ``max(lo, min(low, hi))`` on (the tail
+    included): one membership test per input instead of the index arithmetic."""
     S = len(deps) // 3
-    tails = [set(c[hi:]) for c, (_, hi) in zip(codes, ranges)]
+    allowed = [set(c[max(lo, min(q, hi)):]) if hi - lo >= P > 0 and _chains_whole(c, (lo, hi), P, m) else None
+               for c, (lo, hi), q, P in zip(codes, ranges, low, periods)]
+    tails = [set(c[hi:]) if a is None else None for c, (_, hi), a in zip(codes, ranges, allowed)]
     for ops in reading:
         for x in ops:
             own, mb = divmod(x, m)
             for base, _ in deps[own]:
                 y = base + mb
                 q = rank_of[(y // m) % S]
+                a = allowed[q]
+                if a is not None:
+                    if y not in a:
+                        return False
+                    continue
                 k = _index(y, codes[q], ranges[q], refs[q], m, periods[q])
                 if k is None:
                     if y not in tails[q]:

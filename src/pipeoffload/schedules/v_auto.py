@@ -72,15 +72,14 @@ from functools import lru_cache
 from ..costs import Costs, MemoryDeltas
 from ..errors import ParameterError
 from ..ir import OpKind, Placement, Schedule, build_schedule
-from .building_block import BuildingBlock, OpTable, op_table, orders_from_block
+from .building_block import BuildingBlock, OpTable, op_table, periodic_from_block
 from .spec import ScheduleSpec
-from ..passes.steady_timing import steady_figures
+from ..passes.steady_timing import PeriodicOrders, exact_costs, periodic_figures
 from .v_grid_lowering import Cell, grid_orders, lower_grid, repeated_grid, time_grid
 from .hole_fill import lex_better
-from .v_reorder_periods import reorder_orders
+from .v_reorder_periods import reorder_periodic
 from .vshape import PERIOD, fixed_lowering, unit_peak_bound
-from .w_refill import refill_both
-from .zb_auto import Tracker
+from .w_refill import refill_periodic
 from ..timeline import _clean
 
 __all__ = ["v_auto", "block_family", "REFINE", "SCAN", "GRID_SCAN", "PROXY_CELLS", "GRID_WORK"]
@@ -197,11 +196,22 @@ def _peak(p: int, params: tuple[int, ...]) -> int:
         f_r, big_b, b_r = f_last + p - 1 - r, b_first + s, b0_last + p - 1 - r
         e1 = big_b + 1 + (w1 - big_b - 1) % PERIOD
         e0 = b_r + 1 + (w0 - b_r - 1) % PERIOD
-        for t in range(PERIOD):
-            n = (t - s) // PERIOD - (t - e0) // PERIOD + (t - f_r) // PERIOD - (t - e1) // PERIOD
-            if n > best:
-                best = n
+        # Copies alive at phase t: (t−s)//T − (t−e0)//T + (t−f_r)//T − (t−e1)//T; with
+        # x = T·q + ρ, (t − x)//T = −q − [t < ρ] for t in 0..T−1 (_phase_excess).
+        (qs, rs), (q0, r0), (qf, rf), (q1, r1) = divmod(s, PERIOD), divmod(e0, PERIOD), divmod(f_r, PERIOD), \
+            divmod(e1, PERIOD)
+        n = q0 - qs + q1 - qf + _phase_excess(rs, r0, rf, r1)
+        if n > best:
+            best = n
     return best
+
+
+@lru_cache(maxsize=None)
+def _phase_excess(rs: int, r0: int, rf: int, r1: int) -> int:
+    """``max over t in 0..T−1`` of ``[t < r0] + [t < r1] − [t < rs] − [t < rf]``: the part of
+    :func:`_peak`'s count of one rank that depends on the phases of its four ends
+    (residues mod ``T``); at most ``T⁴`` inputs."""
+    return max((t < r0) + (t < r1) - (t < rs) - (t < rf) for t in range(PERIOD))
 
 
 @lru_cache(maxsize=64)
@@ -265,12 +275,13 @@ def block_family(p: int) -> tuple[tuple[BuildingBlock, int], ...]:
 Orders = list[list[Cell]]  #: per rank, (kind, layer group, microbatch)
 
 
-def _key(pl: Placement, m: int, orders: Orders, costs: Costs, memory: MemoryDeltas) -> tuple[float, float, float]:
+def _key(pl: Placement, m: int, cand: PeriodicOrders, costs: Costs, memory: MemoryDeltas) -> tuple[float, float, float]:
     """Longest rank span (what the bubble rate measures), then makespan, then peak, of
-    ``orders`` timed as :func:`~pipeoffload.passes.timing.simulate` times them
-    (:func:`~pipeoffload.passes.steady_timing.steady_figures`: no timeline is built, the periodic steady
-    state is shifted where that is exact)."""
-    peak, span, makespan = steady_figures(pl, m, orders, costs, memory)
+    ``cand.expand()`` timed as :func:`~pipeoffload.passes.timing.simulate` times them
+    (:func:`~pipeoffload.passes.steady_timing.periodic_figures`: no timeline is built, the
+    orders are timed on ``m − cand.extra`` microbatches and the periodic steady state shifted
+    where that is exact — the same floats)."""
+    peak, span, makespan = periodic_figures(pl, m, cand, costs, memory)
     return (span, makespan, peak)
 
 
@@ -305,15 +316,13 @@ def v_auto(spec: ScheduleSpec) -> Schedule:
 
     Cost in p and m: the family in closed form, O(p) members at O(1) each (3.6 k at
     p = 64; :func:`_family`), none built but the ones lowered. Then a constant number
-    of lowerings, each over O(p·m) ops: V-Min and V-Half (and V-ZB when its bound may
-    fit; :data:`.vshape.LOWERING_COST`), taken with the figures their lowering timed
-    them by (:func:`.vshape.fixed_lowering`: not timed again), :data:`SCAN` slot reorders
-    and timings, :data:`REFINE` building-block pipelines with their W refills. The six
-    slot reorders (two inside V-Min and V-Half) are the largest part, O(p·m) Python steps
-    each (docs/algorithms.md §9.4: 3.6 of 8.2 s CPU under load at p = 64, m = 512); the
-    timings and refills go through the periodic steady state when the costs are binary
-    fractions (:mod:`~pipeoffload.passes.steady_timing`: O(p²) ops placed, O(p·m) list
-    work in C). The grid rules lower ``max(1, min(GRID_SCAN, GRID_WORK / (p²·(max(m, 2p) +
+    of lowerings: V-Min and V-Half (and V-ZB when its bound may fit), taken with the
+    figures their lowering timed them by (:func:`.vshape.fixed_lowering`), :data:`SCAN`
+    slot reorders and timings, :data:`REFINE` building-block pipelines with their W
+    refills, each held, timed and refilled on O(p) microbatches where the lowerings prove
+    it (:func:`_scan_blocks`): O(p²) Python steps each (≈ 0.3 s a slot reorder, 0.06 s a
+    timing, 0.1 s a refill at p = 64, m = 512, docs/algorithms.md §9.4), only the winner
+    expanded (O(p·m) in C). The grid rules lower ``max(1, min(GRID_SCAN, GRID_WORK / (p²·(max(m, 2p) +
     4p))))`` blocks at O(p²·(max(m, 2p) + 4p)) each (the hole filling writes the
     periods it proves repeated by slices, :mod:`.v_grid_lowering`; one block, 0.5 s, at
     p = 64, m = 512), after timing ``min(family, PROXY_CELLS / 6pm)`` repeated grids,
@@ -338,10 +347,10 @@ def v_auto(spec: ScheduleSpec) -> Schedule:
     def fits(key: tuple[float, float, float]) -> bool:
         return key[2] <= limit + tol
 
-    best: tuple[Orders, tuple[float, float, float]] | None = None
+    best: tuple[PeriodicOrders, tuple[float, float, float]] | None = None
     for s, key in fixed:
         if fits(key) and (best is None or lex_better(key, best[1])):
-            best = (s, key)
+            best = (PeriodicOrders.plain(s), key)
 
     # Chunk activations the limit holds; with few microbatches a block's steady peak is
     # not reached (at most 2m chunks are ever alive), so larger blocks may still fit.
@@ -359,7 +368,7 @@ def v_auto(spec: ScheduleSpec) -> Schedule:
     # span is clearly longer than the best's cannot win, and is not made into orders.
     if found is not None and (best is None or found[1][0] <= best[1][0] * (1 + 1e-6) + 1e-12):
         grid = grid_orders(found[0])
-        key = _key(pl, m, grid, costs, memory)
+        key = _key(pl, m, PeriodicOrders.plain(grid), costs, memory)
         if fits(key) and lex_better(key, None if best is None else best[1]):
             best = (grid, key)
     if best is None:
@@ -372,30 +381,44 @@ Key = tuple[float, float, float]  #: longest rank span, makespan, peak (:func:`_
 
 
 def _scan_blocks(pl: Placement, m: int, blocks: list[BuildingBlock], costs: Costs, memory: MemoryDeltas,
-                 limit: float, best: tuple[Orders, Key] | None, ops: OpTable) -> tuple[Orders, Key] | None:
+                 limit: float, best: tuple[PeriodicOrders, Key] | None,
+                 ops: OpTable) -> tuple[Orders, Key] | None:
     """The slot reorder of each of ``blocks``, timed; the :data:`REFINE` best of them
     also by the building-block pipeline and each base with its W's refilled under
     ``limit``. Returns the best of ``best`` and those candidates whose peak fits
     ``limit`` (shortest span, then makespan, then peak; ties keep the earlier).
-    ``ops``: :func:`.building_block.op_table` for ``m`` (every lowering's orders hold its tuples)."""
+    ``ops``: :func:`.building_block.op_table` for ``m`` (every lowering's orders hold its tuples).
+
+    Every candidate is held as :class:`~pipeoffload.passes.steady_timing.PeriodicOrders`
+    (its orders on ``m'`` microbatches and where the missing periods go in, as the
+    lowerings prove them), timed (:func:`_key`) and refilled
+    (:func:`.w_refill.refill_periodic`) on those: the figures and orders of the expanded
+    orders, float for float; only the winner is expanded (returned as orders). Under costs
+    the short runs cannot shift (not binary fractions: :func:`exact_costs`) each candidate is
+    expanded once, when made, as V-Min's and V-Half's lowerings do."""
     tol = limit * 1e-9 + 1e-12
     positive = all(d > 0 for row in costs.duration_table(pl) for d in row.values())
+    plain = not exact_costs(pl, costs, memory, 6 * pl.num_ranks * m)  # (6pm: every op for m)
+
+    def held(cand: PeriodicOrders) -> PeriodicOrders:
+        return PeriodicOrders.plain(cand.expand(ops)) if plain else cand
+
     ranked = []
     for blk in blocks:
-        s = reorder_orders(blk, m, ops)
+        s = held(reorder_periodic(blk, m, ops))
         ranked.append((_key(pl, m, s, costs, memory), len(ranked), blk, s))
     ranked.sort(key=lambda x: (x[0], x[1]))
     for key, _, blk, s in ranked[:REFINE]:
-        cands: list[tuple[Orders, tuple]] = [(s, key)]
-        s2 = orders_from_block(blk, m, ops)
+        cands: list[tuple[PeriodicOrders, tuple]] = [(s, key)]
+        s2 = held(periodic_from_block(blk, m, ops))
         cands.append((s2, _key(pl, m, s2, costs, memory)))
         for base, _k in list(cands):
-            # A run refill_both leaves out would repeat the one before it (never better).
+            # A run refill_periodic leaves out would repeat the one before it (never better).
             # Its tracker timed it (the timing pass's engine): span and makespan are known,
             # and with positive durations its peak too (_tracked_peak); otherwise the peak
             # is timed below only if they do not already lose.
-            for tr in refill_both(pl, m, base, costs, memory, [limit] * pl.num_ranks):
-                cands.append((tr.order, (tr.max_span(), tr.makespan(), _tracked_peak(tr, positive))))
+            for c, span, makespan, peak in refill_periodic(pl, m, base, costs, memory, [limit] * pl.num_ranks):
+                cands.append((c, (span, makespan, _tracked_peak(peak, positive))))
         for c, ckey in cands:
             if best is not None and _loses(ckey, best[1]):
                 continue
@@ -403,12 +426,13 @@ def _scan_blocks(pl: Placement, m: int, blocks: list[BuildingBlock], costs: Cost
                 ckey = _key(pl, m, c, costs, memory)
             if ckey[2] <= limit + tol and (best is None or lex_better(ckey, best[1])):
                 best = (c, ckey)
-    return best
+    return None if best is None else (best[0].expand(ops), best[1])
 
 
-def _tracked_peak(tr: Tracker, positive: bool) -> float | None:
-    """The highest peak of a refill's order as :func:`_key` times it, from the refill's
-    tracker, or None (then it is timed) when some duration is not positive.
+def _tracked_peak(peak: float, positive: bool) -> float | None:
+    """The highest peak of a refill's order as :func:`_key` times it, from ``peak``, the
+    highest level of the refill's tracker (:func:`.w_refill.refill_periodic`), or None
+    (then it is timed) when some duration is not positive.
 
     Why it is the timed peak: the tracker's level on a rank is the running sum of its
     ops' deltas (the same delta table) in the order it made, from 0.0, and its peak the
@@ -419,8 +443,9 @@ def _tracked_peak(tr: Tracker, positive: bool) -> float | None:
     (:func:`~pipeoffload.passes.steady_timing.steady_figures`: the running sum in op
     order). Periods the refill shifted instead of placing repeat the levels of the period
     before them (its state check compares the levels), so they add no new peak. Both
-    round by :func:`~pipeoffload.timeline._clean`, which is monotone."""
-    return _clean(max(tr.peak)) if positive else None
+    round by :func:`~pipeoffload.timeline._clean`, which is monotone. A refill run on
+    ``m'`` microbatches has the levels of the one on ``m`` (:func:`.w_refill.refill_periodic`)."""
+    return _clean(peak) if positive else None
 
 
 def _fixed(spec: ScheduleSpec, pl: Placement, limit: float) -> list[tuple[Orders, Key]]:

@@ -238,7 +238,7 @@ def _lower_block_timed(name: str, block: BuildingBlock, spec: ScheduleSpec,
         # never win (ties keep the earlier). Its tracker timed it with the timing pass's
         # engine: span and makespan are known; the peak (under spec.memory) is found only
         # if it could win.
-        for cand, span, makespan in refill_periodic(pl, m, inputs.pop(0), spec.costs, MemoryDeltas(), caps):
+        for cand, span, makespan, _ in refill_periodic(pl, m, inputs.pop(0), spec.costs, MemoryDeltas(), caps):
             best.offer(cand, span, makespan, lambda o=cand: periodic_figures(pl, m, o, spec.costs, spec.memory))
     # fill_holes times the whole order once, then each trial move: when its budget cannot
     # time one trial (6·p·m ops, e.g. p = 64, m = 512), it returns the winner unchanged.

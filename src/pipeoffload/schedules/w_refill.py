@@ -100,10 +100,11 @@ def _refill_runs(placement: Placement, m: int, orders: Sequence[Sequence[tuple[O
 
 
 def refill_periodic(placement: Placement, m: int, cand: PeriodicOrders, costs: Costs, memory: MemoryDeltas,
-                    caps: Sequence[float]) -> list[tuple[PeriodicOrders, float, float]]:
+                    caps: Sequence[float]) -> list[tuple[PeriodicOrders, float, float, float]]:
     """:func:`refill_both` of ``cand.expand()`` (``m`` microbatches), from the runs on
     ``cand.orders`` (``m' = m − cand.extra`` microbatches) where they prove theirs equal:
-    each result's new orders (periodic again), longest span and makespan.
+    each result's new orders (periodic again), longest span, makespan and highest level
+    (``max(tr.peak)`` of :func:`refill_both`'s tracker: a level, not yet rounded).
 
     Why they are equal: as :func:`~pipeoffload.passes.steady_timing.periodic_figures`
     argues for the timing, with the refill's state (clocks, levels, pending W's) for the
@@ -112,7 +113,9 @@ def refill_periodic(placement: Placement, m: int, cand: PeriodicOrders, costs: C
     end are placed: a search past it is refused), shifts ``Δ`` periods more and places the
     same cool-down ``Δ`` microbatches and ``Δ·T`` later — when every input a cool-down op
     (W's included) reads sits at or after its rank's checked period. The same decisions
-    also set ``consulted`` the same way, so the same runs are made. Where a check fails
+    also set ``consulted`` the same way, so the same runs are made, and each rank's levels
+    are the same (the shifted periods repeat the level at the cut, the cool-down's ops have
+    the same deltas): the same highest level. Where a check fails
     (or the costs are not binary fractions, or a run raises Infeasible) :func:`refill_both` runs on
     the expanded orders.
 
@@ -126,11 +129,11 @@ def refill_periodic(placement: Placement, m: int, cand: PeriodicOrders, costs: C
         out = [None if run is None else _stretched(run, cand) for run in runs]
         if None not in out:
             return out
-    return [(PeriodicOrders.plain(tr.order), tr.max_span(), tr.makespan())
+    return [(PeriodicOrders.plain(tr.order), tr.max_span(), tr.makespan(), max(tr.peak))
             for tr in refill_both(placement, m, cand.expand(), costs, memory, caps)]
 
 
-def _stretched(run: _Refill, cand: PeriodicOrders) -> tuple[PeriodicOrders, float, float] | None:
+def _stretched(run: _Refill, cand: PeriodicOrders) -> tuple[PeriodicOrders, float, float, float] | None:
     """:func:`refill_periodic`'s result from a run on ``cand.orders``, or None when its
     checks fail."""
     if not run.skipped or run.searched or run.steady is None:
@@ -154,7 +157,7 @@ def _stretched(run: _Refill, cand: PeriodicOrders) -> tuple[PeriodicOrders, floa
     dT = cand.extra * shift
     last = [c + dT for c in tr.clock]
     return (PeriodicOrders(tr.order, at_out, per_out, cand.extra), max(c - f for c, f in zip(last, tr.first)),
-            max(last) - min(tr.first))
+            max(last) - min(tr.first), max(tr.peak))
 
 
 def _refill(placement: Placement, m: int, orders: Sequence[Sequence[tuple[OpKind, int, int]]],
