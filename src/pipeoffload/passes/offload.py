@@ -1139,6 +1139,7 @@ def _dependents(key: tuple[str, int, int], num_stages: int) -> list[tuple[str, i
 
 @lru_cache(maxsize=4096)
 def _dependent_pattern(name: str, stage: int, num_stages: int) -> tuple[tuple[str, int], ...]:
+    """(name, layer group) of each dependent of ``(name, stage, j)``, whatever ``j``."""
     return tuple((n2, s2) for n2, s2, _ in dependents((name, stage, 0), num_stages))
 
 
