@@ -200,3 +200,90 @@ def test_plans_for_fewer_chunks_proved_worse_are_not_made(name, p, m, kw, postpo
     want = [_fields(off.OffloadSession(sched, tl, comm=costs.comm, options=opts).plan(C)) for C in chunks]
     assert got == want
     assert any(fired)  # the proof fires
+
+
+def test_one_try_order_serves_every_target():
+    """The peak placement makes each link's try order once (:class:`_TryOrder`) for every
+    target of its bisection: a sweep given it equals one making its own, and the sweeps leave
+    it as it was (only their :class:`_Covering` changes)."""
+    ctx, events = _setting("group-interleaved", 4, 12, {"v": 3, "g": 3}, MemoryDeltas(F=3.0, B=-1.0, W=-2.0))
+    levels = off._rank_levels(events)
+    compared = 0
+    for C in range(1, ctx.schedule.chunks + 1):
+        cands, _ = off._candidates(ctx, events, C)
+        for lst in off._by_link(cands).values():
+            ranks = sorted({c.rank for c in lst})
+            tops = sorted({round(lvl, 9) for r in ranks for _, lvl, _ in levels.get(r, [])})
+            for far_first in (False, True):
+                order = off._TryOrder(lst, ranks, levels, far_first)
+                before = repr((order.ranks, order.points))
+                for target in tops[:: max(1, len(tops) // 5)]:
+                    got = off._sweep_link(lst, ranks, levels, target, far_first, order=order)
+                    assert got == off._sweep_link(lst, ranks, levels, target, far_first)
+                    compared += got is not None and bool(got[0])  # something placed
+                assert repr((order.ranks, order.points)) == before
+    assert compared >= 4
+
+
+def _solo_speedup_as_it_was(transfers, ready, solo):
+    """:func:`_apply_solo_speedup` with its reloads grouped by a scan of every transfer per link."""
+    if solo >= 1.0:
+        return
+    d2h, h2d = {}, {}
+    for t in transfers:
+        if t.offload_end > t.offload_start:
+            d2h.setdefault(t.link, []).append((t.offload_start, t.offload_end))
+        if t.reload_end > t.reload_start:
+            h2d.setdefault(t.link, []).append((t.reload_start, t.reload_end))
+    for dct in (d2h, h2d):
+        for lst in dct.values():
+            lst.sort()
+    planned = [t.offload_start + solo * (t.offload_end - t.offload_start)
+               if off._idle(h2d.get(t.link), t.offload_start, t.offload_end) else t.offload_end for t in transfers]
+    solo_reloads = {}
+    for t in transfers:
+        if t.reload_end > t.reload_start and off._idle(d2h.get(t.link), t.reload_start, t.reload_end):
+            t.reload_start = t.reload_end - solo * (t.reload_end - t.reload_start)
+            solo_reloads.setdefault(t.link, []).append((t.reload_start, t.reload_end))
+    reloads = {link: sorted((t.reload_start, t.reload_end) for t in transfers
+                            if t.link == link and t.reload_end > t.reload_start) for link in h2d}
+    for lst in solo_reloads.values():
+        lst.sort()
+    off._pack_offloads(transfers, ready, planned, reloads, solo_reloads, solo)
+
+
+@settings(deadline=None, max_examples=60)
+@given(
+    copies=st.lists(st.tuples(st.integers(0, 3), st.floats(0, 20), st.floats(0, 3), st.floats(0, 10),
+                              st.floats(0, 3)), min_size=1, max_size=30),
+    solo=st.sampled_from([0.5, 0.7, 1.0]),
+)
+def test_solo_speedup_groups_the_reloads_as_the_scan(copies, solo):
+    """The reloads grouped per link in one pass give the same transfers as the scan per link
+    (several links, zero-length copies included)."""
+    def make():
+        out, ready = [], []
+        for k, (link, f, d_off, gap, d_rel) in enumerate(copies):
+            rel_start = f + d_off + gap
+            out.append(off.Transfer(link, k, 0, k, 1.0, f, f + d_off, rel_start, rel_start + d_rel,
+                                    rel_start + d_rel, link))
+            ready.append(f)
+        return out, ready
+
+    got, ready = make()
+    off._apply_solo_speedup(got, ready, solo)
+    want, ready = make()
+    _solo_speedup_as_it_was(want, ready, solo)
+    assert got == want
+
+
+def test_dependents_from_their_pattern():
+    """The postponed warm-up's dependents, from a pattern per (name, layer group), are
+    :func:`timing.dependents`' for every microbatch."""
+    from pipeoffload.passes.timing import dependents
+
+    for S in (1, 2, 5):
+        for name in ("F", "B", "W"):
+            for s in range(S):
+                for j in (0, 1, 7):
+                    assert off._dependents((name, s, j), S) == dependents((name, s, j), S)

@@ -87,7 +87,8 @@ import math
 from bisect import bisect_left, bisect_right, insort
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Sequence
+from functools import lru_cache
+from typing import NamedTuple, Sequence
 
 from ..costs import Costs, MemoryDeltas
 from ..errors import ParameterError
@@ -1111,7 +1112,7 @@ def _postpone_warmup(ctx: _Context, events: list[TimedOp]) -> list[TimedOp]:
         if nxt is not None:
             nxt_key = completion_key(nxt.op)
             latest = new.get(nxt_key, start_of[nxt_key])
-        for dk in dependents(key, S):
+        for dk in _dependents(key, S):
             if dk in start_of:
                 latest = min(latest, new.get(dk, start_of[dk]) - (ctx.comm if rank_of[dk] != e.rank else 0.0))
         if math.isinf(latest):
@@ -1126,6 +1127,20 @@ def _postpone_warmup(ctx: _Context, events: list[TimedOp]) -> list[TimedOp]:
         st = new.get(completion_key(e.op))
         out.append(e if st is None else TimedOp(e.op, st, st + e.end - e.start, e.stream, e.mem))
     return out
+
+
+def _dependents(key: tuple[str, int, int], num_stages: int) -> list[tuple[str, int, int]]:
+    """:func:`~pipeoffload.passes.timing.dependents` of ``key``, from its pattern per (name,
+    layer group): an op's inputs are of its own microbatch, so the pattern is the same for
+    every microbatch (:func:`dependents` makes and tests nine ops per call)."""
+    name, s, j = key
+    return [(n2, s2, j) for n2, s2 in _dependent_pattern(name, s, num_stages)]
+
+
+@lru_cache(maxsize=4096)
+def _dependent_pattern(name: str, stage: int, num_stages: int) -> tuple[tuple[str, int], ...]:
+    """(name, layer group) of each dependent of ``(name, stage, j)``, whatever ``j``."""
+    return tuple((n2, s2) for n2, s2, _ in dependents((name, stage, 0), num_stages))
 
 
 # --------------------------------------------------------------------------------------
@@ -1354,12 +1369,14 @@ def _place_by_peak(cands: list[_Candidate], mode: str, events: list[TimedOp]) ->
         if not tops:
             continue
         best = None
+        orders = {far_first: _TryOrder(lst, ranks, levels, far_first) for far_first in (False, True)}
         lo, hi = 0, len(tops) - 1
         while lo <= hi:  # bisection: the lowest target the sweep reaches (greedy, so kept only if better)
             mid = (lo + hi) // 2
             met = False
             for far_first in (False, True):
-                got = _sweep_link(lst, ranks, levels, tops[mid], far_first, math.inf if best is None else best[0][0])
+                got = _sweep_link(lst, ranks, levels, tops[mid], far_first, math.inf if best is None else best[0][0],
+                                  orders[far_first])
                 if got is None:  # over the target and over the best's highest level: neither meets nor wins
                     continue
                 plan, reached = got
@@ -1376,7 +1393,7 @@ def _place_by_peak(cands: list[_Candidate], mode: str, events: list[TimedOp]) ->
 
 
 def _sweep_link(cands: list[_Candidate], ranks: list[int], levels: dict[int, list[tuple[float, float, bool]]],
-                target: float, far_first: bool, give_up: float = math.inf
+                target: float, far_first: bool, give_up: float = math.inf, order: "_TryOrder | None" = None
                 ) -> tuple[dict[int, _Slots], dict[int, float]] | None:
     """One link's plan for ``target`` (:func:`_place_by_peak`) and each rank's highest
     estimated level under it. At a point, the covering candidate whose consumer comes
@@ -1393,20 +1410,18 @@ def _sweep_link(cands: list[_Candidate], ranks: list[int], levels: dict[int, lis
     log + tries), a try being a candidate that covers its point. None (given up) once a
     rank's level is over both ``target`` and ``give_up`` (the best plan's highest level so
     far): the whole sweep's highest level would be too, so it could neither meet ``target``
-    nor beat that plan."""
+    nor beat that plan. ``order``: :class:`_TryOrder` of these arguments, made here when not
+    given (:func:`_place_by_peak` makes it once per link and order for every target)."""
     base = {r: levels.get(r, []) for r in ranks}
-    sign = -1 if far_first else 1
-    mine: dict[int, list[_Candidate]] = {r: [] for r in ranks}
-    for c in sorted(cands, key=lambda c: (sign * c.backward_start, c.forward_end, c.stage, c.microbatch)):
-        mine[c.rank].append(c)
+    if order is None:
+        order = _TryOrder(cands, ranks, levels, far_first)
     up: list[tuple[float, float]] = []
     down: list[tuple[float, float]] = []
     placed: dict[int, _Slots] = {}
     saved = {r: _Savings() for r in ranks}
-    covering = {r: _Covering(mine[r], far_first) for r in ranks}
+    covering = {r: _Covering(order.ranks[r]) for r in ranks}
     reached = {r: 0.0 for r in ranks}
-    sweep = [(t, r) for r in ranks for t, _, alloc in base[r] if alloc]
-    heapq.heapify(sweep)
+    sweep = list(order.points)  # sorted: a heap
     while sweep:
         t, r = heapq.heappop(sweep)
         lv = base[r]
@@ -1438,6 +1453,36 @@ def _sweep_link(cands: list[_Candidate], ranks: list[int], levels: dict[int, lis
 _place_by_peak.needs_events = True  # type: ignore[attr-defined]
 
 
+class _RankOrder(NamedTuple):
+    """One rank's candidates in :func:`_sweep_link`'s try order and what :class:`_Covering`
+    reads of them: the order's keys (``sign × consumer start``, ascending) and the indices by
+    producer end."""
+
+    cands: list[_Candidate]
+    far_first: bool
+    ends: list[float]
+    by_producer: list[int]
+
+
+class _TryOrder:
+    """What every sweep of one link in one order shares, whatever its target: each rank's
+    :class:`_RankOrder` and the allocation points ``(time, rank)``, sorted (a heap). Made once
+    per link and order by :func:`_place_by_peak` (a sweep sorted them again per target)."""
+
+    __slots__ = ("ranks", "points")
+
+    def __init__(self, cands: list[_Candidate], ranks: list[int],
+                 levels: dict[int, list[tuple[float, float, bool]]], far_first: bool) -> None:
+        sign = -1 if far_first else 1
+        mine: dict[int, list[_Candidate]] = {r: [] for r in ranks}
+        for c in sorted(cands, key=lambda c: (sign * c.backward_start, c.forward_end, c.stage, c.microbatch)):
+            mine[c.rank].append(c)
+        self.ranks = {r: _RankOrder(lst, far_first, [sign * c.backward_start for c in lst],
+                                    sorted(range(len(lst)), key=lambda k: lst[k].forward_end))
+                      for r, lst in mine.items()}
+        self.points = sorted((t, r) for r in ranks for t, _, alloc in levels.get(r, []) if alloc)
+
+
 class _Covering:
     """One rank's candidates in :func:`_sweep_link`'s try order (``cands``), as indices: those
     not placed whose producer has ended by the time read (``forward_end ≤ t + ε``, which every
@@ -1447,11 +1492,8 @@ class _Covering:
 
     __slots__ = ("cands", "far_first", "ends", "by_producer", "joined", "open")
 
-    def __init__(self, cands: list[_Candidate], far_first: bool) -> None:
-        self.cands, self.far_first = cands, far_first
-        sign = -1 if far_first else 1
-        self.ends = [sign * c.backward_start for c in cands]  #: ascending
-        self.by_producer = sorted(range(len(cands)), key=lambda k: cands[k].forward_end)
+    def __init__(self, shared: "_RankOrder") -> None:
+        self.cands, self.far_first, self.ends, self.by_producer = shared  # the same every target
         self.joined = 0  #: how many of ``by_producer`` have joined
         self.open: list[int] = []  #: sorted indices into ``cands``
 
@@ -1792,8 +1834,15 @@ def _apply_solo_speedup(transfers: list[Transfer], ready: list[float], solo: flo
         if t.reload_end > t.reload_start and _idle(d2h.get(t.link), t.reload_start, t.reload_end):
             t.reload_start = t.reload_end - solo * (t.reload_end - t.reload_start)
             solo_reloads.setdefault(t.link, []).append((t.reload_start, t.reload_end))
-    reloads = {link: sorted((t.reload_start, t.reload_end) for t in transfers
-                            if t.link == link and t.reload_end > t.reload_start) for link in h2d}
+    # Grouped in one pass (a scan of every transfer per link was quadratic with a link per rank):
+    # the same sorted lists. A reload ending after it starts did so before (its start only moved
+    # towards its end), so its link is in ``h2d``.
+    reloads: dict[int, list[tuple[float, float]]] = {link: [] for link in h2d}
+    for t in transfers:
+        if t.reload_end > t.reload_start:
+            reloads[t.link].append((t.reload_start, t.reload_end))
+    for lst in reloads.values():
+        lst.sort()
     for lst in solo_reloads.values():
         lst.sort()
     _pack_offloads(transfers, ready, planned, reloads, solo_reloads, solo)
