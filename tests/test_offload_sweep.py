@@ -77,6 +77,15 @@ def _setting(name, p, m, kw, memory, link_group=2, ot=0.5):
     return ctx, events
 
 
+def _links(ctx, events, levels):
+    """Each (C, host link)'s candidates with their ranks and the rank levels' distinct tops."""
+    for C in range(1, ctx.schedule.chunks + 1):
+        cands, _ = off._candidates(ctx, events, C)
+        for lst in off._by_link(cands).values():
+            ranks = sorted({c.rank for c in lst})
+            yield lst, ranks, sorted({round(lvl, 9) for r in ranks for _, lvl, _ in levels.get(r, [])})
+
+
 @pytest.mark.parametrize("name,p,m,kw,memory", _CASES)
 def test_sweep_tries_the_same_candidates_as_the_scan(name, p, m, kw, memory, monkeypatch):
     ctx, events = _setting(name, p, m, kw, memory)
@@ -91,21 +100,17 @@ def test_sweep_tries_the_same_candidates_as_the_scan(name, p, m, kw, memory, mon
 
     monkeypatch.setattr(off._Covering, "at", counting)
     compared = 0
-    for C in range(1, ctx.schedule.chunks + 1):
-        cands, _ = off._candidates(ctx, events, C)
-        for lst in off._by_link(cands).values():
-            ranks = sorted({c.rank for c in lst})
-            tops = sorted({round(lvl, 9) for r in ranks for _, lvl, _ in levels.get(r, [])})
-            for target in tops[:: max(1, len(tops) // 6)]:
-                for far_first in (False, True):
-                    want = _scan_sweep(lst, ranks, levels, target, far_first)
-                    assert off._sweep_link(lst, ranks, levels, target, far_first) == want
-                    key = (max(want[1].values()), sum(want[1].values()))
-                    for give_up in (key[0] - 1.0, key[0], key[0] + 1.0, -math.inf):
-                        got = off._sweep_link(lst, ranks, levels, target, far_first, give_up)
-                        # given up only where the full sweep neither meets the target nor beats `give_up`
-                        assert got == want if got is not None else key[0] > max(give_up, target + _EPS)
-                    compared += 1
+    for lst, ranks, tops in _links(ctx, events, levels):
+        for target in tops[:: max(1, len(tops) // 6)]:
+            for far_first in (False, True):
+                want = _scan_sweep(lst, ranks, levels, target, far_first)
+                assert off._sweep_link(lst, ranks, levels, target, far_first) == want
+                key = (max(want[1].values()), sum(want[1].values()))
+                for give_up in (key[0] - 1.0, key[0], key[0] + 1.0, -math.inf):
+                    got = off._sweep_link(lst, ranks, levels, target, far_first, give_up)
+                    # given up only where the full sweep neither meets the target nor beats `give_up`
+                    assert got == want if got is not None else key[0] > max(give_up, target + _EPS)
+                compared += 1
     assert compared >= 8 and looked[0] > 0  # the shortcut fires
 
 
@@ -209,19 +214,15 @@ def test_one_try_order_serves_every_target():
     ctx, events = _setting("group-interleaved", 4, 12, {"v": 3, "g": 3}, MemoryDeltas(F=3.0, B=-1.0, W=-2.0))
     levels = off._rank_levels(events)
     compared = 0
-    for C in range(1, ctx.schedule.chunks + 1):
-        cands, _ = off._candidates(ctx, events, C)
-        for lst in off._by_link(cands).values():
-            ranks = sorted({c.rank for c in lst})
-            tops = sorted({round(lvl, 9) for r in ranks for _, lvl, _ in levels.get(r, [])})
-            for far_first in (False, True):
-                order = off._TryOrder(lst, ranks, levels, far_first)
-                before = repr((order.ranks, order.points))
-                for target in tops[:: max(1, len(tops) // 5)]:
-                    got = off._sweep_link(lst, ranks, levels, target, far_first, order=order)
-                    assert got == off._sweep_link(lst, ranks, levels, target, far_first)
-                    compared += got is not None and bool(got[0])  # something placed
-                assert repr((order.ranks, order.points)) == before
+    for lst, ranks, tops in _links(ctx, events, levels):
+        for far_first in (False, True):
+            order = off._TryOrder(lst, ranks, levels, far_first)
+            before = repr((order.ranks, order.points))
+            for target in tops[:: max(1, len(tops) // 5)]:
+                got = off._sweep_link(lst, ranks, levels, target, far_first, order=order)
+                assert got == off._sweep_link(lst, ranks, levels, target, far_first)
+                compared += got is not None and bool(got[0])  # something placed
+            assert repr((order.ranks, order.points)) == before
     assert compared >= 4
 
 
