@@ -66,9 +66,15 @@ def errors(rows: list[dict[str, Any]], *args: float) -> list[float]:
 
 
 def fit(rows: list[dict[str, Any]], half_width: float, hbm: float) -> tuple[float, float, float]:
-    """Least squares, exactly: each relative error is linear in (1 / rate, elementwise_f,
-    elementwise_b), so the minimum solves the 3 × 3 normal equations. Rounded to the profile's
-    precision (1 TFLOP/s, 0.25 passes)."""
+    """:func:`least_squares` rounded to the profile's precision (1 TFLOP/s, 0.25 passes)."""
+    rate, ew_f, ew_b = least_squares(rows, half_width, hbm)
+    return round(rate / 1e12) * 1e12, round(4 * ew_f) / 4, round(4 * ew_b) / 4
+
+
+def least_squares(rows: list[dict[str, Any]], half_width: float, hbm: float) -> tuple[float, float, float]:
+    """(compute_rate FLOP/s, elementwise_f, elementwise_b) minimising the sum of the squared relative
+    errors of every F, B and W of ``rows`` (unrounded). Exact: each relative error is linear in
+    (1 / rate, elementwise_f, elementwise_b), so the minimum solves the 3 × 3 normal equations. O(len(rows))."""
     a: list[list[float]] = []  # one row per op: coefficients of (1/rate, ew_f, ew_b), target 1
     for r in rows:
         flop_ms = 1e3 * (r["w"] + half_width) / r["w"]  # ms per FLOP, times the rate
@@ -82,7 +88,7 @@ def fit(rows: list[dict[str, Any]], half_width: float, hbm: float) -> tuple[floa
                 f = n[k][i] / n[i][i]
                 n[k] = [u - f * v for u, v in zip(n[k], n[i])]
     inv_rate, ew_f, ew_b = (n[i][3] / n[i][i] for i in range(3))
-    return round(1 / inv_rate / 1e12) * 1e12, round(4 * ew_f) / 4, round(4 * ew_b) / 4
+    return 1 / inv_rate, ew_f, ew_b
 
 
 def _show(title: str, rows: list[dict[str, Any]], errs: list[float]) -> None:

@@ -17,6 +17,8 @@ whether each setting's schedules come out in the measured order. Rows, sources a
         # overhead fitted on the fit rows; or --op-overhead zb=FRACTION (analyses, not the calibration)
     python benchmarks/reproduce_measured.py --wave-quantization 128x128  # GEMMs tile- and wave-quantized,
         # the constants re-fit (an analysis: docs/planner.md#calibration)
+    python benchmarks/reproduce_measured.py --fit-stages all  # the three fitted constants by least squares
+        # on every profiled stage (or e.g. 1.5B,6.2B), every row held out (an analysis: docs/planner.md#calibration)
 
 PATH for ``--authors``: a checkout of sail-sg/zero-bubble-pipeline-parallelism at branch ``arxiv`` (the
 paper's version; its ``megatron/core/pipeline_parallel/auto_schedule.py`` is imported from there with a
@@ -37,7 +39,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from pipeoffload.costmodel.hardware import get_hardware  # noqa: E402
-from pipeoffload.costmodel.measured import MEASURED, MEASUREMENT_TIE, Prediction, compare, ranking_agrees  # noqa: E402
+from pipeoffload.costmodel.measured import (MEASURED, MEASUREMENT_TIE, PROFILED_MS, Prediction, compare,  # noqa: E402
+                                            ranking_agrees)
+
+from fit_gpu_profile import least_squares  # noqa: E402  (a sibling script: the one fit of the three constants)
 
 
 
@@ -77,17 +82,19 @@ def markdown(preds: list[Prediction]) -> str:
     return "\n".join(lines)
 
 
-def op_times(hardware: str = "a100-80g") -> str:
-    """The profiled per-stage F, B, W (ms) of the ZB paper beside the cost model's (a middle stage)."""
+def op_times(hardware: Any = "a100-80g", fit_models: tuple[str, ...] | None = None) -> str:
+    """The profiled per-stage F, B, W (ms) of the ZB paper beside the cost model's (a middle stage);
+    ``fit_models`` are labelled "fit" (default: the profile's, ``FIT_MODEL``)."""
     from pipeoffload.costmodel import get_hardware, get_model, pipeline_costs
     from pipeoffload.costmodel.measured import FIT_MODEL, PROFILED_MS
 
     hw = get_hardware(hardware)
+    fit_models = (FIT_MODEL,) if fit_models is None else fit_models
     lines = ["| model | p | fit/held out | T_F measured / ours | T_B | T_W |", "|---|---|---|---|---|---|"]
     for name, (p, tf, tb, tw, _) in PROFILED_MS.items():
         g = pipeline_costs(get_model(name), hw, p, trim_edges=True).groups[p // 2]
         cells = [f"{m:.2f} / {o:.2f} ({o / m - 1:+.1%})" for m, o in ((tf, g.F_ms), (tb, g.B_ms), (tw, g.W_ms))]
-        lines.append(f"| {name} | {p} | {'fit' if name == FIT_MODEL else 'held out'} | " + " | ".join(cells) + " |")
+        lines.append(f"| {name} | {p} | {'fit' if name in fit_models else 'held out'} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -393,6 +400,84 @@ def wave_quantization(hw, name: str) -> str:
     return "\n".join(lines)
 
 
+def profiled_stages(hw, names: tuple[str, ...]) -> list[dict[str, Any]]:
+    """The paper's profiled stages of ``names`` (its Table 6, ``measured.PROFILED_MS``) as
+    ``fit_gpu_profile`` rows: a middle stage's (``p // 2``, as :func:`op_times`) GEMM FLOPs of F, B,
+    W, the bytes F writes, the smallest GEMM dimension, and the profiled T_F, T_B, T_W (ms).
+
+    Raises:
+        ParameterError: no name, or one that is not a profiled stage.
+    """
+    from pipeoffload.costmodel import get_model, pipeline_costs
+    from pipeoffload.costmodel.measured import PROFILED_MS
+    from pipeoffload.errors import ParameterError
+
+    unknown = [n for n in names if n not in PROFILED_MS]
+    if not names or unknown:
+        raise ParameterError("fit_stages", f"profiled stages are {', '.join(PROFILED_MS)} (or 'all'), got "
+                                           f"{', '.join(names) or 'none'}")
+    rows = []
+    for name in names:
+        p, tf, tb, tw, _ = PROFILED_MS[name]
+        model = get_model(name)
+        blk = pipeline_costs(model, hw, p, trim_edges=True).groups[p // 2].block  # layers only: no edge
+        rows.append({"label": name, "w": min(model.tokens, model.hidden), "f": blk.f_flops,
+                     "b": blk.b_flops + blk.recompute_flops, "wf": blk.w_flops, "bytes": blk.traffic_bytes,
+                     "F": tf, "B": tb, "W": tw})
+    return rows
+
+
+def fit_stages(hw, names: tuple[str, ...]):
+    """``hw`` with its three fitted constants (large-GEMM ``compute_rate``, ``elementwise_f``,
+    ``elementwise_b``) replaced by the least-squares fit on the profiled stages ``names``: the
+    values minimising the sum over their T_F, T_B, T_W of (ours / measured − 1)², ours the cost
+    model's op time (FLOPs at ``compute_rate · w/(w + gemm_half_width)`` plus, in F and B, the
+    passes over the bytes F writes at ``hbm_bw``). Exact and unrounded
+    (``fit_gpu_profile.least_squares``: the normal equations); no throughput or memory figure enters."""
+    half = hw.gemm_half_width if hw.shape_efficiency else 0.0
+    rate, ew_f, ew_b = least_squares(profiled_stages(hw, names), half, hw.hbm_bw)
+    return dataclasses.replace(hw, compute_rate=rate, elementwise_f=ew_f, elementwise_b=ew_b)
+
+
+def _largest(preds: list[Prediction], attr: str) -> str:
+    """The largest |``attr``| of ``preds`` and its row."""
+    p = max((p for p in preds if getattr(p, attr) is not None), key=lambda p: abs(getattr(p, attr)))
+    return f"{getattr(p, attr):+.2%} ({p.row.schedule}, {p.row.setting})"
+
+
+def fit_stages_report(hw, names: tuple[str, ...]) -> str:
+    """Op-time residuals and the 93 rows with the three constants fit on the profiled stages ``names``
+    (:func:`fit_stages`): an analysis, the profile unchanged (docs/planner.md#calibration)."""
+    fitted = fit_stages(hw, names)
+    preds = compare(MEASURED, fitted)
+    s = summary(preds)  # its fit / held-out split is the profile's (the 1.5B rows): a comparison
+    shown = [dataclasses.replace(p, row=dataclasses.replace(p.row, fit=False)) for p in preds]  # all held out
+    lines = [f"Three constants by least squares on the relative errors of T_F, T_B, T_W of the profiled stages "
+             f"{', '.join(names)} ({3 * len(names)} numbers); no throughput or memory figure in the fit; "
+             "an analysis, not the calibration (docs/planner.md#calibration)",
+             f"fitted: {fitted.compute_rate / 1e12:.2f} TFLOP/s, passes F {fitted.elementwise_f:.3f} / B "
+             f"{fitted.elementwise_b:.3f} (the profile: {hw.compute_rate / 1e12:.2f}, {hw.elementwise_f:.3f} / "
+             f"{hw.elementwise_b:.3f})", "", op_times(fitted, names), "", markdown(shown), "",
+             synchronised_check(fitted), "",
+             f"largest |error| over the {len(preds)} rows: throughput {_largest(preds, 'throughput_error')}, "
+             f"memory {_largest(preds, 'memory_error')}",
+             f"  1.5B setting rows (the profile's fit rows) throughput {s['fit_throughput']:.2%}, memory "
+             f"{s['fit_memory']:.2%}; the others throughput {s['held_out_throughput']:.2%}, memory "
+             f"{s['held_out_memory']:.2%}",
+             "mean throughput error by runtime: "
+             + ", ".join(f"{rt} {e:+.1%}" for rt, e in s["mean_by_runtime"].items())]
+    return "\n".join(lines + ranking_lines(s))
+
+
+def ranking_lines(s: dict) -> list[str]:
+    """The ranking of :func:`summary` ``s``: settings as measured, strict and with ties, and those that differ."""
+    strict, loose = s["ranking"], s["ranking_ties"]
+    head = (f"schedule ranking as measured in {sum(strict.values())} of {len(strict)} settings; {sum(loose.values())} "
+            f"of {len(loose)} counting measured differences under {MEASUREMENT_TIE:.0%} as ties")
+    return [head] + [f"  differs: {k}{' (only within measured ties)' if loose[k] else ''}"
+                     for k, ok in strict.items() if not ok]
+
+
 def summary(preds: list[Prediction]) -> dict:
     def worst(rows: list[Prediction], attr: str) -> float:
         errs = [abs(getattr(p, attr)) for p in rows if getattr(p, attr) is not None]
@@ -428,6 +513,10 @@ def main() -> int:
     ap.add_argument("--wave-quantization", choices=sorted(WAVE_TILES),
                     help="time every GEMM with its tile and wave quantization at these tiles, the three "
                          "constants re-fit on the fit stage (an analysis, not the calibration's figures)")
+    ap.add_argument("--fit-stages", type=lambda x: tuple(PROFILED_MS) if x == "all" else tuple(x.split(",")),
+                    metavar="all|MODEL,...",
+                    help="fit the three constants by least squares on these profiled stages (Table 6) and "
+                         "evaluate every row held out (an analysis, not the calibration's figures)")
     ap.add_argument("--fit-op-overhead", action="store_true",
                     help="fit the zb runtime's op overhead on the fit rows (mean log error 0) and use it")
     args = ap.parse_args()
@@ -446,6 +535,9 @@ def main() -> int:
                                         else float(value)})
     if args.wave_quantization:
         print(wave_quantization(hw, args.wave_quantization))
+        return 0
+    if args.fit_stages:
+        print(fit_stages_report(hw, args.fit_stages))
         return 0
     overhead = {k: float(v) for k, _, v in (item.partition("=") for item in args.op_overhead)}
     if args.fit_op_overhead:
@@ -467,12 +559,7 @@ def main() -> int:
     print(f"largest |error|: fit rows throughput {s['fit_throughput']:.1%}, memory {s['fit_memory']:.1%}; "
           f"held-out rows throughput {s['held_out_throughput']:.1%}, memory {s['held_out_memory']:.1%}")
     print("mean throughput error by runtime: " + ", ".join(f"{rt} {e:+.1%}" for rt, e in s["mean_by_runtime"].items()))
-    strict, loose = s["ranking"], s["ranking_ties"]
-    print(f"schedule ranking as measured in {sum(strict.values())} of {len(strict)} settings; "
-          f"{sum(loose.values())} of {len(loose)} counting measured differences under {MEASUREMENT_TIE:.0%} as ties")
-    for setting, ok in strict.items():
-        if not ok:
-            print(f"  differs: {setting}{'' if not loose[setting] else ' (only within measured ties)'}")
+    print("\n".join(ranking_lines(s)))
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": [p.to_dict() for p in preds], "summary": s}, indent=1))
     return 0

@@ -423,3 +423,78 @@ def test_wave_quantized_costs_patch_the_gemm_time_only_and_restore():
     hf = rm.head_gemms(m)["F"]
     head = (rm.quantized_flops(hf, tile) - rm.quantized_flops(hf, None)) / rate_ms
     assert slow[-1].F_ms - plain[-1].F_ms == pytest.approx(extra * slow[-1].layers / slow[3].layers + head)
+
+
+def _op_errors(hw) -> list[float]:
+    """Every profiled T_F, T_B, T_W of the paper (Table 6) against the cost model's middle stage under ``hw``."""
+    out = []
+    for name, (p, *ms, _) in PROFILED_MS.items():
+        g = pipeline_costs(get_model(name), hw, p, trim_edges=True).groups[p // 2]
+        out += [o / m - 1 for o, m in zip((g.F_ms, g.B_ms, g.W_ms), ms)]
+    return out
+
+
+def test_fit_stages_is_the_least_squares_minimum_of_the_profiled_op_times():
+    # Issue 26, fourth round (docs/planner.md#calibration): the three constants by least squares on the
+    # relative errors of all 12 profiled op times, checked on the cost model itself (pipeline_costs), not
+    # on the fit's linear form: nudging any constant either way makes the sum of squares larger.
+    rm = load_benchmark("reproduce_measured")
+    fitted = rm.fit_stages(A100, tuple(PROFILED_MS))
+    best = sum(e * e for e in _op_errors(fitted))
+    for field in ("compute_rate", "elementwise_f", "elementwise_b"):
+        for f in (0.999, 1.001):
+            nudged = dataclasses.replace(fitted, **{field: getattr(fitted, field) * f})
+            assert sum(e * e for e in _op_errors(nudged)) > best, (field, f)
+    # On the 1.5B stage alone the fit is the exact re-fit (three numbers, three constants).
+    one = rm.fit_stages(A100, (FIT_MODEL,))
+    exact, _ = rm.wave_op_times(A100, None)
+    for field in ("compute_rate", "elementwise_f", "elementwise_b"):
+        assert getattr(one, field) == pytest.approx(getattr(exact, field), rel=1e-9)
+    with pytest.raises(ParameterError, match="fit_stages"):
+        rm.fit_stages(A100, ("1.5B", "7B"))
+    with pytest.raises(ParameterError, match="fit_stages"):
+        rm.fit_stages(A100, ())
+
+
+def test_fitting_every_profiled_stage_brings_6_2b_closer_and_its_worst_row_under_10_percent():
+    rm = load_benchmark("reproduce_measured")
+    fitted = rm.fit_stages(A100, tuple(PROFILED_MS))
+    assert (fitted.compute_rate / 1e12, fitted.elementwise_f, fitted.elementwise_b) == pytest.approx(
+        (264.05, 4.741, 4.095), abs=0.005)
+    assert max(map(abs, _op_errors(A100))) > 0.03 > 0.025 > max(map(abs, _op_errors(fitted)))
+    # The one row over the issue's 10% with the profile (6.2B/8 GPUs, m = 64, ZB-1p): 9.1% with this fit.
+    row = next(r for r in MEASURED if (r.source, r.model, r.m, r.schedule) == ("ZB Table 4", "6.2B", 64, "ZB-1p"))
+    assert predict(row, A100).throughput_error > 0.10 > predict(row, fitted).throughput_error > 0.085
+
+
+@pytest.mark.bench
+def test_fitting_every_profiled_stage_meets_every_bar_on_the_held_out_rows():
+    # All 93 rows held out (no throughput or memory figure in the fit): within 10% and 10%, ranked
+    # as measured in 21 of 24 settings strictly and 24 with ties; also fitting 1.5B and 6.2B only.
+    rm = load_benchmark("reproduce_measured")
+    for names, thr, mem in ((tuple(PROFILED_MS), 0.0909, 0.0948), (("1.5B", "6.2B"), 0.0862, 0.0600)):
+        s = rm.summary(compare(MEASURED, rm.fit_stages(A100, names)))
+        assert (s["all_throughput"], s["all_memory"]) == pytest.approx((thr, mem), abs=0.0005)
+        assert (sum(s["ranking"].values()), sum(s["ranking_ties"].values()), len(s["ranking"])) == (21, 24, 24)
+
+
+def test_fit_stages_option_reports_every_row_held_out(monkeypatch, capsys):
+    # `reproduce_measured.py --fit-stages all|MODEL,...` (here on the 1.5B rows of the first m and the
+    # ZB-2p rows the synchronised check compares with, for speed).
+    import sys
+
+    rm = load_benchmark("reproduce_measured")
+    first = {"1.5B": 24, "6.2B": 24, "14.6B": 48, "28.3B": 96}
+    rows = [r for r in MEASURED if r.source == "ZB Table 4" and r.m == first[r.model]
+            and (r.model == "1.5B" or r.schedule == "ZB-2p")]
+    monkeypatch.setattr(rm, "MEASURED", rows)
+    monkeypatch.setattr(sys, "argv", ["reproduce_measured.py", "--fit-stages", "all"])
+    assert rm.main() == 0
+    out = capsys.readouterr().out
+    assert "fitted: 264.05 TFLOP/s, passes F 4.741 / B 4.095" in out and "(12 numbers)" in out
+    assert out.count("| held out |") == len(rows) == 7 and "| fit |" not in out.split("| source |")[1]
+    assert out.count("| fit |") == 4  # the op-time table: every profiled stage is in the fit
+    assert rm.fit_stages(A100, ("1.5B", "6.2B")).compute_rate / 1e12 == pytest.approx(260.35, abs=0.005)
+    monkeypatch.setattr(sys, "argv", ["reproduce_measured.py", "--fit-stages", "6.2B,70B"])
+    with pytest.raises(ParameterError, match="fit_stages"):
+        rm.main()
