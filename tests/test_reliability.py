@@ -172,3 +172,21 @@ def test_nonfinite_loss_is_skipped_with_on_nonfinite_skip(tmp_path):
     losses = s["losses"]
     assert losses[1] != losses[1]  # NaN: recorded as it was
     assert all(x == x and abs(x) < 100 for x in (losses[0], losses[2]))  # the update was not applied
+
+
+def test_the_rendezvous_port_is_held_from_before_the_ranks_start():
+    """Spawned ranks join a store whose server the launcher already holds (bound by the kernel
+    to a free port), so nothing can take the port between choosing it and rank 0 listening —
+    the free-port-then-bind race ended a CI run with EADDRINUSE."""
+    import errno
+    import socket
+
+    from pipeoffload.runtime.launcher import PARENT_STORE, parent_store
+
+    store, init = parent_store(5.0)
+    assert init == f"{PARENT_STORE}127.0.0.1:{store.port}"
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        with pytest.raises(OSError) as e:
+            s.bind(("127.0.0.1", store.port))
+    assert e.value.errno == errno.EADDRINUSE
+    del store  # dropping the store frees the port

@@ -43,7 +43,6 @@ import pickle
 import sys
 import re
 import signal
-import socket
 import tempfile
 import time
 import traceback
@@ -128,10 +127,21 @@ def check_external_world(world_size: int, param: str = "world_size") -> None:
                                  "(torchrun sets them)")
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+#: ``init_method`` of locally spawned ranks: the parent holds the rendezvous store's server
+#: (bound to a port the kernel picked, held for the whole run) and each rank joins it as a
+#: client. Picking a free port, closing it and letting rank 0 bind it seconds later, after
+#: the spawned interpreters import torch, lost the port to another process now and then
+#: (EADDRINUSE: any outgoing connection may be given the same ephemeral port).
+PARENT_STORE = "parent-store://"
+
+
+def parent_store(timeout_s: float) -> tuple[dist.TCPStore, str]:
+    """The rendezvous store's server on a localhost port, and the ``init_method`` that
+    makes a rank join it (:data:`PARENT_STORE`). Keep the store referenced until the
+    ranks have exited: dropping it stops the server."""
+    store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=datetime.timedelta(seconds=timeout_s),
+                          wait_for_workers=False)
+    return store, f"{PARENT_STORE}127.0.0.1:{store.port}"
 
 
 def resolve_backend(backend: str, local_world: int) -> str:
@@ -255,7 +265,7 @@ def _spawn_local_ranks(blob: bytes, world_size: int, backend: str,
     """Spawn ``world_size`` local ranks rendezvousing on a free localhost port and
     supervise them until all exit (:func:`_supervise`)."""
     resolved = resolve_backend(backend, world_size)
-    init = f"tcp://127.0.0.1:{free_port()}"
+    store, init = parent_store(init_timeout_s)  # noqa: F841 -- held until the ranks exit
     with tempfile.TemporaryDirectory(prefix="pipeoffload-launch-") as err_dir:
         spawned = mp.start_processes(
             _run_rank,
@@ -441,8 +451,13 @@ def _ensure_process_group(backend: str, init_method: str, rank: int, world_size:
                                  f"this launch needs {world_size}")
         return
     kw: dict[str, Any] = {"device_id": device} if backend == "nccl" else {}
-    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=init_timeout_s), **kw)
+    timeout = datetime.timedelta(seconds=init_timeout_s)
+    if init_method.startswith(PARENT_STORE):  # a spawned rank: join the parent's store
+        host, port = init_method[len(PARENT_STORE):].rsplit(":", 1)
+        kw["store"] = dist.TCPStore(host, int(port), None, False, timeout=timeout)
+    else:
+        kw["init_method"] = init_method
+    dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout, **kw)
     atexit.register(_destroy_at_exit)
 
 
