@@ -7,7 +7,7 @@ process group, ``ctx`` a :class:`DistContext`:
   defaults to ``RANK``) this process is one rank: it joins via ``env://``, after
   checking — before any rendezvous — that ``WORLD_SIZE`` is what the schedule needs;
 - otherwise it spawns ``world_size`` local processes (``torch.multiprocessing``,
-  ``spawn`` start method) rendezvousing on a free localhost port.
+  ``spawn`` start method) rendezvousing on a store the launcher holds on a localhost port.
 
 Backend "auto": NCCL with one GPU per local rank when CUDA has enough devices, else
 gloo on CPU. The process-group timeout (init and collectives) is ``init_timeout_s``.
@@ -262,8 +262,8 @@ def _join_external_launch(fn: Callable[..., Any], world_size: int, args: tuple, 
 
 def _spawn_local_ranks(blob: bytes, world_size: int, backend: str,
                        init_timeout_s: float, threads: int | None, grace_s: float) -> None:
-    """Spawn ``world_size`` local ranks rendezvousing on a free localhost port and
-    supervise them until all exit (:func:`_supervise`)."""
+    """Spawn ``world_size`` local ranks rendezvousing on a store this process holds
+    (:func:`parent_store`) and supervise them until all exit (:func:`_supervise`)."""
     resolved = resolve_backend(backend, world_size)
     store, init = parent_store(init_timeout_s)  # noqa: F841 -- held until the ranks exit
     with tempfile.TemporaryDirectory(prefix="pipeoffload-launch-") as err_dir:
