@@ -230,7 +230,7 @@ def inputs_from(deps: Sequence, rank_of: Sequence[int], codes: list[list[int]], 
     included): one membership test per input instead of the index arithmetic."""
     S = len(deps) // 3
     allowed = [set(c[max(lo, min(q, hi)):]) if hi - lo >= P > 0 and _chains_whole(c, (lo, hi), P, m) else None
-               for c, (lo, hi), q, P in zip(codes, ranges, low, periods)]
+               for c, (lo, hi), q, P in zip(codes, ranges, low, periods, strict=True)]  # one of each per rank
     tails = [set(c[hi:]) if a is None else None for c, (_, hi), a in zip(codes, ranges, allowed)]
     for ops in reading:
         for x in ops:
