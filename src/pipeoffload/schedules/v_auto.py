@@ -78,7 +78,7 @@ from ..passes.steady_timing import PeriodicOrders, exact_costs, periodic_figures
 from .v_grid_lowering import Cell, grid_orders, lower_grid, repeated_grid, time_grid
 from .hole_fill import lex_better
 from .v_reorder_periods import reorder_periodic
-from .vshape import PERIOD, fixed_lowering, unit_peak_bound
+from .vshape import PERIOD, base_lowering, fixed_lowering, unit_peak_bound
 from .w_refill import refill_periodic
 from ..timeline import _clean
 
@@ -405,12 +405,12 @@ def _scan_blocks(pl: Placement, m: int, blocks: list[BuildingBlock], costs: Cost
 
     ranked = []
     for blk in blocks:
-        s = held(reorder_periodic(blk, m, ops))
+        s = held(base_lowering(reorder_periodic, blk, m, ops))
         ranked.append((_key(pl, m, s, costs, memory), len(ranked), blk, s))
     ranked.sort(key=lambda x: (x[0], x[1]))
     for key, _, blk, s in ranked[:REFINE]:
         cands: list[tuple[PeriodicOrders, tuple]] = [(s, key)]
-        s2 = held(periodic_from_block(blk, m, ops))
+        s2 = held(base_lowering(periodic_from_block, blk, m, ops))
         cands.append((s2, _key(pl, m, s2, costs, memory)))
         for base, _k in list(cands):
             # A run refill_periodic leaves out would repeat the one before it (never better).

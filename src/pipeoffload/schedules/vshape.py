@@ -40,20 +40,22 @@ unit lower when ``p % 3 == 2``, and V-ZB's early ranks fill up only once ``m ≥
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from functools import lru_cache
 from typing import Callable, Sequence
 
 from ..costs import Costs, MemoryDeltas
 from ..ir import OpKind, Placement, Schedule, build_schedule
 from .hole_fill import BUDGET as HOLE_BUDGET, fill_holes
-from .building_block import BuildingBlock, chain_slots, op_table, periodic_from_block, place_weight_grads
+from .building_block import BuildingBlock, OpTable, chain_slots, op_table, periodic_from_block, place_weight_grads
 from .spec import ScheduleSpec
 from ..passes.steady_timing import PeriodicOrders, exact_costs, periodic_figures, steady_figures
 from .v_reorder_periods import reorder_periodic
 from .w_refill import refill_periodic
 from .zb_auto import Tracker, lower_bounds
 
-__all__ = ["v_min", "v_half", "v_zb", "v_min_block", "v_half_block", "v_zb_block", "PERIOD", "unit_peak_bound"]
+__all__ = ["v_min", "v_half", "v_zb", "v_min_block", "v_half_block", "v_zb_block", "PERIOD", "unit_peak_bound",
+           "base_lowering"]
 
 F, B = OpKind.F, OpKind.B
 #: Slots per microbatch per rank: F, B, W of two chunks.
@@ -122,6 +124,40 @@ LOWERING_COST = (
     "O(p·m) tuples are written (in C); otherwise on the expanded orders, as above. "
     "Hole filling runs only while its budget can time a trial (6·p·m ≤ 25 000 ops): O(p·m) in all, with the "
     "constant of about six timings (about two with binary-fraction costs)")
+
+
+#: How many base lowerings :func:`base_lowering` remembers (least recently used dropped first).
+BASES_KEPT = 64
+_BASES: "OrderedDict[tuple, PeriodicOrders]" = OrderedDict()
+
+
+def base_lowering(lower: Callable[[BuildingBlock, int, OpTable | None], PeriodicOrders], block: BuildingBlock,
+                  m: int, ops: OpTable | None = None) -> PeriodicOrders:
+    """``lower(block, m, ops)`` — the slot reorder (:func:`.v_reorder_periods.reorder_periodic`)
+    or the building-block pipeline (:func:`.building_block.periodic_from_block`) — remembered
+    by its inputs.
+
+    Both read only the block's slots and ``m``, never the costs, memory deltas or limit,
+    while the lowerings that call them (V-Min's, V-Half's, V-ZB's, V-auto's scan) are
+    asked again under other costs: the planner lowers the same blocks at the same ``m`` for
+    each recompute, TP and SP setting (46 slot reorders of 20 distinct inputs at
+    ``plan --model 98.5B --gpus 64``). The key is the function itself (a stand-in a test
+    patches in is another key), the block's placement, period and slots, and ``m``; ``ops``
+    only lends its tuples (equal values whichever table made them).
+
+    Guarantees: the same orders as calling ``lower`` (a fresh :class:`PeriodicOrders`
+    with fresh row lists each call, so a caller may change them; the ops are immutable
+    tuples). Holds at most :data:`BASES_KEPT` results: each its orders on ``m'``
+    microbatches where the run proved its period (O(p²) ops), else on ``m``."""
+    key = (lower, block.placement, block.period, frozenset(block.slots.items()), m)
+    got = _BASES.get(key)
+    if got is None:
+        got = _BASES[key] = lower(block, m, ops)
+        if len(_BASES) > BASES_KEPT:
+            _BASES.popitem(last=False)
+    else:
+        _BASES.move_to_end(key)
+    return PeriodicOrders([list(r) for r in got.orders], list(got.at), list(got.per), got.extra)
 
 
 def _check(spec: ScheduleSpec) -> None:
@@ -217,7 +253,7 @@ def _lower_block_timed(name: str, block: BuildingBlock, spec: ScheduleSpec,
     ops = op_table(pl, m)  # one tuple per op, shared by every candidate's orders
     # Each candidate is held as its orders on fewer microbatches and where the missing
     # periods go in (PeriodicOrders), timed and refilled there; only the winner is expanded.
-    first = periodic_from_block(block, m, ops)
+    first = base_lowering(periodic_from_block, block, m, ops)
     # Costs the short runs cannot shift under: each candidate expanded once, as it is timed on m
     plain = not exact_costs(pl, spec.costs, spec.memory, first.n_ops())
     if plain:
@@ -225,7 +261,7 @@ def _lower_block_timed(name: str, block: BuildingBlock, spec: ScheduleSpec,
     figures = list(periodic_figures(pl, m, first, spec.costs, spec.memory))
     if _at_bounds(figures, pl, m, spec):
         return first.expand(ops), tuple(figures)  # no candidate could be strictly better, and ties keep the earlier
-    second = reorder_periodic(block, m, ops)
+    second = base_lowering(reorder_periodic, block, m, ops)
     if plain:
         second = PeriodicOrders.plain(second.expand(ops))
     figures2 = list(periodic_figures(pl, m, second, spec.costs, spec.memory))
