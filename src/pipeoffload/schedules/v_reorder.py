@@ -179,7 +179,7 @@ def _input_slots(grid: list[Times], r: int, k: int, j: int) -> list[int]:
 
 
 def _reorder(grid: list[Times], m: int, with_w: bool, period: int = 0,
-             reads: dict[str, int] | None = None) -> list[Times]:
+             reads: dict[str, int] | None = None, levels: "list[_RankLevels] | None" = None) -> list[Times]:
     """Visit ops in slot order; move warm-up (only ``with_w``) and cool-down ops to the
     earliest free slot after their inputs that keeps every rank within the highest
     peak. In place; returns ``grid``.
@@ -193,10 +193,20 @@ def _reorder(grid: list[Times], m: int, with_w: bool, period: int = 0,
     between stay, so only the ops of the warm-up and the cool-down are visited: those
     are found by bisecting each type's slots (increasing), and a slot before the visited
     op is free when no op of its rank is there now (the ops not visited yet are all at
-    later slots)."""
-    cap = max(_peak(r) for r in grid)
+    later slots).
+
+    ``levels``: each rank's :class:`_RankLevels` of ``grid`` (without W lists) when the
+    caller made them already (:func:`.v_reorder_periods._levels_repeat`), else made here;
+    the cap is then their highest level, which is :func:`_peak`'s (the same running
+    levels, from 0)."""
     ntypes = len(grid[0])
-    levels = [_RankLevels(rows, period) for rows in grid] if ntypes == 4 else None
+    if ntypes == 4:
+        if levels is None:
+            levels = [_RankLevels(rows, period) for rows in grid]
+        cap = max(0, *(max(lv.level, default=0) for lv in levels))
+    else:
+        levels = None
+        cap = max(_peak(r) for r in grid)
     p = len(grid)
     n = 1 + max((len(x) for rows in grid for x in rows), default=0)
 
@@ -228,12 +238,43 @@ def _reorder(grid: list[Times], m: int, with_w: bool, period: int = 0,
         k, e = e & 7, e >> 3
         t, r = divmod(e, p)
         rows, here = grid[r], taken[r]
-        deps = _input_slots(grid, r, k, j)
-        if low is not None and t >= t1:  # a cool-down visit: what it reads
-            low = reads["low"] = min([low, t] + deps)  # type: ignore[index]
-        # The free slots between its inputs and it, made as far as the fit reads them.
-        free = (q for q in range(max(deps, default=-1) + 1, t) if q not in here)
-        q = _first_fit(rows, k, j, t, free, cap) if levels is None else levels[r].first_fit(k, t, free, cap)
+        # Its inputs (_input_slots, inline: this loop runs once per warm-up and cool-down op):
+        # the latest bounds where it may go, the earliest is what a cool-down visit reads.
+        hi_dep, lo_dep = -1, t
+        if k == _F0 or k == _B1:
+            if r > 0:
+                hi_dep = lo_dep = grid[r - 1][k][j]
+        elif (k == _F1 or k == _B0) and r + 1 < p:
+            hi_dep = lo_dep = grid[r + 1][k][j]
+        if 0 < k < 4:
+            u = rows[k - 1][j]
+            if u > hi_dep:
+                hi_dep = u
+            if u < lo_dep:
+                lo_dep = u
+        elif k == 4:
+            u = _kth(rows[_B1], rows[_B0], j)
+            if u > hi_dep:
+                hi_dep = u
+            if u < lo_dep:
+                lo_dep = u
+        if j > 0:
+            u = rows[k][j - 1]
+            if u > hi_dep:
+                hi_dep = u
+            if u < lo_dep:
+                lo_dep = u
+        if low is not None and t >= t1 and lo_dep < low:  # a cool-down visit: what it reads
+            low = reads["low"] = lo_dep  # type: ignore[index]
+        if levels is None and _MEM[k] <= 0:
+            # _first_fit's answer for an op that raises no level: the first free slot.
+            q = hi_dep + 1
+            while q < t and q in here:
+                q += 1
+        else:
+            # The free slots between its inputs and it, made as far as the fit reads them.
+            free = (q for q in range(hi_dep + 1, t) if q not in here)
+            q = _first_fit(rows, k, j, t, free, cap) if levels is None else levels[r].first_fit(k, t, free, cap)
         if q != t:
             here.discard(t)
             here.add(q)
@@ -259,15 +300,23 @@ def _first_fit(rows: Times, k: int, j: int, t: int, free: Iterable[int], cap: in
     if _MEM[k] <= 0:
         return lo
     # The level before slot lo and the changes in lo..t-1, from each type's sorted slots.
-    level = 0
-    window = []
+    level = rises = 0
+    spans = []
     for kk in range(len(rows)):
         d = _MEM[kk]
         if d:
             ts = rows[kk]
             a = bisect_left(ts, lo)
+            b = bisect_left(ts, t, a)
             level += d * a
-            window.extend((u, d) for u in ts[a:bisect_left(ts, t, a)])
+            if d > 0:
+                rises += b - a
+            spans.append((ts, a, b, d))
+    if level + rises < cap:
+        return lo  # no level in lo..t-1 can reach the cap: the loop below would find none at it
+    window = []
+    for ts, a, b, d in spans:
+        window.extend((u, d) for u in ts[a:b])
     # The level is constant between changes: find the last slot in lo..t-1 whose level
     # (after its change) is at the cap; the op fits at the first free slot after it.
     last_full = lo - 1

@@ -250,14 +250,16 @@ def _reordered(grid: list[Times], band: tuple[int, int], small: int, with_w: boo
     if with_w:
         if sum(d * c for d, c in zip((1, 1, 0, 0, -1), _mult(grid[0]))) != 0:
             return None
-    else:
-        lo = _levels_repeat(grid, lo, hi, T)
+    levels = None
+    if not with_w:
+        levels = [_RankLevels(rows, T) for rows in grid]  # (the reorder's own: the grid is not changed between)
+        lo = _levels_repeat(levels, lo, hi, T)
         if lo is None:
             return None
     if hi - lo < 3 * T or min(rows[_F0][-1] for rows in grid) < lo + T:
         return None  # (every rank's last forward, which sets the cool-down's start, a period on)
     reads: dict[str, int] = {}
-    out = _reorder(grid, small, with_w, T, reads)
+    out = _reorder(grid, small, with_w, T, reads, levels)
     t2 = reads.get("t2")
     if t2 is None or t2 < lo + T or reads["low"] < lo + T:
         return None
@@ -265,13 +267,13 @@ def _reordered(grid: list[Times], band: tuple[int, int], small: int, with_w: boo
     return (out, cuts) if cuts is not None else None
 
 
-def _levels_repeat(grid: list[Times], lo: int, hi: int, T: int) -> int | None:
+def _levels_repeat(levels: list[_RankLevels], lo: int, hi: int, T: int) -> int | None:
     """The first ``τ`` from ``lo`` on (period steps, ``τ + 3T ≤ hi``) where every rank's
-    implicit-W state (:class:`.v_reorder._RankLevels`: level, pending W's, last slot) on
-    reaching ``τ + T`` is the one on reaching ``τ``, one period on; None if none."""
+    implicit-W state (``levels``: each rank's :class:`.v_reorder._RankLevels` of the
+    grid; level, pending W's, last slot) on reaching ``τ + T`` is the one on reaching
+    ``τ``, one period on; None if none."""
     states = []
-    for rows in grid:
-        lv = _RankLevels(rows, T)
+    for lv in levels:
         at = []
         for tau in range(lo, hi - 2 * T + 1, T):
             x = bisect_left(lv.events, tau * 8) - 1
