@@ -74,7 +74,7 @@ def test_a_failed_check_falls_back(step: str, monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(vp, step, lambda *args, **kwargs: None)
     runs = _counted(monkeypatch)
     assert vp.reorder_orders(block, m) == full
-    assert runs == [False]
+    assert runs == [False, False]  # the shorter first run, then the run on m', both refused
 
 
 @pytest.mark.parametrize("name", sorted(BLOCKS))
@@ -107,3 +107,35 @@ def test_a_blind_stretch_is_wrong_where_the_checks_refuse(small: int) -> None:
              for i, rows in enumerate(grid)]
     assert blind != vr.full_orders(block, m)
     assert vp.reduced_orders(block, small, m) is None
+
+
+@pytest.mark.parametrize("name", sorted(BLOCKS))
+@pytest.mark.parametrize("p", [2, 4, 7, 12, 24])
+def test_the_shorter_first_run_is_the_run_on_m_prime(name: str, p: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """reorder_periodic runs on shortest_count microbatches first and inserts the periods up
+    to m' (rebased): the same orders on m', insertion points and periods as the run on m'
+    itself (what the timings and refills then run on), and the same expansion; it fails
+    unless the shorter run is taken and proves."""
+    block = BLOCKS[name](p)
+    runs = _counted(monkeypatch)
+    small = vp.reduced_count(block, 10**9)
+    fewer = vp.shortest_count(block, small)
+    assert fewer < small
+    for m in (2 * small, 3 * small + 7):
+        ops = op_table(block.placement, m)
+        got = vp.reorder_periodic(block, m, ops)
+        want = vp.reduced_periodic(block, small, m, ops)
+        assert want is not None
+        assert (got.orders, got.at, got.per, got.extra) == (want.orders, want.at, want.per, want.extra), (p, m)
+        assert got.expand(ops) == vr.full_orders(block, m, ops)
+    assert runs[0::2] == [True, True], runs  # each reorder_periodic: the shorter run proved
+
+
+def test_rebased_inserts_in_two_steps():
+    """Inserting d periods, then the rest after the d-th copy, is inserting them all."""
+    block = v_half_block(6)
+    m = 3 * vp.reduced_count(block, 10**9)
+    got = vp.reduced_periodic(block, vp.reduced_count(block, 10**9), m)
+    for extra in (0, 1, got.extra // 2, got.extra):
+        again = vp.rebased(got, extra)
+        assert again.extra == extra and again.expand() == got.expand()
