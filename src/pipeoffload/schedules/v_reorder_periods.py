@@ -43,7 +43,12 @@ with the periods inserted:
 - The final lowering sorts each rank's slots: its order for ``m`` is the one for ``m'``
   with the ops of one period repeated (:func:`_lower_stretched`).
 
-Cost: the five passes on ``m'`` microbatches (O(p²) for the V blocks), the checks
+The checks read only the reduced run, so a run that proves on ``m''`` microbatches
+gives the orders for every larger count: :func:`reorder_periodic` runs the passes on
+``m'' < m'`` (:func:`shortest_count`) first and inserts ``m' − m''`` periods to hand on
+orders on ``m'``, the count the steady timing and the W refill prove their periods on.
+
+Cost: the five passes on ``m''`` microbatches (O(p²) for the V blocks), the checks
 (O(p) bisections and one C scan per list), and O(p·m) tuples written in C.
 """
 
@@ -72,9 +77,11 @@ def reorder_orders(block: BuildingBlock, m: int, ops: OpTable | None = None) -> 
     chunk units (F +1, W −1) is at most the repeated block's.
 
     When ``m ≥ 2m'`` (``m'`` = :func:`reduced_count`, O(p) for the V
-    blocks) the passes run on ``m'`` microbatches and the orders for ``m`` are theirs with
-    the missing periods inserted, where each pass's check proves that equal
-    (this module): O(p²) Python steps and O(p·m) tuples written in C;
+    blocks) the passes run on ``m'`` microbatches — first on fewer still
+    (:func:`shortest_count`, its periods then inserted up to ``m'``: :func:`rebased`) —
+    and the orders for ``m`` are theirs with the missing periods inserted, where each
+    pass's check proves that equal (this module): O(p²) Python steps and O(p·m) tuples
+    written in C;
     otherwise, or when a check fails, on all ``m`` (same orders).
 
     Cost on all ``m``: O(p·m log m) for the sorts, O(p·m) Python steps for the W placements and the
