@@ -182,7 +182,7 @@ def test_k_independent_of_layers_and_microbatch_and_moves_with_bytes():
     plain = k_from_model(m, A100_PLAIN)
     h100 = HARDWARE["h100-80g"]
     h100_plain = dataclasses.replace(h100, shape_efficiency=False, elementwise_f=0.0, elementwise_b=0.0)
-    assert k_from_model(m, h100_plain) == pytest.approx(plain * (682 / 50) / (265 / 24))
+    assert k_from_model(m, h100_plain) == pytest.approx(plain * (682 / 50) / (260 / 24))  # rate / host link
     assert k_from_model(m, h100) < k_from_model(m, h100_plain)
     # The calibrated profile's elementwise passes and thinner-GEMM rate add compute time: k falls.
     assert k < plain
@@ -309,7 +309,7 @@ GOOD = {"compute_tflops": 300, "hbm_gib": 96, "host_link_gbs": 25, "interstage_g
 
 def test_builtin_hardware():
     assert set(HARDWARE) == {"a100-80g", "h100-80g", "h200", "cpu"}
-    assert (A100.compute_rate, A100.host_bw, A100.host_link_gpus) == (265e12, 24e9, 2)
+    assert (A100.compute_rate, A100.host_bw, A100.host_link_gpus) == (260e12, 24e9, 2)
     h100 = get_hardware("H100-80G")
     assert h100.host_bw == 50e9  # one GPU alone on its link (docs/gpu.md)
     assert get_hardware("h200").hbm_bytes > h100.hbm_bytes
@@ -397,8 +397,8 @@ def test_cli_models_list(capsys):
 def test_cli_models_k(capsys):
     assert main(["models", "--k", "--hardware", "a100-80g", "--model", "llama-70b", "--json"]) == 0
     (row,) = json.loads(capsys.readouterr().out)
-    # PipeOffload's 0.918 at 15 GB/s and 220 TFLOP/s; the profile's B_c is now a large GEMM's 265
-    assert row["k_closed_form"] == pytest.approx(0.918 * 15 / 24 * 265 / 220, abs=0.001)
+    # PipeOffload's 0.918 at 15 GB/s and 220 TFLOP/s; the profile's B_c is now a large GEMM's 260
+    assert row["k_closed_form"] == pytest.approx(0.918 * 15 / 24 * 260 / 220, abs=0.001)
     assert row["k_model"] == pytest.approx(k_from_model(PRESETS["llama-70b"], A100))
     assert main(["models", "--k"]) == 0
     assert "k_closed" in capsys.readouterr().out

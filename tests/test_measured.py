@@ -14,9 +14,10 @@ import pytest
 
 from helpers import load_benchmark
 
-from pipeoffload.costmodel.hardware import (A100_MEMORY_ERROR, A100_THROUGHPUT_ERROR, GiB, HARDWARE,
+from pipeoffload.costmodel.hardware import (A100_HELD_OUT_MEMORY_ERROR, A100_HELD_OUT_THROUGHPUT_ERROR,
+                                            A100_MEMORY_ERROR, A100_THROUGHPUT_ERROR, GiB, HARDWARE,
                                             default_reserve, hardware_from_dict)
-from pipeoffload.costmodel.measured import (FIT_MODEL, MEASURED, PROFILED_MS, MeasuredRow, Prediction, compare,
+from pipeoffload.costmodel.measured import (FIT_MODELS, MEASURED, PROFILED_MS, MeasuredRow, Prediction, compare,
                                             predict, ranking_agrees)
 from pipeoffload.costmodel.model import pipeline_costs
 from pipeoffload.costmodel.presets import get_model
@@ -50,20 +51,29 @@ def _check_errors(preds) -> None:
 
 def test_rows_within_the_stated_calibration_error(preds):
     _check_errors(preds)
-    # The issue's bar is 10%. One held-out row is 0.05 point over it: 6.2B/8 GPUs, m = 64, ZB-1p, since
-    # it times the order the ZB runtime generated (0.2% faster than our zb-auto's on the planner's
-    # inputs; docs/planner.md#calibration). Every other row, and every memory figure, is within 10%.
-    assert A100_MEMORY_ERROR <= 0.10 and A100_THROUGHPUT_ERROR <= 0.1005
+    # The issue's bar is 10% on every row, throughput and memory; the held-out rows' stated figures are
+    # at most the whole table's.
+    assert A100_MEMORY_ERROR <= 0.10 and A100_THROUGHPUT_ERROR <= 0.10
+    assert A100_HELD_OUT_THROUGHPUT_ERROR <= A100_THROUGHPUT_ERROR and A100_HELD_OUT_MEMORY_ERROR <= A100_MEMORY_ERROR
     assert {p.row.source for p in preds} == {"ZB Table 4", "ZB Table 6", "ZB Table 7"}
+    assert {p.row.model for p in preds if p.row.fit} == set(FIT_MODELS)
 
 
 @pytest.mark.bench
 def test_every_row_within_the_stated_calibration_error():
     # All 93 rows (benchmarks/reproduce_measured.py): the stated figures are the largest errors.
+    # The held-out figures (every row outside Table 4's 1.5B and 6.2B settings) likewise.
     preds = compare(MEASURED, A100)
     _check_errors(preds)
     assert max(abs(p.throughput_error or 0) for p in preds) == pytest.approx(A100_THROUGHPUT_ERROR, abs=0.001)
     assert max(abs(p.memory_error or 0) for p in preds) == pytest.approx(A100_MEMORY_ERROR, abs=0.001)
+    held = [p for p in preds if not p.row.fit]
+    assert len(held) == len(preds) - 24  # the two fit settings: 3 m x 4 schedules each
+    worst_thr = max(abs(p.throughput_error or 0) for p in held)
+    worst_mem = max(abs(p.memory_error or 0) for p in held)
+    assert worst_thr <= A100_HELD_OUT_THROUGHPUT_ERROR and worst_mem <= A100_HELD_OUT_MEMORY_ERROR
+    assert (worst_thr, worst_mem) == pytest.approx((A100_HELD_OUT_THROUGHPUT_ERROR, A100_HELD_OUT_MEMORY_ERROR),
+                                                   abs=0.001)
 
 
 def test_table4_rankings_as_measured(preds):
@@ -120,7 +130,7 @@ def _order_of(row, zb_runtime: bool):
 def test_zb_rows_time_the_order_the_zb_runtime_generates():
     # 1.5B/8 GPUs, m = 64: ZB-2p 14.9, ZB-1p 14.2 measured. The ZB runtime generates ZB-1p from
     # uniform (median) op times and its own memory model, p forwards per stage: stage 0 (two layers,
-    # the lightest) runs 8 warm-up forwards, and 173 ms of the iteration are bubble. Our zb-auto on the
+    # the lightest) runs 8 warm-up forwards, and 172 ms of the iteration are bubble. Our zb-auto on the
     # planner's inputs (per-stage times and bytes, the same byte limit on every stage) lets stage 0 run
     # 12 and reaches ZB-2p's steady state (128 ms): with that order ZB-1p and ZB-2p tied, with the
     # runtime's ZB-2p comes out ahead, as measured.
@@ -132,8 +142,8 @@ def test_zb_rows_time_the_order_the_zb_runtime_generates():
         return next(i for i, op in enumerate(sim.schedule.ranks[0]) if op.kind.name == "B")
 
     assert (warmup(runtime), warmup(planner)) == (8, 12)
-    assert runtime.makespan - max(runtime.busy) == pytest.approx(172.9, abs=0.1)
-    assert planner.makespan - max(planner.busy) == pytest.approx(127.9, abs=0.1)
+    assert runtime.makespan - max(runtime.busy) == pytest.approx(171.7, abs=0.1)
+    assert planner.makespan - max(planner.busy) == pytest.approx(128.0, abs=0.1)
     one, two = predict(zb1, A100), predict(zb2, A100)
     assert two.throughput > one.throughput * 1.01 and one.to_dict()["order_from"] == "zb runtime's inputs"
 
@@ -221,11 +231,11 @@ def test_what_ran_in_the_paper_fits_the_budget(preds):
 
 
 def test_op_times_of_the_measured_stages():
-    # The ZB paper's profiled stages: the 1.5B one fixed the three fitted constants (within 0.5%);
-    # the other three models are held out (within 3.5%).
+    # The ZB paper's profiled stages: the 1.5B and 6.2B ones fixed the three fitted constants by least
+    # squares (within 2.5%); 14.6B and 28.3B are held out (within 4.5%: 28.3B's W is +4.1%).
     for name, (p, tf, tb, tw, _) in PROFILED_MS.items():
         g = pipeline_costs(get_model(name), A100, p, trim_edges=True).groups[p // 2]
-        tol = 0.005 if name == FIT_MODEL else 0.035
+        tol = 0.025 if name in FIT_MODELS else 0.045
         for ours, measured in ((g.F_ms, tf), (g.B_ms, tb), (g.W_ms, tw)):
             assert ours == pytest.approx(measured, rel=tol), name
 
@@ -329,7 +339,7 @@ def test_synchronised_zb_rows_keep_the_barrier_and_show_the_zb_runtimes_level():
     # The paper's ablation (ZB, ICLR, Appendix E, Table 7): ZB-2p with an all-reduce synchronisation
     # instead of optimizer post-validation, 13.11 against Table 4's 14.5 at 1.5B, m = 24. Its
     # iteration is the planner's (a barrier) even under post_validation=True, and it is over-predicted
-    # by 6% at the fit setting where the Megatron rows are within 0.5%: the ZB runtime's level
+    # by 4.9% at a fit setting where the Megatron rows are within 1.3%: the ZB runtime's level
     # (docs/planner.md#calibration).
     from pipeoffload.costmodel.measured import SYNCHRONISED
 
@@ -338,14 +348,14 @@ def test_synchronised_zb_rows_keep_the_barrier_and_show_the_zb_runtimes_level():
     sync = SYNCHRONISED[0]
     barrier = predict(sync, A100)
     assert predict(sync, A100, post_validation=True).iteration_s == barrier.iteration_s
-    assert 0.055 < barrier.throughput_error < 0.065
+    assert 0.045 < barrier.throughput_error < 0.055
     meg = [predict(r, A100) for r in MEASURED if r.model == "1.5B" and r.m == 24 and r.runtime == "megatron"]
-    assert all(abs(p.throughput_error) < 0.005 for p in meg)
+    assert all(abs(p.throughput_error) < 0.015 for p in meg)
     # post-validation's measured gain at this setting, 10.6%, against our model's
     pv_row = next(r for r in MEASURED if r.model == "1.5B" and r.m == 24 and r.schedule == "ZB-2p")
     gain = predict(pv_row, A100, post_validation=True).throughput / predict(pv_row, A100).throughput - 1
     assert pv_row.throughput / sync.throughput - 1 == pytest.approx(0.106, abs=0.001)
-    assert gain == pytest.approx(0.111, abs=0.002)
+    assert gain == pytest.approx(0.110, abs=0.002)
 
 
 def test_op_overhead_slows_only_its_runtimes_ops_and_keeps_the_order():
@@ -398,8 +408,8 @@ def test_wave_quantization_does_not_bring_the_held_out_op_times_closer():
     largest = {}
     for name, tile in [("none", None)] + list(rm.WAVE_TILES.items()):
         _, errors = rm.wave_op_times(A100, tile)
-        assert max(map(abs, errors[FIT_MODEL])) < 1e-9  # the three constants re-fit exactly
-        largest[name] = max(abs(e) for m, es in errors.items() if m != FIT_MODEL for e in es)
+        assert max(map(abs, errors[rm.WAVE_FIT_MODEL])) < 1e-9  # the three constants re-fit exactly
+        largest[name] = max(abs(e) for m, es in errors.items() if m != rm.WAVE_FIT_MODEL for e in es)
     assert largest["none"] < 0.035
     assert largest["128x128"] > largest["none"] + 0.02 and largest["256x128"] > largest["none"] + 0.05
 
@@ -446,7 +456,7 @@ def test_fit_stages_is_the_least_squares_minimum_of_the_profiled_op_times():
             nudged = dataclasses.replace(fitted, **{field: getattr(fitted, field) * f})
             assert sum(e * e for e in _op_errors(nudged)) > best, (field, f)
     # On the 1.5B stage alone the fit is the exact re-fit (three numbers, three constants).
-    one = rm.fit_stages(A100, (FIT_MODEL,))
+    one = rm.fit_stages(A100, (rm.WAVE_FIT_MODEL,))
     exact, _ = rm.wave_op_times(A100, None)
     for field in ("compute_rate", "elementwise_f", "elementwise_b"):
         assert getattr(one, field) == pytest.approx(getattr(exact, field), rel=1e-9)
@@ -456,15 +466,33 @@ def test_fit_stages_is_the_least_squares_minimum_of_the_profiled_op_times():
         rm.fit_stages(A100, ())
 
 
-def test_fitting_every_profiled_stage_brings_6_2b_closer_and_its_worst_row_under_10_percent():
+def test_the_profile_is_the_least_squares_fit_on_its_fit_stages_rounded():
+    # Issue 26, fifth round (docs/planner.md#calibration): the profile's three constants are the least-
+    # squares fit on the 1.5B and 6.2B stages (260.35 TFLOP/s, 4.589 / 3.979 passes), rounded as
+    # benchmarks/fit_gpu_profile.py rounds the H100 and H200 fits (1 TFLOP/s, 0.25 passes).
+    rm = load_benchmark("reproduce_measured")
+    fgp = load_benchmark("fit_gpu_profile")
+    fitted = rm.fit_stages(A100, FIT_MODELS)
+    assert (fitted.compute_rate / 1e12, fitted.elementwise_f, fitted.elementwise_b) == pytest.approx(
+        (260.35, 4.589, 3.979), abs=0.005)
+    rows = rm.profiled_stages(A100, FIT_MODELS)
+    assert fgp.fit(rows, A100.gemm_half_width, A100.hbm_bw) == (A100.compute_rate, A100.elementwise_f,
+                                                                 A100.elementwise_b) == (260e12, 4.5, 4.0)
+    # The one row over the issue's 10% with the former profile (265 / 4.6 / 4.0, fit on 1.5B alone):
+    # 6.2B/8 GPUs, m = 64, ZB-1p, +10.05%; +8.7% with this one (the largest of the 93 rows).
+    former = dataclasses.replace(A100, compute_rate=265e12, elementwise_f=4.6, elementwise_b=4.0)
+    row = next(r for r in MEASURED if (r.source, r.model, r.m, r.schedule) == ("ZB Table 4", "6.2B", 64, "ZB-1p"))
+    assert predict(row, former).throughput_error > 0.10 > 0.09 > predict(row, A100).throughput_error > 0.085
+    # Every profiled op time within 4.5% (was 3.1% with the former, off by up to 4.1% on a held-out W)
+    assert max(map(abs, _op_errors(former))) < 0.032 and max(map(abs, _op_errors(A100))) < 0.045
+
+
+def test_fitting_every_profiled_stage_brings_every_op_time_within_2_5_percent():
     rm = load_benchmark("reproduce_measured")
     fitted = rm.fit_stages(A100, tuple(PROFILED_MS))
     assert (fitted.compute_rate / 1e12, fitted.elementwise_f, fitted.elementwise_b) == pytest.approx(
         (264.05, 4.741, 4.095), abs=0.005)
     assert max(map(abs, _op_errors(A100))) > 0.03 > 0.025 > max(map(abs, _op_errors(fitted)))
-    # The one row over the issue's 10% with the profile (6.2B/8 GPUs, m = 64, ZB-1p): 9.1% with this fit.
-    row = next(r for r in MEASURED if (r.source, r.model, r.m, r.schedule) == ("ZB Table 4", "6.2B", 64, "ZB-1p"))
-    assert predict(row, A100).throughput_error > 0.10 > predict(row, fitted).throughput_error > 0.085
 
 
 @pytest.mark.bench
