@@ -98,4 +98,4 @@ def test_a_deadlock_keeps_nothing_and_raises_as_simulate() -> None:
     with pytest.raises(ScheduleError) as want:
         simulate(sched, Costs())
     assert str(got.value) == str(want.value)
-    assert timer.runs is None and timer.replays == 0
+    assert timer.runs is None and timer.addresses() is None and timer.replays == 0

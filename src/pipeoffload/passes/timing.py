@@ -724,25 +724,25 @@ def _timed_columns(schedule: Schedule, dur: Sequence[Mapping[OpKind, float]],
     mem_of = [mem[s][k] for k in _TABLE_KINDS for s in range(S)]
     if not all(type(x) is float for x in dur_of + mem_of):  # an int would print as one
         return None
-    addr = memo.addresses if memo is not None else None
+    untimed = memo is not None and _untimed_control(dur_of, comm)
+    replay = untimed and memo.runs is not None  # type: ignore[union-attr]
+    addr = memo.addresses() if replay else _compact_addresses(schedule)  # type: ignore[union-attr]
     if addr is None:
-        addr = _compact_addresses(schedule)
-        if addr is None:
-            return None
+        return None
     ops, tis, mbs, m = addr
     engine = ListScheduler(schedule.placement.stage_to_rank, m, comm, 0.0)
     own_of = _own_of(S)
-    untimed = memo is not None and _untimed_control(dur_of, comm)
-    if untimed and memo.runs is not None:  # type: ignore[union-attr]
+    runs: array | None = None
+    if replay:
         runs = memo.runs  # type: ignore[union-attr]
-        starts, ends = _time_in_runs(engine, tis, mbs, own_of, dur_of, runs)
+        starts, ends = _time_in_runs(engine, tis, mbs, own_of, dur_of, runs)  # type: ignore[arg-type]
         memo.replays += 1  # type: ignore[union-attr]
         n_placed = sum(map(len, tis))
     else:
-        runs = [] if untimed else None
-        starts, ends, n_placed = _time_compact(engine, tis, mbs, own_of, dur_of, runs)
-        if runs is not None and n_placed == sum(map(len, tis)):
-            memo.addresses, memo.runs = addr, runs  # type: ignore[union-attr]
+        recorded: list[tuple[int, int]] | None = [] if untimed else None
+        starts, ends, n_placed = _time_compact(engine, tis, mbs, own_of, dur_of, recorded)
+        if recorded is not None and n_placed == sum(map(len, tis)):
+            runs = memo.keep(addr, recorded)  # type: ignore[union-attr]
     if placed is not None:
         placed.append(engine.end)
     if n_placed < sum(map(len, tis)):
@@ -765,6 +765,10 @@ class OrderTimer:
     planner times a fixed-order schedule once per split and recompute setting that
     share it (98.5B on 64 A100s: half of its timed ops).
 
+    It keeps about 11 bytes per op (the addresses and the runs as ``array('i')``: as
+    lists of ints and tuples they cost ≈ 40, 20 MB more peak RSS for that plan), and
+    makes the addresses' lists again per replay (in C).
+
     :func:`_time_compact`'s control flow reads no time where :func:`_untimed_control`
     holds (which op it places next depends only on the orders and which inputs are
     placed), so the runs of ops it places rank by rank — the event order — are the same
@@ -779,15 +783,31 @@ class OrderTimer:
     ``replays`` counts the timings that replayed the runs.
     """
 
-    __slots__ = ("schedule", "addresses", "runs", "replays")
+    __slots__ = ("schedule", "_addr", "runs", "replays")
 
     def __init__(self, schedule: Schedule) -> None:
         self.schedule = schedule.compute_only()
-        #: :func:`_compact_addresses` of the schedule, once a timing placed every op.
-        self.addresses: tuple[list[Sequence[Op]], list[list[int]], list[list[int]], int] | None = None
-        #: The event runs (rank, ops placed in a row) of that timing.
-        self.runs: list[tuple[int, int]] | None = None
+        #: :func:`_compact_addresses` of the schedule, its int lists as arrays, once a timing
+        #: placed every op.
+        self._addr: tuple[list[Sequence[Op]], list[array], list[array], int] | None = None
+        #: The event runs of that timing, flat: rank, ops placed in a row, rank, …
+        self.runs: array | None = None
         self.replays = 0
+
+    def keep(self, addr: tuple[list[Sequence[Op]], list[list[int]], list[list[int]], int],
+             runs: list[tuple[int, int]]) -> array:
+        """Keep a timing's addresses and runs (it placed every op); the runs, flat."""
+        ops, tis, mbs, m = addr
+        self._addr = (ops, [array("i", t) for t in tis], [array("i", j) for j in mbs], m)
+        self.runs = array("i", [x for run in runs for x in run])
+        return self.runs
+
+    def addresses(self) -> tuple[list[Sequence[Op]], list[list[int]], list[list[int]], int] | None:
+        """The kept :func:`_compact_addresses`, as lists again (None before :meth:`keep`)."""
+        if self._addr is None:
+            return None
+        ops, tis, mbs, m = self._addr
+        return ops, [t.tolist() for t in tis], [j.tolist() for j in mbs], m
 
     def simulate(self, costs: Costs | None = None, memory: MemoryDeltas | None = None,
                  memory_unit: str = "units") -> Timeline:
@@ -797,10 +817,10 @@ class OrderTimer:
 
 
 def _time_in_runs(engine: ListScheduler, tis: Sequence[list[int]], mbs: Sequence[list[int]],
-                  own_of: Sequence[int], dur_of: Sequence[float], runs: Sequence[tuple[int, int]]
+                  own_of: Sequence[int], dur_of: Sequence[float], runs: Sequence[int]
                   ) -> tuple[list[list[float]], list[list[float]]]:
     """:func:`_time_compact` of orders whose event runs are known (``runs``: what it
-    appended for these orders, :class:`OrderTimer`), writing ``engine.end``: each
+    appended for these orders, flat, :class:`OrderTimer`), writing ``engine.end``: each
     rank's starts and ends. Every input is placed before the op that reads it, so no
     op waits; each op's start is computed as there (origin, its inputs' ends plus
     latency in the engine's order, then its rank's clock)."""
@@ -809,7 +829,8 @@ def _time_in_runs(engine: ListScheduler, tis: Sequence[list[int]], mbs: Sequence
     done = [0] * len(tis)
     starts = [[0.0] * len(t) for t in tis]
     ends = [[0.0] * len(t) for t in tis]
-    for r, n in runs:
+    flat = iter(runs)
+    for r, n in zip(flat, flat):
         ti, mb_of, st, en = tis[r], mbs[r], starts[r], ends[r]
         i0 = done[r]
         c = clock[r]
@@ -867,22 +888,25 @@ class _EventOrder:
 
     __slots__ = ("schedule", "comm", "dur_of", "runs")
 
-    def __init__(self, schedule: Schedule, comm: float, dur_of: list[float],
-                 runs: list[tuple[int, int]] | None = None) -> None:
+    def __init__(self, schedule: Schedule, comm: float, dur_of: list[float], runs: array | None = None) -> None:
         self.schedule, self.comm, self.dur_of = schedule, comm, dur_of
-        #: The runs, when the timing recorded or replayed them (:class:`OrderTimer`).
+        #: The runs, flat (rank, count, …), when the timing kept or replayed them
+        #: (:class:`OrderTimer`): the same runs as the engine's, which read no time there.
         self.runs = runs
 
     def __call__(self) -> array:
         schedule = self.schedule
-        runs = self.runs
-        if runs is None:
+        runs: Any
+        if self.runs is None:
             addr = _compact_addresses(schedule)
             assert addr is not None  # it was timed from these addresses
             _, tis, mbs, m = addr
             engine = ListScheduler(schedule.placement.stage_to_rank, m, self.comm, 0.0)
             runs = []
             _time_compact(engine, tis, mbs, _own_of(schedule.num_stages), self.dur_of, runs)
+        else:
+            flat = iter(self.runs)
+            runs = zip(flat, flat)
         order = array("l")
         for r, n in runs:
             order.extend(repeat(r, n))
