@@ -257,3 +257,14 @@ def test_ranks_is_the_flag_and_stages_its_deprecated_spelling(capsys):
         main(["simulate", "--help"])
     help_text = capsys.readouterr().out
     assert "-p P, --ranks P" in help_text and "--stages" not in help_text
+
+
+def test_plan_imports_no_torch():
+    """``pipeoffload plan`` (the planner is pure Python) runs without importing torch: its
+    start-up is the planner's own modules alone (docs/planner.md §4b)."""
+    code = ("import sys\nfrom pipeoffload.cli import main\n"
+            "assert main(['plan', '--model', '1.5B', '--gpus', '8', '--json']) == 0\n"
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')), file=sys.stderr)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.strip().splitlines()[-1] == "[]"

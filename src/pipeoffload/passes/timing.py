@@ -624,14 +624,14 @@ def _timeline_fields(schedule: Schedule, memory_unit: str) -> dict[str, Any]:
 
 
 def _simulate_columns(schedule: Schedule, costs: Costs | None, memory: MemoryDeltas | None, memory_unit: str,
-                      placed: list[list[float]] | None = None) -> Timeline | None:
+                      placed: list[list[float]] | None = None, memo: "OrderTimer | None" = None) -> Timeline | None:
     """:func:`simulate` on compact addresses (:func:`_timed_columns`, whose ``placed``
-    this passes on), or None where that does not apply (then :func:`simulate` takes the
-    general path)."""
+    and ``memo`` this passes on), or None where that does not apply (then
+    :func:`simulate` takes the general path)."""
     costs = costs or Costs()
     memory = memory or MemoryDeltas()
     pl = schedule.placement
-    columns = _timed_columns(schedule, costs.duration_table(pl), memory.delta_table(pl), costs.comm, placed)
+    columns = _timed_columns(schedule, costs.duration_table(pl), memory.delta_table(pl), costs.comm, placed, memo)
     if columns is None:
         return None
     return Timeline.from_columns(schedule.num_ranks, columns, **_timeline_fields(schedule, memory_unit))
@@ -701,7 +701,8 @@ def _compact_from_arrays(schedule: Schedule, compact: CompactOrders
 
 def _timed_columns(schedule: Schedule, dur: Sequence[Mapping[OpKind, float]],
                    mem: Sequence[Mapping[OpKind, float]], comm: float,
-                   placed: list[list[float]] | None = None) -> EventColumns | None:
+                   placed: list[list[float]] | None = None, memo: "OrderTimer | None" = None
+                   ) -> EventColumns | None:
     """:func:`simulate`'s timing as :class:`EventColumns`, without an :class:`Op` lookup
     per op of the durations and deltas nor a :class:`TimedOp`: the same engine and fused
     loop as :func:`run_list_schedule`, the same floats in the same event order. The event
@@ -713,7 +714,9 @@ def _timed_columns(schedule: Schedule, dur: Sequence[Mapping[OpKind, float]],
     and the cases :func:`_compact_addresses` leaves out. ``placed``, when given, gets
     the engine's end table appended (a list of floats, ``-inf`` at an op never placed;
     index ``(code·S + stage)·m' + mb`` with ``m'`` the engine's size: the validator's
-    fused proof reads it). Cost: O(number of ops)."""
+    fused proof reads it). ``memo``, when given, holds ``schedule``'s addresses and
+    event runs once a timing has placed every op, and later timings replay them
+    (:class:`OrderTimer`). Cost: O(number of ops)."""
     if overlap_pairs(schedule):
         return None
     S = schedule.num_stages
@@ -721,19 +724,131 @@ def _timed_columns(schedule: Schedule, dur: Sequence[Mapping[OpKind, float]],
     mem_of = [mem[s][k] for k in _TABLE_KINDS for s in range(S)]
     if not all(type(x) is float for x in dur_of + mem_of):  # an int would print as one
         return None
-    addr = _compact_addresses(schedule)
+    untimed = memo is not None and _untimed_control(dur_of, comm)
+    replay = untimed and memo.runs is not None  # type: ignore[union-attr]
+    addr = memo.addresses() if replay else _compact_addresses(schedule)  # type: ignore[union-attr]
     if addr is None:
         return None
     ops, tis, mbs, m = addr
     engine = ListScheduler(schedule.placement.stage_to_rank, m, comm, 0.0)
-    starts, ends, n_placed = _time_compact(engine, tis, mbs, _own_of(S), dur_of)
+    own_of = _own_of(S)
+    runs: array | None = None
+    if replay:
+        runs = memo.runs  # type: ignore[union-attr]
+        starts, ends = _time_in_runs(engine, tis, mbs, own_of, dur_of, runs)  # type: ignore[arg-type]
+        memo.replays += 1  # type: ignore[union-attr]
+        n_placed = sum(map(len, tis))
+    else:
+        recorded: list[tuple[int, int]] | None = [] if untimed else None
+        starts, ends, n_placed = _time_compact(engine, tis, mbs, own_of, dur_of, recorded)
+        if recorded is not None and n_placed == sum(map(len, tis)):
+            runs = memo.keep(addr, recorded)  # type: ignore[union-attr]
     if placed is not None:
         placed.append(engine.end)
     if n_placed < sum(map(len, tis)):
         return None  # deadlock: run_list_schedule names the cycle
     ends_out = [array("d", en) for en in ends]
     return EventColumns(ops, [array("d", st) for st in starts], ends_out, _Deltas(schedule, mem_of),
-                        _EventOrder(schedule, comm, dur_of), serial=_serial(dur_of, ends_out))
+                        _EventOrder(schedule, comm, dur_of, runs), serial=_serial(dur_of, ends_out))
+
+
+def _untimed_control(dur_of: Sequence[float], comm: float) -> bool:
+    """Whether :func:`_time_compact`'s control flow reads no time with these durations
+    and latency: every one finite and ≥ 0, so every end is ≥ the origin 0.0 and never
+    the "not placed" mark ``-inf``; which op the loop places next then depends only on
+    the orders (which inputs are placed), not on the costs."""
+    return 0.0 <= comm < math.inf and 0.0 <= min(dur_of, default=0.0) and max(dur_of, default=0.0) < math.inf
+
+
+class OrderTimer:
+    """Times one schedule's orders with durations that change from call to call: the
+    planner times a fixed-order schedule once per split and recompute setting that
+    share it (98.5B on 64 A100s: half of its timed ops).
+
+    It keeps about 11 bytes per op (the addresses and the runs as ``array('i')``: as
+    lists of ints and tuples they cost ≈ 40, 20 MB more peak RSS for that plan), and
+    makes the addresses' lists again per replay (in C).
+
+    :func:`_time_compact`'s control flow reads no time where :func:`_untimed_control`
+    holds (which op it places next depends only on the orders and which inputs are
+    placed), so the runs of ops it places rank by rank — the event order — are the same
+    for every such cost table, and each op's inputs are placed before it in them. The
+    first timing that places every op keeps the compact addresses and these runs; each
+    later one replays the runs (:func:`_time_in_runs`), without the engine's checks for
+    unplaced inputs, its waiting and its waking.
+
+    Guarantees: :meth:`simulate` returns ``simulate(schedule.compute_only(), costs,
+    memory, memory_unit)``, float for float and in the same event order (every op gets
+    the max of the same floats, compared in the same order, plus the same duration);
+    ``replays`` counts the timings that replayed the runs.
+    """
+
+    __slots__ = ("schedule", "_addr", "runs", "replays")
+
+    def __init__(self, schedule: Schedule) -> None:
+        self.schedule = schedule.compute_only()
+        #: :func:`_compact_addresses` of the schedule, its int lists as arrays, once a timing
+        #: placed every op.
+        self._addr: tuple[list[Sequence[Op]], list[array], list[array], int] | None = None
+        #: The event runs of that timing, flat: rank, ops placed in a row, rank, …
+        self.runs: array | None = None
+        self.replays = 0
+
+    def keep(self, addr: tuple[list[Sequence[Op]], list[list[int]], list[list[int]], int],
+             runs: list[tuple[int, int]]) -> array:
+        """Keep a timing's addresses and runs (it placed every op); the runs, flat."""
+        ops, tis, mbs, m = addr
+        self._addr = (ops, [array("i", t) for t in tis], [array("i", j) for j in mbs], m)
+        self.runs = array("i", [x for run in runs for x in run])
+        return self.runs
+
+    def addresses(self) -> tuple[list[Sequence[Op]], list[list[int]], list[list[int]], int] | None:
+        """The kept :func:`_compact_addresses`, as lists again (None before :meth:`keep`)."""
+        if self._addr is None:
+            return None
+        ops, tis, mbs, m = self._addr
+        return ops, [t.tolist() for t in tis], [j.tolist() for j in mbs], m
+
+    def simulate(self, costs: Costs | None = None, memory: MemoryDeltas | None = None,
+                 memory_unit: str = "units") -> Timeline:
+        """:func:`simulate` of the schedule (compute ops only) with these costs."""
+        timeline = _simulate_columns(self.schedule, costs, memory, memory_unit, memo=self)
+        return timeline if timeline is not None else simulate(self.schedule, costs, memory, memory_unit)
+
+
+def _time_in_runs(engine: ListScheduler, tis: Sequence[list[int]], mbs: Sequence[list[int]],
+                  own_of: Sequence[int], dur_of: Sequence[float], runs: Sequence[int]
+                  ) -> tuple[list[list[float]], list[list[float]]]:
+    """:func:`_time_compact` of orders whose event runs are known (``runs``: what it
+    appended for these orders, flat, :class:`OrderTimer`), writing ``engine.end``: each
+    rank's starts and ends. Every input is placed before the op that reads it, so no
+    op waits; each op's start is computed as there (origin, its inputs' ends plus
+    latency in the engine's order, then its rank's clock)."""
+    m = engine.num_microbatches
+    deps, clock, origin, end = engine.deps, engine.clock, engine.origin, engine.end
+    done = [0] * len(tis)
+    starts = [[0.0] * len(t) for t in tis]
+    ends = [[0.0] * len(t) for t in tis]
+    flat = iter(runs)
+    for r, n in zip(flat, flat):
+        ti, mb_of, st, en = tis[r], mbs[r], starts[r], ends[r]
+        i0 = done[r]
+        c = clock[r]
+        for i in range(i0, i0 + n):
+            k, mb = ti[i], mb_of[i]
+            own = own_of[k]
+            t = origin
+            for base, latency in deps[own]:
+                e = end[base + mb]
+                e += latency
+                if e > t:
+                    t = e
+            if c > t:
+                t = c
+            st[i] = t
+            en[i] = end[own * m + mb] = c = t + dur_of[k]
+        done[r], clock[r] = i0 + n, c
+    return starts, ends
 
 
 def _own_of(num_stages: int) -> list[int]:
@@ -771,19 +886,27 @@ class _EventOrder:
     the per-table-index durations ``dur_of`` (the engine places the same ops in the same
     order whatever it records)."""
 
-    __slots__ = ("schedule", "comm", "dur_of")
+    __slots__ = ("schedule", "comm", "dur_of", "runs")
 
-    def __init__(self, schedule: Schedule, comm: float, dur_of: list[float]) -> None:
+    def __init__(self, schedule: Schedule, comm: float, dur_of: list[float], runs: array | None = None) -> None:
         self.schedule, self.comm, self.dur_of = schedule, comm, dur_of
+        #: The runs, flat (rank, count, …), when the timing kept or replayed them
+        #: (:class:`OrderTimer`): the same runs as the engine's, which read no time there.
+        self.runs = runs
 
     def __call__(self) -> array:
         schedule = self.schedule
-        addr = _compact_addresses(schedule)
-        assert addr is not None  # it was timed from these addresses
-        _, tis, mbs, m = addr
-        engine = ListScheduler(schedule.placement.stage_to_rank, m, self.comm, 0.0)
-        runs: list[tuple[int, int]] = []
-        _time_compact(engine, tis, mbs, _own_of(schedule.num_stages), self.dur_of, runs)
+        runs: Any
+        if self.runs is None:
+            addr = _compact_addresses(schedule)
+            assert addr is not None  # it was timed from these addresses
+            _, tis, mbs, m = addr
+            engine = ListScheduler(schedule.placement.stage_to_rank, m, self.comm, 0.0)
+            runs = []
+            _time_compact(engine, tis, mbs, _own_of(schedule.num_stages), self.dur_of, runs)
+        else:
+            flat = iter(self.runs)
+            runs = zip(flat, flat)
         order = array("l")
         for r, n in runs:
             order.extend(repeat(r, n))

@@ -35,7 +35,7 @@ from ..costs import Costs, MemoryDeltas
 from ..errors import ParameterError, PipeoffloadError, ScheduleError
 from ..ir import ALL_KINDS, OVERLAP, CompactOrders, OpKind, Placement, Schedule
 from ..passes.issue_policy import paused_gc
-from ..passes.lower import lower
+from ..passes.timing import OrderTimer
 from ..passes.offload import OffloadOptions, OffloadResult, OffloadSession
 from ..timeline import Timeline, _clean, running_peak
 from .bounds import pipeline_bound
@@ -152,6 +152,8 @@ class Simulator:
         self._simulations: dict[tuple[Split, Family, int, bool], Simulated | Refused] = {}
         self._peaks: dict[tuple[Split, Family, int, bool], list[float] | None] = {}
         self._bounds: dict[tuple[Split, Family, int, bool], dict | None] = {}
+        #: Per schedule timed (by identity; the schedule is held with it): its order timer.
+        self._timers: dict[int, tuple[Schedule, OrderTimer]] = {}
         #: The offload session of the last candidate offloaded (:meth:`offload`), by its inputs.
         self._session: tuple[tuple, OffloadSession] | None = None
         self.stats = {"simulations": 0, "offload_plans": 0, "generator_calls": 0}
@@ -262,13 +264,20 @@ class Simulator:
                          busy, peaks, exposed, last_m, len(runs) == 2 or last_m != m)
 
     def _time(self, schedule: Schedule, sh: ShardedCosts) -> Timeline:
-        """``schedule`` timed with ``sh`` (memory in bytes) through :func:`~pipeoffload.passes.lower`;
-        a schedule the timing pass rejects (deadlock) is refused as the generator's fault.
-        Generated schedules are validated by their generator, so ``lower`` does not check them
-        again (``validated=True``: the second check cost about as much as the timing)."""
+        """``schedule`` timed with ``sh`` (memory in bytes): ``lower(schedule, sh.costs, sh.memory,
+        memory_unit="bytes", validated=True).timeline``; a schedule the timing pass rejects
+        (deadlock) is refused as the generator's fault. Generated schedules are validated by
+        their generator, so they are not checked again (the second check cost about as much
+        as the timing). Each schedule's timings go through one
+        :class:`~pipeoffload.passes.timing.OrderTimer`, which replays its first timing's event
+        order for the others (a fixed-order schedule is timed once per split and recompute
+        setting that share it): the same timeline, float for float."""
         self.stats["simulations"] += 1
+        hit = self._timers.get(id(schedule))
+        if hit is None or hit[0] is not schedule:  # the schedule is held, so its id is not reused
+            hit = self._timers[id(schedule)] = (schedule, OrderTimer(schedule))
         try:
-            return lower(schedule, sh.costs, sh.memory, memory_unit="bytes", validated=True).timeline
+            return hit[1].simulate(sh.costs, sh.memory, memory_unit="bytes")
         except ScheduleError as e:
             raise Refused("generator", f"schedule deadlocks: {e}") from None
 
