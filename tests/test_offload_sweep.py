@@ -288,3 +288,31 @@ def test_dependents_from_their_pattern():
             for s in range(S):
                 for j in (0, 1, 7):
                     assert off._dependents((name, s, j), S) == dependents((name, s, j), S)
+
+
+@pytest.mark.parametrize("name,p,m,kw,memory", _CASES + [("dualpipev", 4, 16, {}, None)])
+@pytest.mark.parametrize("postpone", [True, False])
+def test_peak_ceiling_bounds_the_plan(name, p, m, kw, memory, postpone):
+    """``OffloadSession.peak_ceiling(C)``, made without the plan, is at least the plan's highest
+    peak and gives its makespan change exactly, whatever was planned before, and ``host_floor``
+    is at most the plan's host memory on every rank; None where the options are not "skip"
+    with one warm-up setting."""
+    sched = generate(name, p=p, m=m, **kw)
+    costs = Costs(F=1.0, B=2.0, W=1.0, comm=0.05)
+    tl = simulate(sched, costs, memory)
+    fired = []
+    for ot in (0.05, 0.5):
+        opts = off.OffloadOptions(offload_time=ot, on_infeasible="skip", postpone_warmup=postpone)
+        session = off.OffloadSession(sched, tl, comm=costs.comm, options=opts)
+        for C in range(1, sched.chunks + 1):
+            got = session.peak_ceiling(C)
+            res = off.OffloadSession(sched, tl, comm=costs.comm, options=opts).plan(C)
+            assert got is not None and got[0] >= max(res.peak) and got[1] == res.makespan - res.makespan_no_offload
+            floor = session.host_floor(C)  # the host memory the plan holds at least
+            assert all(h >= f - 1e-9 * max(1.0, f) for h, f in zip(res.host_memory, floor))
+            fired.append(max(floor) > 0)
+            assert _fields(session.plan(C)) == _fields(res)  # the ceiling's draft leaves the plan alone
+    assert any(fired)  # some host floor says something
+    for other in (dict(postpone_warmup=None), dict(stash=True), dict(on_infeasible="delay")):
+        opts = off.OffloadOptions(offload_time=0.5, **{"on_infeasible": "skip", "postpone_warmup": True, **other})
+        assert off.OffloadSession(sched, tl, comm=costs.comm, options=opts).peak_ceiling(1) is None

@@ -813,3 +813,64 @@ def test_pending_timings_give_the_same_result(monkeypatch, budget, top, schedule
     assert lazy.stats["simulations"] <= every.stats["simulations"]
     if top == 1:  # the ranking fills in the offload phase: candidates beaten at their bound stay untimed
         assert lazy.stats["simulations"] < every.stats["simulations"]
+
+
+@pytest.mark.parametrize("top", [1, 3])
+def test_fits_proved_without_their_offload_plans_give_the_same_result(monkeypatch, top):
+    # An offload try that the pass's ceiling proves to fit (search._proved_fit) ranks at its exact
+    # time without its plan; the plan is made at the end only where the configuration can be shown.
+    # The result equals the search that plans every try, with fewer offload plans.
+    from pipeoffload.planner import search
+
+    fired = []
+    real = search._proved_fit
+
+    def spy(*a, **k):
+        out = real(*a, **k)
+        fired.append(out is not None)
+        return out
+
+    opts = PlanOptions(po_runtime=True, top=top)
+    monkeypatch.setattr(search, "_proved_fit", spy)
+    lazy = plan("9.6B", "a100-80g", 16, memory_budget=12 * GiB, options=opts)
+    assert any(fired), "no fit was proved: the test checks nothing"
+    monkeypatch.setattr(search, "_proved_fit", lambda *a, **k: None)
+    every = plan("9.6B", "a100-80g", 16, memory_budget=12 * GiB, options=opts)
+    a, b = lazy.to_dict(), every.to_dict()
+    for k in ("offload_plans", "seconds"):
+        a["search"].pop(k), b["search"].pop(k)
+    assert a == b and lazy.table().split("\n")[2:] == every.table().split("\n")[2:]
+    assert any(c.offload_chunks for c in lazy.configs)  # a shown configuration was completed by its plan
+    assert not any(n.startswith("provisional") for c in lazy.configs for n in c.notes)
+    assert lazy.stats["offload_plans"] < every.stats["offload_plans"]
+
+
+def test_refusals_proved_without_their_offload_plans_give_the_same_result(monkeypatch):
+    # An offload try whose pinned host memory is proved over the node's by the pass's host floor
+    # (search._proved_refused) ends its recompute setting's tries without its plan; the refusal is
+    # made at the end only for a family without a configuration, whose rejection reads it. With
+    # 2 GiB of pinned host memory per node every proof is of such a family: the refusals are all
+    # made at the end and the result equals the search that plans every try.
+    import dataclasses
+
+    from pipeoffload.costmodel.hardware import get_hardware
+    from pipeoffload.planner import search
+
+    fired = []
+    real = search._proved_refused
+
+    def spy(*a, **k):
+        fired.append(real(*a, **k))
+        return fired[-1]
+
+    hw = dataclasses.replace(get_hardware("a100-80g"), pinned_host_bytes=2 * GiB)
+    opts = PlanOptions(po_runtime=True, top=3)
+    monkeypatch.setattr(search, "_proved_refused", spy)
+    lazy = plan("9.6B", hw, 16, memory_budget=12 * GiB, options=opts)
+    assert any(fired), "no refusal was proved: the test checks nothing"
+    monkeypatch.setattr(search, "_proved_refused", lambda *a, **k: False)
+    every = plan("9.6B", hw, 16, memory_budget=12 * GiB, options=opts)
+    a, b = lazy.to_dict(), every.to_dict()
+    a["search"].pop("seconds"), b["search"].pop("seconds")
+    assert a == b and lazy.table().split("\n")[2:] == every.table().split("\n")[2:]
+    assert any("offload refused" in r.reason for r in lazy.rejected)

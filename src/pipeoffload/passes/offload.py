@@ -361,6 +361,55 @@ class OffloadSession:
         warm-up and the re-timing check are made once for the bounds and the plans."""
         return _bounds_in(self._ctx, self.options, chunks)
 
+    def peak_ceiling(self, chunks: int) -> tuple[float, float] | None:
+        """``(ceiling, extra)`` for :meth:`plan` of ``chunks`` without making that plan:
+        ``max(plan(chunks).peak) ≤ ceiling`` and ``plan(chunks).makespan −
+        plan(chunks).makespan_no_offload == extra``, float for float. None where it cannot
+        say: options other than an exact C in "skip" mode with one warm-up setting and no
+        stash window or limit (:func:`offload_bounds`' cases), or warm-ups to postpone on a
+        timeline that re-timing does not reproduce (:meth:`plan` then raises).
+
+        Why: there every placement keeps the compute events (no B waits in "skip" mode), so
+        every draft — and :func:`_no_worse_than_fewer_chunks`' plans for fewer chunks — has
+        the same makespan, and the plan kept has the smallest (makespan, highest peak,
+        summed peaks) key: its highest peak is at most any one draft's. The ceiling is the
+        "deadline" draft's (the cheapest placement; 5–10 % of a plan at p = 32)."""
+        o = dataclasses.replace(self.options, offload_chunks=chunks)
+        if not _bounded(o):
+            return None
+        ctx = self._ctx
+        _check_chunks(chunks, ctx.schedule.chunks)
+        if ("ceiling", chunks) not in ctx.memo:
+            got = None
+            try:
+                if o.postpone_warmup:
+                    ctx.check_retimable()
+            except ParameterError:
+                pass
+            else:
+                draft = _plan_with_placement(ctx, chunks, "skip", bool(o.postpone_warmup), _place_by_deadline)
+                assert draft is not None  # "skip" mode never gives up
+                got = (max(draft.peak, default=0.0), draft.makespan - ctx.base_makespan)
+            ctx.memo[("ceiling", chunks)] = got
+        return ctx.memo[("ceiling", chunks)]
+
+    def host_floor(self, chunks: int) -> list[float] | None:
+        """Per rank, host bytes that ``plan(chunks).host_memory[r]`` is at least (up to the
+        rounding of sums taken in other orders): the rank's activation peak without offload on
+        the plan's compute events less :meth:`peak_ceiling`. At that moment the plan's device
+        level is at most the ceiling, and what is not on the device is on the host: a copy
+        holds the host from its offload's start to its reload's end and leaves the device
+        only from the offload's end to the reload's start (a dropped copy stays on the
+        device). None where :meth:`peak_ceiling` is."""
+        got = self.peak_ceiling(chunks)
+        if got is None:
+            return None
+        ctx = self._ctx
+        events = _postponed_warmup(ctx)[0] if self.options.postpone_warmup else ctx.base_events
+        levels = _rank_levels(events)
+        return [max(0.0, max([0.0] + [lvl for _, lvl, _ in levels.get(r, [])]) - got[0])
+                for r in range(ctx.timeline.num_ranks)]
+
 
 def _one_options(options: OffloadOptions | None, given: OffloadOptions) -> OffloadOptions:
     """``options``, or the keywords' ``given`` when None; ParameterError naming

@@ -18,6 +18,9 @@ offload of ``C = 1..v`` chunks (with recompute first), again only while they cou
 top ``options.top``. A candidate whose untimed peaks show that no light recompute setting fits
 is timed only when that phase reaches it at its bound, or at the end for a family without a
 configuration (:attr:`_Candidate.untimed`): the same order, ranking and result as timing it at once.
+An offload try that the pass's ceiling proves to fit ranks at its exact time without its plan
+(:func:`_proved_fit`); the plan is made at the end only where the configuration can be among those
+shown (:func:`_complete_provisional`): the same result with fewer offload plans.
 
 The schedule settings of a split (:func:`~.space.families`) and the order of the offload tries
 (:func:`~.space.offload_tries`) are those of ``pipeoffload best`` (:mod:`pipeoffload.studies.best`):
@@ -71,8 +74,9 @@ class _Candidate:
     pruned: str | None = None  #: why it was not (fully) evaluated
     bound: float = 0.0  #: lower bound of its iteration time, ms
     #: Offload tries proved unable to fit and not made: (index into attempts, into refusals,
-    #: recompute, C or None for all) where they belong; made only if the family ends without a
-    #: configuration.
+    #: recompute, C or None for all, or −C for a try proved to be refused for its pinned host
+    #: memory, :func:`_proved_refused`) where they belong; made only if the family ends without
+    #: a configuration.
     deferred: list[tuple[int, int, Any, int | None]] = field(default_factory=list)
     #: Light recompute settings proved not to fit by their untimed peaks and not timed yet
     #: (:func:`_untimed_misses`): their attempts are made when something reads them
@@ -81,6 +85,10 @@ class _Candidate:
     #: Prunings decided while ``untimed`` was pending, in order; the last applies once the timings
     #: are made and give attempts ("offload" stands for the offload phase's, which quotes them).
     pending_pruned: list[str] = field(default_factory=list)
+    #: ``(recompute, C)`` when ``fit`` is provisional (:func:`_proved_fit`): proved to fit
+    #: with its exact iteration time, its offload plan not made; :func:`_complete_provisional`
+    #: makes it where the configuration can be among those shown.
+    provisional: tuple[Any, int] | None = None
 
     @property
     def where(self) -> str:
@@ -151,6 +159,7 @@ def plan(
                      ranking, light=False, everyone=candidates)
     _complete_untimed(problem, simulator, candidates, ranking)
     _complete_deferred(problem, simulator, candidates)
+    _complete_provisional(problem, simulator, candidates)
     configs = sorted((c.fit for c in candidates if c.fit), key=lambda x: (x.iteration_ms, x.memory.device))
     stats: dict[str, Any] = dict(simulator.stats)
     stats.update(splits=len(splits), splits_rejected=len(rejected_splits), candidates=len(candidates),
@@ -438,6 +447,15 @@ def _offload_variants(problem: Problem, simulator: Simulator, c: _Candidate, rc:
         if prove and not stash and _offload_cannot_fit(problem, simulator, c, rc, chunks, host=True):
             c.deferred.append((len(c.attempts), len(c.refusals), rc, chunks))  # the next C is tried as before
             continue
+        if prove and not stash:
+            cfg = _proved_fit(problem, simulator, c, rc, chunks)
+            if cfg is not None:  # fits, at its exact time: the plan is made only if it can be shown
+                c.provisional = (rc, chunks)
+                ranking.keep(c, cfg)
+                return
+            if _proved_refused(problem, simulator, c, rc, chunks):  # ends ``rc``'s tries, as the refusal would
+                c.deferred.append((len(c.attempts), len(c.refusals), rc, -chunks))
+                return
         try:
             sim, res = simulator.offload(c.split, c.family, c.m, rc, chunks, stash)
             cfg = assemble_offloaded(problem, sim, res, chunks, stash)  # refuses pinned host memory over the node's
@@ -470,6 +488,71 @@ def _offload_cannot_fit(problem: Problem, simulator: Simulator, c: _Candidate, r
     return max(a + b + x for (a, b), x in zip(state, floor)) > problem.budget * (1.0 + _FLOOR_SLACK)
 
 
+def _proved_fit(problem: Problem, simulator: Simulator, c: _Candidate, rc: Any, chunks: int) -> Config | None:
+    """A provisional configuration for ``c``'s offload try of ``chunks`` chunks with ``rc``
+    when that try is proved to fit without its plan, else None (the plan decides).
+
+    Proved: the plan's highest activation peak is at most the pass's ceiling
+    (:meth:`~.simulate.Simulator.offload_ceiling`), so every rank's activations, counted as
+    :func:`~.config.assemble_offloaded` counts them, are at most the ceiling plus what that
+    rank's plain peak grew by between ``m1`` and ``m`` — the same float operations with a
+    larger operand, so no smaller (rounding is monotone) — and with its states within the
+    budget; and its pinned host memory is at most the bounds' ceiling, which the node holds
+    (so the try is not refused). Its iteration time is exact: the plan's makespan change is
+    the ceiling's. So the configuration fits and ranks as the plan would, and only its
+    memory figures (upper bounds here) wait for the plan (:func:`_complete_provisional`)."""
+    bounds = simulator.offload_bounds(c.split, c.family, c.m, rc)
+    if bounds is None or chunks not in bounds:
+        return None
+    host = [x * (1.0 + _FLOOR_SLACK) for x in bounds[chunks][1]]
+    if check_pinned_host(problem.hardware, host, problem.gpus):
+        return None
+    got = simulator.offload_ceiling(c.split, c.family, c.m, rc, chunks)
+    if got is None:
+        return None
+    ceiling, extra = got
+    sim = simulator.simulate(c.split, c.family, c.m, rc)
+    act = [ceiling + max(0.0, b - p0) for b, p0 in zip(sim.act, sim.timeline.peak_memory())]
+    cfg = assemble(problem, sim, chunks, act, host, extra, notes=["provisional: memory figures are upper bounds"])
+    return cfg if cfg.fits else None
+
+
+def _proved_refused(problem: Problem, simulator: Simulator, c: _Candidate, rc: Any, chunks: int) -> bool:
+    """Whether ``c``'s offload try of ``chunks`` chunks with ``rc`` is proved to be refused for its
+    pinned host memory without its plan: the pass's host floor
+    (:meth:`~.simulate.Simulator.offload_host_floor`, less a relative :data:`_FLOOR_SLACK` for
+    the rounding of its sums) is already over what the node holds
+    (:func:`~.hostlink.check_pinned_host`, monotone in every rank's bytes). The refusal ends
+    ``rc``'s tries, as :func:`_offload_variants` ends them; its text (which quotes the plan's
+    host memory) is read only if the family ends without a configuration, and is made then
+    (:func:`_complete_deferred`)."""
+    floor = simulator.offload_host_floor(c.split, c.family, c.m, rc, chunks)
+    if floor is None:
+        return False
+    return check_pinned_host(problem.hardware, [x * (1.0 - _FLOOR_SLACK) for x in floor], problem.gpus) is not None
+
+
+def _complete_provisional(problem: Problem, simulator: Simulator, candidates: list[_Candidate]) -> None:
+    """Replace each provisional configuration (:func:`_proved_fit`) that can be among the
+    ``top`` shown — its time at most the ``top``-th fastest of all that fit, ties included,
+    so that the ties' order by memory is the planned one — by the planned one, where it
+    stood among its candidate's attempts. The others are counted as fitting only; no output
+    reads their memory (their families have a configuration)."""
+    times = sorted(c.fit.iteration_ms for c in candidates if c.fit)
+    top = problem.options.top
+    cut = times[top - 1] if len(times) >= top else math.inf
+    for c in candidates:
+        if c.provisional is None or c.fit is None or c.fit.iteration_ms > cut:
+            continue
+        (rc, chunks), old = c.provisional, c.fit
+        sim, res = simulator.offload(c.split, c.family, c.m, rc, chunks, False)
+        cfg = assemble_offloaded(problem, sim, res, chunks, False)
+        if not cfg.fits or cfg.iteration_ms != old.iteration_ms:
+            raise AssertionError(f"{c.where}: a fit proved without its offload plan differs from the plan")
+        c.attempts[next(i for i, a in enumerate(c.attempts) if a is old)] = cfg
+        c.fit, c.provisional = cfg, None
+
+
 def _complete_deferred(problem: Problem, simulator: Simulator, candidates: list[_Candidate]) -> None:
     """The offload tries :func:`_offload_variants` proved unable to fit and left out, made
     for the candidates of every family without a configuration (whose rejection quotes
@@ -482,6 +565,17 @@ def _complete_deferred(problem: Problem, simulator: Simulator, candidates: list[
             alone = _Candidate(c.split, c.family, c.m)
             if chunks is None:  # every try of ``rc``
                 _offload_variants(problem, simulator, alone, rc, _Ranking(problem.options.top), prove=False)
+            elif chunks < 0:  # one try proved to be refused for its pinned host memory
+                try:
+                    sim, res = simulator.offload(c.split, c.family, c.m, rc, -chunks, False)
+                    assemble_offloaded(problem, sim, res, -chunks, False)
+                except Refused as e:
+                    alone.refusals.append(e.naming(c.where))
+                if not alone.refusals:
+                    raise AssertionError(f"{c.where}: an offload try proved refused is not")
+                c.attempts[at:at] = alone.attempts
+                c.refusals[ref:ref] = alone.refusals
+                continue
             else:  # one try, proved neither to fit nor to be refused
                 sim, res = simulator.offload(c.split, c.family, c.m, rc, chunks, False)
                 alone.attempts.append(assemble_offloaded(problem, sim, res, chunks, False))

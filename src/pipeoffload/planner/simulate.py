@@ -308,6 +308,23 @@ class Simulator:
                 for C, (floor, host) in got.items()}
         return self._bounds[key]
 
+    def offload_ceiling(self, split: Split, family: Family, m: int, recompute: bool,
+                        chunks: int) -> tuple[float, float] | None:
+        """:meth:`~pipeoffload.passes.offload.OffloadSession.peak_ceiling` of :meth:`offload`'s
+        plan for ``chunks`` (no stash window), in the candidate's session, without making the
+        plan: (a highest activation peak on the ``m1`` timeline it does not exceed, its
+        makespan change), or None where the pass cannot say."""
+        with paused_gc():
+            return self._offload_session(split, family, m, recompute, False)[1].peak_ceiling(chunks)
+
+    def offload_host_floor(self, split: Split, family: Family, m: int, recompute: bool,
+                           chunks: int) -> list[float] | None:
+        """:meth:`~pipeoffload.passes.offload.OffloadSession.host_floor` of :meth:`offload`'s
+        plan for ``chunks`` (no stash window), in the candidate's session, without making the
+        plan: per rank, pinned host bytes the plan holds at least; None where the pass cannot say."""
+        with paused_gc():
+            return self._offload_session(split, family, m, recompute, False)[1].host_floor(chunks)
+
     def offload(self, split: Split, family: Family, m: int, recompute: bool, chunks: int,
                 stash: bool = False) -> tuple[Simulated, OffloadResult]:
         """The candidate simulated, and the offload pass's plan for chunks ``0..chunks−1`` of every
