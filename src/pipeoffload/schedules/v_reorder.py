@@ -178,35 +178,12 @@ def _input_slots(grid: list[Times], r: int, k: int, j: int) -> list[int]:
     return deps
 
 
-def _reorder(grid: list[Times], m: int, with_w: bool, period: int = 0,
-             reads: dict[str, int] | None = None, levels: "list[_RankLevels] | None" = None) -> list[Times]:
-    """Visit ops in slot order; move warm-up (only ``with_w``) and cool-down ops to the
-    earliest free slot after their inputs that keeps every rank within the highest
-    peak. In place; returns ``grid``.
-
-    With ``reads``, records for :mod:`.v_reorder_periods`: ``t1`` (the warm-up's end),
-    ``t2`` (the cool-down's first slot, or none), ``low`` (the earliest slot a cool-down
-    visit reads: an input, a free slot, the event before a tried slot).
-
-    The warm-up ends at rank 0's first chunk-0 backward, the cool-down starts after the
-    first chunk-0 forward of the last microbatch from there on (slot order). The ops in
-    between stay, so only the ops of the warm-up and the cool-down are visited: those
-    are found by bisecting each type's slots (increasing), and a slot before the visited
-    op is free when no op of its rank is there now (the ops not visited yet are all at
-    later slots).
-
-    ``levels``: each rank's :class:`_RankLevels` of ``grid`` (without W lists) when the
-    caller made them already (:func:`.v_reorder_periods._levels_repeat`), else made here;
-    the cap is then their highest level, which is :func:`_peak`'s (the same running
-    levels, from 0)."""
-    ntypes = len(grid[0])
-    if ntypes == 4:
-        if levels is None:
-            levels = [_RankLevels(rows, period) for rows in grid]
-        cap = max(0, *(max(lv.level, default=0) for lv in levels))
-    else:
-        levels = None
-        cap = max(_peak(r) for r in grid)
+def _visits(grid: list[Times], m: int, with_w: bool) -> tuple[list[int], int, int, int | None]:
+    """:func:`_reorder`'s visits in slot order, each op as one integer ``((slot·p + rank)·8 +
+    type)·n + microbatch``; ``n``; ``t1``, the warm-up's end (rank 0's first chunk-0
+    backward); ``t2``, the cool-down's first slot (the first chunk-0 forward of the last
+    microbatch after ``t1`` in slot order), or None when there is none. The warm-up's ops
+    (only ``with_w``) and the cool-down's are found by bisecting each type's slots."""
     p = len(grid)
     n = 1 + max((len(x) for rows in grid for x in rows), default=0)
 
@@ -220,7 +197,7 @@ def _reorder(grid: list[Times], m: int, with_w: bool, period: int = 0,
     t2, r2 = divmod(e2 // n >> 3, p) if e2 is not None else (0, 0)
     visit = []
     for r in range(p):
-        for k in range(ntypes):
+        for k in range(len(grid[r])):
             ts = grid[r][k]
             if with_w:
                 visit.extend(key(ts[j], r, k, j) for j in range(bisect_left(ts, t1)))
@@ -228,10 +205,39 @@ def _reorder(grid: list[Times], m: int, with_w: bool, period: int = 0,
                 start = bisect_right(ts, t2) if r <= r2 else bisect_left(ts, t2)
                 visit.extend(key(ts[j], r, k, j) for j in range(start, len(ts)))
     visit.sort()
+    return visit, n, t1, t2 if e2 is not None else None
+
+
+def _reorder(grid: list[Times], m: int, with_w: bool, period: int = 0,
+             reads: dict[str, int] | None = None, levels: "list[_RankLevels] | None" = None) -> list[Times]:
+    """Visit ops in slot order; move warm-up (only ``with_w``) and cool-down ops to the
+    earliest free slot after their inputs that keeps every rank within the highest
+    peak. In place; returns ``grid``.
+
+    With ``reads``, records for :mod:`.v_reorder_periods`: ``t1`` (the warm-up's end),
+    ``t2`` (the cool-down's first slot, or none), ``low`` (the earliest slot a cool-down
+    visit reads: an input, a free slot, the event before a tried slot).
+
+    The ops between the warm-up and the cool-down stay, so only theirs are visited
+    (:func:`_visits`); a slot before the visited op is free when no op of its rank is
+    there now (the ops not visited yet are all at later slots).
+
+    ``levels``: each rank's :class:`_RankLevels` of ``grid`` (without W lists) if the caller
+    made them (:func:`.v_reorder_periods._levels_repeat`), else made here; the cap is then
+    their highest level, :func:`_peak`'s (the same running levels, from 0)."""
+    if len(grid[0]) == 4:
+        if levels is None:
+            levels = [_RankLevels(rows, period) for rows in grid]
+        cap = max(0, *(max(lv.level, default=0) for lv in levels))
+    else:
+        levels = None
+        cap = max(_peak(r) for r in grid)
+    p = len(grid)
+    visit, n, t1, t2 = _visits(grid, m, with_w)
     taken = [{t for ts in rows for t in ts} for rows in grid]  # every op's slot, kept up to date
     low = None
     if reads is not None:
-        reads.update(t1=t1, t2=t2 if e2 is not None else None)
+        reads.update(t1=t1, t2=t2)
         low = reads["low"] = _NO_READ
     for e in visit:
         e, j = divmod(e, n)
