@@ -709,6 +709,20 @@ def test_offload_from_the_simulated_timeline_is_lowers():
             [(e.op, e.start, e.end, e.mem) for e in theirs.timeline.events]
 
 
+def _spy(monkeypatch, module, name: str, seen: list, read=lambda out: out):
+    """Replace ``module.name`` by a wrapper that appends ``read(result)`` of each call to
+    ``seen`` (so a test can check that a shortcut fired); returns the real function."""
+    real = getattr(module, name)
+
+    def spy(*a, **k):
+        out = real(*a, **k)
+        seen.append(read(out))
+        return out
+
+    monkeypatch.setattr(module, name, spy)
+    return real
+
+
 @pytest.mark.parametrize("budget", [5, 6])
 def test_offload_tries_proved_unable_to_fit_give_the_same_result(monkeypatch, budget):
     # The tries the offload floor proves hopeless are skipped during the search and made at the
@@ -717,16 +731,9 @@ def test_offload_tries_proved_unable_to_fit_give_the_same_result(monkeypatch, bu
     # is made in the end; 6 GiB: six configurations fit and the families that have one skip theirs.
     from pipeoffload.planner import search
 
-    proved = []
-    real = search._offload_cannot_fit
-
-    def spy(*a, **k):
-        out = real(*a, **k)
-        proved.append(out)
-        return out
-
+    proved: list = []
     opts = PlanOptions(recompute=(False, True))
-    monkeypatch.setattr(search, "_offload_cannot_fit", spy)
+    _spy(monkeypatch, search, "_offload_cannot_fit", proved)
     fast = plan("1.5B", "a100-80g", 8, memory_budget=budget * GiB, options=opts)
     assert any(proved), "the floor never proved a try hopeless: the test checks nothing"
     monkeypatch.setattr(search, "_offload_cannot_fit", lambda *a, **k: False)
@@ -786,21 +793,14 @@ def test_pending_timings_give_the_same_result(monkeypatch, budget, top, schedule
     # with fewer simulations where the ranking prunes some before they are timed.
     from pipeoffload.planner import search
 
-    pending = []
-    real = search._fits_untimed
-
-    def spy(*a, **k):
-        out = real(*a, **k)
-        pending.append(out is False)
-        return out
-
+    pending: list = []
     opts = PlanOptions(top=top, **({"schedules": schedules} if schedules else {}))
     # Which candidates the ranking prunes depends on the op times; these cases were chosen on the A100
     # profile fit on the 1.5B stage alone (265 TFLOP/s, 4.6 / 4.0 passes), so the test keeps that
     # profile: a re-calibration of a100-80g must not silently leave the shortcut unexercised (with
     # 260 / 4.5 / 4.0 none of the budgets tried, 5 to 12 GiB, prunes a candidate here).
     hw = dataclasses.replace(A100, compute_rate=265e12, elementwise_f=4.6, elementwise_b=4.0)
-    monkeypatch.setattr(search, "_fits_untimed", spy)
+    real = _spy(monkeypatch, search, "_fits_untimed", pending, lambda out: out is False)
     lazy = plan("1.5B", hw, 8, memory_budget=budget * GiB, options=opts)
     assert any(pending), "no candidate's timings were pending: the test checks nothing"
     monkeypatch.setattr(search, "_fits_untimed", lambda *a, **k: real(*a, **k) or None)  # False -> time now
@@ -822,16 +822,9 @@ def test_fits_proved_without_their_offload_plans_give_the_same_result(monkeypatc
     # The result equals the search that plans every try, with fewer offload plans.
     from pipeoffload.planner import search
 
-    fired = []
-    real = search._proved_fit
-
-    def spy(*a, **k):
-        out = real(*a, **k)
-        fired.append(out is not None)
-        return out
-
+    fired: list = []
     opts = PlanOptions(po_runtime=True, top=top)
-    monkeypatch.setattr(search, "_proved_fit", spy)
+    _spy(monkeypatch, search, "_proved_fit", fired, lambda out: out is not None)
     lazy = plan("9.6B", "a100-80g", 16, memory_budget=12 * GiB, options=opts)
     assert any(fired), "no fit was proved: the test checks nothing"
     monkeypatch.setattr(search, "_proved_fit", lambda *a, **k: None)
@@ -856,16 +849,10 @@ def test_refusals_proved_without_their_offload_plans_give_the_same_result(monkey
     from pipeoffload.costmodel.hardware import get_hardware
     from pipeoffload.planner import search
 
-    fired = []
-    real = search._proved_refused
-
-    def spy(*a, **k):
-        fired.append(real(*a, **k))
-        return fired[-1]
-
+    fired: list = []
     hw = dataclasses.replace(get_hardware("a100-80g"), pinned_host_bytes=2 * GiB)
     opts = PlanOptions(po_runtime=True, top=3)
-    monkeypatch.setattr(search, "_proved_refused", spy)
+    _spy(monkeypatch, search, "_proved_refused", fired)
     lazy = plan("9.6B", hw, 16, memory_budget=12 * GiB, options=opts)
     assert any(fired), "no refusal was proved: the test checks nothing"
     monkeypatch.setattr(search, "_proved_refused", lambda *a, **k: False)
