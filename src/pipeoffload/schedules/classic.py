@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from math import gcd
+from array import array
+from itertools import compress
 
 from ..errors import ParameterError
-from ..ir import OpKind, Placement, Schedule, build_schedule
+from ..ir import ALL_KINDS, CompactOrders, OpKind, Placement, Schedule, build_schedule
 from .spec import ScheduleSpec
 
 F, B, W, BW = OpKind.F, OpKind.B, OpKind.W, OpKind.BW
@@ -117,7 +118,14 @@ def group_interleaved(spec: ScheduleSpec) -> Schedule:
     (docs/algorithms.md#24-group-interleaved-1f1b), repeated ⌈m/g⌉ times, microbatches past m dropped; the
     timing pass then squeezes it. Unit-cost peak: g·v + p − g chunk units.
 
-    Cost: O(p·v·m), one step per op.
+    Rank i's ops, by slot (:func:`_gis_slot_order`, the reference's sort): the block's
+    ``u``-th forward (``u = rep·gv + c·g + jj``: repeat, chunk, microbatch in the group) at
+    slot ``3u + i``, its backward and weight gradient at ``3(u + Δ) + i + 1`` and ``+ 2``
+    with ``Δ = g(v−1) + p − 1 − i``: every slot is distinct, so the order is forward ``x``,
+    then backward and W ``x − Δ``, for x = 0, 1, …, each where its microbatch is below m.
+    :func:`_gis_rank` writes those three streams into the compact arrays by slices.
+
+    Cost: O(p·v·m), a few C-level passes over each rank's slots (no sort, no op tuples).
     """
     p, m = spec.p, spec.m
     v = spec.resolve_v(2)
@@ -126,27 +134,49 @@ def group_interleaved(spec: ScheduleSpec) -> Schedule:
     if not gmin <= g <= p:
         raise ParameterError("g", f"group size must satisfy ceil(p/2) <= g <= p, i.e. {gmin}..{p} for p={p}; got {g}")
     pl = Placement.loop(p, v)
-    k = -(-gmin // g)  # ⌈g_min/g⌉ (= 1 over the valid range)
-    period = 3 * g * v
-    shift_every = v // gcd(v, k)
-    per_rank = []
+    # Per block index u (= rep·gv + c·g + jj, every repeat): the microbatch (-1 past m) and
+    # the chunks' first layer groups of its forward and of its backward (rank 0's).
+    n = -(-m // g) * g * v
+    mb_of = [-1 if j >= m else j for j in (u // (g * v) * g + u % g for u in range(n))]
+    f_stage = [(u % (g * v)) // g * p for u in range(n)]
+    b_stage = [(v - 1) * p - s for s in f_stage]
+    kinds, stages, mbs = [], [], []
     for i in range(p):
-        first_b = 3 * k * g * (v - 1) + 3 * g * ((v - 1) // shift_every) + i + 3 * (p - 1 - i) + 1
-        slots: list[tuple[int, int, OpKind, int, int]] = []
-        for rep in range(-(-m // g)):
-            base = rep * period
-            for c in range(v):
-                off = 3 * k * g * c + 3 * g * (c // shift_every)
-                for jj in range(g):
-                    j = rep * g + jj
-                    if j >= m:
-                        continue
-                    f_slot = base + off + 3 * jj + i
-                    b_slot = base + first_b + off + 3 * jj
-                    slots.append((f_slot, 0, F, c * p + i, j))
-                    bs = (v - 1 - c) * p + i
-                    slots.append((b_slot, 1, B, bs, j))
-                    slots.append((b_slot + 1, 2, W, bs, j))
-        slots.sort()
-        per_rank.append([(kind, s, j) for _, _, kind, s, j in slots])
-    return build_schedule("group-interleaved", m, pl, per_rank, p=p, m=m, v=v, g=g)
+        k, s, j = _gis_rank(i, g * (v - 1) + p - 1 - i, mb_of, f_stage, b_stage)
+        kinds.append(k)
+        stages.append(s)
+        mbs.append(j)
+    return compact_schedule("group-interleaved", m, pl, CompactOrders(kinds, stages, mbs), p=p, m=m, v=v, g=g)
+
+
+_F_CODE, _B_CODE, _W_CODE = (ALL_KINDS.index(k) for k in (F, B, W))
+
+
+def compact_schedule(name: str, num_microbatches: int, placement: Placement, compact: CompactOrders,
+                     **params: object) -> Schedule:
+    """The :class:`Schedule` :func:`~pipeoffload.ir.build_schedule` makes of the triples
+    ``compact`` holds (its Op lists made when first read), from the arrays themselves."""
+    sched = Schedule(name, num_microbatches, placement, [], dict(params))
+    sched._ranks, sched._compact = None, compact
+    return sched
+
+
+def _gis_rank(i: int, delta: int, mb_of: list[int], f_stage: list[int], b_stage: list[int]
+              ) -> tuple[array, array, array]:
+    """Rank ``i``'s compact arrays (kind codes, layer groups, microbatches) of
+    :func:`group_interleaved`: position ``3x`` holds forward ``x``, ``3x + 1`` and ``3x + 2``
+    backward and W ``x − delta`` (the slots' order), positions without an op (before the
+    first backward, past the last forward, a microbatch ≥ m) are dropped."""
+    n = len(mb_of)
+    size = 3 * (n + delta)
+    mb = [-1] * size
+    st = [0] * size
+    mb[0:3 * n:3] = mb_of
+    mb[3 * delta + 1::3] = mb_of
+    mb[3 * delta + 2::3] = mb_of
+    st[0:3 * n:3] = map(i.__add__, f_stage)
+    st[3 * delta + 1::3] = st[3 * delta + 2::3] = list(map(i.__add__, b_stage))
+    kd = [_F_CODE, _B_CODE, _W_CODE] * (n + delta)
+    keep = list(map((-1).__ne__, mb))  # (an array fills faster from a list than from an iterator)
+    return (array("b", list(compress(kd, keep))), array("l", list(compress(st, keep))),
+            array("l", list(compress(mb, keep))))
