@@ -44,6 +44,11 @@ class Infeasible(Exception):
     """A greedy variant cannot continue (memory limit, or a rule it cannot keep)."""
 
 
+class _Pruned(Exception):
+    """A greedy run stopped because its longest span is sure to end above a candidate's
+    (:meth:`_AutoGreedy._beyond`): it cannot be the best."""
+
+
 class Tracker(ListScheduler):
     """Places ops of a B/W-split schedule one at a time, each at the end of its
     rank's list and as early as its dependencies allow, and keeps the per-rank
@@ -298,10 +303,12 @@ class _AutoGreedy:
         #: the first): a run for a larger m may start there (:meth:`run`).
         self.checkpoint: _RoundState | None = None
 
-    def run(self, resume: tuple[_RoundState, Tracker] | None = None) -> Tracker:
+    def run(self, resume: tuple[_RoundState, Tracker] | None = None, bound: float | None = None) -> Tracker:
         """The whole run; with ``resume`` (a :attr:`checkpoint` of a run of the same inputs
         and variant for fewer microbatches, and that run's tracker) from that round on: the
-        same tracker, float for float, since every decision before it is the same for both m."""
+        same tracker, float for float, since every decision before it is the same for both m.
+        With ``bound``: raises :class:`_Pruned` after a steady round from which the run's
+        longest span is sure to end above ``bound`` (:meth:`_beyond`)."""
         if resume is None:
             self._first_iteration()
             first_round = 1
@@ -311,12 +318,31 @@ class _AutoGreedy:
             if not self.exhausted:
                 self.checkpoint = self._state(k)
             self._steady_round()
+            if bound is not None and self._beyond(bound):
+                raise _Pruned
         self.exhausted = True
         n_w = self.n_w
         for j in range(self.p):
             while n_w[j] < self.m:
                 self._put(j, W_CODE)
         return self.tracker
+
+    def _beyond(self, bound: float) -> bool:
+        """Whether some started rank's span is sure to end above ``bound``: its clock only
+        grows, by at least each op still to run on it (the rank runs one op at a time), so
+        its last end is at least clock + those durations, less the rounding of ≤ 3m float
+        additions (< 1e-9 relative for m < 10⁶; the ``1 − 1e-9`` factor covers it), and
+        the span, that end minus its fixed first start, is then above ``bound``.
+        Cost: O(p)."""
+        m, tr = self.m, self.tracker
+        first, started = tr.first, tr.started
+        for r, c in enumerate(self.clock):
+            if started[r]:
+                left = (m - self.n_f[r]) * self.dur_f[r] + (m - self.n_b[r]) * self.dur_b[r] + \
+                    (m - self.n_w[r]) * self.dur_w[r]
+                if (c + left) * (1 - 1e-9) - first[r] > bound:
+                    return True
+        return False
 
     # --- placing ------------------------------------------------------------------
     def _put(self, stage: int, code: int) -> None:
@@ -488,24 +514,34 @@ VARIANTS: Sequence[tuple[bool, bool, bool]] = tuple(product((True, False), repea
 
 
 def auto_candidates(
-    p: int, m: int, costs: Costs, memory: MemoryDeltas, limit: float
+    p: int, m: int, costs: Costs, memory: MemoryDeltas, limit: float, bound: float | None = None
 ) -> list[Tracker]:
     """Every variant of the heuristic that respects ``limit`` (possibly none), in the
-    order of :data:`VARIANTS`.
+    order of :data:`VARIANTS`; with ``bound`` (the longest span of a candidate the caller
+    keeps), those of them that can still be the shortest by longest span.
 
     A run records which of its variant's flags its decisions consulted; a later variant
     that differs from a finished run only in flags that run never consulted makes exactly
     the same decisions, so that run's tracker stands for it instead of a second run (the
     list is the same as running every variant; the same object may appear twice).
 
+    With ``bound``, a run stops (is *pruned*) after a round from which its longest span is
+    sure to end above ``bound`` or above a run's before it in this call
+    (:meth:`_AutoGreedy._beyond`), and is left out: its (longest span, makespan) is above
+    theirs, so it is never the first minimum of a list that holds them (zero_bubble's
+    ``_best``). A later variant that agrees with a pruned run on the flags it had consulted
+    makes the same decisions up to there, against a bound no higher: pruned too, not run.
+
     A run for ``m`` starts at the checkpoint of the last call's run of its variant when
     that call had the same inputs and fewer microbatches (:data:`_LAST_CALL`; the planner
     asks for ``m1`` and then ``m2``): no decision before that checkpoint read m
-    (:meth:`_AutoGreedy._more`), so both runs make them alike, float for float. The
+    (:meth:`_AutoGreedy._more`), so both runs make them alike, float for float (a pruned
+    run's checkpoints are its state before it stopped: valid alike). The
     trackers returned must not be changed: the next call may start from their op lists
     and end tables (the callers only read them)."""
     out = []
     done: list[tuple[tuple[bool, bool, bool], _AutoGreedy]] = []
+    pruned: list[tuple[tuple[bool, bool, bool], _AutoGreedy]] = []
     runs: dict[tuple[bool, bool, bool], _AutoGreedy] = {}  # per variant, the run made or standing for it
     key: tuple | None = None
     for variant in VARIANTS:
@@ -514,14 +550,23 @@ def auto_candidates(
             runs[variant] = same
             out.append(same.tracker)
             continue
+        same = next((g for v, g in pruned if all(v[i] == variant[i] for i in g.consulted)), None)
+        if same is not None:
+            runs[variant] = same
+            continue
         greedy = runs[variant] = _AutoGreedy(p, m, costs, memory, limit, variant)
         key = key or _inputs(greedy.tracker)
         try:
-            greedy.run(_resume_point(key, m, variant))
+            greedy.run(_resume_point(key, m, variant), bound)
+        except _Pruned:
+            pruned.append((variant, greedy))
+            continue
         except Infeasible:
             continue
         done.append((variant, greedy))
         out.append(greedy.tracker)
+        if bound is not None:
+            bound = min(bound, greedy.tracker.max_span())
     _LAST_CALL[:] = [(key, m, runs)] if key is not None and 3 * p * m <= _KEEP_OPS else []
     return out
 

@@ -11,6 +11,7 @@ generators (zb-auto, zb-v) minimise the longest span, then the makespan.
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Sequence
 
 from ..errors import ParameterError
@@ -146,18 +147,21 @@ def zb_auto(spec: ScheduleSpec) -> Schedule:
     pl = Placement.loop(p, 1)
     limit = float(spec.mem_limit) if spec.mem_limit is not None else default_limit(pl, spec.memory)
     _check_limit(limit, pl, spec)
-    cands = auto_candidates(p, m, spec.costs, spec.memory, limit)
 
     def fresh() -> Tracker:
         return Tracker(pl, m, spec.costs, spec.memory, limit)
 
-    cands += _replays(fresh, [_h1_order(p, m), _h2_order(p, m)])
+    fixed = _replays(fresh, [_h1_order(p, m), _h2_order(p, m)])
     for window in range(p, 0, -1):  # 1F1B with at most `window` forwards in flight
         one_f_one_b = _handcrafted(p, m, [min(p - r - 1, window - 1, m) for r in range(p)], [0] * p)
         got = _replays(fresh, [one_f_one_b])
         if got:
-            cands += got
+            fixed += got
             break
+    # The fixed orders are timed first: the greedy runs stop once they cannot beat the best of
+    # them (auto_candidates' bound); the list keeps its order (greedy variants first: ties go to them).
+    bound = min((t.max_span() for t in fixed), default=math.inf)  # inf: from the first greedy run on
+    cands = auto_candidates(p, m, spec.costs, spec.memory, limit, bound) + fixed
     if not cands:
         raise ParameterError("mem_limit", f"no schedule keeps every rank within {limit:g}")
     best = _best(cands)
