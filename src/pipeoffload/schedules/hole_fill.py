@@ -215,13 +215,17 @@ class _Search:
                 return None
             return _Timing(tr.end, tr.clock, tr.first)
         S, M, slot = self.num_stages, self.m, self.slot
-        end, clock, first = base.end.copy(), base.clock.copy(), base.first.copy()
-        t0 = end[slot(lists[rank][k - 1])]
+        old, clock, first = base.end, base.clock.copy(), base.first.copy()
+        t0 = old[slot(lists[rank][k - 1])]
+        # A fresh table holding the kept ops' ends (the cuts come early: most ops are placed
+        # again, so copying the kept few beats unmarking the rest of a copy)
+        end = [_NOT_PLACED] * len(old)
         cuts = []
         for q, ops in enumerate(lists):
-            cut = k if q == rank else bisect_right(ops, t0, key=lambda op: end[(op[0] * S + op[1]) * M + op[2]])
-            for c, s, j in ops[cut:]:
-                end[(c * S + s) * M + j] = _NOT_PLACED
+            cut = k if q == rank else bisect_right(ops, t0, key=lambda op: old[(op[0] * S + op[1]) * M + op[2]])
+            for c, s, j in ops[:cut]:
+                at = (c * S + s) * M + j
+                end[at] = old[at]
             clock[q] = end[slot(ops[cut - 1])] if cut else self.origin
             cuts.append(cut)
         self.retimed[0] += 1
@@ -306,13 +310,16 @@ def _gaps(search: _Search, tr: _Timing, lists: list[list[Code]], since: float):
     """(gap start, rank, index of the op after the gap) for every idle gap that ends after
     ``since``, earliest first."""
     out = []
+    S, M, dur, end = search.num_stages, search.m, search.dur, tr.end
+    after = since + 1e-12
     for r, ops in enumerate(lists):
         prev_end = None
-        for i, op in enumerate(ops):
-            st = _start(search, tr, op)
-            if prev_end is not None and st > prev_end + 1e-9 * max(1.0, st) and st > since + 1e-12:
+        for i, (c, s, j) in enumerate(ops):  # _start and slot, inline: the same floats
+            en = end[(c * S + s) * M + j]
+            st = en - dur[s][c]
+            if prev_end is not None and st > prev_end + 1e-9 * max(1.0, st) and st > after:
                 out.append((prev_end, r, i))
-            prev_end = tr.end[search.slot(op)]
+            prev_end = en
     out.sort()
     return out
 
