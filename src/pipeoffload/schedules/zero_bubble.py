@@ -137,7 +137,8 @@ def zb_auto(spec: ScheduleSpec) -> Schedule:
     same costs whenever those fit the limit (at p·F they do when B frees ≥ 0);
     at 2p·F it reaches ZB-2p's near-zero bubble (docs/algorithms.md#82-unit-cost-grid-for-four-stages).
 
-    Cost: 8 greedy variants (those whose runs cannot differ share one run,
+    Cost: 8 greedy variants (those whose runs cannot differ share one run, and a run
+    stops once its longest span is sure to end above the best candidate's so far,
     :func:`.zb_auto.auto_candidates`), ZB-H1, ZB-H2 and up to p narrowed 1F1B replays, each
     O(p·m) ops timed incrementally as they are placed: O(p·m) per candidate, O(p²·m) in
     the worst case (every 1F1B window tried).
