@@ -93,3 +93,50 @@ def test_no_bound_no_pruning(prunes: list[bool]) -> None:
     zb_auto._LAST_CALL.clear()
     auto_candidates(4, 12, costs, memory, default_limit(Placement.loop(4, 1), memory))
     assert prunes == []
+
+
+@settings(deadline=None, max_examples=200)
+@given(rank_costs=costs_st, m=st.integers(1, 20), data=st.data(), b=st.sampled_from([-1.0, -0.25, 0.0, 0.5]),
+       w=st.sampled_from([-0.75, -0.5, 0.0, 0.25]), mult=st.floats(-0.5, 3.0))
+def test_levels_alone_refuse_what_the_replay_refuses(rank_costs, m, data, b, w, mult) -> None:
+    """zero_bubble._over says exactly whether replaying a handcrafted order with the
+    tracker's limit is refused (ZB-H1's and ZB-H2's shapes and every 1F1B window), on
+    per-layer-group deltas of either sign and limits down to below 0."""
+    from pipeoffload.ir import OpKind
+    from pipeoffload.schedules import zero_bubble as zb
+
+    p = len(rank_costs)
+    costs = Costs(comm=0.1, rank_costs=tuple(rank_costs))
+    deltas = [(1.0 + 0.1 * r, b - 0.05 * r, w) for r in range(p)]
+    memory = MemoryDeltas(group_deltas=tuple(deltas))
+    pl = Placement.loop(p, 1)
+    limit = mult * default_limit(pl, memory)
+    window = data.draw(st.integers(1, p))
+    shapes = [zb._h1_shape(p, m), zb._h2_shape(p, m), ([min(p - r - 1, window - 1, m) for r in range(p)], [0] * p)]
+    mem = [(d[OpKind.F], d[OpKind.B], d[OpKind.W]) for d in memory.delta_table(pl)]
+    for warmup, defer in shapes:
+        tr = zb_auto.Tracker(pl, m, costs, memory, limit)
+        try:
+            zb_auto.replay(tr, zb._handcrafted(p, m, warmup, defer))
+            refused = False
+        except zb_auto.Infeasible:
+            refused = True
+        assert zb._over(m, warmup, defer, mem, tr.limit + tr.tol) == refused
+
+
+def test_too_wide_windows_are_not_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At 1F1B's memory (ZB-1p) ZB-H2 and the wider 1F1B windows are refused from the
+    levels: fewer orders are built than tried, and the schedule is the one without it."""
+    from pipeoffload.schedules import zero_bubble as zb
+
+    built: list[int] = []
+    handcrafted = zb._handcrafted
+    monkeypatch.setattr(zb, "_handcrafted", lambda *a: built.append(1) or handcrafted(*a))
+    p, m = 6, 18
+    costs = Costs(comm=0.05, rank_costs=tuple((1.0 + 0.1 * r, 1.7, 0.9) for r in range(p)))
+    memory = MemoryDeltas(F=2.0, B=-0.5, W=-1.5)
+    limit = 0.7 * default_limit(Placement.loop(p, 1), memory)
+    got = _orders(p, m, costs, memory, limit)
+    assert 0 < len(built) <= 2  # ZB-H1 or not, and the one window that fits: the others never built
+    monkeypatch.setattr(zb, "_over", lambda *a: False)
+    assert _orders(p, m, costs, memory, limit) == got

@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 from ..errors import ParameterError
 from ..ir import OpKind, Placement, Schedule, build_schedule
 from .spec import ScheduleSpec
-from .zb_auto import Infeasible, Tracker, auto_candidates, default_limit, lower_bounds, replay
+from .zb_auto import _EPS, Infeasible, Tracker, auto_candidates, default_limit, lower_bounds, replay
 from .zb_v import v_candidates
 
 F, B, W = OpKind.F, OpKind.B, OpKind.W
@@ -50,12 +50,53 @@ def _handcrafted(p: int, m: int, warmup: Sequence[int], defer: Sequence[int]) ->
     return per_rank
 
 
+def _h1_shape(p: int, m: int) -> tuple[list[int], list[int]]:
+    """ZB-H1's (warm-up, defer) per rank for :func:`_handcrafted`."""
+    return [min(p - r - 1, m) for r in range(p)], list(range(p))
+
+
+def _h2_shape(p: int, m: int) -> tuple[list[int], list[int]]:
+    """ZB-H2's (warm-up, defer) per rank for :func:`_handcrafted`."""
+    return [min(2 * (p - r - 1), m) for r in range(p)], [2 * r for r in range(p)]
+
+
 def _h1_order(p: int, m: int) -> Order:
-    return _handcrafted(p, m, [min(p - r - 1, m) for r in range(p)], list(range(p)))
+    return _handcrafted(p, m, *_h1_shape(p, m))
 
 
 def _h2_order(p: int, m: int) -> Order:
-    return _handcrafted(p, m, [min(2 * (p - r - 1), m) for r in range(p)], [2 * r for r in range(p)])
+    return _handcrafted(p, m, *_h2_shape(p, m))
+
+
+def _over(m: int, warmup: Sequence[int], defer: Sequence[int], mem: Sequence[tuple[float, float, float]],
+          cap: float) -> bool:
+    """Whether replaying ``_handcrafted(p, m, warmup, defer)`` (loop placement, per layer
+    group (F, B, W) deltas ``mem``) with a tracker of cap ``cap`` (limit + tol) is refused
+    for memory: some op with a positive delta takes its rank above ``cap``. A rank's level
+    is the running sum of its deltas in its own order whatever the times, so this reads
+    the orders alone, rank by rank, and stops at the first such op (a window too wide for
+    the limit shows on rank 0 within its warm-up); the replay's test, the same floats.
+    (True also means refused when the order would deadlock first.) Cost: O(p·m) at most."""
+    for r, (a, d) in enumerate(zip(warmup, defer)):
+        f, b, w = mem[r]
+        level, nf, nw = 0.0, a, 0
+        for _ in range(a):
+            if f > 0 and not level + f <= cap:
+                return True
+            level += f
+        for k in range(m):
+            steps = ((f, b, w) if k >= d else (f, b)) if nf < m else ((b, w) if k >= d else (b,))
+            nf += nf < m
+            nw += k >= d
+            for x in steps:
+                if x > 0 and not level + x <= cap:
+                    return True
+                level += x
+        for _ in range(m - nw):
+            if w > 0 and not level + w <= cap:
+                return True
+            level += w
+    return False
 
 
 def _loop_v1(spec: ScheduleSpec) -> None:
@@ -152,10 +193,14 @@ def zb_auto(spec: ScheduleSpec) -> Schedule:
     def fresh() -> Tracker:
         return Tracker(pl, m, spec.costs, spec.memory, limit)
 
-    fixed = _replays(fresh, [_h1_order(p, m), _h2_order(p, m)])
+    # An order the levels alone show over the limit is refused without being built (_over)
+    cap = limit + _EPS * max(1.0, abs(limit))  # the tracker's limit + tol: the same floats
+    mem = [(d[F], d[B], d[W]) for d in spec.memory.delta_table(pl)]
+    fixed = _replays(fresh, [_handcrafted(p, m, a, d) for a, d in (_h1_shape(p, m), _h2_shape(p, m))
+                             if not _over(m, a, d, mem, cap)])
     for window in range(p, 0, -1):  # 1F1B with at most `window` forwards in flight
-        one_f_one_b = _handcrafted(p, m, [min(p - r - 1, window - 1, m) for r in range(p)], [0] * p)
-        got = _replays(fresh, [one_f_one_b])
+        warmup = [min(p - r - 1, window - 1, m) for r in range(p)]
+        got = [] if _over(m, warmup, [0] * p, mem, cap) else _replays(fresh, [_handcrafted(p, m, warmup, [0] * p)])
         if got:
             fixed += got
             break
