@@ -118,7 +118,7 @@ def group_interleaved(spec: ScheduleSpec) -> Schedule:
     (docs/algorithms.md#24-group-interleaved-1f1b), repeated ⌈m/g⌉ times, microbatches past m dropped; the
     timing pass then squeezes it. Unit-cost peak: g·v + p − g chunk units.
 
-    Rank i's ops, by slot (:func:`_gis_slot_order`, the reference's sort): the block's
+    Rank i's ops, by slot (the reference's sort; tests/test_group_interleaved_slots.py keeps it): the block's
     ``u``-th forward (``u = rep·gv + c·g + jj``: repeat, chunk, microbatch in the group) at
     slot ``3u + i``, its backward and weight gradient at ``3(u + Δ) + i + 1`` and ``+ 2``
     with ``Δ = g(v−1) + p − 1 − i``: every slot is distinct, so the order is forward ``x``,
