@@ -385,6 +385,8 @@ def test_timed_sessions_and_swept_floors_are_the_checked_ones(fam, p, extra, per
     ctx = checked._ctx
     for events in (ctx.base_events, off._postponed_warmup(ctx)[0]):
         assert off._sweep_floors(ctx, events, chunks) == _sweep_floors_by_events(ctx, events, chunks)
+        levels = off._rank_levels(events)
+        assert off._level_tops(events, p) == [max([0.0] + [x for _, x, _ in levels.get(r, [])]) for r in range(p)]
 
 
 def test_timed_sessions_do_not_retime_and_contexts_keep_the_compact_orders(monkeypatch):
@@ -396,9 +398,9 @@ def test_timed_sessions_do_not_retime_and_contexts_keep_the_compact_orders(monke
     costs = Costs(F=1.0, B=2.0, W=1.0, comm=0.05)
     tl = simulate(sched, costs, MemoryDeltas(F=3.0, B=-1.0, W=-2.0))
     retimed, swept = [], []
-    real_retime, real_levels = off._retime, off._rank_levels
+    real_retime, real_levels = off._retime, off._level_tops
     monkeypatch.setattr(off, "_retime", lambda *a: retimed.append(1) or real_retime(*a))
-    monkeypatch.setattr(off, "_rank_levels", lambda *a: swept.append(1) or real_levels(*a))
+    monkeypatch.setattr(off, "_level_tops", lambda *a: swept.append(1) or real_levels(*a))
     opts = off.OffloadOptions(offload_time=0.4, on_infeasible="skip", postpone_warmup=True)
     session = off.OffloadSession(sched, tl, comm=costs.comm, options=opts, timed=True)
     assert sched.compact is not None  # no Op lists made for the context

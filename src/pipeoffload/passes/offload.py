@@ -88,6 +88,7 @@ from bisect import bisect_left, bisect_right, insort
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import lru_cache
+from operator import attrgetter
 from typing import NamedTuple, Sequence
 
 from ..costs import Costs, MemoryDeltas
@@ -437,11 +438,24 @@ def _top_levels(ctx: "_Context", postpone: bool) -> list[float]:
     key = ("top levels", postpone)
     hit = ctx.memo.get(key)
     if hit is None:
-        events = _postponed_warmup(ctx)[0] if postpone else ctx.base_events
-        levels = _rank_levels(events)
-        hit = ctx.memo[key] = [max([0.0] + [lvl for _, lvl, _ in levels.get(r, [])])
-                               for r in range(ctx.timeline.num_ranks)]
+        hit = ctx.memo[key] = _level_tops(_postponed_warmup(ctx)[0] if postpone else ctx.base_events,
+                                          ctx.timeline.num_ranks)
     return hit
+
+
+def _level_tops(events: list[TimedOp], num_ranks: int) -> list[float]:
+    """Per rank, ``max([0.0] + the levels of _rank_levels(events)[rank])``, swept without
+    its lists: the same changes in the same order, so the same running levels; that list
+    keeps the level after the last change at each time, and the others there are no higher
+    (frees come first and only lower it, allocations only raise it), so the top is the same."""
+    changes: list[list] = [[] for _ in range(num_ranks)]
+    for e in events:
+        mem = e.mem
+        if mem > 0:
+            changes[e.op.rank].append((e.start, ALLOC, mem))
+        elif mem < 0:
+            changes[e.op.rank].append((e.end, FREE, mem))
+    return [_swept_top(ch) for ch in changes]
 
 
 def _one_options(options: OffloadOptions | None, given: OffloadOptions) -> OffloadOptions:
@@ -1218,9 +1232,9 @@ def _postponed_warmup(ctx: _Context) -> tuple[list[TimedOp], dict]:
     would feed back). Made once per call (``ctx.memo``); callers copy, never change it."""
     hit = ctx.memo.get("postponed")
     if hit is None:
-        events = _postpone_warmup(ctx, ctx.base_events)
-        base = {e.op.key: e.start for e in ctx.base_events}
-        hit = ctx.memo["postponed"] = (events, {e.op.key: e.start for e in events if e.start > base[e.op.key]})
+        events = _postpone_warmup(ctx, ctx.base_events)  # event for event the base ones, moved or not
+        hit = ctx.memo["postponed"] = (events, {e.op.key: e.start for e, b in zip(events, ctx.base_events)
+                                                if e.start > b.start})
     return hit
 
 
@@ -1228,10 +1242,10 @@ def _warmup_forwards(events: list[TimedOp]) -> list[tuple[TimedOp, TimedOp | Non
     """Each warm-up F (before its rank's first backward) with the next op on its rank."""
     by_rank: dict[int, list[TimedOp]] = {}
     for e in events:
-        by_rank.setdefault(e.rank, []).append(e)
+        by_rank.setdefault(e.op.rank, []).append(e)
     warm: list[tuple[TimedOp, TimedOp | None]] = []
     for lst in by_rank.values():
-        lst.sort(key=lambda e: e.start)
+        lst.sort(key=_START)
         for i, e in enumerate(lst):
             if e.op.kind is not OpKind.F:
                 if e.op.kind.is_backward:
@@ -1239,6 +1253,9 @@ def _warmup_forwards(events: list[TimedOp]) -> list[tuple[TimedOp, TimedOp | Non
                 continue
             warm.append((e, lst[i + 1] if i + 1 < len(lst) else None))
     return warm
+
+
+_START = attrgetter("start")  #: a timed op's start, in C
 
 
 def _postpone_warmup(ctx: _Context, events: list[TimedOp]) -> list[TimedOp]:

@@ -440,7 +440,8 @@ def _offload_variants(problem: Problem, simulator: Simulator, c: _Candidate, rc:
         c.refusals.append(e.naming(c.where))
         return
     if prove and not any(stash for _, stash in tries) and \
-            _offload_cannot_fit(problem, simulator, c, rc, max(chunks for chunks, _ in tries)):
+            (_offload_cannot_fit(problem, simulator, c, rc, max(chunks for chunks, _ in tries)) or
+             _every_try_hopeless(problem, simulator, c, rc, [chunks for chunks, _ in tries])):
         c.deferred.append((len(c.attempts), len(c.refusals), rc, None))
         return
     for chunks, stash in tries:
@@ -464,6 +465,22 @@ def _offload_variants(problem: Problem, simulator: Simulator, c: _Candidate, rc:
             return
         if ranking.keep(c, cfg):
             return
+
+
+def _every_try_hopeless(problem: Problem, simulator: Simulator, c: _Candidate, rc: Any, chunks: list[int]) -> bool:
+    """Whether every try of ``chunks`` is proved unable to give ``c`` a configuration with
+    ``rc``: its device floor is over the budget (:func:`_offload_cannot_fit`) or its pinned
+    host memory is proved over the node's (:func:`_proved_refused`). Then whichever try is
+    refused first (ending ``rc``'s tries) or none, no try fits: the ranking and what is
+    searched next are those of making them, and only a family without a configuration reads
+    their attempts and refusals (:func:`_complete_deferred` makes them all then, in order).
+    The device floors are read first, then the host floors' caps (no draft), then the floors."""
+    left = [C for C in chunks if not _offload_cannot_fit(problem, simulator, c, rc, C)]
+    for C in left:
+        cap = simulator.offload_host_floor_cap(c.split, c.family, c.m, rc, C)
+        if cap is None or check_pinned_host(problem.hardware, [cap * (1.0 - _FLOOR_SLACK)], problem.gpus) is None:
+            return False  # its host floor cannot be over the node's either
+    return all(_proved_refused(problem, simulator, c, rc, C) for C in left)
 
 
 #: Relative slack of the offload floor's test: the floor's sums run in another order than the
@@ -525,7 +542,12 @@ def _proved_refused(problem: Problem, simulator: Simulator, c: _Candidate, rc: A
     (:func:`~.hostlink.check_pinned_host`, monotone in every rank's bytes). The refusal ends
     ``rc``'s tries, as :func:`_offload_variants` ends them; its text (which quotes the plan's
     host memory) is read only if the family ends without a configuration, and is made then
-    (:func:`_complete_deferred`)."""
+    (:func:`_complete_deferred`). When even the floor's cap
+    (:meth:`~.simulate.Simulator.offload_host_floor_cap`, made without the ceiling's draft)
+    fits the node, the floor cannot prove it (the test is monotone): the draft is not made."""
+    cap = simulator.offload_host_floor_cap(c.split, c.family, c.m, rc, chunks)
+    if cap is None or check_pinned_host(problem.hardware, [cap * (1.0 - _FLOOR_SLACK)], problem.gpus) is None:
+        return False
     floor = simulator.offload_host_floor(c.split, c.family, c.m, rc, chunks)
     if floor is None:
         return False
