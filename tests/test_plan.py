@@ -859,8 +859,10 @@ def test_refusals_proved_without_their_offload_plans_give_the_same_result(monkey
     monkeypatch.setattr(search, "_proved_refused", lambda *a, **k: False)
     every = plan("9.6B", hw, 16, memory_budget=12 * GiB, options=opts)
     a, b = lazy.to_dict(), every.to_dict()
-    a["search"].pop("seconds"), b["search"].pop("seconds")
+    for k in ("offload_plans", "seconds"):  # fewer plans: refusals no rejection quotes get stand-ins
+        a["search"].pop(k), b["search"].pop(k)
     assert a == b and lazy.table().split("\n")[2:] == every.table().split("\n")[2:]
+    assert lazy.stats["offload_plans"] <= every.stats["offload_plans"]
     assert any("offload refused" in r.reason for r in lazy.rejected)
 
 
@@ -915,6 +917,31 @@ def test_recompute_settings_proved_hopeless_give_the_same_result(monkeypatch, pi
     lazy = plan("9.6B", hw, 16, memory_budget=12 * GiB, options=opts)
     assert any(fired), "no recompute setting was proved hopeless: the test checks nothing"
     monkeypatch.setattr(search, "_every_try_hopeless", lambda *a, **k: False)
+    every = plan("9.6B", hw, 16, memory_budget=12 * GiB, options=opts)
+    a, b = lazy.to_dict(), every.to_dict()
+    for k in ("offload_plans", "seconds"):
+        a["search"].pop(k), b["search"].pop(k)
+    assert a == b and lazy.table().split("\n")[2:] == every.table().split("\n")[2:]
+    assert lazy.stats["offload_plans"] < every.stats["offload_plans"]
+
+
+def test_refusals_no_rejection_quotes_are_not_planned(monkeypatch):
+    # search._complete_deferred: a family's rejection quotes only its first offload refusal, so a
+    # deferred try proved refused, on a candidate after one that holds an offload refusal, gets a
+    # stand-in without its plan: the result equals the search that plans them all, with fewer plans.
+    import dataclasses
+
+    from pipeoffload.costmodel.hardware import get_hardware
+    from pipeoffload.planner import search
+
+    hw = dataclasses.replace(get_hardware("a100-80g"), pinned_host_bytes=2 * GiB)
+    opts = PlanOptions(po_runtime=True, top=3)
+    made: list = []
+    real = _spy(monkeypatch, search, "_complete_one", made,
+                lambda out: any("not planned" in r.reason for r in out.refusals))
+    lazy = plan("9.6B", hw, 16, memory_budget=12 * GiB, options=opts)
+    assert any(made), "no stand-in refusal was made: the test checks nothing"
+    monkeypatch.setattr(search, "_complete_one", lambda *a: real(*a[:-1], False))
     every = plan("9.6B", hw, 16, memory_budget=12 * GiB, options=opts)
     a, b = lazy.to_dict(), every.to_dict()
     for k in ("offload_plans", "seconds"):
