@@ -316,3 +316,96 @@ def test_peak_ceiling_bounds_the_plan(name, p, m, kw, memory, postpone):
     for other in (dict(postpone_warmup=None), dict(stash=True), dict(on_infeasible="delay")):
         opts = off.OffloadOptions(offload_time=0.5, **{"on_infeasible": "skip", "postpone_warmup": True, **other})
         assert off.OffloadSession(sched, tl, comm=costs.comm, options=opts).peak_ceiling(1) is None
+
+
+# --- the bounds' context (issue 24, ninth round) -------------------------------------------------
+
+
+def _sweep_floors_by_events(ctx, events, chunks):
+    """The floors and host ceilings as ``_sweep_floors`` made them before: each C reading the
+    events again and sweeping with ``memory_sweep``."""
+    from pipeoffload.ir import OpKind
+    from pipeoffload.timeline import ALLOC, FREE, memory_sweep
+
+    back = {(e.op.stage, e.op.microbatch): e.start for e in events if e.op.kind.is_backward}
+    widen = 1e-6 * max(1.0, abs(ctx.base_makespan))
+    out = {}
+    for C in chunks:
+        changes = [[] for _ in range(ctx.timeline.num_ranks)]
+        held = [[] for _ in range(ctx.timeline.num_ranks)]
+        for e in events:
+            mem, pts = e.mem, changes[e.op.rank]
+            if e.op.kind is OpKind.F and e.op.chunk < C and mem > _EPS:
+                b = back[(e.op.stage, e.op.microbatch)]
+                pts += [(e.start, ALLOC, mem), (e.end, FREE, -mem), (b, ALLOC, mem)]
+                held[e.op.rank] += [(e.end - widen, ALLOC, mem), (b + widen, FREE, -mem)]
+            elif mem > 0:
+                pts.append((e.start, ALLOC, mem))
+            elif mem < 0:
+                pts.append((e.end, FREE, mem))
+        out[C] = ([max([0.0] + [lvl for _, _, lvl in memory_sweep(pts)]) for pts in changes],
+                  [max([0.0] + [lvl for _, _, lvl in memory_sweep(pts)]) for pts in held])
+    return out
+
+
+_FAMILIES = [("1f1b", {}), ("zb-h1", {}), ("interleaved-1f1b", {"v": 2}), ("group-interleaved", {"v": 3, "g": 3}),
+             ("zb-v", {}), ("v-half", {}), ("dualpipev", {})]
+
+
+@settings(deadline=None, max_examples=30)
+@given(fam=st.sampled_from(_FAMILIES), p=st.integers(3, 5), extra=st.integers(0, 6),
+       per_group=st.lists(st.tuples(st.floats(0.3, 3.0), st.floats(0.3, 3.0), st.floats(0.1, 2.0)),
+                          min_size=15, max_size=15),
+       comm=st.sampled_from([0.0, 0.05, 0.3]), whole=st.booleans())
+def test_timed_sessions_and_swept_floors_are_the_checked_ones(fam, p, extra, per_group, comm, whole):
+    """A session told that its timeline is the timing pass's (``timed``, as the planner's are)
+    skips the re-timing check: the check passes on every such timeline (per-layer-group costs,
+    with and without comm), and its bounds, ceilings, host floors and plans equal the checked
+    session's; the host floor's cap is above the floor; ``_sweep_floors`` equals the sweeps made
+    per C from the events, float for float."""
+    name, kw = fam
+    if name == "group-interleaved":
+        kw = {"v": 3, "g": p}
+    sched = generate(name, p=p, m=2 * p + extra, **kw)
+    S = sched.num_stages
+    costs = Costs(comm=comm, group_costs=per_group[:S])
+    memory = MemoryDeltas(F=3.0, B=-1.0, W=-2.0) if whole else MemoryDeltas(F=1.3, B=-0.4, W=-0.9)
+    tl = simulate(sched, costs, memory)
+    opts = off.OffloadOptions(offload_time=0.4, on_infeasible="skip", postpone_warmup=True)
+    checked = off.OffloadSession(sched, tl, comm=comm, options=opts)
+    checked._ctx.check_retimable()  # the timing pass's timeline re-times to itself
+    timed = off.OffloadSession(sched, tl, comm=comm, options=opts, timed=True)
+    chunks = range(1, sched.chunks + 1)
+    assert timed.bounds(chunks) == checked.bounds(chunks)
+    for C in chunks:
+        assert timed.peak_ceiling(C) == checked.peak_ceiling(C)
+        assert timed.host_floor(C) == checked.host_floor(C)
+        assert timed.host_floor_cap(C) >= max(timed.host_floor(C))  # the cap is above every rank's floor
+    assert _fields(timed.plan(sched.chunks)) == _fields(checked.plan(sched.chunks))
+    ctx = checked._ctx
+    for events in (ctx.base_events, off._postponed_warmup(ctx)[0]):
+        assert off._sweep_floors(ctx, events, chunks) == _sweep_floors_by_events(ctx, events, chunks)
+        levels = off._rank_levels(events)
+        assert off._level_tops(events, p) == [max([0.0] + [x for _, x, _ in levels.get(r, [])]) for r in range(p)]
+
+
+def test_timed_sessions_do_not_retime_and_contexts_keep_the_compact_orders(monkeypatch):
+    """The shortcuts fire: a timed session's bounds, ceiling and host floor never re-time the
+    schedule, the host floor's levels are swept once per session, and the context reads a
+    generated schedule's compact orders without making its Op lists."""
+    sched = generate("group-interleaved", p=4, m=12, v=3, g=3).compute_only()
+    assert sched.compact is not None
+    costs = Costs(F=1.0, B=2.0, W=1.0, comm=0.05)
+    tl = simulate(sched, costs, MemoryDeltas(F=3.0, B=-1.0, W=-2.0))
+    retimed, swept = [], []
+    real_retime, real_levels = off._retime, off._level_tops
+    monkeypatch.setattr(off, "_retime", lambda *a: retimed.append(1) or real_retime(*a))
+    monkeypatch.setattr(off, "_level_tops", lambda *a: swept.append(1) or real_levels(*a))
+    opts = off.OffloadOptions(offload_time=0.4, on_infeasible="skip", postpone_warmup=True)
+    session = off.OffloadSession(sched, tl, comm=costs.comm, options=opts, timed=True)
+    assert sched.compact is not None  # no Op lists made for the context
+    session.bounds(range(1, 4))
+    floors = [session.host_floor(C) for C in range(1, 4)]
+    assert not retimed and len(swept) == 1 and any(max(f) > 0 for f in floors)
+    off.OffloadSession(sched, tl, comm=costs.comm, options=opts).bounds([1])
+    assert retimed  # the untimed session checks

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from typing import Any
 
 import pytest
@@ -858,6 +859,92 @@ def test_refusals_proved_without_their_offload_plans_give_the_same_result(monkey
     monkeypatch.setattr(search, "_proved_refused", lambda *a, **k: False)
     every = plan("9.6B", hw, 16, memory_budget=12 * GiB, options=opts)
     a, b = lazy.to_dict(), every.to_dict()
-    a["search"].pop("seconds"), b["search"].pop("seconds")
+    for k in ("offload_plans", "seconds"):  # fewer plans: refusals no rejection quotes get stand-ins
+        a["search"].pop(k), b["search"].pop(k)
     assert a == b and lazy.table().split("\n")[2:] == every.table().split("\n")[2:]
+    assert lazy.stats["offload_plans"] <= every.stats["offload_plans"]
     assert any("offload refused" in r.reason for r in lazy.rejected)
+
+
+@pytest.mark.parametrize("pinned", [None, 8])
+def test_host_floor_caps_decide_as_the_floors(monkeypatch, pinned):
+    # search._proved_refused makes the host floor's draft only when its cap (made without the draft)
+    # is over the node's pinned memory: every decision equals the floor's, and the cap fires (with
+    # the profile's 1 TiB a node it skips every draft here; with 8 GiB some floors are made and
+    # some refusals proved).
+    import dataclasses
+
+    from pipeoffload.costmodel.hardware import get_hardware
+    from pipeoffload.planner import search
+    from pipeoffload.planner.simulate import Simulator
+
+    hw = get_hardware("a100-80g")
+    if pinned:
+        hw = dataclasses.replace(hw, pinned_host_bytes=pinned * GiB)
+    opts = PlanOptions(top=1)
+    decided: list = []
+    floors: list = []
+    monkeypatch.setattr(search, "_every_try_hopeless", lambda *a, **k: False)  # it reads the caps too
+    _spy(monkeypatch, search, "_proved_refused", decided)
+    _spy(monkeypatch, Simulator, "offload_host_floor", floors)
+    lazy = plan("9.6B", hw, 16, memory_budget=12 * GiB, options=opts)
+    capped, capped_floors = list(decided), len(floors)
+    decided.clear(), floors.clear()
+    monkeypatch.setattr(Simulator, "offload_host_floor_cap", lambda *a, **k: math.inf)
+    every = plan("9.6B", hw, 16, memory_budget=12 * GiB, options=opts)
+    assert capped == decided and capped_floors < len(floors), "the cap never skipped a floor"
+    assert any(decided) == bool(pinned)
+    a, b = lazy.to_dict(), every.to_dict()
+    a["search"].pop("seconds"), b["search"].pop("seconds")
+    assert a == b
+
+
+@pytest.mark.parametrize("pinned", [2, 8])
+def test_recompute_settings_proved_hopeless_give_the_same_result(monkeypatch, pinned):
+    # search._every_try_hopeless: when every offload try of a recompute setting is proved either over
+    # the budget (device floor) or refused (host floor), none is made during the search (whichever
+    # would be refused first, none fits); a family without a configuration gets them all at the end.
+    # The result equals the search without that proof, with fewer offload plans.
+    import dataclasses
+
+    from pipeoffload.costmodel.hardware import get_hardware
+    from pipeoffload.planner import search
+
+    hw = dataclasses.replace(get_hardware("a100-80g"), pinned_host_bytes=pinned * GiB)
+    opts = PlanOptions(top=1)
+    fired: list = []
+    _spy(monkeypatch, search, "_every_try_hopeless", fired)
+    lazy = plan("9.6B", hw, 16, memory_budget=12 * GiB, options=opts)
+    assert any(fired), "no recompute setting was proved hopeless: the test checks nothing"
+    monkeypatch.setattr(search, "_every_try_hopeless", lambda *a, **k: False)
+    every = plan("9.6B", hw, 16, memory_budget=12 * GiB, options=opts)
+    a, b = lazy.to_dict(), every.to_dict()
+    for k in ("offload_plans", "seconds"):
+        a["search"].pop(k), b["search"].pop(k)
+    assert a == b and lazy.table().split("\n")[2:] == every.table().split("\n")[2:]
+    assert lazy.stats["offload_plans"] < every.stats["offload_plans"]
+
+
+def test_refusals_no_rejection_quotes_are_not_planned(monkeypatch):
+    # search._complete_deferred: a family's rejection quotes only its first offload refusal, so a
+    # deferred try proved refused, on a candidate after one that holds an offload refusal, gets a
+    # stand-in without its plan: the result equals the search that plans them all, with fewer plans.
+    import dataclasses
+
+    from pipeoffload.costmodel.hardware import get_hardware
+    from pipeoffload.planner import search
+
+    hw = dataclasses.replace(get_hardware("a100-80g"), pinned_host_bytes=2 * GiB)
+    opts = PlanOptions(po_runtime=True, top=3)
+    made: list = []
+    real = _spy(monkeypatch, search, "_complete_one", made,
+                lambda out: any("not planned" in r.reason for r in out.refusals))
+    lazy = plan("9.6B", hw, 16, memory_budget=12 * GiB, options=opts)
+    assert any(made), "no stand-in refusal was made: the test checks nothing"
+    monkeypatch.setattr(search, "_complete_one", lambda *a: real(*a[:-1], False))
+    every = plan("9.6B", hw, 16, memory_budget=12 * GiB, options=opts)
+    a, b = lazy.to_dict(), every.to_dict()
+    for k in ("offload_plans", "seconds"):
+        a["search"].pop(k), b["search"].pop(k)
+    assert a == b and lazy.table().split("\n")[2:] == every.table().split("\n")[2:]
+    assert lazy.stats["offload_plans"] < every.stats["offload_plans"]

@@ -88,6 +88,7 @@ from bisect import bisect_left, bisect_right, insort
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import lru_cache
+from operator import attrgetter
 from typing import NamedTuple, Sequence
 
 from ..costs import Costs, MemoryDeltas
@@ -343,14 +344,22 @@ class OffloadSession:
         schedule, timeline, comm: as :func:`plan_offload` takes them (a timed schedule).
         options: the settings; :meth:`plan`'s ``chunks`` replaces ``offload_chunks``.
 
+        timed: the caller vouches that ``timeline`` is the timing pass's
+            (:func:`~pipeoffload.passes.timing.simulate`, any of its paths, or an
+            :class:`~pipeoffload.passes.timing.OrderTimer`'s) timing of ``schedule`` with a
+            latency of ``comm``: re-timing then reproduces it (:meth:`_Context.check_retimable`
+            says why), so that check is not made. The planner's sessions are so.
+
     Guarantees: ``plan(C)`` equals ``plan_offload(schedule, timeline, comm=comm,
     options=replace(options, offload_chunks=C))`` field for field, whatever was planned
-    before; the inputs are not modified."""
+    before (with ``timed`` when the timeline is as it says); the inputs are not modified."""
 
-    def __init__(self, schedule: Schedule, timeline: Timeline, *, comm: float, options: OffloadOptions) -> None:
+    def __init__(self, schedule: Schedule, timeline: Timeline, *, comm: float, options: OffloadOptions,
+                 timed: bool = False) -> None:
         schedule, timeline, comm = _timed_inputs(schedule, timeline, None, None, "units", comm)
         self.options = options
         self._ctx = _context(schedule, timeline, options, comm)
+        self._ctx.retimable = bool(timed)  # proved, not checked: check_retimable's docstring
 
     def plan(self, chunks: int) -> OffloadResult:
         """The plan for ``chunks`` (C); raises as :func:`plan_offload`."""
@@ -404,11 +413,49 @@ class OffloadSession:
         got = self.peak_ceiling(chunks)
         if got is None:
             return None
-        ctx = self._ctx
-        events = _postponed_warmup(ctx)[0] if self.options.postpone_warmup else ctx.base_events
-        levels = _rank_levels(events)
-        return [max(0.0, max([0.0] + [lvl for _, lvl, _ in levels.get(r, [])]) - got[0])
-                for r in range(ctx.timeline.num_ranks)]
+        top = _top_levels(self._ctx, bool(self.options.postpone_warmup))
+        return [max(0.0, x - got[0]) for x in top]
+
+    def host_floor_cap(self, chunks: int) -> float | None:
+        """A number no smaller than ``max(host_floor(chunks))``, made without
+        :meth:`peak_ceiling`'s draft: the highest level without offload less the highest
+        floor of :meth:`bounds` (less 10⁻⁶ of it). The ceiling is at least the plan's highest
+        peak, which is at least that floor up to the rounding of sums taken in other orders
+        (:func:`offload_peak_floor`), so each rank's host floor is at most this. None where
+        :meth:`host_floor` is (the same cases as :meth:`bounds`)."""
+        got = self.bounds([chunks])
+        if got is None:
+            return None
+        floor = max(got[chunks][0], default=0.0)
+        top = _top_levels(self._ctx, bool(self.options.postpone_warmup))
+        return max(0.0, max(top, default=0.0) - floor * (1.0 - 1e-6))
+
+
+def _top_levels(ctx: "_Context", postpone: bool) -> list[float]:
+    """Per rank, the highest activation level without offload on the compute events the
+    plans keep (warm-ups postponed or not; at least 0): :meth:`OffloadSession.host_floor`'s
+    minuend, the same for every C, so made once per context (``ctx.memo``)."""
+    key = ("top levels", postpone)
+    hit = ctx.memo.get(key)
+    if hit is None:
+        hit = ctx.memo[key] = _level_tops(_postponed_warmup(ctx)[0] if postpone else ctx.base_events,
+                                          ctx.timeline.num_ranks)
+    return hit
+
+
+def _level_tops(events: list[TimedOp], num_ranks: int) -> list[float]:
+    """Per rank, ``max([0.0] + the levels of _rank_levels(events)[rank])``, swept without
+    its lists: the same changes in the same order, so the same running levels; that list
+    keeps the level after the last change at each time, and the others there are no higher
+    (frees come first and only lower it, allocations only raise it), so the top is the same."""
+    changes: list[list] = [[] for _ in range(num_ranks)]
+    for e in events:
+        mem = e.mem
+        if mem > 0:
+            changes[e.op.rank].append((e.start, ALLOC, mem))
+        elif mem < 0:
+            changes[e.op.rank].append((e.end, FREE, mem))
+    return [_swept_top(ch) for ch in changes]
 
 
 def _one_options(options: OffloadOptions | None, given: OffloadOptions) -> OffloadOptions:
@@ -522,27 +569,60 @@ def _floors(ctx: "_Context", postpone: bool,
 
 
 def _sweep_floors(ctx: "_Context", events: list[TimedOp], chunks: Sequence[int]) -> dict:
-    """:func:`_floors` made: the level sweeps of every C of ``chunks`` on ``events``."""
-    timeline = ctx.timeline
-    back = {(e.op.stage, e.op.microbatch): e.start for e in events if e.op.kind.is_backward}
+    """:func:`_floors` made: the level sweeps of every C of ``chunks`` on ``events``.
+
+    Each event's part is read once (:func:`_floor_rows`) and each C's changes are then
+    made from those rows, rank by rank in event order: the same changes in the same
+    order as reading the events per C, so the same sweeps, float for float."""
     widen = 1e-6 * max(1.0, abs(ctx.base_makespan))
+    rows = _floor_rows(events, ctx.timeline.num_ranks)
     out = {}
     for C in chunks:
-        changes: list[list] = [[] for _ in range(timeline.num_ranks)]
-        held: list[list] = [[] for _ in range(timeline.num_ranks)]
-        for e in events:
-            mem, pts = e.mem, changes[e.op.rank]
-            if e.op.kind is OpKind.F and e.op.chunk < C and mem > _EPS:
-                b = back[(e.op.stage, e.op.microbatch)]
-                pts += [(e.start, ALLOC, mem), (e.end, FREE, -mem), (b, ALLOC, mem)]
-                held[e.op.rank] += [(e.end - widen, ALLOC, mem), (b + widen, FREE, -mem)]
-            elif mem > 0:
-                pts.append((e.start, ALLOC, mem))
-            elif mem < 0:
-                pts.append((e.end, FREE, mem))
-        out[C] = ([max([0.0] + [lvl for _, _, lvl in memory_sweep(pts)]) for pts in changes],
-                  [max([0.0] + [lvl for _, _, lvl in memory_sweep(pts)]) for pts in held])
+        floors, ceilings = [], []
+        for lst in rows:
+            pts: list = []
+            held: list = []
+            for chunk, start, end, mem, b in lst:
+                if chunk < C:  # offloadable: leaves at its F's end, back at its backward's start
+                    pts += [(start, ALLOC, mem), (end, FREE, -mem), (b, ALLOC, mem)]
+                    held += [(end - widen, ALLOC, mem), (b + widen, FREE, -mem)]
+                elif mem > 0:
+                    pts.append((start, ALLOC, mem))
+                elif mem < 0:
+                    pts.append((end, FREE, mem))
+            floors.append(_swept_top(pts))
+            ceilings.append(_swept_top(held))
+        out[C] = (floors, ceilings)
     return out
+
+
+def _swept_top(changes: list) -> float:
+    """``max([0.0] + the levels of memory_sweep(changes))`` without the sweep's list: the
+    same additions in the same order (:func:`~pipeoffload.timeline.memory_sweep`'s sort),
+    the same comparisons as ``max``."""
+    level = top = 0.0
+    for _, _, delta in sorted(changes, key=_TIME_ORDER):
+        level += delta
+        if level > top:
+            top = level
+    return top
+
+
+def _floor_rows(events: list[TimedOp], num_ranks: int) -> list[list[tuple]]:
+    """Per rank, in event order, each event that changes memory as ``(chunk, start, end,
+    mem, backward start)``: ``chunk`` the F's chunk where an F keeps more than ``_EPS``
+    (offloadable for C > chunk), else infinite; ``backward start`` that of its
+    (layer group, microbatch)'s backward (read only for such an F)."""
+    back = {(e.op.stage, e.op.microbatch): e.start for e in events if e.op.kind.is_backward}
+    rows: list[list[tuple]] = [[] for _ in range(num_ranks)]
+    F, inf = OpKind.F, math.inf
+    for e in events:
+        op, mem = e.op, e.mem
+        if op.kind is F and mem > _EPS:
+            rows[op.rank].append((op.chunk, e.start, e.end, mem, back[(op.stage, op.microbatch)]))
+        elif mem != 0:
+            rows[op.rank].append((inf, e.start, e.end, mem, 0.0))
+    return rows
 
 
 def offload_from_slots(schedule: Schedule, timeline: Timeline, slots: Sequence[tuple], *, offload_chunks: int,
@@ -855,7 +935,17 @@ class _Context:
 
     def check_retimable(self) -> None:
         """Re-timing (delay, postpone) needs the timeline's own rules: re-timing with no
-        extra constraint must give back every op's start."""
+        extra constraint must give back every op's start (within 10⁻⁶ of the makespan).
+
+        It always does for the timing pass's own timelines (``retimable`` is then set when
+        the context is made, :class:`OffloadSession`'s ``timed``): both place each rank's ops
+        in its order with the same engine, every start the max of the origin, the rank's
+        clock and the inputs' ends plus the latency across ranks — a max-plus recurrence,
+        1-Lipschitz in every end. The re-timing's durations are the timeline's ``end −
+        start``, within one ulp of the end of the durations it was timed with, and each of
+        its additions rounds by half an ulp; so each start moves by at most its longest
+        chain of inputs and rank predecessors times 2 ulps of the largest end: at most
+        N · 2⁻⁵⁰ · makespan for N ops, far within the tolerance for any N below 10⁹."""
         if self.retimable:
             return
         scale = max(1.0, abs(self.base_makespan))
@@ -875,18 +965,35 @@ class _Context:
         link = LinkModel(link_group, solo_factor)
         if not (isinstance(comm, (int, float)) and math.isfinite(comm) and comm >= 0):
             raise ParameterError("comm", f"must be a finite number >= 0, got {comm!r}")
-        events = [e for e in timeline.events if e.op.kind.is_compute]
-        if any(not e.op.kind.is_compute for e in timeline.events) or any(
-            not o.kind.is_compute for o in schedule.ops()
-        ):
+        every = timeline.events
+        events = [e for e in every if e.op.kind.is_compute]
+        if len(events) != len(every) or not _compute_only(schedule):
             raise ParameterError("schedule", "already holds transfer or comm ops; offload the compute-only schedule")
-        op_dur = {e.op.key: e.end - e.start for e in events}
-        op_mem = {e.op.key: e.mem for e in events}
-        if len(op_dur) != sum(len(lst) for lst in schedule.ranks):
+        keys = [e.op.key for e in events]  # each key made once for both tables
+        op_dur = dict(zip(keys, [e.end - e.start for e in events]))
+        op_mem = dict(zip(keys, [e.mem for e in events]))
+        if len(op_dur) != _num_ops(schedule):
             raise ParameterError("timeline", "does not time every op of the schedule exactly once")
         transfer_time_of_stage = _transfer_times(schedule, events, offload_time, transfer_times)
         return cls(schedule, timeline, link, transfer_time_of_stage, float(comm), timeline.makespan,
                    op_dur, op_mem, events)
+
+
+def _compute_only(schedule: Schedule) -> bool:
+    """Whether every op of ``schedule`` is a compute op, read from its compact orders while
+    it has them (making its :class:`Op` lists only to check costs as much as the context)."""
+    compact = schedule.compact
+    if compact is not None:
+        return compact.compute_only()
+    return all(o.kind.is_compute for o in schedule.ops())
+
+
+def _num_ops(schedule: Schedule) -> int:
+    """How many ops ``schedule`` holds (from its compact orders while it has them)."""
+    compact = schedule.compact
+    if compact is not None:
+        return sum(map(len, compact.kinds))
+    return sum(len(lst) for lst in schedule.ranks)
 
 
 def _transfer_times(schedule: Schedule, events: list[TimedOp], offload_time: float,
@@ -1125,9 +1232,9 @@ def _postponed_warmup(ctx: _Context) -> tuple[list[TimedOp], dict]:
     would feed back). Made once per call (``ctx.memo``); callers copy, never change it."""
     hit = ctx.memo.get("postponed")
     if hit is None:
-        events = _postpone_warmup(ctx, ctx.base_events)
-        base = {e.op.key: e.start for e in ctx.base_events}
-        hit = ctx.memo["postponed"] = (events, {e.op.key: e.start for e in events if e.start > base[e.op.key]})
+        events = _postpone_warmup(ctx, ctx.base_events)  # event for event the base ones, moved or not
+        hit = ctx.memo["postponed"] = (events, {e.op.key: e.start for e, b in zip(events, ctx.base_events)
+                                                if e.start > b.start})
     return hit
 
 
@@ -1135,10 +1242,10 @@ def _warmup_forwards(events: list[TimedOp]) -> list[tuple[TimedOp, TimedOp | Non
     """Each warm-up F (before its rank's first backward) with the next op on its rank."""
     by_rank: dict[int, list[TimedOp]] = {}
     for e in events:
-        by_rank.setdefault(e.rank, []).append(e)
+        by_rank.setdefault(e.op.rank, []).append(e)
     warm: list[tuple[TimedOp, TimedOp | None]] = []
     for lst in by_rank.values():
-        lst.sort(key=lambda e: e.start)
+        lst.sort(key=_START)
         for i, e in enumerate(lst):
             if e.op.kind is not OpKind.F:
                 if e.op.kind.is_backward:
@@ -1148,12 +1255,16 @@ def _warmup_forwards(events: list[TimedOp]) -> list[tuple[TimedOp, TimedOp | Non
     return warm
 
 
+_START = attrgetter("start")  #: a timed op's start, in C
+
+
 def _postpone_warmup(ctx: _Context, events: list[TimedOp]) -> list[TimedOp]:
     """Move each warm-up F as late as the next op on its rank and its dependents
     (:func:`~pipeoffload.passes.timing.dependents`) allow. Order and makespan unchanged."""
     S = ctx.schedule.num_stages
-    start_of = {completion_key(e.op): e.start for e in events}
-    rank_of = {completion_key(e.op): e.rank for e in events}
+    keys = [completion_key(e.op) for e in events]  # each made once: three reads below
+    start_of = dict(zip(keys, [e.start for e in events]))
+    rank_of = dict(zip(keys, [e.op.rank for e in events]))
     new: dict = {}  # completion key → postponed start
     for e, nxt in sorted(_warmup_forwards(events), key=lambda x: -x[0].start):
         key = completion_key(e.op)
@@ -1172,8 +1283,8 @@ def _postpone_warmup(ctx: _Context, events: list[TimedOp]) -> list[TimedOp]:
     if not new:
         return events
     out = []
-    for e in events:
-        st = new.get(completion_key(e.op))
+    for e, key in zip(events, keys):
+        st = new.get(key)
         out.append(e if st is None else TimedOp(e.op, st, st + e.end - e.start, e.stream, e.mem))
     return out
 

@@ -440,7 +440,8 @@ def _offload_variants(problem: Problem, simulator: Simulator, c: _Candidate, rc:
         c.refusals.append(e.naming(c.where))
         return
     if prove and not any(stash for _, stash in tries) and \
-            _offload_cannot_fit(problem, simulator, c, rc, max(chunks for chunks, _ in tries)):
+            (_offload_cannot_fit(problem, simulator, c, rc, max(chunks for chunks, _ in tries)) or
+             _every_try_hopeless(problem, simulator, c, rc, [chunks for chunks, _ in tries])):
         c.deferred.append((len(c.attempts), len(c.refusals), rc, None))
         return
     for chunks, stash in tries:
@@ -464,6 +465,22 @@ def _offload_variants(problem: Problem, simulator: Simulator, c: _Candidate, rc:
             return
         if ranking.keep(c, cfg):
             return
+
+
+def _every_try_hopeless(problem: Problem, simulator: Simulator, c: _Candidate, rc: Any, chunks: list[int]) -> bool:
+    """Whether every try of ``chunks`` is proved unable to give ``c`` a configuration with
+    ``rc``: its device floor is over the budget (:func:`_offload_cannot_fit`) or its pinned
+    host memory is proved over the node's (:func:`_proved_refused`). Then whichever try is
+    refused first (ending ``rc``'s tries) or none, no try fits: the ranking and what is
+    searched next are those of making them, and only a family without a configuration reads
+    their attempts and refusals (:func:`_complete_deferred` makes them all then, in order).
+    The device floors are read first, then the host floors' caps (no draft), then the floors."""
+    left = [C for C in chunks if not _offload_cannot_fit(problem, simulator, c, rc, C)]
+    for C in left:
+        cap = simulator.offload_host_floor_cap(c.split, c.family, c.m, rc, C)
+        if cap is None or check_pinned_host(problem.hardware, [cap * (1.0 - _FLOOR_SLACK)], problem.gpus) is None:
+            return False  # its host floor cannot be over the node's either
+    return all(_proved_refused(problem, simulator, c, rc, C) for C in left)
 
 
 #: Relative slack of the offload floor's test: the floor's sums run in another order than the
@@ -525,7 +542,12 @@ def _proved_refused(problem: Problem, simulator: Simulator, c: _Candidate, rc: A
     (:func:`~.hostlink.check_pinned_host`, monotone in every rank's bytes). The refusal ends
     ``rc``'s tries, as :func:`_offload_variants` ends them; its text (which quotes the plan's
     host memory) is read only if the family ends without a configuration, and is made then
-    (:func:`_complete_deferred`)."""
+    (:func:`_complete_deferred`). When even the floor's cap
+    (:meth:`~.simulate.Simulator.offload_host_floor_cap`, made without the ceiling's draft)
+    fits the node, the floor cannot prove it (the test is monotone): the draft is not made."""
+    cap = simulator.offload_host_floor_cap(c.split, c.family, c.m, rc, chunks)
+    if cap is None or check_pinned_host(problem.hardware, [cap * (1.0 - _FLOOR_SLACK)], problem.gpus) is None:
+        return False
     floor = simulator.offload_host_floor(c.split, c.family, c.m, rc, chunks)
     if floor is None:
         return False
@@ -556,31 +578,58 @@ def _complete_provisional(problem: Problem, simulator: Simulator, candidates: li
 def _complete_deferred(problem: Problem, simulator: Simulator, candidates: list[_Candidate]) -> None:
     """The offload tries :func:`_offload_variants` proved unable to fit and left out, made
     for the candidates of every family without a configuration (whose rejection quotes
-    them), each put where it would have been among the candidate's attempts and refusals."""
+    them), each put where it would have been among the candidate's attempts and refusals.
+
+    A family's rejection quotes only its first offload refusal (or its first refusal), in the
+    order of its candidates (:func:`~.report.family_rejections`); so once an earlier candidate
+    of the family holds one, a try proved to be refused (:func:`_proved_refused`) gets a
+    stand-in refusal of the same kind, named alike, without its plan (:func:`_complete_one`)."""
     fitted = {c.family.label for c in candidates if c.fit}
+    quoted: set[str] = set()  # families whose earlier candidate holds an offload refusal
     for c in candidates:
-        if not c.deferred or c.family.label in fitted:
+        if c.family.label in fitted:
             continue
-        for at, ref, rc, chunks in reversed(c.deferred):  # the later first: the earlier indices stay valid
-            alone = _Candidate(c.split, c.family, c.m)
-            if chunks is None:  # every try of ``rc``
-                _offload_variants(problem, simulator, alone, rc, _Ranking(problem.options.top), prove=False)
-            elif chunks < 0:  # one try proved to be refused for its pinned host memory
-                try:
-                    sim, res = simulator.offload(c.split, c.family, c.m, rc, -chunks, False)
-                    assemble_offloaded(problem, sim, res, -chunks, False)
-                except Refused as e:
-                    alone.refusals.append(e.naming(c.where))
-                if not alone.refusals:
-                    raise AssertionError(f"{c.where}: an offload try proved refused is not")
+        if c.deferred:
+            for at, ref, rc, chunks in reversed(c.deferred):  # the later first: the earlier indices stay valid
+                alone = _complete_one(problem, simulator, c, rc, chunks, c.family.label in quoted)
                 c.attempts[at:at] = alone.attempts
                 c.refusals[ref:ref] = alone.refusals
-                continue
-            else:  # one try, proved neither to fit nor to be refused
-                sim, res = simulator.offload(c.split, c.family, c.m, rc, chunks, False)
-                alone.attempts.append(assemble_offloaded(problem, sim, res, chunks, False))
-            if alone.fit is not None or any(a.fits for a in alone.attempts) or (chunks and alone.refusals):
-                raise AssertionError(f"{c.where}: an offload try proved hopeless fits or is refused")
-            c.attempts[at:at] = alone.attempts
-            c.refusals[ref:ref] = alone.refusals
-        c.deferred = []
+            c.deferred = []
+        if any(r.kind == "offload" for r in c.refusals):
+            quoted.add(c.family.label)
+
+
+def _complete_one(problem: Problem, simulator: Simulator, c: _Candidate, rc: Any, chunks: int | None,
+                  stand_in: bool) -> _Candidate:
+    """One deferred entry of ``c`` made (:func:`_complete_deferred`): its attempts and
+    refusals on a fresh candidate. With ``stand_in``, a try proved to be refused — the one
+    try of a ``-C`` entry, or the first try of ``rc`` for an entry of every try, which then
+    ends them — is a stand-in refusal without its plan."""
+    alone = _Candidate(c.split, c.family, c.m)
+    if stand_in:
+        first = -chunks if chunks is not None and chunks < 0 else None
+        if chunks is None:
+            first = offload_tries(simulator.simulate(c.split, c.family, c.m, rc).schedule, stash=False)[0][0]
+            first = first if _proved_refused(problem, simulator, c, rc, first) else None
+        if first is not None:
+            alone.refusals.append(Refused("offload", f"C={first} refused: its pinned host memory is proved over "
+                                          "the node's (not planned: an earlier refusal is the one quoted)"
+                                          ).naming(c.where))
+            return alone
+    if chunks is None:  # every try of ``rc``
+        _offload_variants(problem, simulator, alone, rc, _Ranking(problem.options.top), prove=False)
+    elif chunks < 0:  # one try proved to be refused for its pinned host memory
+        try:
+            sim, res = simulator.offload(c.split, c.family, c.m, rc, -chunks, False)
+            assemble_offloaded(problem, sim, res, -chunks, False)
+        except Refused as e:
+            alone.refusals.append(e.naming(c.where))
+        if not alone.refusals:
+            raise AssertionError(f"{c.where}: an offload try proved refused is not")
+        return alone
+    else:  # one try, proved neither to fit nor to be refused
+        sim, res = simulator.offload(c.split, c.family, c.m, rc, chunks, False)
+        alone.attempts.append(assemble_offloaded(problem, sim, res, chunks, False))
+    if alone.fit is not None or any(a.fits for a in alone.attempts) or (chunks and alone.refusals):
+        raise AssertionError(f"{c.where}: an offload try proved hopeless fits or is refused")
+    return alone

@@ -299,7 +299,11 @@ class Simulator:
         None where the pass cannot say (cached). Raises :class:`Refused` as :meth:`simulate`."""
         key = (split, family, m, recompute)
         if key not in self._bounds:
-            with paused_gc():  # in the session the plans use: they share its postponed warm-up
+            # In the session the plans use (they share its postponed warm-up); what it makes (the
+            # timeline's events, the context's tables) lives as long as the session, so it goes
+            # to the collector's oldest generation unscanned (a young collection would scan it,
+            # and its promotion set off full collections of the whole search: 14 s of the 405B plan).
+            with paused_gc(promote=True):
                 sim, session = self._offload_session(split, family, m, recompute, False)
                 got = session.bounds(range(1, sim.schedule.chunks + 1))
             peak0 = sim.timeline.peak_memory()
@@ -324,6 +328,13 @@ class Simulator:
         plan: per rank, pinned host bytes the plan holds at least; None where the pass cannot say."""
         with paused_gc():
             return self._offload_session(split, family, m, recompute, False)[1].host_floor(chunks)
+
+    def offload_host_floor_cap(self, split: Split, family: Family, m: int, recompute: bool,
+                               chunks: int) -> float | None:
+        """:meth:`~pipeoffload.passes.offload.OffloadSession.host_floor_cap`: a number that no
+        rank's :meth:`offload_host_floor` exceeds, without its draft; None where that is None."""
+        with paused_gc():
+            return self._offload_session(split, family, m, recompute, False)[1].host_floor_cap(chunks)
 
     def offload(self, split: Split, family: Family, m: int, recompute: bool, chunks: int,
                 stash: bool = False) -> tuple[Simulated, OffloadResult]:
@@ -350,8 +361,8 @@ class Simulator:
         settings = self._offload_options(split, sim, 1, stash)
         key = (split, family, m, recompute, settings)
         if self._session is None or self._session[0] != key:
-            self._session = (key, OffloadSession(sim.schedule.compute_only(), sim.timeline,
-                                                 comm=sim.sharded.costs.comm, options=settings))
+            self._session = (key, OffloadSession(sim.schedule.compute_only(), sim.timeline,  # the timing pass's:
+                                                 comm=sim.sharded.costs.comm, options=settings, timed=True))
         return sim, self._session[1]
 
 
