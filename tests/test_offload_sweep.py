@@ -316,3 +316,37 @@ def test_peak_ceiling_bounds_the_plan(name, p, m, kw, memory, postpone):
     for other in (dict(postpone_warmup=None), dict(stash=True), dict(on_infeasible="delay")):
         opts = off.OffloadOptions(offload_time=0.5, **{"on_infeasible": "skip", "postpone_warmup": True, **other})
         assert off.OffloadSession(sched, tl, comm=costs.comm, options=opts).peak_ceiling(1) is None
+
+
+@settings(deadline=None, max_examples=80)
+@given(
+    st.lists(st.tuples(st.integers(0, 40), st.integers(1, 30), st.integers(1, 4), st.integers(0, 40)),
+             min_size=1, max_size=60),
+    st.sampled_from([1.0, 0.5, 0.3]),
+)
+def test_merged_busy_blocks_give_the_same_slots(copies, unit):
+    """:func:`_slots_around` with the busy lists kept as blocks (:func:`_book_merged`) books
+    the same copies as with every interval kept, whatever the order of the requests, and the
+    blocks are fewer once copies touch (the shortcut fires)."""
+    up, down, mup, mdown = [], [], [], []
+    for f, life, d, at in copies:
+        c = off._Candidate(0, 0, 0, 0, 1.0, f * unit, (f + life) * unit, d * unit, 0, "activation")
+        t = (f + min(at, life)) * unit  # a point at or after the producer's end
+        assert off._slots_around(c, t, mup, mdown, True) == off._slots_around(c, t, up, down)
+    for lst, blocks in ((up, mup), (down, mdown)):
+        assert [b for _, b in blocks] == sorted(b for _, b in blocks)
+        covered = sum(b - a for a, b in lst)
+        assert sum(b - a for a, b in blocks) == pytest.approx(covered)  # the same busy time
+
+
+def test_merged_busy_blocks_fire():
+    """Copies booked back to back make one block; a copy shorter than 2ε disables merging."""
+    busy = []
+    for iv in ((2.0, 3.0), (0.0, 1.0), (1.0, 2.0), (5.0, 6.0)):
+        off._book_merged(busy, iv)
+    assert busy == [(0.0, 3.0), (5.0, 6.0)]
+    c = off._Candidate(0, 0, 0, 0, 1.0, 0.0, 9.0, 1.0, 0, "activation")
+    tiny = off._Candidate(0, 0, 0, 1, 1.0, 0.0, 9.0, 1.5e-9, 0, "activation")
+    levels = {0: [(0.0, 1.0, True)]}
+    assert off._TryOrder([c], [0], levels, False).merged
+    assert not off._TryOrder([c, tiny], [0], levels, False).merged

@@ -1470,25 +1470,33 @@ def _sweep_link(cands: list[_Candidate], ranks: list[int], levels: dict[int, lis
     saved = {r: _Savings() for r in ranks}
     covering = {r: _Covering(order.ranks[r]) for r in ranks}
     reached = {r: 0.0 for r in ranks}
-    sweep = list(order.points)  # sorted: a heap
-    while sweep:
-        t, r = heapq.heappop(sweep)
-        lv = base[r]
-        i = bisect_right(lv, (t + _EPS, math.inf, True)) - 1
-        now = (lv[i][1] if i >= 0 else 0.0) - saved[r].at(t)
+    # The points in time order: the allocation points (sorted once, with their levels) merged
+    # with a heap of the reload starts booked (each later than the point that books it).
+    points, point_levels, nxt, n = order.points, order.levels, 0, len(order.points)
+    reloads: list[tuple[float, int]] = []
+    while nxt < n or reloads:
+        if reloads and (nxt == n or reloads[0] < points[nxt]):
+            t, r = heapq.heappop(reloads)
+            lv = base[r]
+            i = bisect_right(lv, (t + _EPS, math.inf, True)) - 1
+            now = (lv[i][1] if i >= 0 else 0.0) - saved[r].at(t)
+        else:  # of two equal (time, rank) either comes first: they read the same level
+            t, r = points[nxt]
+            now = point_levels[nxt] - saved[r].at(t)
+            nxt += 1
         if now > target + _EPS:
             cover = covering[r]
             for k in cover.at(t):
                 c = cover.cands[k]
                 if not _covers(c, t):
                     continue
-                slots = _slots_around(c, t, up, down)
+                slots = _slots_around(c, t, up, down, order.merged)
                 if slots is None:
                     continue
                 placed[id(c)] = slots
                 cover.place(k)
                 saved[r].add(slots[1], slots[2], c.amount)
-                heapq.heappush(sweep, (slots[2], r))
+                heapq.heappush(reloads, (slots[2], r))
                 now -= c.amount
                 if now <= target + _EPS:
                     break
@@ -1518,11 +1526,18 @@ class _TryOrder:
     :class:`_RankOrder` and the allocation points ``(time, rank)``, sorted (a heap). Made once
     per link and order by :func:`_place_by_peak` (a sweep sorted them again per target)."""
 
-    __slots__ = ("ranks", "points")
+    __slots__ = ("ranks", "points", "levels", "merged")
 
     def __init__(self, cands: list[_Candidate], ranks: list[int],
                  levels: dict[int, list[tuple[float, float, bool]]], far_first: bool) -> None:
         sign = -1 if far_first else 1
+        #: whether the sweep may keep its busy lists as blocks (:func:`_book_merged`): every copy
+        #: booked lasts over 2ε plus a margin over the rounding of times this large, so that
+        #: ``t + d − ε > t`` and ``e − d + ε < e`` hold in floats at every time it reads
+        span = max((abs(x) for c in cands for x in (c.forward_end, c.backward_start)), default=0.0)
+        span += max((c.transfer_time for c in cands), default=0.0)
+        self.merged = all(c.transfer_time <= _EPS or c.transfer_time > 2 * _EPS + 8 * math.ulp(2 * span)
+                          for c in cands)
         mine: dict[int, list[_Candidate]] = {r: [] for r in ranks}
         for c in sorted(cands, key=lambda c: (sign * c.backward_start, c.forward_end, c.stage, c.microbatch)):
             mine[c.rank].append(c)
@@ -1530,6 +1545,8 @@ class _TryOrder:
                                     sorted(range(len(lst)), key=lambda k: lst[k].forward_end))
                       for r, lst in mine.items()}
         self.points = sorted((t, r) for r in ranks for t, _, alloc in levels.get(r, []) if alloc)
+        #: each point's level (the rank's after every change up to ``t + ε``), as the sweep read it
+        self.levels = [_level_at(levels[r], t) for t, r in self.points]
 
 
 class _Covering:
@@ -1634,6 +1651,12 @@ class _Savings:
 _EXACT_SUMS = float(2 ** 53)
 
 
+def _level_at(lv: list[tuple[float, float, bool]], t: float) -> float:
+    """The level of one rank's :func:`_rank_levels` after every change up to ``t + ε``."""
+    i = bisect_right(lv, (t + _EPS, math.inf, True)) - 1
+    return lv[i][1] if i >= 0 else 0.0
+
+
 def _covers(c: _Candidate, t: float) -> bool:
     """Whether ``c``'s resident interval (producer end → consumer start) holds time ``t``."""
     return c.forward_end <= t + _EPS and t < c.backward_start - _EPS
@@ -1663,10 +1686,11 @@ def _rank_levels(events: list[TimedOp]) -> dict[int, list[tuple[float, float, bo
 
 
 def _slots_around(c: _Candidate, t_peak: float, up: list[tuple[float, float]],
-                  down: list[tuple[float, float]]) -> _Slots | None:
+                  down: list[tuple[float, float]], merged: bool = False) -> _Slots | None:
     """The candidate's copies with the offload ending by ``t_peak`` and the reload
     starting after it, booked in its link's busy d2h (``up``) and h2d (``down``)
-    intervals; None when the link has no such times."""
+    intervals; None when the link has no such times. ``merged``: the busy lists are kept
+    as blocks (:func:`_book_merged`; the same answers)."""
     d = c.transfer_time
     if d <= _EPS:
         return (c.forward_end, c.forward_end, c.backward_start, c.backward_start)
@@ -1677,9 +1701,35 @@ def _slots_around(c: _Candidate, t_peak: float, up: list[tuple[float, float]],
     rel_end = _latest_gap(down, c.backward_start, d, limit)
     if rel_end - d <= limit:
         return None
-    insort(up, (off_start, off_start + d))
-    insort(down, (rel_end - d, rel_end))
+    book = _book_merged if merged else insort
+    book(up, (off_start, off_start + d))
+    book(down, (rel_end - d, rel_end))
     return (off_start, off_start + d, rel_end - d, rel_end)
+
+
+def _book_merged(busy: list[tuple[float, float]], iv: tuple[float, float]) -> None:
+    """Book ``iv`` in ``busy`` kept as blocks: runs of booked intervals each starting at or
+    before the previous one's end become one ``(first start, last end)``.
+
+    Why exact (:func:`_sweep_link` with ``merged``): the copies booked there overlap their
+    neighbours by at most ε (the gap scans' tolerance) and last longer than 2ε, so in a run
+    every end is past the previous one. A scan of :func:`_earliest_gap` for a copy of length
+    ``d`` that reaches a run's first interval goes on through the run to its last end (``a ≤
+    t < t + d − ε`` at every touching start; :attr:`_TryOrder.merged` checks ``d`` against
+    the rounding of the link's times), which the block gives in one step; one that starts in
+    a run's interval also ends at the run's last end. :func:`_latest_gap` is the mirror. The
+    scans differ only where they stop early (past ``end_by`` / before ``start_after``), and
+    there the caller rejects both answers. A new interval never falls inside a run (no
+    gap there is longer than 2ε), so it only joins the block before and/or after it."""
+    s, e = iv
+    i = bisect_right(busy, iv)
+    if i < len(busy) and busy[i][0] <= e:  # the next block starts by the new end: one block
+        e = max(e, busy[i][1])
+        del busy[i]
+    if i > 0 and busy[i - 1][1] >= s:  # the block before ends at or after the new start
+        busy[i - 1] = (busy[i - 1][0], max(busy[i - 1][1], e))
+        return
+    busy.insert(i, (s, e))
 
 
 #: Placement heuristics tried by :func:`_plan_for_chunks`; the better plan is kept.
