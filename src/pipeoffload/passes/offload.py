@@ -1486,15 +1486,20 @@ def _sweep_link(cands: list[_Candidate], ranks: list[int], levels: dict[int, lis
             nxt += 1
         if now > target + _EPS:
             cover = covering[r]
-            for k in cover.at(t):
-                c = cover.cands[k]
+            open_, mine, j = cover.at(t), cover.cands, 0
+            # In try order, in place: placing one deletes it where it stands (the same
+            # candidates in the same order as going through a copy of the list).
+            while j < len(open_):
+                c = mine[open_[j]]
                 if not _covers(c, t):
+                    j += 1
                     continue
                 slots = _slots_around(c, t, up, down, order.merged)
                 if slots is None:
+                    j += 1
                     continue
                 placed[id(c)] = slots
-                cover.place(k)
+                del open_[j]
                 saved[r].add(slots[1], slots[2], c.amount)
                 heapq.heappush(reloads, (slots[2], r))
                 now -= c.amount
@@ -1565,8 +1570,8 @@ class _Covering:
 
     def at(self, t: float) -> list[int]:
         """The indices to try at ``t`` (no earlier than any time read before), in try order:
-        a superset of the candidates covering ``t`` and not placed (a copy: placing one
-        while going through it is allowed)."""
+        a superset of the candidates covering ``t`` and not placed — the list itself, not a
+        copy: the caller deletes a candidate it places from it, where it stands."""
         cands, order, n = self.cands, self.by_producer, len(self.by_producer)
         while self.joined < n and cands[order[self.joined]].forward_end <= t + _EPS:
             insort(self.open, order[self.joined])
@@ -1574,14 +1579,10 @@ class _Covering:
         if self.far_first:  # the consumer at or before t: the tail of the order, for good
             cut = bisect_left(self.open, bisect_left(self.ends, -t + _EPS))
             del self.open[cut:]
-            return list(self.open)
+            return self.open
         cut = bisect_left(self.open, bisect_right(self.ends, t + _EPS))
         del self.open[:cut]
-        return list(self.open)
-
-    def place(self, k: int) -> None:
-        """Candidate ``k`` is placed: it is tried no more."""
-        del self.open[bisect_left(self.open, k)]
+        return self.open
 
 
 class _Savings:
