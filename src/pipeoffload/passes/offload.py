@@ -86,6 +86,7 @@ import heapq
 import math
 from bisect import bisect_left, bisect_right, insort
 from collections import Counter
+from itertools import accumulate
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import NamedTuple, Sequence
@@ -580,11 +581,18 @@ def host_memory_curve(timeline: Timeline, rank: int) -> list[tuple[float, float]
 
 def host_memory_curves(timeline: Timeline) -> list[list[tuple[float, float]]]:
     """:func:`host_memory_curve` of every rank, in one pass over the events."""
+    return _host_curves(timeline.events, timeline.num_ranks, timeline.start)
+
+
+def _host_curves(events: list[TimedOp], num_ranks: int, t0: float) -> list[list[tuple[float, float]]]:
+    """:func:`host_memory_curves` of a timeline with these events, ``num_ranks`` ranks and start
+    ``t0``: only the transfer ops' events count, in their order (the compute events may be left
+    out: :func:`_finish` passes a plan's transfer events alone)."""
     # Amounts live on OFFLOAD_END (negative) events; pair by (rank, window, stage, microbatch).
-    amount = {(e.rank, e.op.kind.window, e.op.stage, e.op.microbatch): -e.mem for e in timeline.events
+    amount = {(e.rank, e.op.kind.window, e.op.stage, e.op.microbatch): -e.mem for e in events
               if e.op.kind in (OpKind.OFFLOAD_END, OpKind.STASH_OFFLOAD_END)}
-    pts: list[list] = [[] for _ in range(timeline.num_ranks)]
-    for e in timeline.events:
+    pts: list[list] = [[] for _ in range(num_ranks)]
+    for e in events:
         kind = e.op.kind
         if kind.window is None:
             continue
@@ -593,7 +601,6 @@ def host_memory_curves(timeline: Timeline) -> list[list[tuple[float, float]]]:
             pts[e.rank].append((e.start, ALLOC, a))
         elif kind in (OpKind.RELOAD_END, OpKind.STASH_RELOAD_END):
             pts[e.rank].append((e.end, FREE, -a))
-    t0 = timeline.start
     return [[(t0, 0.0)] + [(t, level) for t, _, level in memory_sweep(rank_pts)] for rank_pts in pts]
 
 
@@ -1782,7 +1789,7 @@ class _ComputeFigures:
     start) as a plan's timeline holds them, each rank's memory changes in the order
     :func:`~pipeoffload.timeline.memory_sweep` takes them, and the makespan."""
 
-    __slots__ = ("events", "compute", "changes", "makespan")
+    __slots__ = ("events", "compute", "changes", "makespan", "keys", "levels", "magnitude")
 
     def __init__(self, events: list[TimedOp], num_ranks: int) -> None:
         self.events = events
@@ -1790,6 +1797,12 @@ class _ComputeFigures:
         tl = Timeline(num_ranks=num_ranks, events=self.compute)
         self.changes = [sorted(pts, key=_TIME_ORDER) for pts in tl.memory_changes()]
         self.makespan = tl.makespan
+        #: per rank, each change's (time, FREE|ALLOC) and the level after it (:func:`_plan_peaks`)
+        self.keys = [[(t, o) for t, o, _ in ch] for ch in self.changes]
+        self.levels = [list(accumulate(d for _, _, d in ch)) for ch in self.changes]
+        #: the sum of every change's absolute value, or None when one is not a whole number
+        whole = all(float(d).is_integer() for ch in self.changes for _, _, d in ch)
+        self.magnitude = sum(abs(d) for ch in self.changes for _, _, d in ch) if whole else None
 
 
 def _compute_figures(ctx: _Context, events: list[TimedOp]) -> _ComputeFigures:
@@ -1817,6 +1830,9 @@ def _plan_peaks(compute: _ComputeFigures, transfers: list[Transfer]) -> list[flo
             own[t.rank] += [(t.offload_end, FREE, -a), (t.reload_start, ALLOC, a)]
         elif a < 0:
             own[t.rank] += [(t.offload_end, ALLOC, -a), (t.reload_end, FREE, a)]
+    if _whole_sums(compute, transfers):
+        return [_clean(_merged_top(keys, levels, sorted(mine, key=_TIME_ORDER)))
+                for keys, levels, mine in zip(compute.keys, compute.levels, own)]
     out = []
     for base, mine in zip(compute.changes, own):
         level = top = 0.0
@@ -1829,6 +1845,46 @@ def _plan_peaks(compute: _ComputeFigures, transfers: list[Transfer]) -> list[flo
                 top = level
         out.append(_clean(top))
     return out
+
+
+def _whole_sums(compute: _ComputeFigures, transfers: list[Transfer]) -> bool:
+    """Whether every change of ``compute`` and ``transfers`` is a whole number and their
+    absolute values sum to at most 2⁵³: then every partial sum of them, in any order, is
+    exact (as :class:`_Savings` uses it)."""
+    if compute.magnitude is None:
+        return False
+    total = compute.magnitude
+    for t in transfers:
+        if not float(t.amount).is_integer():
+            return False
+        total += 2 * abs(t.amount)
+    return total <= _EXACT_SUMS
+
+
+def _merged_top(keys: list[tuple[float, int]], levels: list[float], mine: list[Change]) -> float:
+    """The highest level (at least 0) of one rank's compute changes (their keys and levels
+    after each, in order) merged with ``mine`` (sorted; a compute change first of two equal
+    keys), as :func:`_plan_peaks`' running sum gives it where every partial sum is exact
+    (:func:`_whole_sums`): the level after a compute change is its own level plus the
+    transfers' sum so far, so each run of compute changes between two transfer changes
+    contributes its highest level (one ``max`` over a slice) plus that sum."""
+    top, extra, done = 0.0, 0.0, 0
+    for t, o, delta in mine:
+        at = bisect_right(keys, (t, o))  # the compute changes before this one
+        if at > done:
+            run = max(levels[done:at]) + extra
+            if run > top:
+                top = run
+            done = at
+        extra += delta
+        level = (levels[at - 1] if at else 0.0) + extra
+        if level > top:
+            top = level
+    if len(levels) > done:
+        run = max(levels[done:]) + extra
+        if run > top:
+            top = run
+    return top
 
 
 def _build_result(draft: _Draft) -> OffloadResult:
@@ -1884,7 +1940,9 @@ def _finish(res: OffloadResult | None) -> OffloadResult | None:
     new_sched = sched.with_ranks(_insert_ops(sched, compute, t_events))
     new_sched.params = dict(sched.params, offload_chunks=C)
     res.schedule = new_sched  # type: ignore[union-attr]
-    res.host_memory = [_clean(max(x for _, x in curve)) for curve in host_memory_curves(res.timeline)]  # type: ignore[union-attr]
+    # The timeline's events are the compute events, which hold no host memory, then these.
+    res.host_memory = [_clean(max(x for _, x in curve))  # type: ignore[union-attr]
+                       for curve in _host_curves(t_events, res.timeline.num_ranks, 0.0)]  # type: ignore[union-attr]
     res.timeline.meta["baseline_memory_curves"] = ctx.memo["baseline"][0]  # type: ignore[union-attr]
     return res
 
