@@ -176,7 +176,10 @@ def test_draft_figures_are_the_built_timelines(name, p, m, kw, memory, stash):
                     res = draft.result()
                     assert draft.peak == res.timeline.peak_memory() == res.peak
                     assert draft.makespan == res.timeline.makespan == res.makespan
-                    n += 1
+                    # the host memory _finish reads from the transfer events alone: the whole timeline's
+                    whole = [off._clean(max(x for _, x in c)) for c in off.host_memory_curves(res.timeline)]
+                    assert off._finish(res).host_memory == whole
+                    n += bool(res.transfers)
     assert n > 0
 
 
@@ -409,3 +412,67 @@ def test_timed_sessions_do_not_retime_and_contexts_keep_the_compact_orders(monke
     assert not retimed and len(swept) == 1 and any(max(f) > 0 for f in floors)
     off.OffloadSession(sched, tl, comm=costs.comm, options=opts).bounds([1])
     assert retimed  # the untimed session checks
+
+@settings(deadline=None, max_examples=80)
+@given(
+    st.lists(st.tuples(st.integers(0, 40), st.integers(1, 30), st.integers(1, 4), st.integers(0, 40)),
+             min_size=1, max_size=60),
+    st.sampled_from([1.0, 0.5, 0.3]),
+)
+def test_merged_busy_blocks_give_the_same_slots(copies, unit):
+    """:func:`_slots_around` with the busy lists kept as blocks (:func:`_book_merged`) books
+    the same copies as with every interval kept, whatever the order of the requests, and the
+    blocks are fewer once copies touch (the shortcut fires)."""
+    up, down, mup, mdown = [], [], [], []
+    for f, life, d, at in copies:
+        c = off._Candidate(0, 0, 0, 0, 1.0, f * unit, (f + life) * unit, d * unit, 0, "activation")
+        t = (f + min(at, life)) * unit  # a point at or after the producer's end
+        assert off._slots_around(c, t, mup, mdown, True) == off._slots_around(c, t, up, down)
+    for lst, blocks in ((up, mup), (down, mdown)):
+        assert [b for _, b in blocks] == sorted(b for _, b in blocks)
+        covered = sum(b - a for a, b in lst)
+        assert sum(b - a for a, b in blocks) == pytest.approx(covered)  # the same busy time
+
+
+def test_merged_busy_blocks_fire():
+    """Copies booked back to back make one block; a copy shorter than 2ε disables merging."""
+    busy = []
+    for iv in ((2.0, 3.0), (0.0, 1.0), (1.0, 2.0), (5.0, 6.0)):
+        off._book_merged(busy, iv)
+    assert busy == [(0.0, 3.0), (5.0, 6.0)]
+    c = off._Candidate(0, 0, 0, 0, 1.0, 0.0, 9.0, 1.0, 0, "activation")
+    tiny = off._Candidate(0, 0, 0, 1, 1.0, 0.0, 9.0, 1.5e-9, 0, "activation")
+    levels = {0: [(0.0, 1.0, True)]}
+    assert off._TryOrder([c], [0], levels, False).merged
+    assert not off._TryOrder([c, tiny], [0], levels, False).merged
+
+
+@settings(deadline=None, max_examples=60)
+@given(
+    st.lists(st.tuples(st.integers(0, 30), st.sampled_from([0, 1]), st.integers(-50, 50)), max_size=40),
+    st.lists(st.tuples(st.integers(0, 30), st.integers(0, 10), st.integers(-20, 40)), max_size=12),
+    st.sampled_from([1.0, 2.0 ** 40, 0.5]),
+)
+def test_plan_peaks_by_runs_equal_the_merged_sum(compute, copies, scale):
+    """Where every change is a whole number (:func:`_whole_sums`), :func:`_plan_peaks` takes each
+    run of compute levels between two transfer changes at once (:func:`_merged_top`): the same
+    peaks as the running sum over the merged changes; with fractional amounts the running sum."""
+    fig = object.__new__(off._ComputeFigures)
+    changes = sorted(((t * 0.5, o, d * scale) for t, o, d in compute), key=off._TIME_ORDER)
+    fig.changes = [changes, []]
+    fig.keys = [[(t, o) for t, o, _ in changes], []]
+    fig.levels = [list(off.accumulate(d for _, _, d in changes)), []]
+    whole = all(float(d).is_integer() for _, _, d in changes)
+    fig.magnitude = sum(abs(d) for _, _, d in changes) if whole else None
+    transfers = [off.Transfer(rank, 0, 0, j, a * scale, s * 0.5, (s + 1) * 0.5, (s + 1 + life) * 0.5,
+                              (s + 2 + life) * 0.5, 0.0, 0) for j, (s, life, a) in enumerate(copies) for rank in (0, 1)]
+    fast = off._plan_peaks(fig, transfers)
+    fig.magnitude = None  # the running sum over the merged changes
+    assert fast == off._plan_peaks(fig, transfers)
+    if scale != 0.5:
+        assert off._whole_sums(_with_magnitude(fig), transfers)  # the shortcut is what was compared
+
+
+def _with_magnitude(fig):
+    fig.magnitude = sum(abs(d) for ch in fig.changes for _, _, d in ch)
+    return fig

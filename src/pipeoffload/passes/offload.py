@@ -86,6 +86,7 @@ import heapq
 import math
 from bisect import bisect_left, bisect_right, insort
 from collections import Counter
+from itertools import accumulate
 from dataclasses import dataclass, field
 from functools import lru_cache
 from operator import attrgetter
@@ -660,11 +661,18 @@ def host_memory_curve(timeline: Timeline, rank: int) -> list[tuple[float, float]
 
 def host_memory_curves(timeline: Timeline) -> list[list[tuple[float, float]]]:
     """:func:`host_memory_curve` of every rank, in one pass over the events."""
+    return _host_curves(timeline.events, timeline.num_ranks, timeline.start)
+
+
+def _host_curves(events: list[TimedOp], num_ranks: int, t0: float) -> list[list[tuple[float, float]]]:
+    """:func:`host_memory_curves` of a timeline with these events, ``num_ranks`` ranks and start
+    ``t0``: only the transfer ops' events count, in their order (the compute events may be left
+    out: :func:`_finish` passes a plan's transfer events alone)."""
     # Amounts live on OFFLOAD_END (negative) events; pair by (rank, window, stage, microbatch).
-    amount = {(e.rank, e.op.kind.window, e.op.stage, e.op.microbatch): -e.mem for e in timeline.events
+    amount = {(e.rank, e.op.kind.window, e.op.stage, e.op.microbatch): -e.mem for e in events
               if e.op.kind in (OpKind.OFFLOAD_END, OpKind.STASH_OFFLOAD_END)}
-    pts: list[list] = [[] for _ in range(timeline.num_ranks)]
-    for e in timeline.events:
+    pts: list[list] = [[] for _ in range(num_ranks)]
+    for e in events:
         kind = e.op.kind
         if kind.window is None:
             continue
@@ -673,7 +681,6 @@ def host_memory_curves(timeline: Timeline) -> list[list[tuple[float, float]]]:
             pts[e.rank].append((e.start, ALLOC, a))
         elif kind in (OpKind.RELOAD_END, OpKind.STASH_RELOAD_END):
             pts[e.rank].append((e.end, FREE, -a))
-    t0 = timeline.start
     return [[(t0, 0.0)] + [(t, level) for t, _, level in memory_sweep(rank_pts)] for rank_pts in pts]
 
 
@@ -1581,25 +1588,38 @@ def _sweep_link(cands: list[_Candidate], ranks: list[int], levels: dict[int, lis
     saved = {r: _Savings() for r in ranks}
     covering = {r: _Covering(order.ranks[r]) for r in ranks}
     reached = {r: 0.0 for r in ranks}
-    sweep = list(order.points)  # sorted: a heap
-    while sweep:
-        t, r = heapq.heappop(sweep)
-        lv = base[r]
-        i = bisect_right(lv, (t + _EPS, math.inf, True)) - 1
-        now = (lv[i][1] if i >= 0 else 0.0) - saved[r].at(t)
+    # The points in time order: the allocation points (sorted once, with their levels) merged
+    # with a heap of the reload starts booked (each later than the point that books it).
+    points, point_levels, nxt, n = order.points, order.levels, 0, len(order.points)
+    reloads: list[tuple[float, int]] = []
+    while nxt < n or reloads:
+        if reloads and (nxt == n or reloads[0] < points[nxt]):
+            t, r = heapq.heappop(reloads)
+            lv = base[r]
+            i = bisect_right(lv, (t + _EPS, math.inf, True)) - 1
+            now = (lv[i][1] if i >= 0 else 0.0) - saved[r].at(t)
+        else:  # of two equal (time, rank) either comes first: they read the same level
+            t, r = points[nxt]
+            now = point_levels[nxt] - saved[r].at(t)
+            nxt += 1
         if now > target + _EPS:
             cover = covering[r]
-            for k in cover.at(t):
-                c = cover.cands[k]
+            open_, mine, j = cover.at(t), cover.cands, 0
+            # In try order, in place: placing one deletes it where it stands (the same
+            # candidates in the same order as going through a copy of the list).
+            while j < len(open_):
+                c = mine[open_[j]]
                 if not _covers(c, t):
+                    j += 1
                     continue
-                slots = _slots_around(c, t, up, down)
+                slots = _slots_around(c, t, up, down, order.merged)
                 if slots is None:
+                    j += 1
                     continue
                 placed[id(c)] = slots
-                cover.place(k)
+                del open_[j]
                 saved[r].add(slots[1], slots[2], c.amount)
-                heapq.heappush(sweep, (slots[2], r))
+                heapq.heappush(reloads, (slots[2], r))
                 now -= c.amount
                 if now <= target + _EPS:
                     break
@@ -1629,11 +1649,18 @@ class _TryOrder:
     :class:`_RankOrder` and the allocation points ``(time, rank)``, sorted (a heap). Made once
     per link and order by :func:`_place_by_peak` (a sweep sorted them again per target)."""
 
-    __slots__ = ("ranks", "points")
+    __slots__ = ("ranks", "points", "levels", "merged")
 
     def __init__(self, cands: list[_Candidate], ranks: list[int],
                  levels: dict[int, list[tuple[float, float, bool]]], far_first: bool) -> None:
         sign = -1 if far_first else 1
+        #: whether the sweep may keep its busy lists as blocks (:func:`_book_merged`): every copy
+        #: booked lasts over 2ε plus a margin over the rounding of times this large, so that
+        #: ``t + d − ε > t`` and ``e − d + ε < e`` hold in floats at every time it reads
+        span = max((abs(x) for c in cands for x in (c.forward_end, c.backward_start)), default=0.0)
+        span += max((c.transfer_time for c in cands), default=0.0)
+        self.merged = all(c.transfer_time <= _EPS or c.transfer_time > 2 * _EPS + 8 * math.ulp(2 * span)
+                          for c in cands)
         mine: dict[int, list[_Candidate]] = {r: [] for r in ranks}
         for c in sorted(cands, key=lambda c: (sign * c.backward_start, c.forward_end, c.stage, c.microbatch)):
             mine[c.rank].append(c)
@@ -1641,6 +1668,8 @@ class _TryOrder:
                                     sorted(range(len(lst)), key=lambda k: lst[k].forward_end))
                       for r, lst in mine.items()}
         self.points = sorted((t, r) for r in ranks for t, _, alloc in levels.get(r, []) if alloc)
+        #: each point's level (the rank's after every change up to ``t + ε``), as the sweep read it
+        self.levels = [_level_at(levels[r], t) for t, r in self.points]
 
 
 class _Covering:
@@ -1659,8 +1688,8 @@ class _Covering:
 
     def at(self, t: float) -> list[int]:
         """The indices to try at ``t`` (no earlier than any time read before), in try order:
-        a superset of the candidates covering ``t`` and not placed (a copy: placing one
-        while going through it is allowed)."""
+        a superset of the candidates covering ``t`` and not placed — the list itself, not a
+        copy: the caller deletes a candidate it places from it, where it stands."""
         cands, order, n = self.cands, self.by_producer, len(self.by_producer)
         while self.joined < n and cands[order[self.joined]].forward_end <= t + _EPS:
             insort(self.open, order[self.joined])
@@ -1668,14 +1697,10 @@ class _Covering:
         if self.far_first:  # the consumer at or before t: the tail of the order, for good
             cut = bisect_left(self.open, bisect_left(self.ends, -t + _EPS))
             del self.open[cut:]
-            return list(self.open)
+            return self.open
         cut = bisect_left(self.open, bisect_right(self.ends, t + _EPS))
         del self.open[:cut]
-        return list(self.open)
-
-    def place(self, k: int) -> None:
-        """Candidate ``k`` is placed: it is tried no more."""
-        del self.open[bisect_left(self.open, k)]
+        return self.open
 
 
 class _Savings:
@@ -1745,6 +1770,12 @@ class _Savings:
 _EXACT_SUMS = float(2 ** 53)
 
 
+def _level_at(lv: list[tuple[float, float, bool]], t: float) -> float:
+    """The level of one rank's :func:`_rank_levels` after every change up to ``t + ε``."""
+    i = bisect_right(lv, (t + _EPS, math.inf, True)) - 1
+    return lv[i][1] if i >= 0 else 0.0
+
+
 def _covers(c: _Candidate, t: float) -> bool:
     """Whether ``c``'s resident interval (producer end → consumer start) holds time ``t``."""
     return c.forward_end <= t + _EPS and t < c.backward_start - _EPS
@@ -1774,10 +1805,11 @@ def _rank_levels(events: list[TimedOp]) -> dict[int, list[tuple[float, float, bo
 
 
 def _slots_around(c: _Candidate, t_peak: float, up: list[tuple[float, float]],
-                  down: list[tuple[float, float]]) -> _Slots | None:
+                  down: list[tuple[float, float]], merged: bool = False) -> _Slots | None:
     """The candidate's copies with the offload ending by ``t_peak`` and the reload
     starting after it, booked in its link's busy d2h (``up``) and h2d (``down``)
-    intervals; None when the link has no such times."""
+    intervals; None when the link has no such times. ``merged``: the busy lists are kept
+    as blocks (:func:`_book_merged`; the same answers)."""
     d = c.transfer_time
     if d <= _EPS:
         return (c.forward_end, c.forward_end, c.backward_start, c.backward_start)
@@ -1788,9 +1820,35 @@ def _slots_around(c: _Candidate, t_peak: float, up: list[tuple[float, float]],
     rel_end = _latest_gap(down, c.backward_start, d, limit)
     if rel_end - d <= limit:
         return None
-    insort(up, (off_start, off_start + d))
-    insort(down, (rel_end - d, rel_end))
+    book = _book_merged if merged else insort
+    book(up, (off_start, off_start + d))
+    book(down, (rel_end - d, rel_end))
     return (off_start, off_start + d, rel_end - d, rel_end)
+
+
+def _book_merged(busy: list[tuple[float, float]], iv: tuple[float, float]) -> None:
+    """Book ``iv`` in ``busy`` kept as blocks: runs of booked intervals each starting at or
+    before the previous one's end become one ``(first start, last end)``.
+
+    Why exact (:func:`_sweep_link` with ``merged``): the copies booked there overlap their
+    neighbours by at most ε (the gap scans' tolerance) and last longer than 2ε, so in a run
+    every end is past the previous one. A scan of :func:`_earliest_gap` for a copy of length
+    ``d`` that reaches a run's first interval goes on through the run to its last end (``a ≤
+    t < t + d − ε`` at every touching start; :attr:`_TryOrder.merged` checks ``d`` against
+    the rounding of the link's times), which the block gives in one step; one that starts in
+    a run's interval also ends at the run's last end. :func:`_latest_gap` is the mirror. The
+    scans differ only where they stop early (past ``end_by`` / before ``start_after``), and
+    there the caller rejects both answers. A new interval never falls inside a run (no
+    gap there is longer than 2ε), so it only joins the block before and/or after it."""
+    s, e = iv
+    i = bisect_right(busy, iv)
+    if i < len(busy) and busy[i][0] <= e:  # the next block starts by the new end: one block
+        e = max(e, busy[i][1])
+        del busy[i]
+    if i > 0 and busy[i - 1][1] >= s:  # the block before ends at or after the new start
+        busy[i - 1] = (busy[i - 1][0], max(busy[i - 1][1], e))
+        return
+    busy.insert(i, (s, e))
 
 
 #: Placement heuristics tried by :func:`_plan_for_chunks`; the better plan is kept.
@@ -1842,7 +1900,7 @@ class _ComputeFigures:
     start) as a plan's timeline holds them, each rank's memory changes in the order
     :func:`~pipeoffload.timeline.memory_sweep` takes them, and the makespan."""
 
-    __slots__ = ("events", "compute", "changes", "makespan")
+    __slots__ = ("events", "compute", "changes", "makespan", "keys", "levels", "magnitude")
 
     def __init__(self, events: list[TimedOp], num_ranks: int) -> None:
         self.events = events
@@ -1850,6 +1908,12 @@ class _ComputeFigures:
         tl = Timeline(num_ranks=num_ranks, events=self.compute)
         self.changes = [sorted(pts, key=_TIME_ORDER) for pts in tl.memory_changes()]
         self.makespan = tl.makespan
+        #: per rank, each change's (time, FREE|ALLOC) and the level after it (:func:`_plan_peaks`)
+        self.keys = [[(t, o) for t, o, _ in ch] for ch in self.changes]
+        self.levels = [list(accumulate(d for _, _, d in ch)) for ch in self.changes]
+        #: the sum of every change's absolute value, or None when one is not a whole number
+        whole = all(float(d).is_integer() for ch in self.changes for _, _, d in ch)
+        self.magnitude = sum(abs(d) for ch in self.changes for _, _, d in ch) if whole else None
 
 
 def _compute_figures(ctx: _Context, events: list[TimedOp]) -> _ComputeFigures:
@@ -1877,6 +1941,9 @@ def _plan_peaks(compute: _ComputeFigures, transfers: list[Transfer]) -> list[flo
             own[t.rank] += [(t.offload_end, FREE, -a), (t.reload_start, ALLOC, a)]
         elif a < 0:
             own[t.rank] += [(t.offload_end, ALLOC, -a), (t.reload_end, FREE, a)]
+    if _whole_sums(compute, transfers):
+        return [_clean(_merged_top(keys, levels, sorted(mine, key=_TIME_ORDER)))
+                for keys, levels, mine in zip(compute.keys, compute.levels, own)]
     out = []
     for base, mine in zip(compute.changes, own):
         level = top = 0.0
@@ -1889,6 +1956,46 @@ def _plan_peaks(compute: _ComputeFigures, transfers: list[Transfer]) -> list[flo
                 top = level
         out.append(_clean(top))
     return out
+
+
+def _whole_sums(compute: _ComputeFigures, transfers: list[Transfer]) -> bool:
+    """Whether every change of ``compute`` and ``transfers`` is a whole number and their
+    absolute values sum to at most 2⁵³: then every partial sum of them, in any order, is
+    exact (as :class:`_Savings` uses it)."""
+    if compute.magnitude is None:
+        return False
+    total = compute.magnitude
+    for t in transfers:
+        if not float(t.amount).is_integer():
+            return False
+        total += 2 * abs(t.amount)
+    return total <= _EXACT_SUMS
+
+
+def _merged_top(keys: list[tuple[float, int]], levels: list[float], mine: list[Change]) -> float:
+    """The highest level (at least 0) of one rank's compute changes (their keys and levels
+    after each, in order) merged with ``mine`` (sorted; a compute change first of two equal
+    keys), as :func:`_plan_peaks`' running sum gives it where every partial sum is exact
+    (:func:`_whole_sums`): the level after a compute change is its own level plus the
+    transfers' sum so far, so each run of compute changes between two transfer changes
+    contributes its highest level (one ``max`` over a slice) plus that sum."""
+    top, extra, done = 0.0, 0.0, 0
+    for t, o, delta in mine:
+        at = bisect_right(keys, (t, o))  # the compute changes before this one
+        if at > done:
+            run = max(levels[done:at]) + extra
+            if run > top:
+                top = run
+            done = at
+        extra += delta
+        level = (levels[at - 1] if at else 0.0) + extra
+        if level > top:
+            top = level
+    if len(levels) > done:
+        run = max(levels[done:]) + extra
+        if run > top:
+            top = run
+    return top
 
 
 def _build_result(draft: _Draft) -> OffloadResult:
@@ -1944,7 +2051,9 @@ def _finish(res: OffloadResult | None) -> OffloadResult | None:
     new_sched = sched.with_ranks(_insert_ops(sched, compute, t_events))
     new_sched.params = dict(sched.params, offload_chunks=C)
     res.schedule = new_sched  # type: ignore[union-attr]
-    res.host_memory = [_clean(max(x for _, x in curve)) for curve in host_memory_curves(res.timeline)]  # type: ignore[union-attr]
+    # The timeline's events are the compute events, which hold no host memory, then these.
+    res.host_memory = [_clean(max(x for _, x in curve))  # type: ignore[union-attr]
+                       for curve in _host_curves(t_events, res.timeline.num_ranks, 0.0)]  # type: ignore[union-attr]
     res.timeline.meta["baseline_memory_curves"] = ctx.memo["baseline"][0]  # type: ignore[union-attr]
     return res
 
