@@ -724,6 +724,15 @@ def _spy(monkeypatch, module, name: str, seen: list, read=lambda out: out):
     return real
 
 
+def _assert_same_result(lazy, every) -> None:
+    """``lazy`` (a search with a shortcut) equals ``every`` (without it) in its JSON and its table,
+    apart from the search's seconds and how many offload plans it made (the shortcut's point)."""
+    a, b = lazy.to_dict(), every.to_dict()
+    for k in ("offload_plans", "seconds"):
+        a["search"].pop(k), b["search"].pop(k)
+    assert a == b and lazy.table().split("\n")[2:] == every.table().split("\n")[2:]
+
+
 @pytest.mark.parametrize("budget", [5, 6])
 def test_offload_tries_proved_unable_to_fit_give_the_same_result(monkeypatch, budget):
     # The tries the offload floor proves hopeless are skipped during the search and made at the
@@ -830,10 +839,7 @@ def test_fits_proved_without_their_offload_plans_give_the_same_result(monkeypatc
     assert any(fired), "no fit was proved: the test checks nothing"
     monkeypatch.setattr(search, "_proved_fit", lambda *a, **k: None)
     every = plan("9.6B", "a100-80g", 16, memory_budget=12 * GiB, options=opts)
-    a, b = lazy.to_dict(), every.to_dict()
-    for k in ("offload_plans", "seconds"):
-        a["search"].pop(k), b["search"].pop(k)
-    assert a == b and lazy.table().split("\n")[2:] == every.table().split("\n")[2:]
+    _assert_same_result(lazy, every)
     assert any(c.offload_chunks for c in lazy.configs)  # a shown configuration was completed by its plan
     assert not any(n.startswith("provisional") for c in lazy.configs for n in c.notes)
     assert lazy.stats["offload_plans"] < every.stats["offload_plans"]
@@ -858,10 +864,7 @@ def test_refusals_proved_without_their_offload_plans_give_the_same_result(monkey
     assert any(fired), "no refusal was proved: the test checks nothing"
     monkeypatch.setattr(search, "_proved_refused", lambda *a, **k: False)
     every = plan("9.6B", hw, 16, memory_budget=12 * GiB, options=opts)
-    a, b = lazy.to_dict(), every.to_dict()
-    for k in ("offload_plans", "seconds"):  # fewer plans: refusals no rejection quotes get stand-ins
-        a["search"].pop(k), b["search"].pop(k)
-    assert a == b and lazy.table().split("\n")[2:] == every.table().split("\n")[2:]
+    _assert_same_result(lazy, every)
     assert lazy.stats["offload_plans"] <= every.stats["offload_plans"]
     assert any("offload refused" in r.reason for r in lazy.rejected)
 
@@ -918,10 +921,7 @@ def test_recompute_settings_proved_hopeless_give_the_same_result(monkeypatch, pi
     assert any(fired), "no recompute setting was proved hopeless: the test checks nothing"
     monkeypatch.setattr(search, "_every_try_hopeless", lambda *a, **k: False)
     every = plan("9.6B", hw, 16, memory_budget=12 * GiB, options=opts)
-    a, b = lazy.to_dict(), every.to_dict()
-    for k in ("offload_plans", "seconds"):
-        a["search"].pop(k), b["search"].pop(k)
-    assert a == b and lazy.table().split("\n")[2:] == every.table().split("\n")[2:]
+    _assert_same_result(lazy, every)
     assert lazy.stats["offload_plans"] < every.stats["offload_plans"]
 
 
@@ -943,8 +943,5 @@ def test_refusals_no_rejection_quotes_are_not_planned(monkeypatch):
     assert any(made), "no stand-in refusal was made: the test checks nothing"
     monkeypatch.setattr(search, "_complete_one", lambda *a: real(*a[:-1], False))
     every = plan("9.6B", hw, 16, memory_budget=12 * GiB, options=opts)
-    a, b = lazy.to_dict(), every.to_dict()
-    for k in ("offload_plans", "seconds"):
-        a["search"].pop(k), b["search"].pop(k)
-    assert a == b and lazy.table().split("\n")[2:] == every.table().split("\n")[2:]
+    _assert_same_result(lazy, every)
     assert lazy.stats["offload_plans"] < every.stats["offload_plans"]
