@@ -724,6 +724,17 @@ def _spy(monkeypatch, module, name: str, seen: list, read=lambda out: out):
     return real
 
 
+def _with_and_without(monkeypatch, module, name: str, off, *args, read=lambda out: out, **kwargs):
+    """``plan(*args, **kwargs)`` with the shortcut ``module.name`` (failing unless ``read`` of one
+    of its results is truthy: it fired) and again with ``off`` in its place: (with, without)."""
+    fired: list = []
+    _spy(monkeypatch, module, name, fired, read)
+    lazy = plan(*args, **kwargs)
+    assert any(fired), f"{name} never fired: the test checks nothing"
+    monkeypatch.setattr(module, name, off)
+    return lazy, plan(*args, **kwargs)
+
+
 def _assert_same_result(lazy, every) -> None:
     """``lazy`` (a search with a shortcut) equals ``every`` (without it) in its JSON and its table,
     apart from the search's seconds and how many offload plans it made (the shortcut's point)."""
@@ -832,13 +843,9 @@ def test_fits_proved_without_their_offload_plans_give_the_same_result(monkeypatc
     # The result equals the search that plans every try, with fewer offload plans.
     from pipeoffload.planner import search
 
-    fired: list = []
     opts = PlanOptions(po_runtime=True, top=top)
-    _spy(monkeypatch, search, "_proved_fit", fired, lambda out: out is not None)
-    lazy = plan("9.6B", "a100-80g", 16, memory_budget=12 * GiB, options=opts)
-    assert any(fired), "no fit was proved: the test checks nothing"
-    monkeypatch.setattr(search, "_proved_fit", lambda *a, **k: None)
-    every = plan("9.6B", "a100-80g", 16, memory_budget=12 * GiB, options=opts)
+    lazy, every = _with_and_without(monkeypatch, search, "_proved_fit", lambda *a, **k: None, "9.6B", "a100-80g",
+                                    16, memory_budget=12 * GiB, options=opts, read=lambda out: out is not None)
     _assert_same_result(lazy, every)
     assert any(c.offload_chunks for c in lazy.configs)  # a shown configuration was completed by its plan
     assert not any(n.startswith("provisional") for c in lazy.configs for n in c.notes)
@@ -856,14 +863,10 @@ def test_refusals_proved_without_their_offload_plans_give_the_same_result(monkey
     from pipeoffload.costmodel.hardware import get_hardware
     from pipeoffload.planner import search
 
-    fired: list = []
     hw = dataclasses.replace(get_hardware("a100-80g"), pinned_host_bytes=2 * GiB)
     opts = PlanOptions(po_runtime=True, top=3)
-    _spy(monkeypatch, search, "_proved_refused", fired)
-    lazy = plan("9.6B", hw, 16, memory_budget=12 * GiB, options=opts)
-    assert any(fired), "no refusal was proved: the test checks nothing"
-    monkeypatch.setattr(search, "_proved_refused", lambda *a, **k: False)
-    every = plan("9.6B", hw, 16, memory_budget=12 * GiB, options=opts)
+    lazy, every = _with_and_without(monkeypatch, search, "_proved_refused", lambda *a, **k: False, "9.6B", hw, 16,
+                                    memory_budget=12 * GiB, options=opts)
     _assert_same_result(lazy, every)
     assert lazy.stats["offload_plans"] <= every.stats["offload_plans"]
     assert any("offload refused" in r.reason for r in lazy.rejected)
@@ -915,12 +918,8 @@ def test_recompute_settings_proved_hopeless_give_the_same_result(monkeypatch, pi
 
     hw = dataclasses.replace(get_hardware("a100-80g"), pinned_host_bytes=pinned * GiB)
     opts = PlanOptions(top=1)
-    fired: list = []
-    _spy(monkeypatch, search, "_every_try_hopeless", fired)
-    lazy = plan("9.6B", hw, 16, memory_budget=12 * GiB, options=opts)
-    assert any(fired), "no recompute setting was proved hopeless: the test checks nothing"
-    monkeypatch.setattr(search, "_every_try_hopeless", lambda *a, **k: False)
-    every = plan("9.6B", hw, 16, memory_budget=12 * GiB, options=opts)
+    lazy, every = _with_and_without(monkeypatch, search, "_every_try_hopeless", lambda *a, **k: False, "9.6B", hw,
+                                    16, memory_budget=12 * GiB, options=opts)
     _assert_same_result(lazy, every)
     assert lazy.stats["offload_plans"] < every.stats["offload_plans"]
 
