@@ -367,6 +367,16 @@ def make_op(placement: Placement, kind: OpKind, stage: int, microbatch: int) -> 
     return Op(kind, stage, microbatch, placement.rank_of(stage), placement.chunk_of(stage))
 
 
+def compact_schedule(name: str, num_microbatches: int, placement: Placement, compact: CompactOrders,
+                     **params: object) -> Schedule:
+    """The :class:`Schedule` that holds ``compact`` (its :class:`Op` lists made when ``ranks``
+    is first read): :func:`build_schedule` of the triples ``compact`` holds, for a generator
+    that writes the arrays itself (group-interleaved)."""
+    sched = Schedule(name, num_microbatches, placement, [], dict(params))
+    sched._ranks, sched._compact = None, compact
+    return sched
+
+
 def build_schedule(
     name: str,
     num_microbatches: int,
@@ -383,9 +393,7 @@ def build_schedule(
     per_rank = [lst if isinstance(lst, list) else list(lst) for lst in per_rank]
     compact = CompactOrders.from_triples(placement, per_rank)
     if compact is not None:  # the Op lists are made when ``ranks`` is first read
-        sched = Schedule(name, num_microbatches, placement, [], dict(params))
-        sched._ranks, sched._compact = None, compact
-        return sched
+        return compact_schedule(name, num_microbatches, placement, compact, **params)
     # make_op, inlined
     rank_of, chunk_of = placement.stage_to_rank, placement._chunk_of
     ranks = [[Op(k, s, j, rank_of[s], chunk_of[s]) for (k, s, j) in lst] for lst in per_rank]

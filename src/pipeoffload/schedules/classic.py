@@ -6,7 +6,7 @@ from array import array
 from itertools import compress
 
 from ..errors import ParameterError
-from ..ir import ALL_KINDS, CompactOrders, OpKind, Placement, Schedule, build_schedule
+from ..ir import ALL_KINDS, CompactOrders, OpKind, Placement, Schedule, build_schedule, compact_schedule
 from .spec import ScheduleSpec
 
 F, B, W, BW = OpKind.F, OpKind.B, OpKind.W, OpKind.BW
@@ -150,15 +150,6 @@ def group_interleaved(spec: ScheduleSpec) -> Schedule:
 
 
 _F_CODE, _B_CODE, _W_CODE = (ALL_KINDS.index(k) for k in (F, B, W))
-
-
-def compact_schedule(name: str, num_microbatches: int, placement: Placement, compact: CompactOrders,
-                     **params: object) -> Schedule:
-    """The :class:`Schedule` :func:`~pipeoffload.ir.build_schedule` makes of the triples
-    ``compact`` holds (its Op lists made when first read), from the arrays themselves."""
-    sched = Schedule(name, num_microbatches, placement, [], dict(params))
-    sched._ranks, sched._compact = None, compact
-    return sched
 
 
 def _gis_rank(i: int, delta: int, mb_of: list[int], f_stage: list[int], b_stage: list[int]
