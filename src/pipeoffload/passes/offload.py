@@ -449,14 +449,8 @@ def _level_tops(events: list[TimedOp], num_ranks: int) -> list[float]:
     its lists: the same changes in the same order, so the same running levels; that list
     keeps the level after the last change at each time, and the others there are no higher
     (frees come first and only lower it, allocations only raise it), so the top is the same."""
-    changes: list[list] = [[] for _ in range(num_ranks)]
-    for e in events:
-        mem = e.mem
-        if mem > 0:
-            changes[e.op.rank].append((e.start, ALLOC, mem))
-        elif mem < 0:
-            changes[e.op.rank].append((e.end, FREE, mem))
-    return [_swept_top(ch) for ch in changes]
+    changes = _rank_changes(events)
+    return [_swept_top(changes.get(r, [])) for r in range(num_ranks)]
 
 
 def _one_options(options: OffloadOptions | None, given: OffloadOptions) -> OffloadOptions:
@@ -1781,18 +1775,25 @@ def _covers(c: _Candidate, t: float) -> bool:
     return c.forward_end <= t + _EPS and t < c.backward_start - _EPS
 
 
-def _rank_levels(events: list[TimedOp]) -> dict[int, list[tuple[float, float, bool]]]:
-    """Per rank, ``(time, level after every change at that time, allocates)`` for each
-    time where ``events`` change the activation level, in time order. Peaks can only be
-    where something allocates."""
+def _rank_changes(events: list[TimedOp]) -> dict[int, list[tuple[float, int, float]]]:
+    """Per rank (those with any), the activation changes of ``events`` in event order: an
+    allocation at its op's start, a free at its end, as :func:`~pipeoffload.timeline.memory_sweep`
+    takes them (:func:`_rank_levels` and :func:`_level_tops` sweep the same changes)."""
     changes: dict[int, list] = {}
     for e in events:
         if e.mem > 0:
             changes.setdefault(e.rank, []).append((e.start, ALLOC, e.mem))
         elif e.mem < 0:
             changes.setdefault(e.rank, []).append((e.end, FREE, e.mem))
+    return changes
+
+
+def _rank_levels(events: list[TimedOp]) -> dict[int, list[tuple[float, float, bool]]]:
+    """Per rank, ``(time, level after every change at that time, allocates)`` for each
+    time where ``events`` change the activation level, in time order. Peaks can only be
+    where something allocates."""
     out: dict[int, list[tuple[float, float, bool]]] = {}
-    for r, ch in changes.items():
+    for r, ch in _rank_changes(events).items():
         sweep = memory_sweep(ch)
         lst = out[r] = []
         allocates = False
