@@ -748,8 +748,9 @@ def _assert_same_result(lazy, every) -> None:
 def test_offload_tries_proved_unable_to_fit_give_the_same_result(monkeypatch, budget):
     # The tries the offload floor proves hopeless are skipped during the search and made at the
     # end for the families without a configuration, in their places (their rejections quote
-    # them): the result equals the search that makes every try. 5 GiB: nothing fits, every try
-    # is made in the end; 6 GiB: six configurations fit and the families that have one skip theirs.
+    # them): the result equals the search that makes every try. 5 GiB: nothing fits, and the tries
+    # a rejection reads are made in the end; 6 GiB: six configurations fit and the families that have
+    # one skip theirs.
     from pipeoffload.planner import search
 
     proved: list = []
@@ -764,7 +765,9 @@ def test_offload_tries_proved_unable_to_fit_give_the_same_result(monkeypatch, bu
     for k in ("simulations", "offload_plans", "generator_calls", "seconds"):
         a["search"].pop(k), b["search"].pop(k)
     assert a == b and fast.table().split("\n")[2:] == every.table().split("\n")[2:]
-    assert (fast.stats["offload_plans"] < every.stats["offload_plans"]) == bool(every.configs)
+    # Fewer plans either way: with configurations, the families that have one skip theirs; with
+    # none, the deferred tries no rejection reads are not made (search._unread_deferred).
+    assert fast.stats["offload_plans"] < every.stats["offload_plans"]
 
 
 # --- pending timings: candidates proved not to fit are timed only when read (issue 24) ----------
@@ -920,6 +923,22 @@ def test_recompute_settings_proved_hopeless_give_the_same_result(monkeypatch, pi
     opts = PlanOptions(top=1)
     lazy, every = _with_and_without(monkeypatch, search, "_every_try_hopeless", lambda *a, **k: False, "9.6B", hw,
                                     16, memory_budget=12 * GiB, options=opts)
+    _assert_same_result(lazy, every)
+    assert lazy.stats["offload_plans"] < every.stats["offload_plans"]
+
+
+@pytest.mark.parametrize("recompute", [(False,), (False, True)])
+def test_deferred_tries_no_rejection_reads_are_not_planned(monkeypatch, recompute):
+    # search._unread_deferred: a deferred offload try whose floor misses the budget by more than
+    # the family's closest known miss (a lower-bound OOM or an attempt) can never be the one a
+    # rejection quotes; when the bound is quoted, the family's refusals are not read either. Those
+    # tries are not planned: the result equals the search that plans every deferred try.
+    from pipeoffload.planner import search
+
+    opts = PlanOptions(recompute=recompute)
+    lazy, every = _with_and_without(monkeypatch, search, "_unread_deferred", lambda *a: set(), "1.5B", "a100-80g",
+                                    8, memory_budget=5 * GiB, options=opts, read=bool)
+    assert not lazy.configs and lazy.rejected, "nothing fits at 5 GiB: every family is rejected"
     _assert_same_result(lazy, every)
     assert lazy.stats["offload_plans"] < every.stats["offload_plans"]
 

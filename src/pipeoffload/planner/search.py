@@ -585,18 +585,92 @@ def _complete_deferred(problem: Problem, simulator: Simulator, candidates: list[
     of the family holds one, a try proved to be refused (:func:`_proved_refused`) gets a
     stand-in refusal of the same kind, named alike, without its plan (:func:`_complete_one`)."""
     fitted = {c.family.label for c in candidates if c.fit}
+    unread = _unread_deferred(problem, simulator, [c for c in candidates if c.family.label not in fitted])
     quoted: set[str] = set()  # families whose earlier candidate holds an offload refusal
     for c in candidates:
         if c.family.label in fitted:
             continue
         if c.deferred:
             for at, ref, rc, chunks in reversed(c.deferred):  # the later first: the earlier indices stay valid
+                if (id(c), at, ref, rc, chunks) in unread:
+                    continue
                 alone = _complete_one(problem, simulator, c, rc, chunks, c.family.label in quoted)
                 c.attempts[at:at] = alone.attempts
                 c.refusals[ref:ref] = alone.refusals
             c.deferred = []
         if any(r.kind == "offload" for r in c.refusals):
             quoted.add(c.family.label)
+
+
+def _unread_deferred(problem: Problem, simulator: Simulator, candidates: list[_Candidate]) -> set[tuple]:
+    """The deferred entries (``(id(c), *entry)``) of ``candidates`` (families without a
+    configuration) whose tries no rejection reads: :func:`_complete_deferred` leaves them out.
+
+    A family's rejection (:func:`~.report.family_rejections`) quotes its closest lower-bound
+    OOM when that missed by less than every attempt, else its closest attempt (the first of
+    the least ``over``) with its first offload refusal and the other refusals' kinds. An
+    offload try's attempt misses by at least its floor (:meth:`~.simulate.Simulator.
+    offload_bounds`, as the configuration counts its activations; :data:`_FLOOR_SLACK` for the
+    sums' order) less the budget. So:
+
+    * a one-try entry (attempt only: its host ceiling fits, it cannot be refused) whose floor
+      misses by more than the family's least known miss (bound or attempt) is never quoted and
+      changes neither the least attempt nor the choice of the bound;
+    * when the bound is quoted already (it missed by less than every known attempt) and every
+      attempt any entry of the family could make misses by more than the bound (each try of an
+      entry either floored so or proved refused for its pinned host memory, which makes no
+      attempt), the bound stays quoted, and it reads nothing else: all the entries are unread.
+
+    Guarantees: the rejections, configurations and ranking are those of making every entry
+    (tests/test_plan.py compares them)."""
+    families: dict[str, list[_Candidate]] = {}
+    for c in candidates:
+        families.setdefault(c.family.label, []).append(c)
+    unread: set[tuple] = set()
+    for mine in families.values():
+        entries = [(c, e) for c in mine for e in c.deferred]
+        if not entries:
+            continue
+        bound = min((r.over for c in mine for r in c.refusals if r.kind == "oom"), default=math.inf)
+        tried = min((a.over for c in mine for a in c.attempts), default=math.inf)
+        known = min(bound, tried)
+        if known == math.inf:
+            continue  # no miss known: the first refusal or the attempts made decide
+        if bound < tried and all(_tries_miss_more(problem, simulator, c, rc, chunks, bound)
+                                 for c, (_, _, rc, chunks) in entries):
+            unread.update((id(c), *e) for c, e in entries)
+            continue
+        unread.update((id(c), *e) for c, e in entries
+                      if e[3] is not None and e[3] > 0 and _floor_misses_more(problem, simulator, c, e[2], e[3], known))
+    return unread
+
+
+def _tries_miss_more(problem: Problem, simulator: Simulator, c: _Candidate, rc: Any, chunks: int | None,
+                     miss: float) -> bool:
+    """Whether every attempt the deferred entry ``(rc, chunks)`` of ``c`` could make misses the
+    budget by more than ``miss``: each of its tries floored so (:func:`_floor_misses_more`) or
+    proved refused for its pinned host memory (no attempt)."""
+    if chunks is not None and chunks < 0:
+        return True  # one try proved refused: a refusal only
+    if chunks is not None:
+        tries = [chunks]
+    else:
+        tries = [C for C, _ in offload_tries(simulator.simulate(c.split, c.family, c.m, rc).schedule, stash=False)]
+    return all(_floor_misses_more(problem, simulator, c, rc, C, miss) or _proved_refused(problem, simulator, c, rc, C)
+               for C in tries)
+
+
+def _floor_misses_more(problem: Problem, simulator: Simulator, c: _Candidate, rc: Any, chunks: int,
+                       miss: float) -> bool:
+    """Whether every offload plan of ``c`` with ``rc`` and ``chunks`` chunks misses the budget by
+    more than ``miss`` bytes: its floor plus the fullest rank's states exceeds budget + miss
+    (:func:`_offload_cannot_fit`'s test, with the slack)."""
+    bounds = simulator.offload_bounds(c.split, c.family, c.m, rc)
+    if bounds is None or chunks not in bounds:
+        return False
+    state = simulator.state(c.split, c.family, rc)
+    top = max(a + b + x for (a, b), x in zip(state, bounds[chunks][0]))
+    return top > (problem.budget + miss) * (1.0 + _FLOOR_SLACK)
 
 
 def _complete_one(problem: Problem, simulator: Simulator, c: _Candidate, rc: Any, chunks: int | None,
