@@ -172,3 +172,25 @@ class _Counting:
     def __getitem__(self, i: int):
         self.made.append(i)
         return self.ops[i]
+
+
+@pytest.mark.parametrize("name,p,m,kw", [("zb-v", 4, 12, {}), ("interleaved-1f1b", 4, 8, {"v": 2}),
+                                          ("group-interleaved", 6, 12, {"v": 3, "g": 5})])
+def test_rank_ops_to_list_and_timed_ops_equal_reading_each_op(name, p, m, kw) -> None:
+    """RankOps.to_list (what EventColumns.timed_ops makes a compact rank into) is, op for op,
+    what reading each index gives; and the timeline's events from the columns equal events
+    made by reading each rank's ops one at a time."""
+    from pipeoffload.ir import RankOps
+    from pipeoffload.timeline import TimedOp
+
+    sched = generate(name, p, m, **kw)
+    tl = simulate(sched, Costs(F=1.0, B=2.0, W=0.5, comm=0.25), MemoryDeltas())
+    cols = tl._columns
+    assert cols is not None and all(isinstance(ops, RankOps) for ops in cols.ops)
+    for ops in cols.ops:
+        assert ops.to_list() == [ops[i] for i in range(len(ops))]
+    cursor, want = [0] * len(cols.ops), []
+    for r in cols.order:
+        i, cursor[r] = cursor[r], cursor[r] + 1
+        want.append(TimedOp(cols.ops[r][i], cols.start[r][i], cols.end[r][i], "compute", cols.mem[r][i]))
+    assert tl.events == want and len(want) == sum(map(len, cols.ops))

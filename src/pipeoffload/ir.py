@@ -310,9 +310,7 @@ class CompactOrders:
 
     def op_lists(self, placement: Placement) -> list[list[Op]]:
         """The Op lists (as :func:`build_schedule` made them)."""
-        rank_of, chunk_of, kinds = placement.stage_to_rank, placement._chunk_of, ALL_KINDS
-        return [[Op(kinds[k], s, j, rank_of[s], chunk_of[s]) for k, s, j in zip(ks, ss, js)]
-                for ks, ss, js in zip(self.kinds, self.stages, self.mbs)]
+        return [RankOps(self, placement, r).to_list() for r in range(len(self.kinds))]
 
 
 class RankOps(_SequenceABC):
@@ -330,6 +328,12 @@ class RankOps(_SequenceABC):
     def stages(self) -> set[int]:
         """The layer groups of the rank's ops (read from the array, no Op made)."""
         return set(self.orders.stages[self.rank])
+
+    def to_list(self) -> list[Op]:
+        """Every op of the rank as a list, made at once: equal, op for op, to reading each
+        (what a caller that reads them all wants: one comprehension instead of a call an op)."""
+        o, rank_of, chunk_of, r = self.orders, self.placement.stage_to_rank, self.placement._chunk_of, self.rank
+        return [Op(ALL_KINDS[k], s, j, rank_of[s], chunk_of[s]) for k, s, j in zip(o.kinds[r], o.stages[r], o.mbs[r])]
 
     def __getitem__(self, i):  # type: ignore[override]
         if isinstance(i, slice):

@@ -141,7 +141,9 @@ class EventColumns:
     def timed_ops(self) -> list[TimedOp]:
         """The events as :class:`TimedOp` objects, in event order."""
         cursor = [0] * len(self.ops)
-        ops, start, end, mem = self.ops, self.start, self.end, self.mem
+        # Every op is read: a rank held as RankOps is made into its list at once.
+        ops = [o.to_list() if isinstance(o, RankOps) else o for o in self.ops]
+        start, end, mem = self.start, self.end, self.mem
         out = []
         append = out.append
         for r in self.order:
