@@ -119,3 +119,35 @@ def test_the_check_is_what_keeps_it_exact(monkeypatch):
                     continue
                 differ += not _same(got, want)
     assert differ > 0
+
+
+@settings(max_examples=20, deadline=None)
+@given(name=st.sampled_from(list(BLOCKS)), p=st.integers(2, 8), extra=st.integers(0, 20),
+       f=st.integers(1, 16), b=st.integers(1, 16), comm=st.integers(0, 4), partial=st.booleans())
+def test_put_with_the_loops_arrival_equals_put_computing_it(name, p, extra, f, b, comm, partial):
+    """The refill loop hands ``put`` the arrival it computed; a ``put`` that ignores it
+    and computes its own places every op at the same times, levels and order."""
+    m = p + extra
+    block = BLOCKS[name](p)
+    orders = orders_from_block(block, m)
+    costs = Costs(F=f / 4, B=b / 4, W=1.0, comm=comm / 4)
+    caps = [unit_peak_bound(name, p)] * p
+    args = (block.placement, m, orders, costs, MemoryDeltas(), caps, partial)
+    runs, handed = [], []
+    for ignore in (False, True):
+        run = w_refill._Refill(*args, [False])
+        own = run.put
+
+        def put(code, stage, mb, r, arrive=None, own=own, ignore=ignore):
+            handed.append(arrive is not None)
+            own(code, stage, mb, r, None if ignore else arrive)
+
+        run.put = put
+        try:
+            run.run()
+        except Infeasible:
+            runs.append(None)
+            continue
+        runs.append((run.tr.end, run.tr.clock, run.tr.peak, run.tr.order, run.done))
+    assert runs[0] == runs[1]
+    assert any(handed) or runs[0] is None

@@ -122,3 +122,17 @@ def test_bw_orders_are_timed_in_full():
     assert steady_timing._steady(block.placement, 12, orders, Costs(), MemoryDeltas()) == (None, 0)
     assert steady_timing.steady_figures(block.placement, 12, orders, Costs(), MemoryDeltas()) == \
         order_figures(block.placement, 12, orders, Costs(), MemoryDeltas())
+
+
+@settings(max_examples=20, deadline=None)
+@given(p=st.integers(2, 10), m=st.integers(1, 40), comm=st.integers(0, 8))
+def test_engine_input_offsets_name_the_same_slots(p, m, comm):
+    """The engine's ``rel`` table (slot offsets) names, for every op, the inputs and
+    latencies of the scheduler's ``deps`` (``base + mb``)."""
+    block = v_half_block(p)
+    codes = [[] for _ in range(p)]
+    eng = steady_timing._Engine(block.placement, m, comm / 8, codes, [])
+    for own, row in enumerate(eng.deps):
+        for mb in range(m):
+            slot = own * m + mb
+            assert [(slot + off, lat) for off, lat in eng.rel[slot // m]] == [(b + mb, lat) for b, lat in row]

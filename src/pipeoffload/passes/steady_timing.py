@@ -355,6 +355,9 @@ class _Engine:
         ls = ListScheduler(placement.stage_to_rank, m, comm)
         self.m, self.codes, self.durc = m, codes, durc
         self.deps, self.end, self.origin, self.rank_of = ls.deps, ls.end, ls.origin, ls.rank_of
+        #: per op code, its inputs' slot offsets from the op's own slot (``base + mb`` is
+        #: ``slot + base − code·m``) and latencies: one ``//`` an op instead of a divmod
+        self.rel = [[(base - own * m, latency) for base, latency in row] for own, row in enumerate(ls.deps)]
         p = len(codes)
         self.clock = [ls.origin] * p
         self.first = [math.inf] * p
@@ -391,23 +394,23 @@ class _Engine:
 
     def run(self) -> bool:
         """Time every rank up to its limit; whether each got there."""
-        m, deps, end, durc, origin, unplaced = self.m, self.deps, self.end, self.durc, self.origin, _NOT_PLACED
+        m, rel, end, durc, origin, unplaced = self.m, self.rel, self.end, self.durc, self.origin, _NOT_PLACED
         clock, done, lim, waiting, blocked, first = (
             self.clock, self.done, self.lim, self.waiting, self.blocked, self.first)
         ready = deque(r for r in range(len(done)) if not blocked[r] and done[r] < lim[r])
         while ready:
             r = ready.popleft()
-            ops, i, n = self.codes[r], done[r], lim[r]
+            ops, i, n, c = self.codes[r], done[r], lim[r], clock[r]  # c: the rank's clock, kept local
             blocked[r] = False
             while i < n:
                 slot = ops[i]
-                own, mb = divmod(slot, m)
+                own = slot // m
                 t = origin
                 missing = -1
-                for base, latency in deps[own]:
-                    e = end[base + mb]
+                for off, latency in rel[own]:
+                    e = end[slot + off]
                     if e == unplaced:
-                        missing = base + mb
+                        missing = slot + off
                         break
                     e += latency
                     if e > t:
@@ -415,19 +418,19 @@ class _Engine:
                 if missing >= 0:
                     waiting.setdefault(missing, []).append(r)
                     blocked[r] = True
-                    if self.locate is not None:
+                    if self.locate is not None:  # reads limits, never clocks
                         self._demand(missing, r, ready)
                     break
-                if clock[r] > t:
-                    t = clock[r]
+                if c > t:
+                    t = c
                 if i == 0:
                     first[r] = t
-                end[slot] = clock[r] = t + durc[own]
+                end[slot] = c = t + durc[own]
                 i += 1
                 woken = waiting.pop(slot, None)
                 if woken:
                     ready.extend(woken)
-            done[r] = i
+            done[r], clock[r] = i, c
         return all(d == n for d, n in zip(done, lim))
 
 

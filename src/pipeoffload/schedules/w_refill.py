@@ -283,7 +283,7 @@ class _Refill:
                     if not pend:
                         raise Infeasible(f"rank {r} cannot keep its cap {cap:g}")
                     put(W_CODE, *pend.popleft(), r)
-                put(code, stage, mb, r)
+                put(code, stage, mb, r, arrive)
                 if code == B_CODE:
                     pend.append((stage, mb))
                 i += 1
@@ -432,21 +432,26 @@ def _shift_periods(run: _Refill, before: tuple, now: tuple, n: int, shift: float
 
 
 def _placer(tr: Tracker, ops_of: list) -> Callable[[int, int, int, int], None]:
-    """``put(code, stage, mb, rank)``: :meth:`Tracker.put` (no limit: the refill's tracker
+    """``put(code, stage, mb, rank[, arrive])``: :meth:`Tracker.put` (no limit: the refill's tracker
     has none) with :meth:`ListScheduler.place` inline, for an op whose inputs are placed
     — the refill's hot path. Same times, levels, peaks, idle times and order (whose
-    entries are ``ops_of[slot]``, the input's tuple of each op)."""
+    entries are ``ops_of[slot]``, the input's tuple of each op). ``arrive``, when given,
+    must be the op's input arrival as :meth:`Tracker.arrival` computes it (the same max
+    over the same ends in the same order): the refill's loop has just computed it."""
     S, M, deps, end, clock, origin = tr.num_stages, tr.num_microbatches, tr.deps, tr.end, tr.clock, tr.origin
     dur, mem, level, peak, idle, started, first, order = (
         tr.dur, tr.mem, tr.level, tr.peak, tr.idle, tr.started, tr.first, tr.order)
 
-    def put(code: int, stage: int, mb: int, r: int) -> None:
+    def put(code: int, stage: int, mb: int, r: int, arrive: float | None = None) -> None:
         own = code * S + stage
-        t = origin
-        for base, latency in deps[own]:
-            e = end[base + mb] + latency
-            if e > t:
-                t = e
+        if arrive is None:
+            t = origin
+            for base, latency in deps[own]:
+                e = end[base + mb] + latency
+                if e > t:
+                    t = e
+        else:  # the caller's arrival of the op's inputs (placed: their ends do not change)
+            t = arrive
         before = clock[r]
         if before > t:
             t = before
