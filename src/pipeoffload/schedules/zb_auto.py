@@ -144,6 +144,8 @@ def replay(tracker: Tracker, per_rank: Sequence[Sequence[tuple[OpKind, int, int]
     """Place a fixed per-rank order into ``tracker`` (list scheduling, as the timing pass).
 
     Raises :class:`Infeasible` on deadlock or when the order breaks the memory limit.
+    The ops must be tuples: the tracker's order keeps the caller's own F, B and W ops
+    (:func:`_replay_lists`).
     """
     placed = _replay_lists(tracker, per_rank)
     if any(n < len(ops) for n, ops in zip(placed, per_rank)):
