@@ -341,3 +341,16 @@ def test_order_figures_of_ops_on_another_rank_are_simulates() -> None:
     tl = simulate(build_schedule("orders", 4, s.placement, orders), costs, memory)
     assert order_figures(s.placement, 4, orders, costs, memory) == (
         max(tl.peak_memory()), max(tl.spans()), tl.makespan)
+
+
+@settings(deadline=None)
+@given(name=st.sampled_from(["zb-h1", "zb-h2", "1f1b"]), p=st.integers(1, 5), m=st.integers(1, 10), costs=costs_st)
+def test_replay_keeps_the_callers_op_tuples(name: str, p: int, m: int, costs: Costs) -> None:
+    """replay's order holds the caller's own (kind, stage, mb) tuples for F, B and W (no tuple
+    made again per op: the fast path fired), and a BW's entry is made as Tracker.put's B."""
+    s = generate(name, p, m)
+    per_rank = _orders(s)
+    tr = replay(Tracker(s.placement, m, costs, MemoryDeltas(), 1e9), per_rank)
+    for r, ops in enumerate(per_rank):
+        assert tr.order[r] == [(OpKind.B if k is OpKind.BW else k, st_, j) for k, st_, j in ops]
+        assert all((got is op) == (op[0] is not OpKind.BW) for got, op in zip(tr.order[r], ops))

@@ -144,33 +144,44 @@ def replay(tracker: Tracker, per_rank: Sequence[Sequence[tuple[OpKind, int, int]
     """Place a fixed per-rank order into ``tracker`` (list scheduling, as the timing pass).
 
     Raises :class:`Infeasible` on deadlock or when the order breaks the memory limit.
+    The ops must be tuples: the tracker's order keeps the caller's own F, B and W ops
+    (:func:`_replay_lists`).
     """
-    lists = [[(KIND_CODE[kind], stage, mb) for kind, stage, mb in ops] for ops in per_rank]
-    placed = _replay_lists(tracker, lists)
-    if any(n < len(ops) for n, ops in zip(placed, lists)):
+    placed = _replay_lists(tracker, per_rank)
+    if any(n < len(ops) for n, ops in zip(placed, per_rank)):
         raise Infeasible("the order deadlocks")
     return tracker
 
 
-def _replay_lists(tr: Tracker, lists: list[list[tuple[int, int, int]]]) -> list[int]:
+def _replay_lists(tr: Tracker, per_rank: Sequence[Sequence[tuple[OpKind, int, int]]]) -> list[int]:
     """:func:`~pipeoffload.passes.timing.place_rank_lists` calling :meth:`Tracker.put`,
     both inline in one loop (each op's inputs visited once: checked and timed at once).
     Same placements, times, levels, peaks, idle times and orders; raises
     :class:`Infeasible` where :meth:`Tracker.put` would. Returns how many ops of each rank
-    were placed. Cost: O(number of ops)."""
+    were placed. Cost: O(number of ops).
+
+    The ops are read as given (``(kind, stage, mb)``, no list of engine codes made first)
+    and an F, B or W op goes into the tracker's order as the caller's own tuple, which
+    equals the ``(CODE_KIND[code], stage, mb)`` that :meth:`Tracker.put` appends (a BW is
+    appended as that B, as there); a kind outside the engine's raises KeyError as before,
+    though now when it is reached."""
     S, M, deps, end, clock, origin = tr.num_stages, tr.num_microbatches, tr.deps, tr.end, tr.clock, tr.origin
     dur, mem, level, peak, idle, started, first, order = (
         tr.dur, tr.mem, tr.level, tr.peak, tr.idle, tr.started, tr.first, tr.order)
     rank_of, cap, unplaced = tr.rank_of, tr.limit + tr.tol, _UNPLACED
-    done = [0] * len(lists)
+    # Per kind: its engine code and whether the op tuple is the one Tracker.put appends
+    code_of = {kind: (code, CODE_KIND[code] is kind) for kind, code in KIND_CODE.items()}
+    done = [0] * len(per_rank)
     waiting: dict[int, list[int]] = {}
-    ready = deque(range(len(lists)))
+    ready = deque(range(len(per_rank)))
     while ready:
         r = ready.popleft()
-        ops = lists[r]
-        i = done[r]
-        while i < len(ops):
-            code, stage, mb = ops[i]
+        ops = per_rank[r]
+        i, n = done[r], len(ops)
+        while i < n:
+            op = ops[i]
+            kind, stage, mb = op
+            code, same = code_of[kind]
             own = code * S + stage
             t, missing = origin, -1
             for base, latency in deps[own]:
@@ -202,7 +213,7 @@ def _replay_lists(tr: Tracker, lists: list[list[tuple[int, int, int]]]) -> list[
             level[q] = lv
             if lv > peak[q]:
                 peak[q] = lv
-            order[q].append((CODE_KIND[code], stage, mb))
+            order[q].append(op if same else (CODE_KIND[code], stage, mb))
             i += 1
             woken = waiting.pop(slot, None)
             if woken:
