@@ -498,11 +498,10 @@ def _offload_cannot_fit(problem: Problem, simulator: Simulator, c: _Candidate, r
     bounds = simulator.offload_bounds(c.split, c.family, c.m, rc)
     if bounds is None or chunks not in bounds:
         return False
-    floor, ceiling = bounds[chunks]
-    if host and check_pinned_host(problem.hardware, [x * (1.0 + _FLOOR_SLACK) for x in ceiling], problem.gpus):
+    if host and check_pinned_host(problem.hardware, [x * (1.0 + _FLOOR_SLACK) for x in bounds[chunks][1]],
+                                  problem.gpus):
         return False
-    state = simulator.state(c.split, c.family, rc)
-    return max(a + b + x for (a, b), x in zip(state, floor)) > problem.budget * (1.0 + _FLOOR_SLACK)
+    return _floor_misses_more(problem, simulator, c, rc, chunks, 0.0)
 
 
 def _proved_fit(problem: Problem, simulator: Simulator, c: _Candidate, rc: Any, chunks: int) -> Config | None:
@@ -663,8 +662,8 @@ def _tries_miss_more(problem: Problem, simulator: Simulator, c: _Candidate, rc: 
 def _floor_misses_more(problem: Problem, simulator: Simulator, c: _Candidate, rc: Any, chunks: int,
                        miss: float) -> bool:
     """Whether every offload plan of ``c`` with ``rc`` and ``chunks`` chunks misses the budget by
-    more than ``miss`` bytes: its floor plus the fullest rank's states exceeds budget + miss
-    (:func:`_offload_cannot_fit`'s test, with the slack)."""
+    more than ``miss`` bytes: its floor plus the fullest rank's states exceeds budget + miss, less
+    a relative :data:`_FLOOR_SLACK` (``miss`` = 0: no plan fits, :func:`_offload_cannot_fit`)."""
     bounds = simulator.offload_bounds(c.split, c.family, c.m, rc)
     if bounds is None or chunks not in bounds:
         return False
