@@ -298,7 +298,8 @@ def test_dependents_from_their_pattern():
 def test_peak_ceiling_bounds_the_plan(name, p, m, kw, memory, postpone):
     """``OffloadSession.peak_ceiling(C)``, made without the plan, is at least the plan's highest
     peak and gives its makespan change exactly, whatever was planned before, and ``host_floor``
-    is at most the plan's host memory on every rank; None where the options are not "skip"
+    is at most the plan's host memory on every rank (and so is ``host_floor_within`` of the plan's
+    own peaks, no smaller); None where the options are not "skip"
     with one warm-up setting."""
     sched = generate(name, p=p, m=m, **kw)
     costs = Costs(F=1.0, B=2.0, W=1.0, comm=0.05)
@@ -314,6 +315,10 @@ def test_peak_ceiling_bounds_the_plan(name, p, m, kw, memory, postpone):
             floor = session.host_floor(C)  # the host memory the plan holds at least
             assert all(h >= f - 1e-9 * max(1.0, f) for h, f in zip(res.host_memory, floor))
             fired.append(max(floor) > 0)
+            # with each rank's own peak as its room (what the plan's peaks allow at most), no draft:
+            within = session.host_floor_within(C, res.peak)
+            assert all(h >= f - 1e-9 * max(1.0, f) for h, f in zip(res.host_memory, within))
+            assert all(w >= f for w, f in zip(within, floor))  # a rank's peak is at most the ceiling
             assert _fields(session.plan(C)) == _fields(res)  # the ceiling's draft leaves the plan alone
     assert any(fired)  # some host floor says something
     for other in (dict(postpone_warmup=None), dict(stash=True), dict(on_infeasible="delay")):

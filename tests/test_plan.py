@@ -909,6 +909,34 @@ def test_host_floor_caps_decide_as_the_floors(monkeypatch, pinned):
 
 
 @pytest.mark.parametrize("pinned", [2, 8])
+def test_tries_unfit_or_refused_are_proved_without_drafts(monkeypatch, pinned):
+    # search._unfit_or_refused: a try whose attempt, were it within the budget, would hold host memory
+    # over the node's (each rank's peak within the budget's room) gives no configuration either way:
+    # proved without the deadline draft _proved_refused makes. The result equals the search without
+    # that proof, with fewer host-floor drafts.
+    import dataclasses
+
+    from pipeoffload.costmodel.hardware import get_hardware
+    from pipeoffload.planner import search
+    from pipeoffload.planner.simulate import Simulator
+
+    hw = dataclasses.replace(get_hardware("a100-80g"), pinned_host_bytes=pinned * GiB)
+    opts = PlanOptions(top=1)
+    proved: list = []
+    floors: list = []
+    _spy(monkeypatch, search, "_unfit_or_refused", proved)
+    _spy(monkeypatch, Simulator, "offload_host_floor", floors)
+    lazy = plan("9.6B", hw, 16, memory_budget=12 * GiB, options=opts)
+    assert any(proved), "_unfit_or_refused never proved a try: the test checks nothing"
+    drafted = len(floors)
+    floors.clear()
+    monkeypatch.setattr(search, "_unfit_or_refused", lambda *a, **k: False)
+    every = plan("9.6B", hw, 16, memory_budget=12 * GiB, options=opts)
+    _assert_same_result(lazy, every)
+    assert drafted < len(floors), "the proof saved no host-floor draft"
+
+
+@pytest.mark.parametrize("pinned", [2, 8])
 def test_recompute_settings_proved_hopeless_give_the_same_result(monkeypatch, pinned):
     # search._every_try_hopeless: when every offload try of a recompute setting is proved either over
     # the budget (device floor) or refused (host floor), none is made during the search (whichever

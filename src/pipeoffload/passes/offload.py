@@ -417,6 +417,19 @@ class OffloadSession:
         top = _top_levels(self._ctx, bool(self.options.postpone_warmup))
         return [max(0.0, x - got[0]) for x in top]
 
+    def host_floor_within(self, chunks: int, room: Sequence[float]) -> list[float] | None:
+        """Per rank, host bytes that ``plan(chunks).host_memory[r]`` is at least (up to the
+        rounding of sums taken in other orders) *if* ``plan(chunks).peak[r] ≤ room[r]`` for
+        every rank: the rank's activation peak without offload on the plan's compute events
+        less ``room[r]``. :meth:`host_floor`'s argument with each rank's own peak bounded by
+        the caller instead of by the deadline draft's ceiling, so no draft is made: at the
+        moment of that peak the rank's device level is at most its plan peak, and what is not
+        on the device is on the host. None where :meth:`host_floor_cap` is."""
+        if self.bounds([chunks]) is None:
+            return None
+        top = _top_levels(self._ctx, bool(self.options.postpone_warmup))
+        return [max(0.0, x - r) for x, r in zip(top, room)]
+
     def host_floor_cap(self, chunks: int) -> float | None:
         """A number no smaller than ``max(host_floor(chunks))``, made without
         :meth:`peak_ceiling`'s draft: the highest level without offload less the highest

@@ -469,13 +469,16 @@ def _offload_variants(problem: Problem, simulator: Simulator, c: _Candidate, rc:
 
 def _every_try_hopeless(problem: Problem, simulator: Simulator, c: _Candidate, rc: Any, chunks: list[int]) -> bool:
     """Whether every try of ``chunks`` is proved unable to give ``c`` a configuration with
-    ``rc``: its device floor is over the budget (:func:`_offload_cannot_fit`) or its pinned
-    host memory is proved over the node's (:func:`_proved_refused`). Then whichever try is
+    ``rc``: its device floor is over the budget (:func:`_offload_cannot_fit`), or it either
+    does not fit or is refused (:func:`_unfit_or_refused`, no draft), or its pinned host
+    memory is proved over the node's (:func:`_proved_refused`). Then whichever try is
     refused first (ending ``rc``'s tries) or none, no try fits: the ranking and what is
     searched next are those of making them, and only a family without a configuration reads
     their attempts and refusals (:func:`_complete_deferred` makes them all then, in order).
-    The device floors are read first, then the host floors' caps (no draft), then the floors."""
-    left = [C for C in chunks if not _offload_cannot_fit(problem, simulator, c, rc, C)]
+    The device floors are read first, then the host floors within the budget's room, then the
+    host floors' caps (no draft), then the floors."""
+    left = [C for C in chunks if not _offload_cannot_fit(problem, simulator, c, rc, C)
+            and not _unfit_or_refused(problem, simulator, c, rc, C, 0.0)]
     for C in left:
         cap = simulator.offload_host_floor_cap(c.split, c.family, c.m, rc, C)
         if cap is None or check_pinned_host(problem.hardware, [cap * (1.0 - _FLOOR_SLACK)], problem.gpus) is None:
@@ -655,8 +658,28 @@ def _tries_miss_more(problem: Problem, simulator: Simulator, c: _Candidate, rc: 
         tries = [chunks]
     else:
         tries = [C for C, _ in offload_tries(simulator.simulate(c.split, c.family, c.m, rc).schedule, stash=False)]
-    return all(_floor_misses_more(problem, simulator, c, rc, C, miss) or _proved_refused(problem, simulator, c, rc, C)
+    return all(_floor_misses_more(problem, simulator, c, rc, C, miss) or
+               _unfit_or_refused(problem, simulator, c, rc, C, miss) or _proved_refused(problem, simulator, c, rc, C)
                for C in tries)
+
+
+def _unfit_or_refused(problem: Problem, simulator: Simulator, c: _Candidate, rc: Any, chunks: int,
+                      miss: float) -> bool:
+    """Whether ``c``'s offload try of ``chunks`` chunks with ``rc`` is proved to make no attempt
+    that misses the budget by ``miss`` or less, without a draft (:func:`_proved_refused` needs
+    one): such an attempt would hold every rank's activations within budget + ``miss`` less its
+    states (the configuration's sum, :func:`~.config.assemble`; its activations are at least the
+    plan's peak), so its pinned host memory would be at least the floor of
+    :meth:`~.simulate.Simulator.offload_host_floor_within` for that room — and when that is
+    over the node's, the try is refused (:func:`~.config.assemble_offloaded` checks the host
+    first) and makes no attempt at all. ``miss`` = 0: the try gives no configuration.
+    :data:`_FLOOR_SLACK` on both sides covers the sums' rounding."""
+    room = [(problem.budget + miss) * (1.0 + _FLOOR_SLACK) - (a + b)
+            for a, b in simulator.state(c.split, c.family, rc)]
+    floor = simulator.offload_host_floor_within(c.split, c.family, c.m, rc, chunks, room)
+    if floor is None:
+        return False
+    return check_pinned_host(problem.hardware, [x * (1.0 - _FLOOR_SLACK) for x in floor], problem.gpus) is not None
 
 
 def _floor_misses_more(problem: Problem, simulator: Simulator, c: _Candidate, rc: Any, chunks: int,

@@ -329,6 +329,15 @@ class Simulator:
         with paused_gc():
             return self._offload_session(split, family, m, recompute, False)[1].host_floor(chunks)
 
+    def offload_host_floor_within(self, split: Split, family: Family, m: int, recompute: bool,
+                                  chunks: int, room: list[float]) -> list[float] | None:
+        """:meth:`~pipeoffload.passes.offload.OffloadSession.host_floor_within`: per rank, pinned
+        host bytes :meth:`offload`'s plan for ``chunks`` holds at least if no rank's activation
+        peak on the ``m1`` timeline exceeds its ``room``; no draft is made. None where the pass
+        cannot say."""
+        with paused_gc():
+            return self._offload_session(split, family, m, recompute, False)[1].host_floor_within(chunks, room)
+
     def offload_host_floor_cap(self, split: Split, family: Family, m: int, recompute: bool,
                                chunks: int) -> float | None:
         """:meth:`~pipeoffload.passes.offload.OffloadSession.host_floor_cap`: a number that no
