@@ -304,6 +304,9 @@ def test_peak_ceiling_bounds_the_plan(name, p, m, kw, memory, postpone):
     sched = generate(name, p=p, m=m, **kw)
     costs = Costs(F=1.0, B=2.0, W=1.0, comm=0.05)
     tl = simulate(sched, costs, memory)
+    fresh = simulate(sched, costs, memory)  # its columns kept (a session reads ``tl``'s events)
+    serial = fresh.serial_peaks() is not None
+    assert serial == (name != "dualpipev")  # DualPipeV's overlapped F&B pairs are not serial
     fired = []
     for ot in (0.05, 0.5):
         opts = off.OffloadOptions(offload_time=ot, on_infeasible="skip", postpone_warmup=postpone)
@@ -317,6 +320,8 @@ def test_peak_ceiling_bounds_the_plan(name, p, m, kw, memory, postpone):
             fired.append(max(floor) > 0)
             # with each rank's own peak as its room (what the plan's peaks allow at most), no draft:
             within = session.host_floor_within(C, res.peak)
+            # no session, where the ranks are serial: the same floats (else it cannot say)
+            assert off.serial_host_floor_within(fresh, res.peak) == (within if serial else None)
             assert all(h >= f - 1e-9 * max(1.0, f) for h, f in zip(res.host_memory, within))
             assert all(w >= f for w, f in zip(within, floor))  # a rank's peak is at most the ceiling
             assert _fields(session.plan(C)) == _fields(res)  # the ceiling's draft leaves the plan alone
@@ -481,3 +486,26 @@ def test_plan_peaks_by_runs_equal_the_merged_sum(compute, copies, scale):
 def _with_magnitude(fig):
     fig.magnitude = sum(abs(d) for ch in fig.changes for _, _, d in ch)
     return fig
+
+
+@pytest.mark.parametrize("name", [n for n in __import__("pipeoffload.schedules", fromlist=["names"]).names()
+                                  if n not in ("dualpipev",)])
+@given(p=st.integers(2, 5), extra=st.integers(0, 6), F=st.sampled_from([1.0, 1.3]), B=st.sampled_from([1.0, 2.2]),
+       W=st.sampled_from([0.7, 1.0]), room=st.floats(0.0, 8.0))
+@settings(max_examples=8, deadline=None)
+def test_serial_host_floor_within_is_the_sessions(name, p, extra, F, B, W, room):
+    """``serial_host_floor_within`` (no session) is ``OffloadSession.host_floor_within``, warm-ups
+    postponed or not, float for float, on the timing pass's serial timelines of every family
+    whose ranks run one op at a time."""
+    m = 2 * p + extra
+    sched = generate(name, p=p, m=m)
+    costs = Costs(F=F, B=B, W=W, comm=0.05)
+    memory = MemoryDeltas(F=1.3, B=-0.4, W=-0.9)
+    rooms = [room + 0.5 * r for r in range(p)]
+    fresh = simulate(sched, costs, memory)
+    got = off.serial_host_floor_within(fresh, rooms)
+    assert got is not None
+    for postpone in (True, False):
+        opts = off.OffloadOptions(offload_time=0.5, on_infeasible="skip", postpone_warmup=postpone)
+        session = off.OffloadSession(sched, simulate(sched, costs, memory), comm=costs.comm, options=opts)
+        assert session.host_floor_within(1, rooms) == got

@@ -335,6 +335,18 @@ class Timeline:
             return [_clean(_column_peak(cols, r)) if r < n else 0.0 for r in range(self.num_ranks)]
         return [_clean(max([0.0] + [level for _, _, level in sweep])) for sweep in self.memory_sweeps()]
 
+    def serial_peaks(self) -> list[float] | None:
+        """Per rank, the highest running sum of its memory deltas in its order, from 0
+        (:func:`running_peak`, not rounded), when the timeline still holds serial columns (the
+        timing pass's when every op lasts a positive time); None otherwise. On such ranks every
+        sweep of the same changes adds the same deltas in the same order
+        (:func:`_column_peak`'s argument), so it is :meth:`peak_memory` before its rounding."""
+        cols = self._columns
+        if cols is None or not cols.serial:
+            return None
+        n = len(cols.ops)
+        return [running_peak(cols.mem[r]) if r < n else 0.0 for r in range(self.num_ranks)]
+
     def summary(self) -> dict:
         """The JSON-ready core metrics: those of the properties above, from one pass over
         the events (each property alone makes its own pass)."""

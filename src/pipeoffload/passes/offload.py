@@ -445,6 +445,22 @@ class OffloadSession:
         return max(0.0, max(top, default=0.0) - floor * (1.0 - 1e-6))
 
 
+def serial_host_floor_within(timeline: Timeline, room: Sequence[float]) -> list[float] | None:
+    """:meth:`OffloadSession.host_floor_within` of any session on ``timeline`` (with warm-ups
+    postponed or not, for any C it takes), made without the session, float for float, when
+    the timeline holds serial columns (:meth:`~pipeoffload.timeline.Timeline.serial_peaks`);
+    None otherwise. Why equal: on a serial rank each op lasts a positive time and starts no
+    earlier than the previous one ends; postponing a warm-up forward moves its start no
+    earlier than it was and its end no later than the next op's start on its rank, so the rank's
+    order and seriality stay, the sweep of :func:`_level_tops` meets the same deltas in the
+    rank's order (frees at one op's end before the next op's allocation), and its top is the
+    running peak of those deltas."""
+    top = timeline.serial_peaks()
+    if top is None:
+        return None
+    return [max(0.0, x - r) for x, r in zip(top, room)]
+
+
 def _top_levels(ctx: "_Context", postpone: bool) -> list[float]:
     """Per rank, the highest activation level without offload on the compute events the
     plans keep (warm-ups postponed or not; at least 0): :meth:`OffloadSession.host_floor`'s

@@ -440,8 +440,8 @@ def _offload_variants(problem: Problem, simulator: Simulator, c: _Candidate, rc:
         c.refusals.append(e.naming(c.where))
         return
     if prove and not any(stash for _, stash in tries) and \
-            (_offload_cannot_fit(problem, simulator, c, rc, max(chunks for chunks, _ in tries)) or
-             _every_try_hopeless(problem, simulator, c, rc, [chunks for chunks, _ in tries])):
+            (_every_try_hopeless(problem, simulator, c, rc, [chunks for chunks, _ in tries]) or
+             _offload_cannot_fit(problem, simulator, c, rc, max(chunks for chunks, _ in tries))):
         c.deferred.append((len(c.attempts), len(c.refusals), rc, None))
         return
     for chunks, stash in tries:
@@ -475,10 +475,10 @@ def _every_try_hopeless(problem: Problem, simulator: Simulator, c: _Candidate, r
     refused first (ending ``rc``'s tries) or none, no try fits: the ranking and what is
     searched next are those of making them, and only a family without a configuration reads
     their attempts and refusals (:func:`_complete_deferred` makes them all then, in order).
-    The device floors are read first, then the host floors within the budget's room, then the
-    host floors' caps (no draft), then the floors."""
-    left = [C for C in chunks if not _offload_cannot_fit(problem, simulator, c, rc, C)
-            and not _unfit_or_refused(problem, simulator, c, rc, C, 0.0)]
+    The host floors within the budget's room are read first (no session while the timeline is
+    serial), then the device floors, then the host floors' caps (no draft), then the floors."""
+    left = [C for C in chunks if not _unfit_or_refused(problem, simulator, c, rc, C, 0.0)]
+    left = [C for C in left if not _offload_cannot_fit(problem, simulator, c, rc, C)]
     for C in left:
         cap = simulator.offload_host_floor_cap(c.split, c.family, c.m, rc, C)
         if cap is None or check_pinned_host(problem.hardware, [cap * (1.0 - _FLOOR_SLACK)], problem.gpus) is None:

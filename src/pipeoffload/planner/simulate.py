@@ -36,7 +36,7 @@ from ..errors import ParameterError, PipeoffloadError, ScheduleError
 from ..ir import ALL_KINDS, OVERLAP, CompactOrders, OpKind, Placement, Schedule
 from ..passes.issue_policy import paused_gc
 from ..passes.timing import OrderTimer
-from ..passes.offload import OffloadOptions, OffloadResult, OffloadSession
+from ..passes.offload import OffloadOptions, OffloadResult, OffloadSession, serial_host_floor_within
 from ..timeline import Timeline, _clean, running_peak
 from .bounds import pipeline_bound
 from .dp import dp_exposed
@@ -333,8 +333,12 @@ class Simulator:
                                   chunks: int, room: list[float]) -> list[float] | None:
         """:meth:`~pipeoffload.passes.offload.OffloadSession.host_floor_within`: per rank, pinned
         host bytes :meth:`offload`'s plan for ``chunks`` holds at least if no rank's activation
-        peak on the ``m1`` timeline exceeds its ``room``; no draft is made. None where the pass
-        cannot say."""
+        peak on the ``m1`` timeline exceeds its ``room``; no draft is made, nor a session while
+        the timeline's columns are serial (:func:`~pipeoffload.passes.offload.serial_host_floor_within`).
+        None where the pass cannot say."""
+        got = serial_host_floor_within(self.simulate(split, family, m, recompute).timeline, room)
+        if got is not None:
+            return got
         with paused_gc():
             return self._offload_session(split, family, m, recompute, False)[1].host_floor_within(chunks, room)
 
