@@ -493,10 +493,11 @@ def _with_magnitude(fig):
 @given(p=st.integers(2, 5), extra=st.integers(0, 6), F=st.sampled_from([1.0, 1.3]), B=st.sampled_from([1.0, 2.2]),
        W=st.sampled_from([0.7, 1.0]), room=st.floats(0.0, 8.0))
 @settings(max_examples=8, deadline=None)
-def test_serial_host_floor_within_is_the_sessions(name, p, extra, F, B, W, room):
+def test_serial_floors_are_the_sessions(name, p, extra, F, B, W, room):
     """``serial_host_floor_within`` (no session) is ``OffloadSession.host_floor_within``, warm-ups
-    postponed or not, float for float, on the timing pass's serial timelines of every family
-    whose ranks run one op at a time."""
+    postponed or not, float for float, and ``serial_floors`` the device floors of
+    ``OffloadSession.bounds`` without postponed warm-ups (with them, at most those: a lower
+    bound), on the timing pass's serial timelines of every family whose ranks run one op at a time."""
     m = 2 * p + extra
     sched = generate(name, p=p, m=m)
     costs = Costs(F=F, B=B, W=W, comm=0.05)
@@ -509,3 +510,9 @@ def test_serial_host_floor_within_is_the_sessions(name, p, extra, F, B, W, room)
         opts = off.OffloadOptions(offload_time=0.5, on_infeasible="skip", postpone_warmup=postpone)
         session = off.OffloadSession(sched, simulate(sched, costs, memory), comm=costs.comm, options=opts)
         assert session.host_floor_within(1, rooms) == got
+        every = range(1, sched.chunks + 1)
+        lows, floors = off.serial_floors(fresh, every), session.bounds(every)
+        if postpone:  # a postponed forward's end may pass the next start by a rounding: only higher
+            assert all(lo <= f * (1 + 1e-12) + 1e-12 for C in every for lo, f in zip(lows[C], floors[C][0]))
+        else:
+            assert lows == {C: floor for C, (floor, _) in floors.items()}

@@ -936,6 +936,26 @@ def test_tries_unfit_or_refused_are_proved_without_drafts(monkeypatch, pinned):
     assert drafted < len(floors), "the proof saved no host-floor draft"
 
 
+@pytest.mark.parametrize("budget", [5, 6])
+def test_floors_read_without_sessions_give_the_same_result(monkeypatch, budget):
+    # Simulator.offload_floor_lows: the offload floors read in each rank's order from the timeline's
+    # serial columns, no session, are at most the session's (postponed warm-ups only raise them), so
+    # a try they put over the budget (with a slack for the sums' order) is over it: the search
+    # equals the one that always asks the session, which it asks fewer times.
+    from pipeoffload.planner.simulate import Simulator
+
+    opts = PlanOptions(recompute=(False, True))
+    asked: list = []
+    _spy(monkeypatch, Simulator, "offload_bounds", asked)
+    lazy = plan("1.5B", "a100-80g", 8, memory_budget=budget * GiB, options=opts)
+    with_lows = len(asked)
+    asked.clear()
+    monkeypatch.setattr(Simulator, "offload_floor_lows", lambda *a, **k: None)
+    every = plan("1.5B", "a100-80g", 8, memory_budget=budget * GiB, options=opts)
+    _assert_same_result(lazy, every)
+    assert with_lows < len(asked), "the floors without sessions decided nothing: the test checks nothing"
+
+
 @pytest.mark.parametrize("pinned", [2, 8])
 def test_recompute_settings_proved_hopeless_give_the_same_result(monkeypatch, pinned):
     # search._every_try_hopeless: when every offload try of a recompute setting is proved either over

@@ -341,11 +341,18 @@ class Timeline:
         timing pass's when every op lasts a positive time); None otherwise. On such ranks every
         sweep of the same changes adds the same deltas in the same order
         (:func:`_column_peak`'s argument), so it is :meth:`peak_memory` before its rounding."""
-        cols = self._columns
-        if cols is None or not cols.serial:
+        cols = self.serial_columns()
+        if cols is None:
             return None
         n = len(cols.ops)
         return [running_peak(cols.mem[r]) if r < n else 0.0 for r in range(self.num_ranks)]
+
+    def serial_columns(self) -> EventColumns | None:
+        """The timeline's columns while it holds them and they are serial (each rank's ops one
+        after another, each lasting a positive time: :class:`EventColumns`), else None. Read
+        only: what is derived from them must hold for the events they stand for."""
+        cols = self._columns
+        return cols if cols is not None and cols.serial else None
 
     def summary(self) -> dict:
         """The JSON-ready core metrics: those of the properties above, from one pass over

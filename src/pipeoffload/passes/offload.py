@@ -94,7 +94,7 @@ from typing import NamedTuple, Sequence
 
 from ..costs import Costs, MemoryDeltas
 from ..errors import ParameterError
-from ..ir import WINDOW_KINDS, Op, OpKind, Schedule
+from ..ir import ALL_KINDS, WINDOW_KINDS, Op, OpKind, RankOps, Schedule
 from ..timeline import _TIME_ORDER, ALLOC, FREE, Change, TimedOp, Timeline, _clean, memory_sweep
 from .timing import completion_key, dependents, run_list_schedule, simulate
 
@@ -459,6 +459,85 @@ def serial_host_floor_within(timeline: Timeline, room: Sequence[float]) -> list[
     if top is None:
         return None
     return [max(0.0, x - r) for x, r in zip(top, room)]
+
+
+def serial_floors(timeline: Timeline, chunks: Sequence[int]) -> dict[int, list[float]] | None:
+    """Per C of ``chunks``, per rank, the device floor of :func:`offload_bounds` read in each
+    rank's order from ``timeline``'s serial columns
+    (:meth:`~pipeoffload.timeline.Timeline.serial_columns`) without a session; None when it
+    holds none. Equal, float for float, to the floors of a session without postponed warm-ups;
+    with warm-ups postponed at most those floors up to the rounding of sums taken in another
+    order.
+
+    Why: :func:`_sweep_floors` sweeps, per rank, an offloadable F's allocation at its start and
+    free at its end, its copy's return at its backward's start, and every other op's allocation
+    at its start or free at its end. On a serial rank those come in the rank's order (a free
+    first where one op ends as the next starts; a backward's own allocation after its copy's
+    return, listed first), which is what :func:`_serial_floor` adds up. A postponed warm-up
+    forward keeps its rank's order but its end, its new start plus its length, may pass the
+    next op's start by a rounding: the sweep then takes that free after the next allocation,
+    which only raises a level."""
+    cols = timeline.serial_columns()
+    if cols is None:
+        return None
+    out: dict[int, list[float]] = {C: [] for C in chunks}
+    for r in range(timeline.num_ranks):
+        rows = _serial_rows(cols, r) if r < len(cols.ops) else []
+        if rows is None:
+            return None
+        for C in chunks:
+            out[C].append(_serial_floor(rows, C))
+    return out
+
+
+def _serial_rows(cols, r: int) -> list[tuple[int, float, float, int]] | None:
+    """Rank ``r``'s ops that change memory or are a backward, in its order, as ``(index,
+    chunk, mem, index of its backward)``: ``chunk`` the F's where an F keeps more than
+    ``_EPS`` (offloadable for C > chunk; :func:`_floor_rows`' test), else infinite, and the
+    backward's index only then (else −1). None when such an F has no backward on the rank."""
+    ops, mem = cols.ops[r], cols.mem[r]
+    if isinstance(ops, RankOps):
+        o, chunk_of = ops.orders, ops.placement._chunk_of
+        triples = zip(map(ALL_KINDS.__getitem__, o.kinds[r]), o.stages[r], o.mbs[r])
+        ops_kc = [(k, s, j, chunk_of[s]) for k, s, j in triples]
+    else:
+        ops_kc = [(op.kind, op.stage, op.microbatch, op.chunk) for op in ops]
+    back = {(s, j): i for i, (k, s, j, _) in enumerate(ops_kc) if k is OpKind.B or k is OpKind.BW}
+    rows: list[tuple[int, float, float, int]] = []
+    F, inf = OpKind.F, math.inf
+    for i, ((k, s, j, c), d) in enumerate(zip(ops_kc, mem)):
+        if k is F and d > _EPS:
+            b = back.get((s, j))
+            if b is None:
+                return None
+            rows.append((i, c, d, b))
+        elif d != 0 or k is OpKind.B or k is OpKind.BW:
+            rows.append((i, inf, d, -1))
+    return rows
+
+
+def _serial_floor(rows: list[tuple[int, float, float, int]], C: int) -> float:
+    """One rank's floor for C from :func:`_serial_rows`: the running sum's top (0 at least),
+    each offloadable F's copy returning just before its backward's own change."""
+    level = top = 0.0
+    back: dict[int, float] = {}
+    for i, chunk, d, b in rows:
+        returns = back.pop(i, None)
+        if returns is not None:
+            level += returns
+            if level > top:
+                top = level
+        if chunk < C:
+            level += d
+            if level > top:
+                top = level
+            level += -d
+            back[b] = d
+        elif d != 0:
+            level += d
+            if level > top:
+                top = level
+    return top
 
 
 def _top_levels(ctx: "_Context", postpone: bool) -> list[float]:

@@ -497,14 +497,16 @@ def _offload_cannot_fit(problem: Problem, simulator: Simulator, c: _Candidate, r
     its floor (every offload instantaneous, none dropped; fewer chunks only keep more on the
     device, so it holds for them too) plus the fullest rank's states already exceeds it. With
     ``host``, also that the plan cannot be refused for its pinned host memory (its ceiling fits
-    the node), so the tries after it are made as they would have been."""
-    bounds = simulator.offload_bounds(c.split, c.family, c.m, rc)
-    if bounds is None or chunks not in bounds:
+    the node), so the tries after it are made as they would have been. The floor first: it
+    often needs no offload session (:func:`_floor_misses_more`)."""
+    if not _floor_misses_more(problem, simulator, c, rc, chunks, 0.0):
         return False
-    if host and check_pinned_host(problem.hardware, [x * (1.0 + _FLOOR_SLACK) for x in bounds[chunks][1]],
-                                  problem.gpus):
-        return False
-    return _floor_misses_more(problem, simulator, c, rc, chunks, 0.0)
+    if host:
+        bounds = simulator.offload_bounds(c.split, c.family, c.m, rc)
+        if bounds is None or chunks not in bounds or \
+                check_pinned_host(problem.hardware, [x * (1.0 + _FLOOR_SLACK) for x in bounds[chunks][1]], problem.gpus):
+            return False
+    return True
 
 
 def _proved_fit(problem: Problem, simulator: Simulator, c: _Candidate, rc: Any, chunks: int) -> Config | None:
@@ -687,12 +689,16 @@ def _floor_misses_more(problem: Problem, simulator: Simulator, c: _Candidate, rc
     """Whether every offload plan of ``c`` with ``rc`` and ``chunks`` chunks misses the budget by
     more than ``miss`` bytes: its floor plus the fullest rank's states exceeds budget + miss, less
     a relative :data:`_FLOOR_SLACK` (``miss`` = 0: no plan fits, :func:`_offload_cannot_fit`)."""
+    state = simulator.state(c.split, c.family, rc)
+    limit = (problem.budget + miss) * (1.0 + _FLOOR_SLACK)
+    lows = simulator.offload_floor_lows(c.split, c.family, c.m, rc)  # no session; the floors are at least these
+    if lows is not None and chunks in lows and \
+            max(a + b + x for (a, b), x in zip(state, lows[chunks])) > limit * (1.0 + _FLOOR_SLACK):
+        return True
     bounds = simulator.offload_bounds(c.split, c.family, c.m, rc)
     if bounds is None or chunks not in bounds:
         return False
-    state = simulator.state(c.split, c.family, rc)
-    top = max(a + b + x for (a, b), x in zip(state, bounds[chunks][0]))
-    return top > (problem.budget + miss) * (1.0 + _FLOOR_SLACK)
+    return max(a + b + x for (a, b), x in zip(state, bounds[chunks][0])) > limit
 
 
 def _complete_one(problem: Problem, simulator: Simulator, c: _Candidate, rc: Any, chunks: int | None,

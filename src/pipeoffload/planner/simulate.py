@@ -36,7 +36,7 @@ from ..errors import ParameterError, PipeoffloadError, ScheduleError
 from ..ir import ALL_KINDS, OVERLAP, CompactOrders, OpKind, Placement, Schedule
 from ..passes.issue_policy import paused_gc
 from ..passes.timing import OrderTimer
-from ..passes.offload import OffloadOptions, OffloadResult, OffloadSession, serial_host_floor_within
+from ..passes.offload import OffloadOptions, OffloadResult, OffloadSession, serial_floors, serial_host_floor_within
 from ..timeline import Timeline, _clean, running_peak
 from .bounds import pipeline_bound
 from .dp import dp_exposed
@@ -152,6 +152,7 @@ class Simulator:
         self._simulations: dict[tuple[Split, Family, int, bool], Simulated | Refused] = {}
         self._peaks: dict[tuple[Split, Family, int, bool], list[float] | None] = {}
         self._bounds: dict[tuple[Split, Family, int, bool], dict | None] = {}
+        self._floor_lows: dict[tuple[Split, Family, int, bool], dict | None] = {}
         #: Per schedule timed (by identity; the schedule is held with it): its order timer.
         self._timers: dict[int, tuple[Schedule, OrderTimer]] = {}
         #: The offload session of the last candidate offloaded (:meth:`offload`), by its inputs.
@@ -311,6 +312,23 @@ class Simulator:
                 C: ([a + max(0.0, b - c) for a, b, c in zip(floor, sim.act, peak0)], host)
                 for C, (floor, host) in got.items()}
         return self._bounds[key]
+
+    def offload_floor_lows(self, split: Split, family: Family, m: int,
+                           recompute: bool) -> dict[int, list[float]] | None:
+        """Per C, per rank, activation bytes that :meth:`offload_bounds`' floor is at least, up
+        to the rounding of sums taken in another order (cached): the floors read in each rank's
+        order from the ``m1`` timeline's serial columns
+        (:func:`~pipeoffload.passes.offload.serial_floors`), as the configuration counts them,
+        without an offload session; None where the timeline holds none (a session read it)."""
+        key = (split, family, m, recompute)
+        if key not in self._floor_lows:
+            sim = self.simulate(split, family, m, recompute)
+            lows = serial_floors(sim.timeline, range(1, sim.schedule.chunks + 1))
+            if lows is not None:
+                peak0 = sim.timeline.peak_memory()
+                lows = {C: [a + max(0.0, b - c) for a, b, c in zip(floor, sim.act, peak0)] for C, floor in lows.items()}
+            self._floor_lows[key] = lows
+        return self._floor_lows[key]
 
     def offload_ceiling(self, split: Split, family: Family, m: int, recompute: bool,
                         chunks: int) -> tuple[float, float] | None:
