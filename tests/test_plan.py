@@ -956,6 +956,22 @@ def test_floors_read_without_sessions_give_the_same_result(monkeypatch, budget):
     assert with_lows < len(asked), "the floors without sessions decided nothing: the test checks nothing"
 
 
+def test_settings_missed_by_their_first_m_make_no_second_m(monkeypatch):
+    # search._fits_untimed with Simulator.peaks_low: a setting whose first simulated m's peaks alone
+    # miss the budget does not fit (its peaks are the larger of its two m's, rank by rank), so its
+    # second m is not generated unless something times it: the search equals the one that makes
+    # every peak, with fewer generator calls.
+    from pipeoffload.planner.simulate import Simulator
+
+    lazy, every = _with_and_without(monkeypatch, Simulator, "peaks_low", lambda *a, **k: None, "98.5B",
+                                    "a100-80g", 64, read=lambda out: out is not None)
+    a, b = lazy.to_dict(), every.to_dict()
+    assert lazy.stats["generator_calls"] < every.stats["generator_calls"], "no second m was spared"
+    for k in ("seconds", "generator_calls"):
+        a["search"].pop(k), b["search"].pop(k)
+    assert a == b and lazy.table().split("\n")[2:] == every.table().split("\n")[2:]
+
+
 @pytest.mark.parametrize("pinned", [2, 8])
 def test_recompute_settings_proved_hopeless_give_the_same_result(monkeypatch, pinned):
     # search._every_try_hopeless: when every offload try of a recompute setting is proved either over

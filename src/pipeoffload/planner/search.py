@@ -341,17 +341,24 @@ def _fits_untimed(problem: Problem, simulator: Simulator, c: _Candidate, order: 
     timing's), so the first setting whose memory fits is simulated and accepted without timing
     those before it, whose times nobody reads once a later one fits (a family's rejection quotes
     the attempts' memory, and only when none of its candidates fits). With ``c`` unchanged:
-    False when every setting's peaks are known and none fits, None when a peak needs the timing
-    or a schedule is refused; then :func:`_variants` decides, as before (or, for False, later:
+    False when every setting's peaks are known and none fits — or its first simulated m's peaks
+    alone miss (:meth:`~.simulate.Simulator.peaks_low`, which its peaks are at least: its second
+    m is then not generated; if that would be refused, :func:`_variants` records it when the
+    timings are made, as it would have now) —, None when a peak needs the timing or a schedule
+    is refused; then :func:`_variants` decides, as before (or, for False, later:
     :attr:`_Candidate.untimed`)."""
     for rc in order:
+        state = simulator.state(c.split, c.family, rc)
         try:
+            low = simulator.peaks_low(c.split, c.family, c.m, rc)
+            if low is not None and _misses(problem, state, low):
+                continue  # its peaks are at least these: it does not fit, and its second m is not made
             act = simulator.peaks(c.split, c.family, c.m, rc)
         except Refused:
             return None
         if act is None:
             return None
-        if max(a + b + x for (a, b), x in zip(simulator.state(c.split, c.family, rc), act)) <= problem.budget:
+        if not _misses(problem, state, act):
             try:
                 sim = simulator.simulate(c.split, c.family, c.m, rc)
             except Refused:
@@ -360,6 +367,12 @@ def _fits_untimed(problem: Problem, simulator: Simulator, c: _Candidate, order: 
             assert fits, "the untimed peaks are the timing's"
             return True
     return False
+
+
+def _misses(problem: Problem, state: list[tuple[float, float]], act: list[float]) -> bool:
+    """Whether the fullest rank's states plus activations ``act`` exceed the budget, summed as
+    :func:`~.config.assemble` sums a configuration's device memory."""
+    return max(a + b + x for (a, b), x in zip(state, act)) > problem.budget
 
 
 def _offload_phase(problem: Problem, simulator: Simulator, candidates: list[_Candidate], ranking: _Ranking) -> None:

@@ -151,6 +151,8 @@ class Simulator:
         self._schedules: dict[tuple, Schedule | Refused] = {}
         self._simulations: dict[tuple[Split, Family, int, bool], Simulated | Refused] = {}
         self._peaks: dict[tuple[Split, Family, int, bool], list[float] | None] = {}
+        #: :meth:`peaks_low`'s first-m peaks, until :meth:`peaks` takes them.
+        self._first_peaks: dict[tuple[Split, Family, int, bool], list[float] | None] = {}
         self._bounds: dict[tuple[Split, Family, int, bool], dict | None] = {}
         self._floor_lows: dict[tuple[Split, Family, int, bool], dict | None] = {}
         #: Per schedule timed (by identity; the schedule is held with it): its order timer.
@@ -236,10 +238,36 @@ class Simulator:
             with paused_gc():
                 runs = [(mm, self.schedule(family, p, mm, recompute, split.tp, split.sp, split.dp))
                         for mm in simulated_microbatches(m, p, family.schedule, family.g(p)) if mm is not None]
-            per_run = [order_peaks(sched, sh.costs, sh.memory) for _, sched in runs]
+            first = self._first_peaks.pop(key, _NOT_MADE)  # peaks_low's, when it made them
+            per_run = [first if i == 0 and first is not _NOT_MADE else order_peaks(sched, sh.costs, sh.memory)
+                       for i, (_, sched) in enumerate(runs)]
             self._peaks[key] = None if any(x is None for x in per_run) else \
                 _extrapolated_peaks(m, [(mm, x) for (mm, _), x in zip(runs, per_run)], family.schedule)  # type: ignore[misc]
         return self._peaks[key]
+
+    def peaks_low(self, split: Split, family: Family, m: int, recompute: bool) -> list[float] | None:
+        """Per rank, activation bytes that :meth:`peaks` is at least, from the first simulated
+        m's op orders alone (its second m is not generated): :meth:`peaks` takes, rank by rank,
+        the larger of the two m's peaks (:func:`_extrapolated_peaks`), so each is at least the
+        first's, float for float; where ``m`` itself is simulated they are :meth:`peaks`. None
+        for GPipe over two m (its peaks are scaled), for zb-auto (its second m resumes the
+        first's greedy runs when made right after it: made later, they run again) and where only
+        a timing can say. Raises
+        :class:`Refused` as :meth:`simulate` does when that schedule cannot be generated."""
+        key = (split, family, m, recompute)
+        if key in self._peaks:
+            return self._peaks[key]
+        m1, m2 = simulated_microbatches(m, split.pp, family.schedule, family.g(split.pp))
+        if m2 is None:
+            return self.peaks(split, family, m, recompute)
+        if family.schedule in ("gpipe", "zb-auto"):
+            return None  # GPipe's peaks are scaled; zb-auto's m2 resumes its m1 runs if made right after
+        if key not in self._first_peaks:
+            sh = self.costs.sharded(recompute, split.pp, family.v, split.tp, split.sp)
+            with paused_gc():
+                sched = self.schedule(family, split.pp, m1, recompute, split.tp, split.sp, split.dp)
+            self._first_peaks[key] = order_peaks(sched, sh.costs, sh.memory)  # :meth:`peaks` takes them on
+        return self._first_peaks[key]
 
     def state(self, split: Split, family: Family, recompute: bool) -> list[tuple[float, float]]:
         """Per rank: (parameter bytes, gradient + optimizer bytes) per GPU, as a configuration
@@ -395,6 +423,9 @@ class Simulator:
             self._session = (key, OffloadSession(sim.schedule.compute_only(), sim.timeline,  # the timing pass's:
                                                  comm=sim.sharded.costs.comm, options=settings, timed=True))
         return sim, self._session[1]
+
+
+_NOT_MADE = object()  #: :meth:`Simulator.peaks`' mark for first-m peaks not made by :meth:`Simulator.peaks_low`
 
 
 def generator_limit(problem: Problem, family: Family, p: int, sh: ShardedCosts, dp: int = 1) -> float | None:
