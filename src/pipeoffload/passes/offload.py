@@ -95,7 +95,7 @@ from typing import NamedTuple, Sequence
 from ..costs import Costs, MemoryDeltas
 from ..errors import ParameterError
 from ..ir import ALL_KINDS, WINDOW_KINDS, Op, OpKind, RankOps, Schedule
-from ..timeline import _TIME_ORDER, ALLOC, FREE, Change, TimedOp, Timeline, _clean, memory_sweep
+from ..timeline import _TIME_ORDER, ALLOC, FREE, Change, EventColumns, TimedOp, Timeline, _clean, memory_sweep
 from .timing import completion_key, dependents, run_list_schedule, simulate
 
 __all__ = [
@@ -446,8 +446,8 @@ class OffloadSession:
 
 
 def serial_host_floor_within(timeline: Timeline, room: Sequence[float]) -> list[float] | None:
-    """:meth:`OffloadSession.host_floor_within` of any session on ``timeline`` (with warm-ups
-    postponed or not, for any C it takes), made without the session, float for float, when
+    """:meth:`OffloadSession.host_floor_within` of any session on ``timeline`` that says
+    anything (warm-ups postponed or not, any C), made without the session, float for float, when
     the timeline holds serial columns (:meth:`~pipeoffload.timeline.Timeline.serial_peaks`);
     None otherwise. Why equal: on a serial rank each op lasts a positive time and starts no
     earlier than the previous one ends; postponing a warm-up forward moves its start no
@@ -490,7 +490,7 @@ def serial_floors(timeline: Timeline, chunks: Sequence[int]) -> dict[int, list[f
     return out
 
 
-def _serial_rows(cols, r: int) -> list[tuple[int, float, float, int]] | None:
+def _serial_rows(cols: EventColumns, r: int) -> list[tuple[int, float, float, int]] | None:
     """Rank ``r``'s ops that change memory or are a backward, in its order, as ``(index,
     chunk, mem, index of its backward)``: ``chunk`` the F's where an F keeps more than
     ``_EPS`` (offloadable for C > chunk; :func:`_floor_rows`' test), else infinite, and the
