@@ -53,7 +53,7 @@ pytestmark = [pytest.mark.multiproc]
 if transformers is None:  # CI must run these: fail, do not skip (conftest.py)
     pytestmark.append(missing("transformers", "the hf extra: pip install -e '.[hf]'"))
 
-M, LAYERS, VOCAB, LR, STEPS = 4, 8, 64, 1e-2, 8
+M, LAYERS, VOCAB, LR, STEPS = 4, 8, 64, 1e-2, 4
 LONG = {"zb-v": "V", "1f1b": "loop"}  # the schedules of the STEPS-step runs and the tie cases
 
 
