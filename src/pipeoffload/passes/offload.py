@@ -497,7 +497,8 @@ def _serial_rows(cols: EventColumns, r: int) -> list[tuple[int, float, float, in
     backward's index only then (else −1). None when such an F has no backward on the rank."""
     ops, mem = cols.ops[r], cols.mem[r]
     if isinstance(ops, RankOps):
-        o, chunk_of = ops.orders, ops.placement._chunk_of
+        o, pl = ops.orders, ops.placement
+        chunk_of = [pl.chunk_of(s) for s in range(pl.num_stages)]
         triples = zip(map(ALL_KINDS.__getitem__, o.kinds[r]), o.stages[r], o.mbs[r])
         ops_kc = [(k, s, j, chunk_of[s]) for k, s, j in triples]
     else:
