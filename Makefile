@@ -9,8 +9,9 @@ STAMP := $(VENV)/.installed
 
 # Extra pytest arguments for `make test` (.ci/run passes --durations=25).
 PYTEST_ARGS ?=
-# pytest-xdist workers for `make test`: the multi-process tests run on one of them, one world at a
-# time (tests/conftest.py), the single-process modules on the others. PYTEST_WORKERS=0 runs serially.
+# pytest-xdist workers for `make test`, each module whole on one worker (--dist loadscope), so a
+# module's spawned world is built once (loadgroup's marks are not applied under pytest 9 and split
+# those modules over both workers). PYTEST_WORKERS=0 runs serially.
 PYTEST_WORKERS ?= 2
 
 $(STAMP): pyproject.toml
@@ -27,7 +28,7 @@ demo: $(STAMP)
 	$(BIN)/pipeoffload
 
 test: $(STAMP) chromium
-	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
 
 chromium:
 	@# The browser tests need Chromium from the system's packages: install it when missing (root or passwordless sudo).

@@ -16,7 +16,8 @@ inherit the setting; ``tests/test_transport.py`` and a plain-gloo case in
 ``tests/test_runtime.py`` cover torch's own transport. ``PIPEOFFLOAD_P2P=torch`` in the
 environment runs the suite on plain gloo instead.
 
-Parallel runs (``make test`` runs ``pytest -n 2 --dist loadgroup``, pytest-xdist): every module
+Parallel runs (``make test`` runs ``pytest -n 2 --dist loadscope``, each module whole on one worker;
+the groups below are for ``--dist loadgroup``, whose marks pytest 9 with xdist 3.8 does not apply): every module
 with a multi-process test goes to one group, ``worlds``, so one worker runs the spawned worlds one
 after another (a world of four ranks already fills the machine's two cores, and the timeout tests
 need their peers scheduled) while the other workers run the single-process modules, each module
