@@ -72,6 +72,10 @@ def register(sub) -> argparse.ArgumentParser:
     parser.add_argument("--tp-link-gbs", type=float, default=None, metavar="GB/S",
                         help="all-reduce bus bandwidth of TP collectives inside a node (default: the hardware "
                              "profile's, A100 230)")
+    parser.add_argument("--workers", type=int, default=None, metavar="N",
+                        help="processes for the search: 1 alone, N with N-1 helper processes that time "
+                             "candidates ahead (Linux); the same result for every N (default: 2 where two "
+                             "CPUs are free, else 1)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--png", metavar="FILE", help="write the best plan's timeline with memory curves as PNG")
     parser.add_argument("--emit-config", metavar="FILE.toml",
@@ -101,6 +105,16 @@ def options_from_args(args: argparse.Namespace):
     )
 
 
+def _workers(n: int | None) -> int | None:
+    """``--workers`` checked here, so that its error names the flag."""
+    from ..planner.workers import resolve_workers
+
+    try:
+        return resolve_workers(n)
+    except ParameterError as e:
+        raise ParameterError("--workers", e.message) from None
+
+
 def run(args: argparse.Namespace) -> int:
     from ..planner import plan
 
@@ -112,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
         args.model, args.hardware, args.gpus,
         memory_budget=args.memory_budget * GiB if args.memory_budget is not None else None,
         global_batch=args.global_batch, microbatch=args.microbatch_size, seq=args.seq,
-        options=options_from_args(args),
+        options=options_from_args(args), workers=_workers(args.workers),
     )
     if args.json:
         print_json(res.to_dict())

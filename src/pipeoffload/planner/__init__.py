@@ -7,7 +7,8 @@ torch). See ``docs/planner.md``.
 API
 ---
 ``plan(model, hardware, gpus, *, memory_budget=None, global_batch=None, microbatch=None, seq=None,
-options=None) -> PlanResult`` (:mod:`.search`); ``PlanOptions`` (:mod:`.space`): search-space and
+options=None, workers=None) -> PlanResult`` (:mod:`.search`; ``workers``: processes, the same result
+for every value, :mod:`.workers`); ``PlanOptions`` (:mod:`.space`): search-space and
 model knobs; ``PlanResult`` (:mod:`.result`): ``configs`` (ranked :class:`Config`), ``rejected``
 (per family :class:`Rejection`), ``rejected_splits``, ``best`` (raises :class:`NoConfigurationFits`
 when empty), ``to_dict()``, ``table()``, ``timeline(config)``; ``node_profile(hardware)``
@@ -21,7 +22,8 @@ and their value-keyed cache. ``bounds``: time and memory lower bounds that skip 
 extrapolation, offload. ``dp``: the overlapped data-parallel all-reduce. ``step``: the step after
 the pipeline (optimizer step, tied-embedding gradient all-reduce). ``config``: assembling a
 configuration's memory breakdown, time (makespan + exposed DP + that step), MFU and bubble. ``search``: ``plan()``. ``result``:
-``PlanResult``. ``report``: rejection reasons and the text table.
+``PlanResult``. ``report``: rejection reasons and the text table. ``workers``: helper processes
+that time candidates ahead and make the shown configurations' offload plans alongside the search.
 
 Model (docs/planner.md has the long version)
 --------------------------------------------

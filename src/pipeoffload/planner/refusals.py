@@ -41,6 +41,17 @@ class Refused(Exception):
         super().__init__(reason)
         self.kind, self.reason, self.over, self.config = kind, reason, over, config
 
+    def __reduce__(self) -> tuple:
+        # pickled whole (a helper process sends refusals, :mod:`~.workers`): Exception's own
+        # reduce would call ``Refused(reason)`` alone
+        return (Refused, (self.kind, self.reason, self.over, self.config))
+
+    def again(self) -> "Refused":
+        """The same refusal as a new exception, to raise a kept one: raising the kept one itself
+        would hang the raising frames on it (its ``__traceback__``), and with them whatever they
+        hold."""
+        return Refused(self.kind, self.reason, self.over, self.config)
+
     def naming(self, config: str) -> "Refused":
         """The same refusal, naming ``config``."""
         return Refused(self.kind, self.reason, self.over, config)

@@ -3,7 +3,7 @@
 API
 ---
 ``plan(model, hardware, gpus, *, memory_budget=None, global_batch=None, microbatch=None, seq=None,
-options=None) -> PlanResult``
+options=None, workers=None) -> PlanResult``
     ``model``: a preset name, a model file or a :class:`~pipeoffload.costmodel.model.ModelSpec`;
     ``hardware``: a profile name, file or :class:`~pipeoffload.costmodel.hardware.Hardware`;
     ``memory_budget``: bytes per device (default: the hardware's HBM minus its reserve,
@@ -22,6 +22,11 @@ An offload try that the pass's ceiling proves to fit ranks at its exact time wit
 (:func:`_proved_fit`); the plan is made at the end only where the configuration can be among those
 shown (:func:`_complete_provisional`): the same result with fewer offload plans.
 
+With helper processes (``workers``, :mod:`~.workers`), the candidates left untimed are timed by a
+helper as soon as the plain phase leaves them so, and the offload phase takes what has come back
+(it never waits for a helper); the shown configurations' offload plans are shared among the
+processes. The search is the same: every decision reads the same floats, wherever they were made.
+
 The schedule settings of a split (:func:`~.space.families`) and the order of the offload tries
 (:func:`~.space.offload_tries`) are those of ``pipeoffload best`` (:mod:`pipeoffload.studies.best`):
 one enumeration, one order (the planner stops before ``best``'s B→W stash tries, see
@@ -33,6 +38,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +47,7 @@ from ..costmodel.hardware import GiB, Hardware, get_hardware
 from ..costmodel.model import ModelSpec, state_bytes_per_param
 from ..costmodel.presets import PO_RUNTIME, get_model
 from ..errors import ParameterError
+from ..passes.issue_policy import paused_gc
 from .bounds import check_memory_bound, time_bound
 from .config import Config, assemble, assemble_offloaded
 from .refusals import Refused, Rejection
@@ -49,6 +56,7 @@ from .result import PlanResult
 from ..recompute import Recompute
 from .hostlink import check_pinned_host
 from .sharding import RECOMPUTE_ORDER, node_profile
+from .workers import Prefetcher, forked_map, resolve_workers
 from .simulate import Simulator
 from .space import FIXED_ORDER, Family, PlanOptions, Problem, Split, enumerate_splits, families, offload_tries
 
@@ -128,6 +136,7 @@ def plan(
     microbatch: int | None = None,
     seq: int | None = None,
     options: PlanOptions | None = None,
+    workers: int | None = None,
 ) -> PlanResult:
     """Search the configurations of ``model`` on ``gpus`` × ``hardware`` (see the module docstring).
 
@@ -136,12 +145,32 @@ def plan(
     sorted by predicted iteration time; every family of schedules that produced no configuration has
     an entry in ``PlanResult.rejected`` saying why (OOM by how much, m too small, generator refused,
     offload infeasible, or pruned as slower than the shown ones). Raises ParameterError naming the
-    argument (``gpus``, ``memory_budget``, ``global_batch``, ``seq``, ``microbatch``, or the field
-    of ``options``) for bad inputs.
+    argument (``gpus``, ``memory_budget``, ``global_batch``, ``seq``, ``microbatch``, ``workers``,
+    or the field of ``options``) for bad inputs.
+
+    ``workers``: processes the search may use [None: 2 on Linux with two CPUs free and no other
+    thread running, else 1, :func:`~.workers.resolve_workers`]; the helpers time candidates ahead
+    (:mod:`~.workers`). The result is the same for every value, apart from ``stats``' seconds
+    and counters.
     """
     t_start = time.perf_counter()
     problem = _problem(model, hardware, gpus, memory_budget, global_batch, microbatch, seq, options or PlanOptions())
+    processes = resolve_workers(workers)
     simulator = Simulator(problem)
+    if processes > 1:
+        simulator.prefetch = Prefetcher(simulator, processes - 1)
+    try:
+        with paused_gc():  # the search's caches grow to millions of objects, all live to the end:
+            return _search(problem, simulator, gpus, t_start, processes)  # collections only rescan them
+    finally:
+        if simulator.prefetch is not None:
+            simulator.prefetch.close()
+            simulator.prefetch = None
+        simulator.clear()  # freed now, not by a later full collection (≈ 2 s for a 16k-GPU search)
+
+
+def _search(problem: Problem, simulator: Simulator, gpus: int, t_start: float, processes: int) -> PlanResult:
+    """:func:`plan`'s search, its inputs checked."""
     splits, rejected_splits = enumerate_splits(problem.model, gpus, problem.global_batch)
     splits = [(dataclasses.replace(s, sp=sp), m) for s, m in splits
               for sp in (problem.options.sequence_parallel if s.tp > 1 else (True,))]
@@ -159,12 +188,15 @@ def plan(
                      ranking, light=False, everyone=candidates)
     _complete_untimed(problem, simulator, candidates, ranking)
     _complete_deferred(problem, simulator, candidates)
-    _complete_provisional(problem, simulator, candidates)
+    if simulator.prefetch is not None:  # nothing reads a simulation ahead after this: free its core
+        simulator.prefetch.close()
+    _complete_provisional(problem, simulator, candidates, processes)
     configs = sorted((c.fit for c in candidates if c.fit), key=lambda x: (x.iteration_ms, x.memory.device))
     stats: dict[str, Any] = dict(simulator.stats)
     stats.update(splits=len(splits), splits_rejected=len(rejected_splits), candidates=len(candidates),
                  families=labels, fitting=len(configs), seconds=round(time.perf_counter() - t_start, 3),
-                 microbatch_rule=_MICROBATCH_RULE)
+                 microbatch_rule=_MICROBATCH_RULE, processes=processes,
+                 simulations_ahead=simulator.prefetch.used if simulator.prefetch is not None else 0)
     return PlanResult(problem.model, problem.hardware, problem.node, gpus, problem.budget, problem.global_batch,
                       problem.options, configs[: problem.options.top], family_rejections(candidates, labels),
                       rejected_splits, stats)
@@ -264,11 +296,12 @@ def _plain_phase(problem: Problem, simulator: Simulator, candidates: list[_Candi
         try:
             check_memory_bound(problem, simulator.costs, c.split, c.family, c.m)
         except Refused as e:
-            c.refusals.append(e)
+            c.refusals.append(e.with_traceback(None))
             continue
         fits = _fits_untimed(problem, simulator, c, order, ranking)
         if fits is False and light and c.family.schedule != "gpipe":
             c.untimed = list(order)  # none fits: timed only when read (_time_untimed)
+            simulator.simulate_ahead([(c.split, c.family, c.m, rc) for rc in order])  # meanwhile, where helped
         elif not fits:
             _variants(problem, simulator, c, order, ranking)
 
@@ -571,7 +604,8 @@ def _proved_refused(problem: Problem, simulator: Simulator, c: _Candidate, rc: A
     return check_pinned_host(problem.hardware, [x * (1.0 - _FLOOR_SLACK) for x in floor], problem.gpus) is not None
 
 
-def _complete_provisional(problem: Problem, simulator: Simulator, candidates: list[_Candidate]) -> None:
+def _complete_provisional(problem: Problem, simulator: Simulator, candidates: list[_Candidate],
+                          processes: int = 1) -> None:
     """Replace each provisional configuration (:func:`_proved_fit`) that can be among the
     ``top`` shown — its time at most the ``top``-th fastest of all that fit, ties included,
     so that the ties' order by memory is the planned one — by the planned one, where it
@@ -580,13 +614,22 @@ def _complete_provisional(problem: Problem, simulator: Simulator, candidates: li
     times = sorted(c.fit.iteration_ms for c in candidates if c.fit)
     top = problem.options.top
     cut = times[top - 1] if len(times) >= top else math.inf
-    for c in candidates:
-        if c.provisional is None or c.fit is None or c.fit.iteration_ms > cut:
-            continue
-        (rc, chunks), old = c.provisional, c.fit
+    shown = [c for c in candidates if c.provisional is not None and c.fit is not None and c.fit.iteration_ms <= cut]
+
+    def planned(c: _Candidate) -> tuple[Config, dict[str, int], int]:
+        """The plan's configuration, the counters it moved and the process that made it."""
+        rc, chunks = c.provisional  # type: ignore[misc]
+        before = dict(simulator.stats)
         sim, res = simulator.offload(c.split, c.family, c.m, rc, chunks, False)
-        cfg = assemble_offloaded(problem, sim, res, chunks, False)
-        if not cfg.fits or cfg.iteration_ms != old.iteration_ms:
+        return assemble_offloaded(problem, sim, res, chunks, False), \
+            {k: n - before.get(k, 0) for k, n in simulator.stats.items() if n != before.get(k, 0)}, os.getpid()
+
+    for c, (cfg, work, pid) in zip(shown, forked_map(planned, shown, processes)):  # the plans, ~1 s each
+        if pid != os.getpid():  # a helper's: count its work here
+            for k, n in work.items():
+                simulator.stats[k] = simulator.stats.get(k, 0) + n
+        old = c.fit
+        if not cfg.fits or cfg.iteration_ms != old.iteration_ms:  # type: ignore[union-attr]
             raise AssertionError(f"{c.where}: a fit proved without its offload plan differs from the plan")
         c.attempts[next(i for i, a in enumerate(c.attempts) if a is old)] = cfg
         c.fit, c.provisional = cfg, None

@@ -41,6 +41,7 @@ from ..timeline import Timeline, _clean, running_peak
 from .bounds import pipeline_bound
 from .dp import dp_exposed
 from .hostlink import host_links
+from .workers import Prefetcher
 from .refusals import Refused
 from .sharding import CostTable, ShardedCosts, rank_states
 from .space import BUDGET, FIXED_ORDER, Family, Problem, Split, placement_of
@@ -160,6 +161,16 @@ class Simulator:
         #: The offload session of the last candidate offloaded (:meth:`offload`), by its inputs.
         self._session: tuple[tuple, OffloadSession] | None = None
         self.stats = {"simulations": 0, "offload_plans": 0, "generator_calls": 0}
+        #: Helper processes simulating ahead (:mod:`~.workers`), while :func:`~.search.plan` runs.
+        self.prefetch: Prefetcher | None = None
+
+    def clear(self) -> None:
+        """Drop every schedule, simulation and offload session kept (:func:`~.search.plan` does
+        when it returns: its result holds none of them)."""
+        for cache in (self._schedules, self._simulations, self._peaks, self._first_peaks, self._bounds,
+                      self._floor_lows, self._timers):
+            cache.clear()
+        self._session = None
 
     # -- schedules ------------------------------------------------------------------------------
     def schedule(self, family: Family, p: int, m: int, recompute: bool, tp: int, sp: bool = True,
@@ -184,7 +195,7 @@ class Simulator:
             hit = self._generate(family, p, m, sh, limit)
             self._schedules[key] = hit
         if isinstance(hit, Refused):
-            raise hit
+            raise hit.again()
         return hit
 
     def mem_limit(self, family: Family, p: int, sh: ShardedCosts, dp: int = 1) -> float | None:
@@ -216,15 +227,25 @@ class Simulator:
         key = (split, family, m, recompute)
         hit = self._simulations.get(key)
         if hit is None:
-            try:
-                with paused_gc():  # see the module docstring
-                    hit = self._simulate(split, family, m, recompute)
-            except Refused as e:
-                hit = e
+            got = self.prefetch.take(key) if self.prefetch is not None else None
+            if got is not None:  # a helper's result, the same floats (the search never waits for one)
+                hit = got[0]
+            else:
+                try:
+                    with paused_gc():  # see the module docstring
+                        hit = self._simulate(split, family, m, recompute)
+                except Refused as e:
+                    hit = e.with_traceback(None)  # kept: its frames would hold this simulator in a cycle
             self._simulations[key] = hit
         if isinstance(hit, Refused):
-            raise hit
+            raise hit.again()
         return hit
+
+    def simulate_ahead(self, keys: list[tuple[Split, Family, int, bool]]) -> None:
+        """Have a helper process make :meth:`simulate` of ``keys`` (one candidate's settings)
+        before they are asked for, where :attr:`prefetch` is set; else nothing."""
+        if self.prefetch is not None:
+            self.prefetch.submit(keys)
 
     def peaks(self, split: Split, family: Family, m: int, recompute: bool) -> list[float] | None:
         """The candidate's per-rank activation peaks (bytes, at the real ``m``, as
