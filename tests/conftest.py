@@ -81,3 +81,14 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         if os.environ.get("PIPEOFFLOAD_ALLOW_MISSING") == "1":
             pytest.skip(mark.args[0])
         pytest.fail(mark.args[0], pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def _planner_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``plan()``'s default here is the search alone (as where one CPU is free): the planner tests
+    spy on the search's own calls and counters, which a helper process's share would hide.
+    ``tests/test_plan_workers.py`` runs the helpers by asking for them (``workers=2``) and tests
+    the default itself; ``pipeoffload plan`` in a subprocess keeps the real default."""
+    from pipeoffload.planner import workers
+
+    monkeypatch.setattr(workers, "_cpus", lambda: 1)

@@ -21,8 +21,10 @@ sp)`` and the memory limit in bytes they were given (:func:`generator_limit`), t
 Each simulation and offload plan runs with the cyclic garbage collector paused
 (:func:`~pipeoffload.passes.issue_policy.paused_gc`): a generator and a timing allocate a few
 objects per op and free few until they return, and every collection the allocations triggered
-rescanned the caches' schedules and timelines (≈ 20 % of the planner's time); the collector
-runs again between candidates, so what a simulation leaves in cycles is freed as before.
+rescanned the caches' schedules and timelines (≈ 20 % of the planner's time). :func:`~.search.plan`
+pauses it for the whole search too (the caches stay live to its end); refusals are kept without
+their tracebacks (whose frames would hold the simulator in a cycle) and :meth:`Simulator.clear`
+frees the caches when the search returns.
 """
 
 from __future__ import annotations
