@@ -693,3 +693,19 @@ def test_issue_plan_and_check_at_64_ranks_and_512_microbatches_take_under_3_s(na
     t_all = time.perf_counter() - t
     assert rep.groups > 64 * 512
     assert t_all < 3.0, f"issue_plan {t_plan:.2f} s + check_nccl {t_all - t_plan:.2f} s"
+
+
+def test_a_reload_never_starts_before_its_offload_ends():
+    """Found by the property above (CI, 2026-11-27): a reload whose start rounded one unit in
+    the last place below its offload's end (the placements' tolerance; sums on two lanes), and
+    the program, ordered by time, started the reload first. Every activation's four transfer
+    ops now come in their one legal order (``offload._reloads_after_offloads``)."""
+    costs = Costs(F=3.0, B=3.0, W=3.0, comm=0.1)
+    sched = generate("interleaved-1f1b", p=4, m=9, v=4, costs=costs, memory=MemoryDeltas())
+    tl = simulate(sched, costs, MemoryDeltas())
+    off = plan_offload(sched, tl, comm=costs.comm, offload_chunks=3, offload_time=1.0, link_group=1,
+                       on_infeasible="skip", postpone_warmup=False)
+    assert off.transfers, "nothing offloaded: the case checks nothing"
+    for t in off.transfers:
+        assert t.reload_start >= t.offload_end, t
+    interpret(insert_comm(off.schedule))

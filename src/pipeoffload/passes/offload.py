@@ -1997,6 +1997,7 @@ class _Draft:
         self.transfers = [Transfer(c.rank, c.stage, c.chunk, c.microbatch, c.amount, *placed[id(c)], c.backward_start,
                                    c.link, c.window) for c in cands]
         _apply_solo_speedup(self.transfers, [c.forward_end for c in cands], ctx.link.solo_factor)
+        _reloads_after_offloads(self.transfers)
         self.compute = _compute_figures(ctx, events)
         self.peak, self.makespan = _plan_peaks(self.compute, self.transfers), self.compute.makespan
 
@@ -2183,6 +2184,18 @@ def _transfer_events(transfers: list[Transfer]) -> list[TimedOp]:
             TimedOp(rel_end, t.reload_end, t.reload_end, "h2d", 0.0),
         ]
     return out
+
+
+def _reloads_after_offloads(transfers: list[Transfer]) -> None:
+    """Start no reload before its own offload's end. The placements let a reload touch its
+    offload within the gap scans' tolerance, and the two copies' times are sums on two lanes
+    rounded apart: a reload could start one unit in the last place before its offload ended,
+    and the program, which orders transfer ops by time, then started the reload first (the
+    deadlock property test found it: interleaved-1f1b p=4, m=9, v=4). Clamped here, after every
+    adjustment, so that each activation's four transfer ops come in their one legal order."""
+    for t in transfers:
+        if t.reload_start < t.offload_end:
+            t.reload_start = t.offload_end
 
 
 def _apply_solo_speedup(transfers: list[Transfer], ready: list[float], solo: float) -> None:
