@@ -95,7 +95,7 @@ class Prefetcher:
         self._tasks: list[Connection] = []  # to each helper
         self._outboxes: list[queue.SimpleQueue] = []  # what its sender thread is to send it
         self._procs: list[Any] = []
-        self._readers: list[threading.Thread] = []  # per helper: its sender and its reader
+        self._threads: list[threading.Thread] = []  # per helper: its sender and its reader
         self._arrived = threading.Condition()  # guards _results; notified at each result
         self._results: dict[tuple, bytes] = {}  # pickled (result, work)
         self._sent: set[tuple] = set()
@@ -154,11 +154,11 @@ class Prefetcher:
                 p.kill()
         for p in self._procs:
             p.join(5)
-        for t in self._readers:  # each ends at its pipe's end, which the helper's death closes
+        for t in self._threads:  # each ends at its pipe's end, which the helper's death closes
             t.join(5)
         for c in self._tasks:
             c.close()
-        self._procs, self._readers, self._tasks, self._outboxes = [], [], [], []
+        self._procs, self._threads, self._tasks, self._outboxes = [], [], [], []
         with self._arrived:
             self._results.clear()
 
@@ -183,14 +183,14 @@ class Prefetcher:
             self._tasks.append(task_send)
             box: queue.SimpleQueue = queue.SimpleQueue()
             self._outboxes.append(box)
-            self._readers.append(threading.Thread(target=_send, args=(box, task_send), daemon=True,
+            self._threads.append(threading.Thread(target=_send, args=(box, task_send), daemon=True,
                                                   name="pipeoffload-plan-tasks"))
-            self._readers.append(threading.Thread(target=self._read, args=(result_recv,), daemon=True,
+            self._threads.append(threading.Thread(target=self._read, args=(result_recv,), daemon=True,
                                                   name="pipeoffload-plan-results"))
         for (task_recv, _), (_, result_send) in pairs:
             task_recv.close()
             result_send.close()
-        for t in self._readers:
+        for t in self._threads:
             t.start()
 
     def _read(self, conn: Connection) -> None:
