@@ -30,7 +30,7 @@ import torch.distributed as dist  # noqa: E402
 from pipeoffload.errors import ParameterError  # noqa: E402
 from pipeoffload.runtime.launcher import LaunchError, launch  # noqa: E402
 from pipeoffload.runtime.transport import (  # noqa: E402
-    ENV_VAR, NcclRulesTransport, P2PSpec, TorchTransport, make_transport,
+    ENV_VAR, NcclRulesTransport, P2PSpec, TorchTransport, Transport, make_transport,
 )
 
 pytestmark = pytest.mark.multiproc
@@ -374,3 +374,39 @@ def test_pipelines_of_a_mesh_each_build_their_own(four):
     assert ranks[3]["mismatch"].startswith("rank 1 (global 3): RECV(rank=1): size mismatch: this receive expects "
                                            "12 bytes but the send of rank 0 (global 2) it matches has 8 bytes")
     assert ranks[1]["mismatch"].startswith("rank 1: RECV(rank=1): size mismatch")
+
+
+class _ClosedPairs(Transport):
+    """A transport whose issue fails as gloo's does once a peer's process has died (its
+    pair's connection closed), or with ``text``."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def issue(self, ops):
+        raise RuntimeError(self.text)
+
+
+GLOO_CLOSED = ("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+               "[127.0.0.1]:49575. This is typically caused by a remote worker crashing.")
+
+
+def test_a_peer_found_dead_when_issuing_is_named_as_at_a_wait():
+    # CI saw it: under torchrun a survivor's next group met the dead peer's closed pair at issue,
+    # and the report said "could not issue" without naming the lost rank.
+    from pipeoffload.runtime.p2p import P2P, CommError
+
+    p2p = P2P(0, 5.0, torch.device("cpu"), transport=_ClosedPairs(GLOO_CLOSED))
+    buf = torch.zeros(2)
+    with pytest.raises(CommError, match=r"rank 0: lost rank 1 issuing the group of RECV grad") as e:
+        p2p.issue([(False, buf, 1, 0, "RECV grad"), (True, buf, 1, 1, "SEND act")])
+    assert e.value.lost_peer == 1
+    # A group with two peers: gloo names an address, not a rank, so both are named and none is blamed.
+    with pytest.raises(CommError, match=r"lost one of ranks 1, 2 issuing") as e:
+        p2p.issue([(False, buf, 1, 0, "RECV grad"), (True, buf, 2, 1, "SEND act")])
+    assert e.value.lost_peer is None
+    # Any other failure to issue is not a lost peer.
+    p2p = P2P(0, 5.0, torch.device("cpu"), transport=_ClosedPairs("Bad address"))
+    with pytest.raises(CommError, match=r"could not issue the group of RECV grad \(Bad address\)") as e:
+        p2p.issue([(False, buf, 1, 0, "RECV grad")])
+    assert e.value.lost_peer is None

@@ -107,8 +107,17 @@ class P2P:
             works = self.transport.issue(specs)
         except RuntimeError as e:
             first = specs[0].what if specs else "?"
+            text = str(e)
+            peers = sorted({peer for _, _, peer, _, _ in items})
+            if _peer_gone(text):  # a dead peer found when issuing, not waiting: name it all the same
+                who = f"rank {peers[0]}" if len(peers) == 1 else "one of ranks " + ", ".join(map(str, peers))
+                err = CommError(f"rank {self.rank}: lost {who} issuing the group of {first}: its "
+                                f"connection closed (the process died or failed; {text.splitlines()[0][:200]})")
+                # Only a group with one peer says which died (gloo names an address, not a rank).
+                err.lost_peer = peers[0] if len(peers) == 1 else None
+                raise err from None
             raise CommError(f"rank {self.rank}: could not issue the group of {first} "
-                            f"({str(e).splitlines()[0][:200]})") from None
+                            f"({text.splitlines()[0][:200]})") from None
         for n, ((send, _, peer, _, what), spec, work) in enumerate(zip(items, specs, works)):
             if send:
                 self._sends.append((what, peer, work, spec.tensor, None if keys is None else keys[n]))
