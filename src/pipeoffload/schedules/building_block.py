@@ -409,7 +409,8 @@ def _reorder_bytes(grid: SlotGrid, peaks: list[int], mem: list[bytearray], stead
         t += 1
     if skip is not None:
         grid.skipped = skip.skipped
-        grid.skip = skip
+        grid.skip = skip  # its outcome (at, window, after_lb) for reduced_grid
+        skip.grid, skip.mem = None, None  # type: ignore[assignment]  # done with them: no grid ↔ skip cycle left for the collector
     return grid
 
 
