@@ -97,6 +97,42 @@ def test_prefetched_simulations_are_the_searchs_own():
     assert not any(p.is_alive() for p in ahead._procs)
 
 
+def test_a_helper_takes_on_the_searchs_schedules():
+    # The search hands an untimed candidate's keys with the schedules it made for their peaks: the
+    # helper times those, and generates only the ones the search had not made.
+    from pipeoffload.planner.search import _problem
+    from pipeoffload.planner.space import Family, Split
+    from pipeoffload.recompute import Recompute
+
+    problem = _problem("1.5B", "a100-80g", 8, 6 * GiB, None, None, None, PlanOptions())
+    search, alone = Simulator(problem), Simulator(problem)
+    keys = [(Split(tp=1, pp=8, dp=1), family, 32, rc)
+            for family in (Family("zb-v", 2), Family("zb-auto", 1, limit=2), Family("interleaved-1f1b", 2))
+            for rc in (Recompute.NONE, Recompute.ELEMENTWISE)]
+    for key in keys:  # what the plain phase reads before it leaves a candidate untimed
+        search.peaks_low(*key)  # the first m's schedule (zb-auto: None, nothing made)
+    search.peaks(*keys[2])  # zb-auto's two m
+    made = search.made_schedules(keys)
+    assert len(made) == search.stats["generator_calls"] > 0
+    helper = Simulator(problem)
+    helper.adopt_schedules(made)
+    for key in keys:
+        got, own = helper.simulate(*key), alone.simulate(*key)
+        assert (got.makespan, got.busy, got.act) == (own.makespan, own.busy, own.act)
+    assert helper.stats["generator_calls"] == alone.stats["generator_calls"] - len(made) < \
+        alone.stats["generator_calls"]
+    # Handed whole through a helper process, too.
+    ahead = workers.Prefetcher(Simulator(problem), 1)
+    ahead.wait_s = 60.0
+    try:
+        ahead.submit(keys, made)
+        taken = [ahead.take(key) for key in keys]
+        assert all(t is not None for t in taken)
+        assert [t[0].makespan for t in taken] == [alone.simulate(*key).makespan for key in keys]
+    finally:
+        ahead.close()
+
+
 def _double_here(x: int) -> tuple[int, int]:
     return 2 * x, os.getpid()
 

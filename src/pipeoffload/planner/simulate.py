@@ -180,10 +180,23 @@ class Simulator:
         """``family``'s schedule on ``p`` ranks with ``m`` microbatches (cost-aware generators get
         the per-GPU costs of ``recompute``, ``tp``, ``sp`` and the limit of :meth:`mem_limit`, which
         depends on ``dp`` only at the budget); raises :class:`Refused` ("m" or "generator")."""
-        fixed = family.schedule in FIXED_ORDER
+        key, sh, limit = self._schedule_key(family, p, m, recompute, tp, sp, dp)
+        hit = self._schedules.get(key)
+        if hit is None:
+            hit = self._generate(family, p, m, sh, limit)
+            self._schedules[key] = hit
+        if isinstance(hit, Refused):
+            raise hit.again()
+        return hit
+
+    def _schedule_key(self, family: Family, p: int, m: int, recompute: bool, tp: int, sp: bool,
+                      dp: int) -> tuple[tuple, ShardedCosts | None, float | None]:
+        """:meth:`schedule`'s cache key (the generator's inputs), with the per-GPU costs and the
+        limit a cost-aware generator gets; raises :class:`Refused` ("same") where zb-auto at the
+        budget would be zb-2p's schedule."""
         key: tuple = (family.schedule, p, m, family.v, family.g(p))
         sh, limit = None, None
-        if fixed:
+        if family.schedule in FIXED_ORDER:
             key += (family.limit,)
         else:  # the generator's inputs: costs and the limit in bytes (not how the limit was named)
             sh = self.costs.sharded(recompute, p, family.v, tp, sp)
@@ -192,13 +205,30 @@ class Simulator:
             if family.limit == BUDGET and family.schedule == "zb-auto" and \
                     limit == self.mem_limit(dataclasses.replace(family, limit=2), p, sh, dp):
                 raise Refused("same", "the budget leaves at least twice 1F1B's memory: the same schedule as zb-2p")
-        hit = self._schedules.get(key)
-        if hit is None:
-            hit = self._generate(family, p, m, sh, limit)
-            self._schedules[key] = hit
-        if isinstance(hit, Refused):
-            raise hit.again()
-        return hit
+        return key, sh, limit
+
+    def made_schedules(self, keys: list[tuple[Split, Family, int, bool]]) -> dict[tuple, Schedule | Refused]:
+        """The schedules (or refusals) :meth:`simulate` of ``keys`` reads that this simulator has
+        made already, by their cache keys: a helper handed ``keys`` takes them on
+        (:meth:`adopt_schedules`) instead of generating them again."""
+        made = {}
+        for split, family, m, recompute in keys:
+            p = split.pp
+            for mm in simulated_microbatches(m, p, family.schedule, family.g(p)):
+                if mm is None:
+                    continue
+                try:
+                    key = self._schedule_key(family, p, mm, recompute, split.tp, split.sp, split.dp)[0]
+                except Refused:
+                    continue
+                if key in self._schedules:
+                    made[key] = self._schedules[key]
+        return made
+
+    def adopt_schedules(self, made: dict[tuple, Schedule | Refused]) -> None:
+        """Keep ``made`` (another simulator's :meth:`made_schedules`) where this one has none."""
+        for key, hit in made.items():
+            self._schedules.setdefault(key, hit)
 
     def mem_limit(self, family: Family, p: int, sh: ShardedCosts, dp: int = 1) -> float | None:
         """:func:`generator_limit` for this simulator's problem."""
@@ -247,7 +277,7 @@ class Simulator:
         """Have a helper process make :meth:`simulate` of ``keys`` (one candidate's settings)
         before they are asked for, where :attr:`prefetch` is set; else nothing."""
         if self.prefetch is not None:
-            self.prefetch.submit(keys)
+            self.prefetch.submit(keys, self.made_schedules(keys))
 
     def peaks(self, split: Split, family: Family, m: int, recompute: bool) -> list[float] | None:
         """The candidate's per-rank activation peaks (bytes, at the real ``m``, as
