@@ -62,7 +62,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 # Deterministic cuBLAS: must be set before CUDA initialises (bitwise comparisons).
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -583,7 +583,16 @@ def overhead_summary(runs: dict[str, dict[str, Any]], goal: float = OVERHEAD_GOA
     return summary
 
 
-def tests(out_dir: Path) -> dict[str, Any]:
+#: A subset of the suite for a short device slot (``--tests-paths`` with no value): the modules
+#: whose processes, tensors and models touch the runtime's device paths.
+TESTS_SHORT = ("tests/test_gpu_check.py", "tests/test_runtime_offload.py", "tests/test_hf_llama.py",
+               "tests/test_mesh.py", "tests/test_transport.py")
+
+
+def tests(out_dir: Path, paths: Sequence[str] = (), timeout_s: float | None = None) -> dict[str, Any]:
+    """The test suite (or ``paths``, pytest's arguments) with CUDA present, in a subprocess; at
+    most ``timeout_s`` seconds (None: no limit), after which it is stopped and reported as having
+    run past its time with what it printed until then (pytest.log)."""
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:benchmark"]
     try:
         import xdist  # noqa: F401
@@ -591,14 +600,21 @@ def tests(out_dir: Path) -> dict[str, Any]:
         cmd += ["-n", str(min(8, max(2, (os.cpu_count() or 2) // 2)))]
     except ImportError:
         pass
+    cmd += list(paths)
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
     t0 = time.time()
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
-    (out_dir / "pytest.log").write_text(r.stdout + r.stderr)
-    tail = (r.stdout + r.stderr).strip().splitlines()[-40:]
+    try:
+        r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=timeout_s)
+        text, code = r.stdout + r.stderr, r.returncode
+    except subprocess.TimeoutExpired as e:
+        text = "".join(x.decode(errors="replace") if isinstance(x, bytes) else (x or "") for x in (e.stdout, e.stderr))
+        text += f"\nran past its {timeout_s:g} s (--tests-timeout) and was stopped"
+        code = None
+    (out_dir / "pytest.log").write_text(text)
+    tail = text.strip().splitlines()[-40:]
     print("\n".join("  " + x for x in tail), flush=True)
-    return {"command": " ".join(cmd[1:]), "returncode": r.returncode, "seconds": time.time() - t0,
-            "summary": tail[-1] if tail else "", "ok": r.returncode == 0}
+    return {"command": " ".join(cmd[1:]), "returncode": code, "seconds": time.time() - t0,
+            "summary": tail[-1] if tail else "", "ok": code == 0}
 
 
 # ----------------------------------------------------------------------------- main
@@ -615,8 +631,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="multiprocess: these schedules only (default every registry schedule)")
     ap.add_argument("--mp-transports", nargs="+", default=list(MP_TRANSPORTS), metavar="MODE",
                     help="multiprocess: the gloo worlds' transports (default torch nccl-rules)")
+    ap.add_argument("--tests-paths", nargs="*", default=None, metavar="PATH",
+                    help="tests: pytest's paths or node ids (default the whole suite; the flag alone: "
+                         + " ".join(TESTS_SHORT) + ")")
+    ap.add_argument("--tests-timeout", type=float, default=None, metavar="SECONDS",
+                    help="tests: stop the run after this long and report it (default no limit)")
     ap.add_argument("--mp-run", default=None, help=argparse.SUPPRESS)  # internal: one world's driver
     a = ap.parse_args(argv)
+    if a.tests_timeout is not None and not a.tests_timeout > 0:
+        ap.error(f"--tests-timeout: must be a positive number of seconds, got {a.tests_timeout:g}")
     if a.mp_run:
         _mp_drive(json.loads(Path(a.mp_run).read_text()))
         return 0
@@ -634,7 +657,8 @@ def main(argv: list[str] | None = None) -> int:
         "iteration": lambda: {**gpu_iteration.whole_iterations(
             gpu_iteration.default_profile(DEV), gpu_iteration.CONFIGS if DEV == "cuda" else gpu_iteration.TINY, DEV),
             "ok": True},
-        "offload": lambda: offload(out_dir), "tests": lambda: tests(out_dir)}
+        "offload": lambda: offload(out_dir), "tests": lambda: tests(out_dir, TESTS_SHORT if a.tests_paths == [] else (a.tests_paths or ()),
+                                 a.tests_timeout)}
     results: dict[str, Any] = {}
     for name in SECTIONS:
         if name in a.skip or (a.only is not None and name not in a.only):

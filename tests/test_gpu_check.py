@@ -267,3 +267,27 @@ def test_whole_iteration_section_on_cpu():
         assert abs(run["error"]["activation_GiB"]) < 0.05, run
     assert runs["tiny gpipe"]["measured"]["activation_GiB"] > 3 * runs["tiny 1f1b"]["measured"]["activation_GiB"]
     assert set(res["summary"]) == {"pipeline_s", "optimizer_s", "activation_GiB"}
+
+
+# ----------------------------------------------------------------------------- tests section
+
+
+def test_tests_section_runs_the_paths_given_and_reports_a_run_past_its_time(tmp_path):
+    # A lent GPU's slot is short: the whole suite no longer fits one (2026-11-27), so the section
+    # takes pytest's paths and a time limit, and a run stopped at its limit says so.
+    gpu = load_benchmark("gpu_check")
+    res = gpu.tests(tmp_path, ["tests/test_docs_links.py::test_the_readme_stays_short"], 300)
+    assert res["ok"] and res["returncode"] == 0, res
+    assert res["command"].endswith("tests/test_docs_links.py::test_the_readme_stays_short")
+    assert "1 passed" in res["summary"] and (tmp_path / "pytest.log").exists()
+    stopped = gpu.tests(tmp_path, ["tests/test_docs_links.py"], 0.05)
+    assert not stopped["ok"] and stopped["returncode"] is None
+    assert stopped["summary"] == "ran past its 0.05 s (--tests-timeout) and was stopped"
+    assert all((Path(__file__).parents[1] / p).exists() for p in gpu.TESTS_SHORT)  # real modules
+
+
+def test_tests_timeout_flag_is_checked():
+    r = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "benchmarks" / "gpu_check.py"),
+                        "--only", "tests", "--tests-timeout", "0"], capture_output=True, text=True,
+                       env=dict(os.environ, GPU_CHECK_DEVICE="cpu"))
+    assert r.returncode == 2 and "--tests-timeout: must be a positive number of seconds, got 0" in r.stderr
