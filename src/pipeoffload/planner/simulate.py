@@ -213,12 +213,9 @@ class Simulator:
         (:meth:`adopt_schedules`) instead of generating them again."""
         made = {}
         for split, family, m, recompute in keys:
-            p = split.pp
-            for mm in simulated_microbatches(m, p, family.schedule, family.g(p)):
-                if mm is None:
-                    continue
+            for mm in _runs(split, family, m):
                 try:
-                    key = self._schedule_key(family, p, mm, recompute, split.tp, split.sp, split.dp)[0]
+                    key = self._schedule_key(family, split.pp, mm, recompute, split.tp, split.sp, split.dp)[0]
                 except Refused:
                     continue
                 if key in self._schedules:
@@ -290,7 +287,7 @@ class Simulator:
             sh = self.costs.sharded(recompute, p, family.v, split.tp, split.sp)
             with paused_gc():
                 runs = [(mm, self.schedule(family, p, mm, recompute, split.tp, split.sp, split.dp))
-                        for mm in simulated_microbatches(m, p, family.schedule, family.g(p)) if mm is not None]
+                        for mm in _runs(split, family, m)]
             first = self._first_peaks.pop(key, _NOT_MADE)  # peaks_low's, when it made them
             per_run = [first if i == 0 and first is not _NOT_MADE else order_peaks(sched, sh.costs, sh.memory)
                        for i, (_, sched) in enumerate(runs)]
@@ -333,10 +330,9 @@ class Simulator:
         sh = self.costs.sharded(recompute, p, family.v, split.tp, split.sp)
         placement = placement_of(family, p)
         runs = []
-        for mm in simulated_microbatches(m, p, family.schedule, family.g(p)):
-            if mm is not None:
-                sched = self.schedule(family, p, mm, recompute, split.tp, split.sp, split.dp)
-                runs.append((mm, sched, self._time(sched, sh)))
+        for mm in _runs(split, family, m):
+            sched = self.schedule(family, p, mm, recompute, split.tp, split.sp, split.dp)
+            runs.append((mm, sched, self._time(sched, sh)))
         floor = pipeline_bound(sh.costs.group_costs, placement, m)  # type: ignore[arg-type]
         known = self.peaks(split, family, m, recompute)
         makespan, busy, peaks = _extrapolate(m, [(mm, tl) for mm, _, tl in runs], family.schedule, floor, known)
@@ -476,6 +472,12 @@ class Simulator:
             self._session = (key, OffloadSession(sim.schedule.compute_only(), sim.timeline,  # the timing pass's:
                                                  comm=sim.sharded.costs.comm, options=settings, timed=True))
         return sim, self._session[1]
+
+
+def _runs(split: Split, family: Family, m: int) -> list[int]:
+    """The microbatch counts a candidate is simulated at (:func:`simulated_microbatches`, the
+    second left out where ``m`` itself is simulated)."""
+    return [mm for mm in simulated_microbatches(m, split.pp, family.schedule, family.g(split.pp)) if mm is not None]
 
 
 _NOT_MADE = object()  #: :meth:`Simulator.peaks`' mark for first-m peaks not made by :meth:`Simulator.peaks_low`
