@@ -19,7 +19,9 @@ per-op release times (the offload pass's delayed backwards and postponed forward
 
 from __future__ import annotations
 
+import importlib
 import math
+import os
 from array import array
 from collections import deque
 from functools import lru_cache
@@ -27,7 +29,7 @@ from itertools import repeat
 from typing import Any, Callable, Mapping, Sequence
 
 from ..costs import Costs, MemoryDeltas
-from ..errors import ScheduleError
+from ..errors import ParameterError, ScheduleError
 from ..ir import CompactOrders, Op, OpKind, Placement, Schedule, overlap_pairs
 from ..timeline import ALLOC, FREE, EventColumns, TimedOp, Timeline, _clean, memory_sweep, running_peak
 
@@ -50,6 +52,29 @@ _CODE_OF_NAME = {"F": F_CODE, "B": B_CODE, "W": W_CODE}
 CODE_KIND = (OpKind.F, OpKind.B, OpKind.W)
 _NOT_PLACED = -math.inf  #: end time of an op not placed yet
 _NO_RELEASE = -math.inf  #: release time of an op with none
+
+
+def _load_engine() -> Any:
+    """The engine's C loops (:mod:`pipeoffload._engine`), or None for the Python ones.
+
+    ``PIPEOFFLOAD_ENGINE``: ``auto`` (default: C when built), ``c`` (C, or an error saying
+    it is not built) or ``python``. Both give the same floats (tests/test_engine_c.py)."""
+    choice = os.environ.get("PIPEOFFLOAD_ENGINE", "auto").strip().lower() or "auto"
+    if choice not in ("auto", "c", "python"):
+        raise ParameterError("PIPEOFFLOAD_ENGINE", f"must be auto, c or python, got {choice!r}")
+    if choice == "python":
+        return None
+    try:
+        engine = importlib.import_module("pipeoffload._engine")
+    except ImportError:
+        if choice == "c":
+            raise ParameterError("PIPEOFFLOAD_ENGINE", "is c, but the C engine (pipeoffload._engine) is not built: "
+                                 "reinstall with a C compiler (pip install -e .), or set it to auto or python") from None
+        return None
+    return engine
+
+
+_engine = _load_engine()
 
 
 def completion_key(op: Op) -> Key:
@@ -747,9 +772,8 @@ def _timed_columns(schedule: Schedule, dur: Sequence[Mapping[OpKind, float]],
         placed.append(engine.end)
     if n_placed < sum(map(len, tis)):
         return None  # deadlock: run_list_schedule names the cycle
-    ends_out = [array("d", en) for en in ends]
-    return EventColumns(ops, [array("d", st) for st in starts], ends_out, _Deltas(schedule, mem_of),
-                        _EventOrder(schedule, comm, dur_of, runs), serial=_serial(dur_of, ends_out))
+    return EventColumns(ops, starts, ends, _Deltas(schedule, mem_of), _EventOrder(schedule, comm, dur_of, runs),
+                        serial=_serial(dur_of, ends))
 
 
 def _untimed_control(dur_of: Sequence[float], comm: float) -> bool:
@@ -818,12 +842,26 @@ class OrderTimer:
 
 def _time_in_runs(engine: ListScheduler, tis: Sequence[list[int]], mbs: Sequence[list[int]],
                   own_of: Sequence[int], dur_of: Sequence[float], runs: Sequence[int]
-                  ) -> tuple[list[list[float]], list[list[float]]]:
+                  ) -> tuple[list[array], list[array]]:
+    """:func:`_time_in_runs_py`, in C where the optional extension is built and takes
+    these inputs (as :func:`_time_compact`), else in Python."""
+    if _engine is not None:
+        out = _engine.time_in_runs(engine.num_microbatches, engine.deps, engine.clock, engine.origin, engine.end,
+                                   tis, mbs, own_of, dur_of, runs)
+        if out is not None:
+            return out
+    return _time_in_runs_py(engine, tis, mbs, own_of, dur_of, runs)
+
+
+def _time_in_runs_py(engine: ListScheduler, tis: Sequence[list[int]], mbs: Sequence[list[int]],
+                     own_of: Sequence[int], dur_of: Sequence[float], runs: Sequence[int]
+                     ) -> tuple[list[array], list[array]]:
     """:func:`_time_compact` of orders whose event runs are known (``runs``: what it
     appended for these orders, flat, :class:`OrderTimer`), writing ``engine.end``: each
     rank's starts and ends. Every input is placed before the op that reads it, so no
     op waits; each op's start is computed as there (origin, its inputs' ends plus
-    latency in the engine's order, then its rank's clock)."""
+    latency in the engine's order, then its rank's clock). The starts and ends as
+    ``array('d')``."""
     m = engine.num_microbatches
     deps, clock, origin, end = engine.deps, engine.clock, engine.origin, engine.end
     done = [0] * len(tis)
@@ -848,7 +886,7 @@ def _time_in_runs(engine: ListScheduler, tis: Sequence[list[int]], mbs: Sequence
             st[i] = t
             en[i] = end[own * m + mb] = c = t + dur_of[k]
         done[r], clock[r] = i0 + n, c
-    return starts, ends
+    return [array("d", st) for st in starts], [array("d", en) for en in ends]
 
 
 def _own_of(num_stages: int) -> list[int]:
@@ -925,11 +963,25 @@ def _serial(dur_of: Sequence[float], ends: Sequence[Sequence[float]]) -> bool:
 
 def _time_compact(engine: ListScheduler, tis: Sequence[list[int]], mbs: Sequence[list[int]], own_of: Sequence[int],
                   dur_of: Sequence[float], runs: list[tuple[int, int]] | None = None
-                  ) -> tuple[list[list[float]], list[list[float]], int]:
+                  ) -> tuple[list[array], list[array], int]:
+    """:func:`_time_compact_py`, in C where the optional extension is built and takes
+    these inputs (:mod:`pipeoffload._engine`: the same floats, the same ``runs``, the
+    engine's ``clock`` and ``end`` left the same), else in Python."""
+    if _engine is not None:
+        out = _engine.time_compact(engine.num_microbatches, engine.deps, engine.clock, engine.origin, engine.end,
+                                   tis, mbs, own_of, dur_of, runs)
+        if out is not None:
+            return out
+    return _time_compact_py(engine, tis, mbs, own_of, dur_of, runs)
+
+
+def _time_compact_py(engine: ListScheduler, tis: Sequence[list[int]], mbs: Sequence[list[int]],
+                     own_of: Sequence[int], dur_of: Sequence[float], runs: list[tuple[int, int]] | None = None
+                     ) -> tuple[list[array], list[array], int]:
     """:func:`_time_rank_lists` over compact addresses (rank ``r``'s op ``i`` is
     ``own_of[tis[r][i]]``, microbatch ``mbs[r][i]``, runs for ``dur_of[tis[r][i]]``),
     writing the engine's end table ``engine.end``. Returns each rank's starts and ends
-    (0.0 at an op not placed) and how many ops were placed (fewer than all on a
+    (``array('d')``, 0.0 at an op not placed) and how many ops were placed (fewer than all on a
     deadlock). With ``runs``, appends ``(rank, count)`` for each run of ops the loop
     places on one rank in a row: the event order, rank by rank (per run, not per op,
     and only when asked: the planner reads the order of few timings). Lists throughout:
@@ -977,7 +1029,7 @@ def _time_compact(engine: ListScheduler, tis: Sequence[list[int]], mbs: Sequence
         done[r], clock[r] = i, c
         if runs is not None and i > i0:
             runs.append((r, i - i0))
-    return starts, ends, sum(done)
+    return [array("d", st) for st in starts], [array("d", en) for en in ends], sum(done)
 
 
 def order_figures(
@@ -1040,7 +1092,7 @@ def _simulated_figures(placement: Placement, num_microbatches: int,
     return max(tl.peak_memory(), default=0.0), max(tl.spans(), default=0.0), tl.makespan
 
 
-def _figures_swept(tis: list[list[int]], starts: list[list[float]], dur_of: list[float], mem_of: list[float]
+def _figures_swept(tis: list[list[int]], starts: Sequence[Sequence[float]], dur_of: list[float], mem_of: list[float]
                    ) -> tuple[list[float], list[float], list[float]]:
     """:func:`order_figures`' per-rank first start, last end and peak through the memory
     sweep (ops by table index): the general case (an op shorter than an ulp of the times)."""
