@@ -133,6 +133,76 @@ def test_a_helper_takes_on_the_searchs_schedules():
         ahead.close()
 
 
+def test_a_helper_answers_the_offload_phases_first_question(monkeypatch):
+    # For each candidate left untimed, the helper that simulated it also answers whether any offload
+    # try can fit (search._hopeless_ahead); the search takes the answer instead of making it, and the
+    # plan is the same. Each answer equals the one made in this process.
+    from pipeoffload.planner.search import _hopeless_ahead, _problem
+
+    taken: list[tuple[tuple, tuple]] = []
+    take = workers.Prefetcher.take
+
+    def spy(self, key):
+        got = take(self, key)
+        if key in self._calls:
+            taken.append((key, got))
+        return got
+
+    model, gpus, budget, opts = CASES[0]
+    alone = plan(model, "a100-80g", gpus, memory_budget=budget * GiB, options=opts, workers=1)
+    monkeypatch.setattr(workers.Prefetcher, "take", spy)
+    monkeypatch.setattr(workers.Prefetcher, "wait_s", 60.0)
+    helped = plan(model, "a100-80g", gpus, memory_budget=budget * GiB, options=opts, workers=2)
+    _same(alone, helped)
+    assert taken, "the offload phase read no answer from the helper: the test checks nothing"
+    here = Simulator(_problem(model, "a100-80g", gpus, budget * GiB, None, None, None, opts))
+    for tag, got in taken:
+        assert got is not None and isinstance(got[0], bool), f"{tag}: no answer from the helper"
+        assert got[0] == _hopeless_ahead(here, *tag[1:])
+    assert any(got[0] for _, got in taken), "no candidate proved hopeless: the answers are not read"
+
+
+class _Slow:
+    """A stand-in simulator for the helper's task order: its simulation takes 0.5 s (the calls
+    handed meanwhile queue up), and it counts the calls it makes."""
+
+    def __init__(self) -> None:
+        self.stats: dict[str, int] = {}
+        self.prefetch = None
+        self.made = 0
+
+    def adopt_schedules(self, made) -> None:
+        pass
+
+    def simulate(self, *key):
+        import time
+
+        time.sleep(0.5)
+        return key
+
+
+def _nth_call(simulator: _Slow, name: str) -> tuple[str, int]:
+    simulator.made += 1
+    return name, simulator.made
+
+
+def test_a_helper_makes_simulations_first_then_calls_by_rank_and_skips_dropped_ones():
+    ahead = workers.Prefetcher(_Slow(), 1)
+    try:
+        ahead.submit([("k",)])
+        for name, rank in (("c", 3.0), ("a", 1.0), ("gone", 0.5), ("b", 2.0)):
+            ahead.submit_call(("call", name), _nth_call, (name,), near=("k",), rank=rank)
+        ahead.submit_call(("call", "nowhere"), _nth_call, ("nowhere",), near=("unknown",), rank=0.0)
+        assert ahead.take(("call", "gone")) is None  # the search makes it itself: dropped
+        ahead.wait_s = 10.0
+        assert ahead.take(("k",)) == (("k",),)
+        assert [ahead.take(("call", n)) for n in "abc"] == [(("a", 1),), (("b", 2),), (("c", 3),)]
+        assert ("call", "nowhere") not in ahead._sent  # no helper had its key: not handed
+        assert ahead.calls_used == 3 and ahead.used == 1
+    finally:
+        ahead.close()
+
+
 def _double_here(x: int) -> tuple[int, int]:
     return 2 * x, os.getpid()
 

@@ -304,7 +304,13 @@ def _plain_phase(problem: Problem, simulator: Simulator, candidates: list[_Candi
         fits = _fits_untimed(problem, simulator, c, order, ranking)
         if fits is False and light and c.family.schedule != "gpipe":
             c.untimed = list(order)  # none fits: timed only when read (_time_untimed)
-            simulator.simulate_ahead([(c.split, c.family, c.m, rc) for rc in order])  # meanwhile, where helped
+            keys = [(c.split, c.family, c.m, rc) for rc in order]
+            simulator.simulate_ahead(keys)  # meanwhile, where helped
+            # and then the offload phase's first question about it, when the helper is idle: the
+            # phase takes the candidates by this bound (their fastest attempts, ≥ it, once timed)
+            for key in keys:
+                if key[3] in _OFFLOAD_RECOMPUTE:
+                    simulator.call_ahead(_hopeless_tag(c, key[3]), _hopeless_ahead, key, near=key, rank=c.bound)
         elif not fits:
             _variants(problem, simulator, c, order, ranking)
 
@@ -426,7 +432,7 @@ def _offload_phase(problem: Problem, simulator: Simulator, candidates: list[_Can
     need = [c for c in candidates if c.fit is None and (c.attempts or c.untimed)]
     queue = [(c.bound if c.untimed else _fastest(c), i) for i, c in enumerate(need)]
     heapq.heapify(queue)
-    order = [rc for rc in (Recompute.ELEMENTWISE, Recompute.NONE) if rc in problem.options.recompute]
+    order = [rc for rc in _OFFLOAD_RECOMPUTE if rc in problem.options.recompute]
     while queue:
         key, i = heapq.heappop(queue)
         c = need[i]
@@ -448,6 +454,10 @@ def _offload_phase(problem: Problem, simulator: Simulator, candidates: list[_Can
             if c.fit:
                 break
             _offload_variants(problem, simulator, c, rc, ranking)
+
+
+#: The recompute settings the offload phase tries, in order (those of the problem's options).
+_OFFLOAD_RECOMPUTE = (Recompute.ELEMENTWISE, Recompute.NONE)
 
 
 def _fastest(c: _Candidate) -> float:
@@ -488,9 +498,7 @@ def _offload_variants(problem: Problem, simulator: Simulator, c: _Candidate, rc:
     except Refused as e:
         c.refusals.append(e.naming(c.where))
         return
-    if prove and not any(stash for _, stash in tries) and \
-            (_every_try_hopeless(problem, simulator, c, rc, [chunks for chunks, _ in tries]) or
-             _offload_cannot_fit(problem, simulator, c, rc, max(chunks for chunks, _ in tries))):
+    if prove and _hopeless_here_or_ahead(problem, simulator, c, rc, tries):
         c.deferred.append((len(c.attempts), len(c.refusals), rc, None))
         return
     for chunks, stash in tries:
@@ -514,6 +522,39 @@ def _offload_variants(problem: Problem, simulator: Simulator, c: _Candidate, rc:
             return
         if ranking.keep(c, cfg):
             return
+
+
+def _hopeless(problem: Problem, simulator: Simulator, c: _Candidate, rc: Any, tries: list[tuple[int, bool]]) -> bool:
+    """Whether none of ``tries`` (without the stash window) can give ``c`` a configuration with
+    ``rc`` (:func:`_every_try_hopeless`), or even its largest C cannot fit (:func:`_offload_cannot_fit`)."""
+    return not any(stash for _, stash in tries) and \
+        (_every_try_hopeless(problem, simulator, c, rc, [chunks for chunks, _ in tries]) or
+         _offload_cannot_fit(problem, simulator, c, rc, max(chunks for chunks, _ in tries)))
+
+
+def _hopeless_here_or_ahead(problem: Problem, simulator: Simulator, c: _Candidate, rc: Any,
+                            tries: list[tuple[int, bool]]) -> bool:
+    """:func:`_hopeless`, as a helper made it ahead (:func:`_hopeless_ahead`) where it has, else
+    made here. The same bool either way: it is a function of the candidate's key alone."""
+    got = simulator.take_ahead(_hopeless_tag(c, rc))
+    if got is not None and isinstance(got[0], bool):
+        return got[0]
+    return _hopeless(problem, simulator, c, rc, tries)
+
+
+def _hopeless_tag(c: _Candidate, rc: Any) -> tuple:
+    return ("hopeless", c.split, c.family, c.m, rc)
+
+
+def _hopeless_ahead(simulator: Simulator, split: Split, family: Family, m: int, rc: Any) -> bool | None:
+    """:func:`_hopeless` for the candidate ``(split, family, m)`` with ``rc``, made by a helper
+    process on its copy of the search's simulator (:meth:`~.workers.Prefetcher.submit_call`);
+    None where its simulation is refused (the search records that refusal itself)."""
+    try:
+        tries = offload_tries(simulator.simulate(split, family, m, rc).schedule, stash=False)
+    except Refused:
+        return None
+    return _hopeless(simulator.problem, simulator, _Candidate(split, family, m), rc, tries)
 
 
 def _every_try_hopeless(problem: Problem, simulator: Simulator, c: _Candidate, rc: Any, chunks: list[int]) -> bool:

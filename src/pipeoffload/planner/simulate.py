@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from operator import getitem
+from typing import Any, Iterable
 
 from ..costs import Costs, MemoryDeltas
 from ..errors import ParameterError, PipeoffloadError, ScheduleError
@@ -117,8 +118,14 @@ def _compact_peaks(compact: CompactOrders, mem: list[dict[OpKind, float]]) -> li
     the same order (the compute kinds are the codes below :data:`_N_COMPUTE` of
     :data:`~pipeoffload.ir.ALL_KINDS`; other ops change no memory)."""
     by_code = [tuple(row[k] for k in ALL_KINDS[:_N_COMPUTE]) for row in mem]
-    return [_clean(running_peak(by_code[s][k] for k, s in zip(kinds, stages) if k < _N_COMPUTE))
-            for kinds, stages in zip(compact.kinds, compact.stages)]
+    peaks = []
+    for kinds, stages in zip(compact.kinds, compact.stages):
+        if kinds and max(kinds) >= _N_COMPUTE:
+            deltas: Iterable[float] = (by_code[s][k] for k, s in zip(kinds, stages) if k < _N_COMPUTE)
+        else:  # compute ops only (the planner's schedules): the same lookups, in C
+            deltas = map(getitem, map(by_code.__getitem__, stages), kinds)
+        peaks.append(_clean(running_peak(deltas)))
+    return peaks
 
 
 @dataclass
@@ -275,6 +282,19 @@ class Simulator:
         before they are asked for, where :attr:`prefetch` is set; else nothing."""
         if self.prefetch is not None:
             self.prefetch.submit(keys, self.made_schedules(keys))
+
+    def call_ahead(self, tag: tuple, fn: Any, args: tuple, near: tuple, rank: float) -> None:
+        """Have the helper that simulated the key ``near`` make ``fn(self, *args)`` (a function of
+        the key's simulation and this simulator's state alone) before :meth:`take_ahead` asks for
+        ``tag``, when it has no simulation to make, lowest ``rank`` first, where :attr:`prefetch`
+        is set; else nothing."""
+        if self.prefetch is not None:
+            self.prefetch.submit_call(tag, fn, args, near, rank)
+
+    def take_ahead(self, tag: tuple) -> tuple[Any] | None:
+        """``(result,)`` of a :meth:`call_ahead` a helper has sent back, else None (the caller
+        makes it)."""
+        return self.prefetch.take(tag) if self.prefetch is not None else None
 
     def peaks(self, split: Split, family: Family, m: int, recompute: bool) -> list[float] | None:
         """The candidate's per-rank activation peaks (bytes, at the real ``m``, as

@@ -23,6 +23,13 @@ the helpers' included. A candidate's keys go with the schedules the search has m
 ≈ 20 s of a helper's ≈ 47 s on Llama-405B over 16,384 H100s); a helper may still generate one
 that the search makes after handing the keys.
 
+Calls (:meth:`Prefetcher.submit_call`): a function of the simulator's state that a helper makes
+on the keys it simulated, when it has no simulation left, lowest rank first; the search takes the
+answer where it has come back (:meth:`Prefetcher.take`) and else makes it, and a call not begun
+by then is dropped. The offload phase's first question about an untimed candidate — can any
+offload try fit? — is one (:func:`~.search._hopeless_ahead`: ≈ 14 s of the search's time on
+Llama-405B over 16,384 H100s, where the helper had ≈ 35 s idle, docs/planner.md §4g).
+
 Needs the "fork" start method (Linux): a forked helper starts in milliseconds with the search's
 state, where a spawned one would import and rebuild it. ``workers=None`` (:func:`resolve_workers`)
 uses one helper where that is safe and useful: Linux, at least two CPUs for this process, and no
@@ -32,12 +39,14 @@ held in the child). The helpers take up to one more core and their results' memo
 
 from __future__ import annotations
 
+import heapq
 import multiprocessing
 import os
 import pickle
 import queue
 import sys
 import threading
+from collections import deque
 from multiprocessing.connection import Connection
 import time
 from typing import Any, Callable, Sequence, TypeVar
@@ -101,11 +110,15 @@ class Prefetcher:
         self._arrived = threading.Condition()  # guards _results; notified at each result
         self._results: dict[tuple, bytes] = {}  # pickled (result, work)
         self._sent: set[tuple] = set()
+        self._owner: dict[tuple, int] = {}  # key or call tag → the helper it was handed to
+        self._calls: set[tuple] = set()  # the call tags handed (:meth:`submit_call`)
         self._unread: set[tuple] = set()  # handed, then simulated by the search: dropped on arrival
         self._next = 0
         self._started = self._closed = False
         #: Results the search took (each saved it one simulation).
         self.used = 0
+        #: Call results (:meth:`submit_call`) the search took.
+        self.calls_used = 0
 
     def submit(self, keys: list[tuple], made: dict | None = None) -> None:
         """Have one helper simulate ``keys`` (one candidate's), in order, after what it was handed
@@ -123,8 +136,23 @@ class Prefetcher:
             return
         i = live[self._next % len(live)]
         self._next += 1
-        self._outboxes[i].put((keys, made or {}))  # sent by a thread: a full pipe must not hold the search up
+        self._outboxes[i].put(("simulate", keys, made or {}))  # by a thread: a full pipe must not hold the search up
         self._sent.update(keys)
+        self._owner.update((k, i) for k in keys)
+
+    def submit_call(self, tag: tuple, fn: Callable[..., Any], args: tuple, near: tuple, rank: float) -> None:
+        """Have the helper that was handed the key ``near`` make ``fn(simulator, *args)`` (a
+        module-level function of the simulator's state and ``args`` alone) and send it back under
+        ``tag`` (:meth:`take`): when it has no simulation left to make, its calls by lowest
+        ``rank`` (then in the order handed). Nothing where no helper was handed ``near`` (the
+        search makes it), or ``tag`` was handed before. Never waits."""
+        i = self._owner.get(near)
+        if i is None or tag in self._sent or self._closed or not self._procs[i].is_alive():
+            return
+        self._outboxes[i].put(("call", tag, fn, args, rank))
+        self._sent.add(tag)
+        self._calls.add(tag)
+        self._owner[tag] = i
 
     def take(self, key: tuple) -> tuple[Any] | None:
         """``(result,)`` for ``key`` if a helper has sent it (the simulator's ``stats`` then
@@ -138,14 +166,19 @@ class Prefetcher:
                     self._arrived.wait(0.05)
             got = self._results.pop(key, None)
             if got is None:
-                if key in self._sent:  # the caller simulates it: its result will not be read
+                if key in self._sent:  # the caller makes it: its result will not be read
                     self._unread.add(key)
+                    if key in self._calls:  # a call not begun yet is skipped
+                        self._outboxes[self._owner[key]].put(("drop", key))
                 return None
         result, work = pickle.loads(got)
         stats = self._simulator.stats
         for name, n in work.items():
             stats[name] = stats.get(name, 0) + n
-        self.used += 1
+        if key in self._calls:
+            self.calls_used += 1
+        else:
+            self.used += 1
         return (result,)
 
     def close(self) -> None:
@@ -238,28 +271,56 @@ def _widen(conn: Connection) -> None:
 
 
 def _serve(simulator: Any, tasks: Connection, results: Connection, parent_ends: list[Connection]) -> None:
-    """A helper's loop: simulate each key handed, send the key, then ``(result, work)`` pickled
-    (``work``: the simulator counters it moved). Ends when the search closes its task pipe or goes."""
+    """A helper's loop: the "simulate" tasks first, in the order handed (simulate each key), then
+    the "call" tasks by their rank (make the function); send the key (or the call's tag), then
+    ``(result, work)`` pickled (``work``: the simulator counters it moved). Every message that
+    has come is read before each task, so a call the search has made meanwhile ("drop") is
+    skipped. Ends when the search closes its task pipe or goes."""
     for end in parent_ends:
         end.close()
     simulator.prefetch = None  # this copy simulates for itself
+    simulations: deque = deque()
+    calls: list[tuple[float, int, tuple, Callable[..., Any], tuple]] = []  # a heap: (rank, order, tag, fn, args)
+    dropped: set[tuple] = set()
+    handed = 0
     try:
         while True:
-            keys, made = tasks.recv()
-            simulator.adopt_schedules(made)
-            for key in keys:
-                before = dict(simulator.stats)
-                try:
-                    result: Any = simulator.simulate(*key)
-                except Refused as e:
-                    result = e
-                except Exception:  # noqa: BLE001 - not sent: the search simulates it and meets the error itself
-                    continue
-                work = {k: v - before.get(k, 0) for k, v in simulator.stats.items() if v != before.get(k, 0)}
-                results.send(key)
-                results.send_bytes(pickle.dumps((result, work), pickle.HIGHEST_PROTOCOL))
+            while not (simulations or calls) or tasks.poll(0):
+                message = tasks.recv()
+                if message[0] == "drop":
+                    dropped.add(message[1])
+                elif message[0] == "call":
+                    _, tag, fn, args, rank = message
+                    heapq.heappush(calls, (rank, handed, tag, fn, args))
+                    handed += 1
+                else:
+                    simulations.append(message)
+            if simulations:
+                _, keys, made = simulations.popleft()
+                simulator.adopt_schedules(made)
+                for key in keys:
+                    _run(simulator, results, key, simulator.simulate, key)
+                continue
+            _, _, tag, fn, args = heapq.heappop(calls)
+            if tag not in dropped:
+                _run(simulator, results, tag, fn, (simulator, *args))
     except (EOFError, OSError, KeyboardInterrupt):
         pass
+
+
+def _run(simulator: Any, results: Connection, key: tuple, fn: Callable[..., Any], args: tuple) -> None:
+    """``fn(*args)`` (or the :class:`Refused` it raises) sent under ``key`` with the counters it
+    moved; nothing on another error (the search makes it and meets the error itself)."""
+    before = dict(simulator.stats)
+    try:
+        result: Any = fn(*args)
+    except Refused as e:
+        result = e
+    except Exception:  # noqa: BLE001 - not sent: see above
+        return
+    work = {k: v - before.get(k, 0) for k, v in simulator.stats.items() if v != before.get(k, 0)}
+    results.send(key)
+    results.send_bytes(pickle.dumps((result, work), pickle.HIGHEST_PROTOCOL))
 
 
 def forked_map(fn: Callable[[T], R], items: Sequence[T], processes: int) -> list[R]:
