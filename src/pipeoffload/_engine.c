@@ -199,20 +199,37 @@ PyDoc_STRVAR(time_compact_doc,
 "pipeoffload.passes.timing._time_compact_py's loop: (starts, ends, placed), or None when\n"
 "an input is outside what the C loop handles (nothing is changed then).");
 
-static PyObject *time_compact(PyObject *self, PyObject *args) {
+/* Both loops' arguments: (m, deps, clock, origin, end, tis, mbs, own_of, dur_of, runs). */
+typedef struct {
     Py_ssize_t m;
     PyObject *deps, *clock, *origin, *end, *tis, *mbs, *own_of, *dur_of, *runs;
-    if (!PyArg_ParseTuple(args, "nOOOOOOOOO:time_compact", &m, &deps, &clock, &origin, &end, &tis, &mbs,
-                          &own_of, &dur_of, &runs))
-        return NULL;
-    if (runs != Py_None && !PyList_CheckExact(runs))
-        Py_RETURN_NONE;
+} Args;
+
+/* Parses ``args`` and reads the engine's inputs (engine_read): 1 to run the C loop, 0 when
+ * the Python loop must (``e`` freed), -1 on an error (exception set, ``e`` freed). */
+static int engine_args(PyObject *args, const char *format, Args *a, Engine *e) {
+    memset(e, 0, sizeof(*e));
+    if (!PyArg_ParseTuple(args, format, &a->m, &a->deps, &a->clock, &a->origin, &a->end, &a->tis, &a->mbs,
+                          &a->own_of, &a->dur_of, &a->runs))
+        return -1;
+    int ok = engine_read(e, a->m, a->deps, a->clock, a->origin, a->end, a->tis, a->mbs, a->own_of, a->dur_of);
+    if (ok <= 0)
+        engine_free(e);
+    return ok;
+}
+
+static PyObject *time_compact(PyObject *self, PyObject *args) {
+    Args in;
     Engine e;
-    int ok = engine_read(&e, m, deps, clock, origin, end, tis, mbs, own_of, dur_of);
+    int ok = engine_args(args, "nOOOOOOOOO:time_compact", &in, &e);
     if (ok <= 0) {
-        engine_free(&e);
         if (ok < 0)
             return NULL;
+        Py_RETURN_NONE;
+    }
+    PyObject *clock = in.clock, *end = in.end, *runs = in.runs;
+    if (runs != Py_None && !PyList_CheckExact(runs)) {
+        engine_free(&e);
         Py_RETURN_NONE;
     }
     Py_ssize_t p = e.p, n_end = e.n_end;
@@ -331,19 +348,15 @@ PyDoc_STRVAR(time_in_runs_doc,
 "pairs, a sequence of ints.");
 
 static PyObject *time_in_runs(PyObject *self, PyObject *args) {
-    Py_ssize_t m;
-    PyObject *deps, *clock, *origin, *end, *tis, *mbs, *own_of, *dur_of, *runs;
-    if (!PyArg_ParseTuple(args, "nOOOOOOOOO:time_in_runs", &m, &deps, &clock, &origin, &end, &tis, &mbs,
-                          &own_of, &dur_of, &runs))
-        return NULL;
+    Args in;
     Engine e;
-    int ok = engine_read(&e, m, deps, clock, origin, end, tis, mbs, own_of, dur_of);
+    int ok = engine_args(args, "nOOOOOOOOO:time_in_runs", &in, &e);
     if (ok <= 0) {
-        engine_free(&e);
         if (ok < 0)
             return NULL;
         Py_RETURN_NONE;
     }
+    PyObject *clock = in.clock, *end = in.end, *runs = in.runs;
     Py_ssize_t p = e.p;
     PyObject *flat = PySequence_Fast(runs, "runs must be a sequence");
     Py_ssize_t *done = PyMem_Calloc((size_t)(p ? p : 1), sizeof(Py_ssize_t));

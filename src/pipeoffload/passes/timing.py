@@ -845,12 +845,8 @@ def _time_in_runs(engine: ListScheduler, tis: Sequence[list[int]], mbs: Sequence
                   ) -> tuple[list[array], list[array]]:
     """:func:`_time_in_runs_py`, in C where the optional extension is built and takes
     these inputs (as :func:`_time_compact`), else in Python."""
-    if _engine is not None:
-        out = _engine.time_in_runs(engine.num_microbatches, engine.deps, engine.clock, engine.origin, engine.end,
-                                   tis, mbs, own_of, dur_of, runs)
-        if out is not None:
-            return out
-    return _time_in_runs_py(engine, tis, mbs, own_of, dur_of, runs)
+    out = _in_c("time_in_runs", engine, tis, mbs, own_of, dur_of, runs)
+    return out if out is not None else _time_in_runs_py(engine, tis, mbs, own_of, dur_of, runs)
 
 
 def _time_in_runs_py(engine: ListScheduler, tis: Sequence[list[int]], mbs: Sequence[list[int]],
@@ -967,12 +963,18 @@ def _time_compact(engine: ListScheduler, tis: Sequence[list[int]], mbs: Sequence
     """:func:`_time_compact_py`, in C where the optional extension is built and takes
     these inputs (:mod:`pipeoffload._engine`: the same floats, the same ``runs``, the
     engine's ``clock`` and ``end`` left the same), else in Python."""
-    if _engine is not None:
-        out = _engine.time_compact(engine.num_microbatches, engine.deps, engine.clock, engine.origin, engine.end,
-                                   tis, mbs, own_of, dur_of, runs)
-        if out is not None:
-            return out
-    return _time_compact_py(engine, tis, mbs, own_of, dur_of, runs)
+    out = _in_c("time_compact", engine, tis, mbs, own_of, dur_of, runs)
+    return out if out is not None else _time_compact_py(engine, tis, mbs, own_of, dur_of, runs)
+
+
+def _in_c(loop: str, engine: ListScheduler, tis: Sequence[list[int]], mbs: Sequence[list[int]],
+          own_of: Sequence[int], dur_of: Sequence[float], runs: Any) -> Any:
+    """The C loop ``loop`` of :mod:`pipeoffload._engine` on ``engine`` and these inputs; None
+    where the extension is not in use or declines them (nothing is changed then)."""
+    if _engine is None:
+        return None
+    return getattr(_engine, loop)(engine.num_microbatches, engine.deps, engine.clock, engine.origin, engine.end,
+                                  tis, mbs, own_of, dur_of, runs)
 
 
 def _time_compact_py(engine: ListScheduler, tis: Sequence[list[int]], mbs: Sequence[list[int]],
