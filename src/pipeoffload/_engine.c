@@ -432,7 +432,7 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_engine",
     "The timing engine's per-op loops in C (optional; pipeoffload.passes.timing falls back to Python).",
-    -1, methods,
+    -1, methods, NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__engine(void) {
