@@ -163,8 +163,8 @@ def test_a_helper_answers_the_offload_phases_first_question(monkeypatch):
 
 
 class _Slow:
-    """A stand-in simulator for the helper's task order: its simulation takes 0.5 s (the calls
-    handed meanwhile queue up), and it counts the calls it makes."""
+    """A stand-in simulator for the helper's task order: a simulation takes 0.5 s (the tasks
+    handed meanwhile queue up); it numbers the tasks it makes."""
 
     def __init__(self) -> None:
         self.stats: dict[str, int] = {}
@@ -178,7 +178,8 @@ class _Slow:
         import time
 
         time.sleep(0.5)
-        return key
+        self.made += 1
+        return key, self.made
 
 
 def _nth_call(simulator: _Slow, name: str) -> tuple[str, int]:
@@ -186,19 +187,20 @@ def _nth_call(simulator: _Slow, name: str) -> tuple[str, int]:
     return name, simulator.made
 
 
-def test_a_helper_makes_simulations_first_then_calls_by_rank_and_skips_dropped_ones():
+def test_a_helper_takes_its_tasks_by_rank_and_skips_dropped_calls():
     ahead = workers.Prefetcher(_Slow(), 1)
     try:
-        ahead.submit([("k",)])
+        ahead.submit([("k",)], rank=0.0)  # begun at once: the rest queue up behind it
         for name, rank in (("c", 3.0), ("a", 1.0), ("gone", 0.5), ("b", 2.0)):
             ahead.submit_call(("call", name), _nth_call, (name,), near=("k",), rank=rank)
+        ahead.submit([("k2",)], rank=2.0)  # a simulation goes before a call of its rank
         ahead.submit_call(("call", "nowhere"), _nth_call, ("nowhere",), near=("unknown",), rank=0.0)
         assert ahead.take(("call", "gone")) is None  # the search makes it itself: dropped
         ahead.wait_s = 10.0
-        assert ahead.take(("k",)) == (("k",),)
-        assert [ahead.take(("call", n)) for n in "abc"] == [(("a", 1),), (("b", 2),), (("c", 3),)]
+        assert [ahead.take(k) for k in (("k",), ("k2",))] == [((("k",), 1),), ((("k2",), 3),)]
+        assert [ahead.take(("call", n)) for n in "abc"] == [(("a", 2),), (("b", 4),), (("c", 5),)]
         assert ("call", "nowhere") not in ahead._sent  # no helper had its key: not handed
-        assert ahead.calls_used == 3 and ahead.used == 1
+        assert ahead.calls_used == 3 and ahead.used == 2
     finally:
         ahead.close()
 

@@ -305,9 +305,10 @@ def _plain_phase(problem: Problem, simulator: Simulator, candidates: list[_Candi
         if fits is False and light and c.family.schedule != "gpipe":
             c.untimed = list(order)  # none fits: timed only when read (_time_untimed)
             keys = [(c.split, c.family, c.m, rc) for rc in order]
-            simulator.simulate_ahead(keys)  # meanwhile, where helped
-            # and then the offload phase's first question about it, when the helper is idle: the
-            # phase takes the candidates by this bound (their fastest attempts, ≥ it, once timed)
+            # meanwhile, where helped, and the offload phase's first question about it, both by the
+            # candidate's bound: the phase reaches candidates in that order (their fastest attempts,
+            # ≥ it, once timed), and a helper takes its tasks by it
+            simulator.simulate_ahead(keys, c.bound)
             for key in keys:
                 if key[3] in _OFFLOAD_RECOMPUTE:
                     simulator.call_ahead(_hopeless_tag(c, key[3]), _hopeless_ahead, key, near=key, rank=c.bound)

@@ -277,17 +277,18 @@ class Simulator:
             raise hit.again()
         return hit
 
-    def simulate_ahead(self, keys: list[tuple[Split, Family, int, bool]]) -> None:
+    def simulate_ahead(self, keys: list[tuple[Split, Family, int, bool]], rank: float = 0.0) -> None:
         """Have a helper process make :meth:`simulate` of ``keys`` (one candidate's settings)
-        before they are asked for, where :attr:`prefetch` is set; else nothing."""
+        before they are asked for, lowest ``rank`` first (:meth:`~.workers.Prefetcher.submit`),
+        where :attr:`prefetch` is set; else nothing."""
         if self.prefetch is not None:
-            self.prefetch.submit(keys, self.made_schedules(keys))
+            self.prefetch.submit(keys, self.made_schedules(keys), rank)
 
     def call_ahead(self, tag: tuple, fn: Any, args: tuple, near: tuple, rank: float) -> None:
         """Have the helper that simulated the key ``near`` make ``fn(self, *args)`` (a function of
         the key's simulation and this simulator's state alone) before :meth:`take_ahead` asks for
-        ``tag``, when it has no simulation to make, lowest ``rank`` first, where :attr:`prefetch`
-        is set; else nothing."""
+        ``tag``, by ``rank`` among its tasks (:meth:`~.workers.Prefetcher.submit`), where
+        :attr:`prefetch` is set; else nothing."""
         if self.prefetch is not None:
             self.prefetch.submit_call(tag, fn, args, near, rank)
 

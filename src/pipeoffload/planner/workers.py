@@ -24,9 +24,10 @@ the helpers' included. A candidate's keys go with the schedules the search has m
 that the search makes after handing the keys.
 
 Calls (:meth:`Prefetcher.submit_call`): a function of the simulator's state that a helper makes
-on the keys it simulated, when it has no simulation left, lowest rank first; the search takes the
-answer where it has come back (:meth:`Prefetcher.take`) and else makes it, and a call not begun
-by then is dropped. The offload phase's first question about an untimed candidate — can any
+on the keys it simulated; the search takes the answer where it has come back
+(:meth:`Prefetcher.take`) and else makes it, and a call not begun by then is dropped. A helper
+takes its simulations and calls by lowest rank (the search ranks a candidate's by its time bound,
+the order in which the offload phase reaches them). The offload phase's first question about an untimed candidate — can any
 offload try fit? — is one (:func:`~.search._hopeless_ahead`: ≈ 14 s of the search's time on
 Llama-405B over 16,384 H100s, where the helper had ≈ 35 s idle, docs/planner.md §4g).
 
@@ -120,9 +121,10 @@ class Prefetcher:
         #: Call results (:meth:`submit_call`) the search took.
         self.calls_used = 0
 
-    def submit(self, keys: list[tuple], made: dict | None = None) -> None:
-        """Have one helper simulate ``keys`` (one candidate's), in order, after what it was handed
-        before; never waits. The first call forks the helpers. Keys handed before are left out.
+    def submit(self, keys: list[tuple], made: dict | None = None, rank: float = 0.0) -> None:
+        """Have one helper simulate ``keys`` (one candidate's), in order; never waits. A helper
+        takes its tasks by lowest ``rank`` (a simulation before a call of the same rank, then in
+        the order handed). The first call forks the helpers. Keys handed before are left out.
         ``made``: schedules the search has for them (the simulator's ``made_schedules``), which
         the helper takes on instead of generating them again."""
         keys = [k for k in keys if k not in self._sent]
@@ -136,16 +138,16 @@ class Prefetcher:
             return
         i = live[self._next % len(live)]
         self._next += 1
-        self._outboxes[i].put(("simulate", keys, made or {}))  # by a thread: a full pipe must not hold the search up
+        self._outboxes[i].put(("simulate", keys, made or {}, rank))  # by a thread: a full pipe must not hold the search up
         self._sent.update(keys)
         self._owner.update((k, i) for k in keys)
 
     def submit_call(self, tag: tuple, fn: Callable[..., Any], args: tuple, near: tuple, rank: float) -> None:
         """Have the helper that was handed the key ``near`` make ``fn(simulator, *args)`` (a
         module-level function of the simulator's state and ``args`` alone) and send it back under
-        ``tag`` (:meth:`take`): when it has no simulation left to make, its calls by lowest
-        ``rank`` (then in the order handed). Nothing where no helper was handed ``near`` (the
-        search makes it), or ``tag`` was handed before. Never waits."""
+        ``tag`` (:meth:`take`), taken by its ``rank`` as :meth:`submit` says. Nothing where no
+        helper was handed ``near`` (the search makes it), or ``tag`` was handed before. Never
+        waits."""
         i = self._owner.get(near)
         if i is None or tag in self._sent or self._closed or not self._procs[i].is_alive():
             return
@@ -271,38 +273,34 @@ def _widen(conn: Connection) -> None:
 
 
 def _serve(simulator: Any, tasks: Connection, results: Connection, parent_ends: list[Connection]) -> None:
-    """A helper's loop: the "simulate" tasks first, in the order handed (simulate each key), then
-    the "call" tasks by their rank (make the function); send the key (or the call's tag), then
-    ``(result, work)`` pickled (``work``: the simulator counters it moved). Every message that
-    has come is read before each task, so a call the search has made meanwhile ("drop") is
-    skipped. Ends when the search closes its task pipe or goes."""
+    """A helper's loop: its tasks by lowest rank, a "simulate" task (simulate each key) before a
+    "call" (make the function) of the same rank, then in the order handed; send the key (or the
+    call's tag), then ``(result, work)`` pickled (``work``: the simulator counters it moved).
+    Every message that has come is read before each task, so a call the search has made
+    meanwhile ("drop") is skipped. Ends when the search closes its task pipe or goes."""
     for end in parent_ends:
         end.close()
     simulator.prefetch = None  # this copy simulates for itself
-    simulations: deque = deque()
-    calls: list[tuple[float, int, tuple, Callable[..., Any], tuple]] = []  # a heap: (rank, order, tag, fn, args)
+    tasks_heap: list[tuple[float, int, int, tuple]] = []  # (rank, 0 simulate / 1 call, order, message)
     dropped: set[tuple] = set()
     handed = 0
     try:
         while True:
-            while not (simulations or calls) or tasks.poll(0):
+            while not tasks_heap or tasks.poll(0):
                 message = tasks.recv()
                 if message[0] == "drop":
                     dropped.add(message[1])
-                elif message[0] == "call":
-                    _, tag, fn, args, rank = message
-                    heapq.heappush(calls, (rank, handed, tag, fn, args))
-                    handed += 1
                 else:
-                    simulations.append(message)
-            if simulations:
-                _, keys, made = simulations.popleft()
+                    heapq.heappush(tasks_heap, (message[-1], message[0] == "call", handed, message))
+                    handed += 1
+            message = heapq.heappop(tasks_heap)[3]
+            if message[0] == "simulate":
+                _, keys, made, _ = message
                 simulator.adopt_schedules(made)
                 for key in keys:
                     _run(simulator, results, key, simulator.simulate, key)
-                continue
-            _, _, tag, fn, args = heapq.heappop(calls)
-            if tag not in dropped:
+            elif message[1] not in dropped:
+                _, tag, fn, args, _ = message
                 _run(simulator, results, tag, fn, (simulator, *args))
     except (EOFError, OSError, KeyboardInterrupt):
         pass
