@@ -7,7 +7,10 @@ costs; inputs the C loop does not take fall back to Python."""
 from __future__ import annotations
 
 import math
+import os
 import random
+import subprocess
+import sys
 
 import pytest
 from hypothesis import given, settings
@@ -184,7 +187,14 @@ def test_inputs_the_c_loop_does_not_take_fall_back_to_python() -> None:
 
 def test_the_timing_pass_runs_the_c_loops() -> None:
     """Built, the default (``PIPEOFFLOAD_ENGINE`` unset or ``auto``) takes the C loops."""
-    assert timing._engine is _engine_module()
+    assert timing.c_engine() is _engine_module()
+
+
+def test_a_bad_engine_choice_is_one_line_from_the_cli() -> None:
+    r = subprocess.run([sys.executable, "-m", "pipeoffload", "simulate", "1f1b", "-p", "4", "-m", "8"],
+                       capture_output=True, text=True, env=dict(os.environ, PIPEOFFLOAD_ENGINE="fast"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "PIPEOFFLOAD_ENGINE" in r.stderr and "auto, c or python" in r.stderr
 
 
 def test_the_engine_choice_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:

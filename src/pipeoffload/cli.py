@@ -14,6 +14,7 @@ import sys
 
 from .commands.common import cli_message
 from .errors import PipeoffloadError
+from .passes.timing import c_engine
 
 #: Verbs in the order --help lists them.
 VERBS = ["train", "schedules", "simulate", "compare", "best", "models", "plan", "scale", "bench"]
@@ -62,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         args = parser.parse_args([DEFAULT_VERB])
     try:
+        c_engine()  # a bad PIPEOFFLOAD_ENGINE is named here, as any bad input
         rc = args.func(args)
     except PipeoffloadError as e:
         print(f"pipeoffload {args.verb}: error: {cli_message(e)}", file=sys.stderr)

@@ -19,7 +19,7 @@ per-op release times (the offload pass's delayed backwards and postponed forward
 
 from __future__ import annotations
 
-import importlib
+from importlib import import_module
 import math
 import os
 from array import array
@@ -65,7 +65,7 @@ def _load_engine() -> Any:
     if choice == "python":
         return None
     try:
-        engine = importlib.import_module("pipeoffload._engine")
+        engine = import_module("pipeoffload._engine")
     except ImportError:
         if choice == "c":
             raise ParameterError("PIPEOFFLOAD_ENGINE", "is c, but the C engine (pipeoffload._engine) is not built: "
@@ -74,7 +74,17 @@ def _load_engine() -> Any:
     return engine
 
 
-_engine = _load_engine()
+_UNSET: Any = object()
+_engine: Any = _UNSET  #: :func:`_load_engine`'s answer, once a timing has asked (:func:`c_engine`)
+
+
+def c_engine() -> Any:
+    """The C loops' module or None, chosen when first asked (a bad ``PIPEOFFLOAD_ENGINE`` is then
+    reported where the command reports its errors, not at import)."""
+    global _engine
+    if _engine is _UNSET:
+        _engine = _load_engine()
+    return _engine
 
 
 def completion_key(op: Op) -> Key:
@@ -971,9 +981,10 @@ def _in_c(loop: str, engine: ListScheduler, tis: Sequence[list[int]], mbs: Seque
           own_of: Sequence[int], dur_of: Sequence[float], runs: Any) -> Any:
     """The C loop ``loop`` of :mod:`pipeoffload._engine` on ``engine`` and these inputs; None
     where the extension is not in use or declines them (nothing is changed then)."""
-    if _engine is None:
+    engine_c = c_engine()
+    if engine_c is None:
         return None
-    return getattr(_engine, loop)(engine.num_microbatches, engine.deps, engine.clock, engine.origin, engine.end,
+    return getattr(engine_c, loop)(engine.num_microbatches, engine.deps, engine.clock, engine.origin, engine.end,
                                   tis, mbs, own_of, dur_of, runs)
 
 

@@ -27,9 +27,10 @@ Calls (:meth:`Prefetcher.submit_call`): a function of the simulator's state that
 on the keys it simulated; the search takes the answer where it has come back
 (:meth:`Prefetcher.take`) and else makes it, and a call not begun by then is dropped. A helper
 takes its simulations and calls by lowest rank (the search ranks a candidate's by its time bound,
-the order in which the offload phase reaches them). The offload phase's first question about an untimed candidate — can any
-offload try fit? — is one (:func:`~.search._hopeless_ahead`: ≈ 14 s of the search's time on
-Llama-405B over 16,384 H100s, where the helper had ≈ 35 s idle, docs/planner.md §4g).
+the order in which the offload phase reaches them). The offload phase's first question about an
+untimed candidate — can any offload try fit? — is one (:func:`~.search._hopeless_ahead`: ≈ 14 s
+of the search's time on Llama-405B over 16,384 H100s, where the helper had ≈ 35 s idle,
+docs/planner.md §4g).
 
 Needs the "fork" start method (Linux): a forked helper starts in milliseconds with the search's
 state, where a spawned one would import and rebuild it. ``workers=None`` (:func:`resolve_workers`)
@@ -47,7 +48,6 @@ import pickle
 import queue
 import sys
 import threading
-from collections import deque
 from multiprocessing.connection import Connection
 import time
 from typing import Any, Callable, Sequence, TypeVar
