@@ -125,7 +125,7 @@ def group_interleaved(spec: ScheduleSpec) -> Schedule:
     then backward and W ``x − Δ``, for x = 0, 1, …, each where its microbatch is below m.
     :func:`_gis_rank` writes those three streams into the compact arrays by slices.
 
-    Cost: O(p·v·m), a few C-level passes over each rank's slots (no sort, no op tuples).
+    Cost: O(p·v·m), a few C-level passes over each rank's ops (no sort, no op tuples, no empty slot).
     """
     p, m = spec.p, spec.m
     v = spec.resolve_v(2)
@@ -141,8 +141,11 @@ def group_interleaved(spec: ScheduleSpec) -> Schedule:
     f_stage = [(u % (g * v)) // g * p for u in range(n)]
     b_stage = [(v - 1) * p - s for s in f_stage]
     kinds, stages, mbs = [], [], []
+    # The block positions past m (microbatch −1): in the last repeat, from its first chunk's
+    # microbatch m mod g on, when g does not divide m.
+    first_gap = n - g * v + m % g if m % g else None
     for i in range(p):
-        k, s, j = _gis_rank(i, g * (v - 1) + p - 1 - i, mb_of, f_stage, b_stage)
+        k, s, j = _gis_rank(i, g * (v - 1) + p - 1 - i, mb_of, f_stage, b_stage, first_gap)
         kinds.append(k)
         stages.append(s)
         mbs.append(j)
@@ -152,22 +155,36 @@ def group_interleaved(spec: ScheduleSpec) -> Schedule:
 _F_CODE, _B_CODE, _W_CODE = (ALL_KINDS.index(k) for k in (F, B, W))
 
 
-def _gis_rank(i: int, delta: int, mb_of: list[int], f_stage: list[int], b_stage: list[int]
-              ) -> tuple[array, array, array]:
+def _gis_rank(i: int, delta: int, mb_of: list[int], f_stage: list[int], b_stage: list[int],
+              first_gap: int | None) -> tuple[array, array, array]:
     """Rank ``i``'s compact arrays (kind codes, layer groups, microbatches) of
-    :func:`group_interleaved`: position ``3x`` holds forward ``x``, ``3x + 1`` and ``3x + 2``
-    backward and W ``x − delta`` (the slots' order), positions without an op (before the
-    first backward, past the last forward, a microbatch ≥ m) are dropped."""
+    :func:`group_interleaved`: in slot order (position ``3x`` forward ``x``, ``3x + 1`` and
+    ``3x + 2`` backward and W ``x − delta``), the slots without an op left out. Written by
+    slices: forwards ``0..a−1`` alone (``a = min(delta, n)``), then forward ``x`` with backward
+    and W ``x − delta`` for ``x = delta..n−1``, then the last ``a`` backwards and W's. The block
+    positions past m (microbatch −1) are ``first_gap`` and some after it (None: none); they are
+    dropped from the first op they can touch on (forward ``first_gap``; backwards come later)."""
     n = len(mb_of)
-    size = 3 * (n + delta)
-    mb = [-1] * size
-    st = [0] * size
-    mb[0:3 * n:3] = mb_of
-    mb[3 * delta + 1::3] = mb_of
-    mb[3 * delta + 2::3] = mb_of
-    st[0:3 * n:3] = map(i.__add__, f_stage)
-    st[3 * delta + 1::3] = st[3 * delta + 2::3] = list(map(i.__add__, b_stage))
-    kd = [_F_CODE, _B_CODE, _W_CODE] * (n + delta)
-    keep = list(map((-1).__ne__, mb))  # (an array fills faster from a list than from an iterator)
-    return (array("b", list(compress(kd, keep))), array("l", list(compress(st, keep))),
-            array("l", list(compress(mb, keep))))
+    a = min(delta, n)
+    mid = n - a
+    tail = a + 3 * mid  # where the last backwards begin
+    kd = array("b", (_F_CODE,)) * a + array("b", (_F_CODE, _B_CODE, _W_CODE)) * mid + \
+        array("b", (_B_CODE, _W_CODE)) * a
+    room = array("l", (0,)) * (3 * mid + 2 * a)
+    mb = array("l", mb_of[:a]) + room
+    st = array("l", map(i.__add__, f_stage[:a])) + room
+    fw, bw = array("l", mb_of[a:]), array("l", mb_of[:mid])
+    mb[a:tail:3], mb[a + 1:tail:3], mb[a + 2:tail:3] = fw, bw, bw
+    mb[tail::2] = mb[tail + 1::2] = array("l", mb_of[mid:])
+    fs, bs = array("l", map(i.__add__, f_stage[a:])), array("l", map(i.__add__, b_stage[:mid]))
+    st[a:tail:3], st[a + 1:tail:3], st[a + 2:tail:3] = fs, bs, bs
+    st[tail::2] = st[tail + 1::2] = array("l", map(i.__add__, b_stage[mid:]))
+    if first_gap is None:
+        return kd, st, mb
+    cut = first_gap if first_gap < a else a + 3 * (first_gap - a)
+    after = mb[cut:].tolist()  # (compress runs fastest on lists)
+    keep = list(map((-1).__ne__, after))
+    kd[cut:] = array("b", list(compress(kd[cut:].tolist(), keep)))
+    st[cut:] = array("l", list(compress(st[cut:].tolist(), keep)))
+    mb[cut:] = array("l", list(compress(after, keep)))
+    return kd, st, mb
