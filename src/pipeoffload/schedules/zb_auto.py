@@ -24,13 +24,15 @@ times the final schedule really has.
 from __future__ import annotations
 
 from collections import deque
-from itertools import product
+from functools import reduce
+from itertools import accumulate, product
+from operator import add, sub
 from typing import NamedTuple, Sequence
 
 from ..costs import Costs, MemoryDeltas
 from ..ir import OpKind, Placement
 from ..passes.timing import _NOT_PLACED as _UNPLACED
-from ..passes.timing import B_CODE, CODE_KIND, F_CODE, KIND_CODE, W_CODE, ListScheduler
+from ..passes.timing import B_CODE, CODE_KIND, F_CODE, KIND_CODE, W_CODE, ListScheduler, _TABLE_KIND_INDEX, _own_of, _time_compact
 
 _EPS = 1e-9
 
@@ -38,6 +40,9 @@ __all__ = [
     "F_CODE", "B_CODE", "W_CODE", "CODE_KIND", "Infeasible", "Tracker", "replay", "default_limit",
     "auto_variant", "auto_candidates", "lower_bounds", "VARIANTS",
 ]
+
+
+_BW = OpKind.BW
 
 
 class Infeasible(Exception):
@@ -147,10 +152,62 @@ def replay(tracker: Tracker, per_rank: Sequence[Sequence[tuple[OpKind, int, int]
     The ops must be tuples: the tracker's order keeps the caller's own F, B and W ops
     (:func:`_replay_lists`).
     """
-    placed = _replay_lists(tracker, per_rank)
-    if any(n < len(ops) for n, ops in zip(placed, per_rank)):
+    done = _replay_timed(tracker, per_rank)
+    if done is None:
+        placed = _replay_lists(tracker, per_rank)
+        done = all(n >= len(ops) for n, ops in zip(placed, per_rank))
+    if not done:
         raise Infeasible("the order deadlocks")
     return tracker
+
+
+def _replay_timed(tr: Tracker, per_rank: Sequence[Sequence[tuple[OpKind, int, int]]]) -> bool | None:
+    """:func:`_replay_lists` through the timing pass's compact loop (in C where built), then
+    each rank's levels, peak, idle time, first start and order from its op list: the same
+    floats (each rank's ops run in its list's order, so its sums are the same sums in the
+    same order). Whether every op was placed; raises :class:`Infeasible` where
+    :func:`_replay_lists` would for the memory limit. None (nothing changed) where that is
+    not shown to be exact — a tracker already used, an op off its list's rank or of another
+    kind, a negative limit, a NaN cost: :func:`_replay_lists` runs then.
+
+    On a deadlock or over the limit the tracker's state differs from :func:`_replay_lists`'
+    (which stops partway); :func:`replay` raises then and its callers drop the tracker."""
+    S, rank_of, index = tr.num_stages, tr.rank_of, _TABLE_KIND_INDEX
+    p = len(per_rank)
+    cap = tr.limit + tr.tol
+    if p > tr.p or any(tr.started) or any(tr.order) or not cap >= 0.0:
+        return None
+    try:
+        tis = [[index[k] * S + s for k, s, _ in ops] for ops in per_rank]
+        mbs = [[j for _, _, j in ops] for ops in per_rank]
+    except (KeyError, TypeError, ValueError):
+        return None
+    for r, t in enumerate(tis):  # every op of list r on rank r, every address in the engine's table
+        if t and not (min(t) >= 0 and max(t) < 4 * S and min(mbs[r]) >= 0 and max(mbs[r]) < tr.num_microbatches
+                      and all(rank_of[k % S] == r for k in set(t))):
+            return None
+    # Per table index (kind index · S + stage, a BW as its B, as Tracker.put times and counts it)
+    dur_of = [d[c] for c in (F_CODE, B_CODE, W_CODE, B_CODE) for d in tr.dur]
+    mem_of = [d[c] for c in (F_CODE, B_CODE, W_CODE, B_CODE) for d in tr.mem]
+    if any(x != x for x in dur_of + mem_of):
+        return None
+    starts, ends, placed = _time_compact(tr, tis, mbs, _own_of(S), dur_of)
+    if placed < sum(map(len, tis)):
+        return False
+    level, peak, idle, started, first, order = tr.level, tr.peak, tr.idle, tr.started, tr.first, tr.order
+    for r, (t, st, en, ops) in enumerate(zip(tis, starts, ends, per_rank)):
+        if not t:
+            continue
+        levels = list(accumulate(map(mem_of.__getitem__, t), initial=0.0))
+        top = max(levels)
+        if top > cap:  # reached at a positive delta (the limit is ≥ 0): Tracker.put refuses it
+            raise Infeasible(f"rank {r} would exceed the memory limit")
+        level[r], peak[r] = levels[-1], top
+        idle[r] = reduce(add, map(sub, st[1:], en[:-1]), 0.0)
+        started[r], first[r] = True, st[0]
+        order[r] = [op if op[0] is not _BW else (OpKind.B, op[1], op[2]) for op in ops] \
+            if any(op[0] is _BW for op in ops) else list(ops)
+    return True
 
 
 def _replay_lists(tr: Tracker, per_rank: Sequence[Sequence[tuple[OpKind, int, int]]]) -> list[int]:
