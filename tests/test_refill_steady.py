@@ -25,9 +25,7 @@ def _plain(pl, m, orders, costs, memory, caps, partial):
     run.run()
     if any(d < len(s) for d, s in zip(run.done, run.skeleton)):
         raise Infeasible("the skeleton deadlocks")
-    for r, q in enumerate(run.pending):
-        while q:
-            run.put(w_refill.W_CODE, *q.popleft(), r)
+    run.put_pending()
     return run.tr, consulted[0]
 
 
@@ -39,9 +37,7 @@ def _shifted(pl, m, orders, costs, memory, caps, partial):
     n = w_refill._skip_steady(run)
     run.pos, run.lim = None, [len(s) for s in run.skeleton]
     run.run()
-    for r, q in enumerate(run.pending):
-        while q:
-            run.put(w_refill.W_CODE, *q.popleft(), r)
+    run.put_pending()
     return run.tr, consulted[0], n
 
 
@@ -144,7 +140,7 @@ def test_put_with_the_loops_arrival_equals_put_computing_it(name, p, extra, f, b
 
         run.put = put
         try:
-            run.run()
+            run._run_py()  # the Python loop's put (the C loop has its own: tests/test_engine_c_loops.py)
         except Infeasible:
             runs.append(None)
             continue

@@ -1,8 +1,12 @@
-/* The list-scheduling engine's two per-op loops in C: pipeoffload.passes.timing's
- * _time_compact_py and _time_in_runs_py, op for op and float for float.
+/* The list-scheduling engine's per-op loops in C, op for op and float for float:
+ * pipeoffload.passes.timing's _time_compact_py and _time_in_runs_py, and (below, in place
+ * on their Python state) pipeoffload.passes.steady_timing._Engine._run_py and
+ * pipeoffload.schedules.w_refill._Refill._run_py.
  *
- * Why: the planner times several hundred schedules of 10^5-10^6 ops each; these two
- * loops were ~ 20 % of a Llama-405B plan's CPU in pure Python (docs/planner.md §4g).
+ * Why: the planner times several hundred schedules of 10^5-10^6 ops each; the first two
+ * loops were ~ 20 % of a Llama-405B plan's CPU in pure Python (docs/planner.md §4g); the
+ * V lowerings' periodic timings and W refills were ~ 18 % of V-auto's at p = 64
+ * (docs/algorithms.md §9.16).
  *
  * Guarantees: each function returns exactly what its Python twin returns and leaves the
  * engine's ``clock`` and ``end`` lists as it would (IEEE doubles, the same comparisons and
@@ -423,9 +427,1070 @@ out:
     return result;
 }
 
+/* ---- Resumable loops that work in place on their Python state ----
+ *
+ * pipeoffload.passes.steady_timing._Engine.run and pipeoffload.schedules.w_refill._Refill.run
+ * are called many times on the same state (stopped at per-rank limits, checked, shifted,
+ * resumed), so copying the end table in and out per call would cost more than the loop.
+ * These read and write the Python lists directly: the end table item by item, the small
+ * per-call tables (dependencies, durations, deltas) and the per-rank state as C arrays
+ * written back on every return. The callbacks they make (``locate``, ``pos``) read only the
+ * orders, never the state held here.
+ */
+
+/* Ranks ready to run: a FIFO that grows (the Python loops' deque). */
+typedef struct {
+    Py_ssize_t *item, head, len, cap;
+} Ready;
+
+static int ready_push(Ready *q, Py_ssize_t r) {
+    if (q->len == q->cap) {
+        Py_ssize_t cap = q->cap ? 2 * q->cap : 16;
+        Py_ssize_t *grown = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)cap);
+        if (!grown) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        for (Py_ssize_t x = 0; x < q->len; x++)
+            grown[x] = q->item[(q->head + x) % q->cap];
+        PyMem_Free(q->item);
+        q->item = grown;
+        q->head = 0;
+        q->cap = cap;
+    }
+    q->item[(q->head + q->len) % q->cap] = r;
+    q->len++;
+    return 0;
+}
+
+static Py_ssize_t ready_pop(Ready *q) {
+    Py_ssize_t r = q->item[q->head];
+    q->head = (q->head + 1) % q->cap;
+    q->len--;
+    return r;
+}
+
+/* end[slot] as a double; -1 with an exception when out of range or not a float. */
+static int end_get(PyObject *end, Py_ssize_t slot, double *out) {
+    if (slot < 0 || slot >= PyList_GET_SIZE(end)) {
+        PyErr_Format(PyExc_IndexError, "end table slot %zd out of range", slot);
+        return -1;
+    }
+    PyObject *x = PyList_GET_ITEM(end, slot);
+    if (!PyFloat_CheckExact(x)) {
+        PyErr_Format(PyExc_TypeError, "end table slot %zd holds no float", slot);
+        return -1;
+    }
+    *out = PyFloat_AS_DOUBLE(x);
+    return 0;
+}
+
+static int list_set_float(PyObject *list, Py_ssize_t i, double v) {
+    PyObject *x = PyFloat_FromDouble(v);
+    return x ? PyList_SetItem(list, i, x) : -1;
+}
+
+/* ``waiting.setdefault(slot, []).append(r)`` */
+static int wait_on(PyObject *waiting, Py_ssize_t slot, Py_ssize_t r) {
+    PyObject *key = PyLong_FromSsize_t(slot), *rank = PyLong_FromSsize_t(r);
+    int rc = -1;
+    if (key && rank) {
+        PyObject *lst = PyDict_GetItemWithError(waiting, key);
+        if (lst)
+            rc = PyList_Append(lst, rank);
+        else if (!PyErr_Occurred() && (lst = PyList_New(0)) != NULL) {
+            rc = PyList_Append(lst, rank) < 0 ? -1 : PyDict_SetItem(waiting, key, lst);
+            Py_DECREF(lst);
+        }
+    }
+    Py_XDECREF(key);
+    Py_XDECREF(rank);
+    return rc;
+}
+
+/* ``woken = waiting.pop(slot, None); if woken: ready.extend(woken)`` */
+static int wake(PyObject *waiting, Py_ssize_t slot, Ready *q, Py_ssize_t p) {
+    if (PyDict_GET_SIZE(waiting) == 0)
+        return 0;
+    PyObject *key = PyLong_FromSsize_t(slot);
+    if (!key)
+        return -1;
+    PyObject *lst = PyDict_GetItemWithError(waiting, key);
+    int rc = 0;
+    if (lst) {
+        Py_INCREF(lst);
+        rc = PyDict_DelItem(waiting, key);
+        for (Py_ssize_t x = 0; rc == 0 && x < PyList_GET_SIZE(lst); x++) {
+            Py_ssize_t r;
+            if (!index_in(PyList_GET_ITEM(lst, x), p, &r)) {
+                PyErr_SetString(PyExc_ValueError, "a waiting list holds no rank");
+                rc = -1;
+            } else
+                rc = ready_push(q, r);
+        }
+        Py_DECREF(lst);
+    } else if (PyErr_Occurred())
+        rc = -1;
+    Py_DECREF(key);
+    return rc;
+}
+
+/* A list of p numbers as doubles (floats, or ints where ``ints``); 0 (no exception) when
+ * an item is neither. */
+static int numbers(PyObject *list, Py_ssize_t p, double *out, int ints) {
+    if (!PyList_CheckExact(list) || PyList_GET_SIZE(list) < p)
+        return 0;
+    for (Py_ssize_t i = 0; i < p; i++) {
+        PyObject *x = PyList_GET_ITEM(list, i);
+        if (PyFloat_CheckExact(x))
+            out[i] = PyFloat_AS_DOUBLE(x);
+        else if (ints && PyLong_CheckExact(x)) {
+            out[i] = PyLong_AsDouble(x);
+            if (out[i] == -1.0 && PyErr_Occurred()) {
+                PyErr_Clear();
+                return 0;
+            }
+        } else
+            return 0;
+    }
+    return 1;
+}
+
+/* A list of p ints in [0, limit) (``flags``: bools) as Py_ssize_t; 0 when one is not. */
+static int indices(PyObject *list, Py_ssize_t p, Py_ssize_t limit, Py_ssize_t *out) {
+    if (!PyList_CheckExact(list) || PyList_GET_SIZE(list) != p)
+        return 0;
+    for (Py_ssize_t i = 0; i < p; i++)
+        if (!index_in(PyList_GET_ITEM(list, i), limit, &out[i]))
+            return 0;
+    return 1;
+}
+
+static int flags(PyObject *list, Py_ssize_t p, char *out) {
+    if (!PyList_CheckExact(list) || PyList_GET_SIZE(list) != p)
+        return 0;
+    for (Py_ssize_t i = 0; i < p; i++) {
+        PyObject *x = PyList_GET_ITEM(list, i);
+        if (x != Py_True && x != Py_False)
+            return 0;
+        out[i] = x == Py_True;
+    }
+    return 1;
+}
+
+static int write_indices(PyObject *list, Py_ssize_t p, const Py_ssize_t *v) {
+    for (Py_ssize_t i = 0; i < p; i++) {
+        PyObject *x = PyLong_FromSsize_t(v[i]);
+        if (!x || PyList_SetItem(list, i, x) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+static int write_flags(PyObject *list, Py_ssize_t p, const char *v) {
+    for (Py_ssize_t i = 0; i < p; i++) {
+        PyObject *x = v[i] ? Py_True : Py_False;
+        Py_INCREF(x);
+        if (PyList_SetItem(list, i, x) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+static int write_floats(PyObject *list, Py_ssize_t p, const double *v) {
+    for (Py_ssize_t i = 0; i < p; i++)
+        if (list_set_float(list, i, v[i]) < 0)
+            return -1;
+    return 0;
+}
+
+/* Dependencies per op kind: rows of (offset, latency) pairs, a list or tuple of tuples. */
+typedef struct {
+    Py_ssize_t n, *off, *base;
+    double *lat;
+} Deps;
+
+static void deps_free(Deps *d) {
+    PyMem_Free(d->off); PyMem_Free(d->base); PyMem_Free(d->lat);
+    memset(d, 0, sizeof(*d));
+}
+
+/* 1 read, 0 when a row is not as expected (no exception), -1 on an error. Offsets may be
+ * negative (steady_timing's are relative to the op's own slot); callers check the slots
+ * they form. */
+static int deps_read(Deps *d, PyObject *rows) {
+    memset(d, 0, sizeof(*d));
+    if (!PyList_CheckExact(rows))
+        return 0;
+    d->n = PyList_GET_SIZE(rows);
+    Py_ssize_t items = 0;
+    for (Py_ssize_t k = 0; k < d->n; k++) {
+        PyObject *row = PyList_GET_ITEM(rows, k);
+        if (!PyTuple_CheckExact(row) && !PyList_CheckExact(row))
+            return 0;
+        items += PySequence_Fast_GET_SIZE(row);
+    }
+    d->off = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(d->n + 1));
+    d->base = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(items ? items : 1));
+    d->lat = PyMem_Malloc(sizeof(double) * (size_t)(items ? items : 1));
+    if (!d->off || !d->base || !d->lat) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    Py_ssize_t x = 0;
+    for (Py_ssize_t k = 0; k < d->n; k++) {
+        PyObject *row = PyList_GET_ITEM(rows, k);
+        d->off[k] = x;
+        for (Py_ssize_t a = 0; a < PySequence_Fast_GET_SIZE(row); a++, x++) {
+            PyObject *pair = PySequence_Fast_GET_ITEM(row, a);
+            if (!PyTuple_CheckExact(pair) || PyTuple_GET_SIZE(pair) != 2 ||
+                !PyLong_CheckExact(PyTuple_GET_ITEM(pair, 0)) || !PyFloat_CheckExact(PyTuple_GET_ITEM(pair, 1)))
+                return 0;
+            d->base[x] = PyLong_AsSsize_t(PyTuple_GET_ITEM(pair, 0));
+            if (d->base[x] == -1 && PyErr_Occurred()) {
+                PyErr_Clear();
+                return 0;
+            }
+            d->lat[x] = PyFloat_AS_DOUBLE(PyTuple_GET_ITEM(pair, 1));
+        }
+    }
+    d->off[d->n] = x;
+    return 1;
+}
+
+/* An int item of a list as Py_ssize_t in [0, limit); -1 with an exception otherwise. */
+static int item_index(PyObject *list, Py_ssize_t i, Py_ssize_t limit, Py_ssize_t *out) {
+    if (!index_in(PyList_GET_ITEM(list, i), limit, out)) {
+        PyErr_Format(PyExc_ValueError, "order entry %zd is no op slot below %zd", i, limit);
+        return -1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(steady_run_doc,
+"steady_run(engine)\n--\n\n"
+"pipeoffload.passes.steady_timing._Engine.run's loop on ``engine`` (in place): whether every\n"
+"rank reached its limit, or None when an input is outside what the C loop handles (nothing\n"
+"is changed then).");
+
+static PyObject *steady_run(PyObject *self, PyObject *args) {
+    PyObject *eng;
+    if (!PyArg_ParseTuple(args, "O:steady_run", &eng))
+        return NULL;
+    PyObject *codes = NULL, *rel = NULL, *end = NULL, *durc = NULL, *origin_o = NULL, *clock = NULL, *first = NULL,
+             *done_l = NULL, *lim_l = NULL, *waiting = NULL, *blocked_l = NULL, *locate = NULL, *m_o = NULL;
+    PyObject **slots[] = {&codes, &rel, &end, &durc, &origin_o, &clock, &first, &done_l, &lim_l, &waiting,
+                          &blocked_l, &locate, &m_o};
+    const char *names[] = {"codes", "rel", "end", "durc", "origin", "clock", "first", "done", "lim", "waiting",
+                           "blocked", "locate", "m"};
+    PyObject *result = NULL;
+    Deps d = {0};
+    Ready q = {0};
+    double *dur = NULL, *clk = NULL, *fst = NULL;
+    Py_ssize_t *done = NULL, *lim = NULL;
+    char *blocked = NULL;
+    for (size_t a = 0; a < sizeof(names) / sizeof(*names); a++)
+        if (!(*slots[a] = PyObject_GetAttrString(eng, names[a])))
+            goto out;
+    Py_ssize_t m = PyLong_Check(m_o) ? PyLong_AsSsize_t(m_o) : -1;
+    if (m == -1 && PyErr_Occurred())
+        goto out;
+    int fine = m > 0 && PyList_CheckExact(codes) && PyList_CheckExact(end) && PyList_CheckExact(durc) &&
+               PyFloat_CheckExact(origin_o) && PyDict_CheckExact(waiting);
+    Py_ssize_t p = fine ? PyList_GET_SIZE(codes) : 0, n_own = fine ? PyList_GET_SIZE(durc) : 0;
+    if (fine) {
+        dur = PyMem_Malloc(sizeof(double) * (size_t)(n_own ? n_own : 1));
+        clk = PyMem_Malloc(sizeof(double) * (size_t)(p ? p : 1));
+        fst = PyMem_Malloc(sizeof(double) * (size_t)(p ? p : 1));
+        done = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(p ? p : 1));
+        lim = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(p ? p : 1));
+        blocked = PyMem_Malloc((size_t)(p ? p : 1));
+        if (!dur || !clk || !fst || !done || !lim || !blocked) {
+            PyErr_NoMemory();
+            goto out;
+        }
+        int got = deps_read(&d, rel);
+        if (got < 0)
+            goto out;
+        fine = got && d.n >= n_own && numbers(durc, n_own, dur, 0) && numbers(clock, p, clk, 0) &&
+               numbers(first, p, fst, 0) && indices(done_l, p, PY_SSIZE_T_MAX, done) &&
+               indices(lim_l, p, PY_SSIZE_T_MAX, lim) && flags(blocked_l, p, blocked);
+        for (Py_ssize_t r = 0; fine && r < p; r++)
+            fine = PyList_CheckExact(PyList_GET_ITEM(codes, r)) &&
+                   lim[r] <= PyList_GET_SIZE(PyList_GET_ITEM(codes, r)) && done[r] <= lim[r];
+    }
+    if (!fine) {
+        result = Py_None;
+        Py_INCREF(result);
+        goto out;
+    }
+    const double origin = PyFloat_AS_DOUBLE(origin_o), unplaced = -INFINITY;
+    const Py_ssize_t n_end = PyList_GET_SIZE(end);
+    int failed = 0;
+    for (Py_ssize_t r = 0; r < p; r++)
+        if (!blocked[r] && done[r] < lim[r] && ready_push(&q, r) < 0)
+            goto out;
+    while (q.len > 0 && !failed) {
+        Py_ssize_t r = ready_pop(&q);
+        PyObject *ops = PyList_GET_ITEM(codes, r);
+        Py_ssize_t i = done[r], n = lim[r];
+        double c = clk[r];
+        blocked[r] = 0;
+        while (i < n) {
+            Py_ssize_t slot;
+            if (item_index(ops, i, n_end, &slot) < 0) {
+                failed = 1;
+                break;
+            }
+            Py_ssize_t own = slot / m;
+            if (own >= n_own) {
+                PyErr_Format(PyExc_ValueError, "op slot %zd has no duration", slot);
+                failed = 1;
+                break;
+            }
+            double t = origin;
+            Py_ssize_t missing = -1;
+            for (Py_ssize_t k = d.off[own]; k < d.off[own + 1]; k++) {
+                double e;
+                if (end_get(end, slot + d.base[k], &e) < 0) {
+                    failed = 1;
+                    break;
+                }
+                if (e == unplaced) {
+                    missing = slot + d.base[k];
+                    break;
+                }
+                e += d.lat[k];
+                if (e > t)
+                    t = e;
+            }
+            if (failed)
+                break;
+            if (missing >= 0) {
+                if (wait_on(waiting, missing, r) < 0) {
+                    failed = 1;
+                    break;
+                }
+                blocked[r] = 1;
+                if (locate != Py_None) {  /* _Engine._demand */
+                    PyObject *where = PyObject_CallFunction(locate, "n", missing);
+                    if (!where) {
+                        failed = 1;
+                        break;
+                    }
+                    if (where != Py_None) {
+                        Py_ssize_t qr, k;
+                        if (!PyTuple_Check(where) || PyTuple_GET_SIZE(where) != 2 ||
+                            !index_in(PyTuple_GET_ITEM(where, 0), p, &qr) ||
+                            !index_in(PyTuple_GET_ITEM(where, 1), PY_SSIZE_T_MAX, &k)) {
+                            Py_DECREF(where);
+                            PyErr_SetString(PyExc_ValueError, "locate must give None or (rank, index)");
+                            failed = 1;
+                            break;
+                        }
+                        if (qr != r && k >= lim[qr]) {
+                            int stopped = done[qr] == lim[qr] && !blocked[qr];
+                            lim[qr] = k + 1;
+                            if (stopped && ready_push(&q, qr) < 0) {
+                                Py_DECREF(where);
+                                failed = 1;
+                                break;
+                            }
+                        }
+                    }
+                    Py_DECREF(where);
+                }
+                break;
+            }
+            if (c > t)
+                t = c;
+            if (i == 0)
+                fst[r] = t;
+            c = t + dur[own];
+            if (list_set_float(end, slot, c) < 0) {
+                failed = 1;
+                break;
+            }
+            i++;
+            if (wake(waiting, slot, &q, p) < 0) {
+                failed = 1;
+                break;
+            }
+        }
+        done[r] = i;
+        clk[r] = c;
+    }
+    /* The state as the Python loop leaves it, also when an error stopped the loop. */
+    if (write_floats(clock, p, clk) < 0 || write_floats(first, p, fst) < 0 || write_indices(done_l, p, done) < 0 ||
+        write_indices(lim_l, p, lim) < 0 || write_flags(blocked_l, p, blocked) < 0 || failed)
+        goto out;
+    {
+        int all = 1;
+        for (Py_ssize_t r = 0; r < p; r++)
+            all &= done[r] == lim[r];
+        result = PyBool_FromLong(all);
+    }
+out:
+    for (size_t a = 0; a < sizeof(names) / sizeof(*names); a++)
+        Py_XDECREF(*slots[a]);
+    deps_free(&d);
+    PyMem_Free(q.item); PyMem_Free(dur); PyMem_Free(clk); PyMem_Free(fst); PyMem_Free(done); PyMem_Free(lim);
+    PyMem_Free(blocked);
+    return result;
+}
+
+PyDoc_STRVAR(refill_run_doc,
+"refill_run(run, tracker, code_kind)\n--\n\n"
+"pipeoffload.schedules.w_refill._Refill.run's loop on ``run`` and its ``tracker`` (in place;\n"
+"``code_kind``: timing.CODE_KIND, the op kind of each code):\n"
+"whether every rank reached its limit; the rank (an int) that cannot keep its cap (the\n"
+"caller raises Infeasible); or None when an input is outside what the C loop handles\n"
+"(nothing is changed then).");
+
+/* The refill's per-call tables and per-rank state (w_refill._Refill and zb_auto.Tracker). */
+typedef struct {
+    Py_ssize_t S, M, p, n_end;
+    double origin;
+    Deps deps;
+    double *dur, *mem;                              /* per layer group, F B W */
+    double *cap, *clock, *level, *peak, *idle, *first;  /* per rank */
+    char *started, *blocked;
+    Py_ssize_t *done, *lim, *rank_of;
+    PyObject *end, *order, *ops_of, *code_kind;
+} Refill;
+
+/* Tracker.put with ListScheduler.place inline (w_refill._placer's ``put``): ``arrive`` the
+ * op's input arrival, or NAN to compute it here (an op whose inputs are placed). */
+static int refill_put(Refill *f, Py_ssize_t code, Py_ssize_t stage, Py_ssize_t mb, Py_ssize_t r, double arrive) {
+    Py_ssize_t own = code * f->S + stage, slot = own * f->M + mb;
+    double t = arrive;
+    if (isnan(arrive)) {
+        t = f->origin;
+        for (Py_ssize_t k = f->deps.off[own]; k < f->deps.off[own + 1]; k++) {
+            double e;
+            if (end_get(f->end, f->deps.base[k] + mb, &e) < 0)
+                return -1;
+            e = e + f->deps.lat[k];
+            if (e > t)
+                t = e;
+        }
+    }
+    double before = f->clock[r];
+    if (before > t)
+        t = before;
+    double c = t + f->dur[stage * 3 + code];
+    if (list_set_float(f->end, slot, c) < 0)
+        return -1;
+    f->clock[r] = c;
+    if (f->started[r])
+        f->idle[r] += t - before;
+    else {
+        f->started[r] = 1;
+        f->first[r] = t;
+    }
+    double lv = f->level[r] + f->mem[stage * 3 + code];
+    f->level[r] = lv;
+    if (lv > f->peak[r])
+        f->peak[r] = lv;
+    PyObject *op = PyList_GET_ITEM(f->ops_of, slot), *row = PyList_GET_ITEM(f->order, r);
+    if (op != Py_None)
+        return PyList_Append(row, op);
+    op = Py_BuildValue("(Onn)", PyTuple_GET_ITEM(f->code_kind, code), stage, mb);
+    int rc = op ? PyList_Append(row, op) : -1;
+    Py_XDECREF(op);
+    return rc;
+}
+
+/* The oldest pending W of ``pend`` (a list of (layer group, microbatch)), popped; -1 with an
+ * exception when it is not such a pair. */
+static int pending_pop(Refill *f, PyObject *pend, Py_ssize_t *stage, Py_ssize_t *mb) {
+    PyObject *w = PyList_GET_ITEM(pend, 0);
+    if (!PyTuple_CheckExact(w) || PyTuple_GET_SIZE(w) != 2 || !index_in(PyTuple_GET_ITEM(w, 0), f->S, stage) ||
+        !index_in(PyTuple_GET_ITEM(w, 1), f->M, mb)) {
+        PyErr_SetString(PyExc_ValueError, "a pending W is no (layer group, microbatch) pair");
+        return -1;
+    }
+    return PySequence_DelItem(pend, 0);
+}
+
+static int pending_stage(Refill *f, PyObject *pend, Py_ssize_t *stage) {
+    PyObject *w = PyList_GET_ITEM(pend, 0);
+    if (!PyTuple_CheckExact(w) || PyTuple_GET_SIZE(w) != 2 || !index_in(PyTuple_GET_ITEM(w, 0), f->S, stage)) {
+        PyErr_SetString(PyExc_ValueError, "a pending W is no (layer group, microbatch) pair");
+        return -1;
+    }
+    return 0;
+}
+
+/* The oldest pending W put (its inputs are placed). */
+static int put_pending(Refill *f, PyObject *pend, Py_ssize_t r) {
+    Py_ssize_t stage, mb;
+    if (pending_pop(f, pend, &stage, &mb) < 0)
+        return -1;
+    return refill_put(f, 2, stage, mb, r, NAN);
+}
+
+static void refill_free(Refill *f) {
+    deps_free(&f->deps);
+    PyMem_Free(f->dur); PyMem_Free(f->mem); PyMem_Free(f->cap); PyMem_Free(f->clock); PyMem_Free(f->level);
+    PyMem_Free(f->peak); PyMem_Free(f->idle); PyMem_Free(f->first); PyMem_Free(f->started);
+    PyMem_Free(f->blocked); PyMem_Free(f->done); PyMem_Free(f->lim); PyMem_Free(f->rank_of);
+}
+
+/* Per layer group (F, B, W) floats of a list of 3-tuples; 0 when one is not. */
+static int table3(PyObject *rows, Py_ssize_t S, double *out) {
+    if (!PyList_CheckExact(rows) || PyList_GET_SIZE(rows) != S)
+        return 0;
+    for (Py_ssize_t s = 0; s < S; s++) {
+        PyObject *row = PyList_GET_ITEM(rows, s);
+        if (!PyTuple_CheckExact(row) || PyTuple_GET_SIZE(row) != 3)
+            return 0;
+        for (int k = 0; k < 3; k++) {
+            PyObject *x = PyTuple_GET_ITEM(row, k);
+            if (!PyFloat_CheckExact(x))
+                return 0;
+            out[s * 3 + k] = PyFloat_AS_DOUBLE(x);
+        }
+    }
+    return 1;
+}
+
+static PyObject *refill_run(PyObject *self, PyObject *args) {
+    PyObject *run, *tr, *code_kind;
+    if (!PyArg_ParseTuple(args, "OOO:refill_run", &run, &tr, &code_kind))
+        return NULL;
+    PyObject *skeleton = NULL, *pending = NULL, *caps = NULL, *done_l = NULL, *lim_l = NULL, *blocked_l = NULL,
+             *waiting = NULL, *partial_o = NULL, *consulted = NULL, *pos = NULL, *ops_of = NULL, *S_o = NULL,
+             *M_o = NULL, *deps = NULL, *end = NULL, *clock = NULL, *origin_o = NULL, *dur = NULL, *mem = NULL,
+             *level = NULL, *peak = NULL, *idle = NULL, *started = NULL, *first = NULL, *order = NULL,
+             *rank_of = NULL;
+    PyObject **slots[] = {&skeleton, &pending, &caps, &done_l, &lim_l, &blocked_l, &waiting, &partial_o, &consulted,
+                          &pos, &ops_of};
+    const char *names[] = {"skeleton", "pending", "caps", "done", "lim", "blocked", "waiting", "partial",
+                           "consulted", "pos", "ops_of"};
+    PyObject **tslots[] = {&S_o, &M_o, &deps, &end, &clock, &origin_o, &dur, &mem, &level, &peak, &idle, &started,
+                           &first, &order, &rank_of};
+    const char *tnames[] = {"num_stages", "num_microbatches", "deps", "end", "clock", "origin", "dur", "mem",
+                            "level", "peak", "idle", "started", "first", "order", "rank_of"};
+    const size_t n_names = sizeof(names) / sizeof(*names), n_tnames = sizeof(tnames) / sizeof(*tnames);
+    PyObject *result = NULL;
+    Refill f;
+    Ready q = {0};
+    memset(&f, 0, sizeof(f));
+    for (size_t a = 0; a < n_names; a++)
+        if (!(*slots[a] = PyObject_GetAttrString(run, names[a])))
+            goto out;
+    for (size_t a = 0; a < n_tnames; a++)
+        if (!(*tslots[a] = PyObject_GetAttrString(tr, tnames[a])))
+            goto out;
+    int fine = PyLong_CheckExact(S_o) && PyLong_CheckExact(M_o) && PyList_CheckExact(skeleton) &&
+               PyList_CheckExact(pending) && PyDict_CheckExact(waiting) && PyList_CheckExact(end) &&
+               PyList_CheckExact(order) && PyList_CheckExact(ops_of) && PyTuple_CheckExact(code_kind) &&
+               PyTuple_GET_SIZE(code_kind) == 3 && PyList_CheckExact(consulted) && PyList_GET_SIZE(consulted) >= 1 &&
+               PyFloat_CheckExact(origin_o) && (partial_o == Py_True || partial_o == Py_False);
+    if (fine) {
+        f.S = PyLong_AsSsize_t(S_o);
+        f.M = PyLong_AsSsize_t(M_o);
+        if ((f.S == -1 || f.M == -1) && PyErr_Occurred())
+            goto out;
+        f.p = PyList_GET_SIZE(skeleton);
+        f.n_end = PyList_GET_SIZE(end);
+        fine = f.S > 0 && f.M > 0 && f.n_end == 3 * f.S * f.M && PyList_GET_SIZE(ops_of) == f.n_end &&
+               PyList_GET_SIZE(pending) == f.p && PyList_GET_SIZE(order) == f.p;
+    }
+    if (fine) {
+        size_t p1 = (size_t)(f.p ? f.p : 1);
+        f.dur = PyMem_Malloc(sizeof(double) * 3 * (size_t)f.S);
+        f.mem = PyMem_Malloc(sizeof(double) * 3 * (size_t)f.S);
+        f.cap = PyMem_Malloc(sizeof(double) * p1);
+        f.clock = PyMem_Malloc(sizeof(double) * p1);
+        f.level = PyMem_Malloc(sizeof(double) * p1);
+        f.peak = PyMem_Malloc(sizeof(double) * p1);
+        f.idle = PyMem_Malloc(sizeof(double) * p1);
+        f.first = PyMem_Malloc(sizeof(double) * p1);
+        f.started = PyMem_Malloc(p1);
+        f.blocked = PyMem_Malloc(p1);
+        f.done = PyMem_Malloc(sizeof(Py_ssize_t) * p1);
+        f.lim = PyMem_Malloc(sizeof(Py_ssize_t) * p1);
+        f.rank_of = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)f.S);
+        if (!f.dur || !f.mem || !f.cap || !f.clock || !f.level || !f.peak || !f.idle || !f.first || !f.started ||
+            !f.blocked || !f.done || !f.lim || !f.rank_of) {
+            PyErr_NoMemory();
+            goto out;
+        }
+        int got = deps_read(&f.deps, deps);
+        if (got < 0)
+            goto out;
+        fine = got && f.deps.n == 3 * f.S && table3(dur, f.S, f.dur) && table3(mem, f.S, f.mem) &&
+               numbers(caps, f.p, f.cap, 1) && numbers(clock, f.p, f.clock, 0) && numbers(level, f.p, f.level, 0) &&
+               numbers(peak, f.p, f.peak, 0) && numbers(idle, f.p, f.idle, 0) && numbers(first, f.p, f.first, 0) &&
+               flags(started, f.p, f.started) && flags(blocked_l, f.p, f.blocked) &&
+               indices(done_l, f.p, PY_SSIZE_T_MAX, f.done) && indices(lim_l, f.p, PY_SSIZE_T_MAX, f.lim) &&
+               indices(rank_of, f.S, f.p, f.rank_of) && PyList_GET_SIZE(clock) == f.p;
+        for (Py_ssize_t k = 0; fine && k < f.deps.off[f.deps.n]; k++)
+            fine = f.deps.base[k] >= 0 && f.deps.base[k] + f.M <= f.n_end;
+        for (Py_ssize_t r = 0; fine && r < f.p; r++)
+            fine = PyList_CheckExact(PyList_GET_ITEM(skeleton, r)) && PyList_CheckExact(PyList_GET_ITEM(pending, r)) &&
+                   PyList_CheckExact(PyList_GET_ITEM(order, r)) &&
+                   f.lim[r] <= PyList_GET_SIZE(PyList_GET_ITEM(skeleton, r)) && f.done[r] <= f.lim[r];
+    }
+    if (!fine) {
+        result = Py_None;
+        Py_INCREF(result);
+        goto out;
+    }
+    f.origin = PyFloat_AS_DOUBLE(origin_o);
+    f.end = end;
+    f.order = order;
+    f.ops_of = ops_of;
+    f.code_kind = code_kind;
+    const int partial = partial_o == Py_True;
+    const double unplaced = -INFINITY;
+    const Py_ssize_t w_first = 2 * f.S * f.M;  /* the skeleton holds F and B slots only */
+    Py_ssize_t infeasible = -1;
+    int failed = 0;
+    for (Py_ssize_t r = 0; r < f.p; r++)
+        if (!f.blocked[r] && f.done[r] < f.lim[r] && ready_push(&q, r) < 0)
+            goto out;
+    while (q.len > 0 && !failed && infeasible < 0) {
+        Py_ssize_t r = ready_pop(&q);
+        PyObject *ops = PyList_GET_ITEM(skeleton, r), *pend = PyList_GET_ITEM(pending, r);
+        double cap = f.cap[r], a = fabs(cap), tol = 1e-9 * (a > 1.0 ? a : 1.0);
+        Py_ssize_t i = f.done[r], n = f.lim[r];
+        f.blocked[r] = 0;
+        while (i < n) {
+            Py_ssize_t slot;
+            if (item_index(ops, i, w_first, &slot) < 0) {
+                failed = 1;
+                break;
+            }
+            Py_ssize_t own = slot / f.M, mb = slot % f.M, code = own / f.S, stage = own % f.S;
+            Py_ssize_t missing = -1;
+            double arrive = f.origin;
+            for (Py_ssize_t k = f.deps.off[own]; k < f.deps.off[own + 1]; k++) {
+                double e;
+                if (end_get(end, f.deps.base[k] + mb, &e) < 0) {
+                    failed = 1;
+                    break;
+                }
+                if (e == unplaced) {
+                    missing = f.deps.base[k] + mb;
+                    break;
+                }
+                e += f.deps.lat[k];
+                if (e > arrive)
+                    arrive = e;
+            }
+            if (failed)
+                break;
+            if (missing >= 0) {
+                if (wait_on(waiting, missing, r) < 0) {
+                    failed = 1;
+                    break;
+                }
+                f.blocked[r] = 1;
+                if (pos != Py_None) {  /* limited: the rank that owes the op goes on to it */
+                    Py_ssize_t qr = f.rank_of[(missing / f.M) % f.S], k;
+                    PyObject *at = PyObject_CallFunction(pos, "n", missing);
+                    if (!at) {
+                        failed = 1;
+                        break;
+                    }
+                    int ok = index_in(at, PY_SSIZE_T_MAX, &k);
+                    Py_DECREF(at);
+                    if (!ok) {
+                        PyErr_SetString(PyExc_ValueError, "pos must give an index");
+                        failed = 1;
+                        break;
+                    }
+                    if (qr != r && k >= f.lim[qr]) {
+                        if (f.done[qr] == f.lim[qr] && !f.blocked[qr] && ready_push(&q, qr) < 0) {
+                            failed = 1;
+                            break;
+                        }
+                        f.lim[qr] = k + 1;
+                    }
+                }
+                break;
+            }
+            /* Pending W's: those that end before the input arrives, one more for a partly
+             * idle gap (partial), and those the op's memory needs. */
+            while (PyList_GET_SIZE(pend) > 0) {
+                Py_ssize_t ws;
+                if (pending_stage(&f, pend, &ws) < 0) {
+                    failed = 1;
+                    break;
+                }
+                if (!(f.clock[r] + f.dur[ws * 3 + 2] <= arrive + 1e-12))
+                    break;
+                if (put_pending(&f, pend, r) < 0) {
+                    failed = 1;
+                    break;
+                }
+            }
+            if (failed)
+                break;
+            if (PyList_GET_SIZE(pend) > 0 && f.clock[r] < arrive - 1e-12) {
+                Py_INCREF(Py_True);
+                if (PyList_SetItem(consulted, 0, Py_True) < 0 || (partial && put_pending(&f, pend, r) < 0)) {
+                    failed = 1;
+                    break;
+                }
+            }
+            while (f.level[r] + f.mem[stage * 3 + code] > cap + tol) {
+                if (PyList_GET_SIZE(pend) == 0) {
+                    infeasible = r;
+                    break;
+                }
+                if (put_pending(&f, pend, r) < 0) {
+                    failed = 1;
+                    break;
+                }
+            }
+            if (failed || infeasible >= 0)
+                break;
+            if (refill_put(&f, code, stage, mb, r, arrive) < 0) {
+                failed = 1;
+                break;
+            }
+            if (code == 1) {
+                PyObject *w = Py_BuildValue("(nn)", stage, mb);
+                int rc = w ? PyList_Append(pend, w) : -1;
+                Py_XDECREF(w);
+                if (rc < 0) {
+                    failed = 1;
+                    break;
+                }
+            }
+            i++;
+            if (wake(waiting, slot, &q, f.p) < 0) {
+                failed = 1;
+                break;
+            }
+        }
+        if (infeasible < 0)  /* (the Python loop raises before it writes the rank's position) */
+            f.done[r] = i;
+    }
+    /* The state as the Python loop leaves it, also when it stops on an error. */
+    {
+        int rc = write_floats(clock, f.p, f.clock) < 0 || write_floats(level, f.p, f.level) < 0 ||
+             write_floats(peak, f.p, f.peak) < 0 || write_floats(idle, f.p, f.idle) < 0 ||
+             write_floats(first, f.p, f.first) < 0 || write_flags(started, f.p, f.started) < 0 ||
+             write_flags(blocked_l, f.p, f.blocked) < 0 || write_indices(done_l, f.p, f.done) < 0 ||
+             write_indices(lim_l, f.p, f.lim) < 0 ? -1 : 0;
+        if (rc < 0 || failed)
+            goto out;
+    }
+    if (infeasible >= 0)
+        result = PyLong_FromSsize_t(infeasible);
+    else {
+        int all = 1;
+        for (Py_ssize_t r = 0; r < f.p; r++)
+            all &= f.done[r] == f.lim[r];
+        result = PyBool_FromLong(all);
+    }
+out:
+    for (size_t a = 0; a < n_names; a++)
+        Py_XDECREF(*slots[a]);
+    for (size_t a = 0; a < n_tnames; a++)
+        Py_XDECREF(*tslots[a]);
+    refill_free(&f);
+    PyMem_Free(q.item);
+    return result;
+}
+
+/* ---- The slot reorder's loops (pipeoffload.schedules.v_reorder) ----
+ *
+ * Slots, keys and microbatches are Python ints; here they are long long (a key is
+ * ((slot·p + rank)·8 + type)·n + microbatch: far below 2^63 for any grid that fits in
+ * memory; a larger one raises OverflowError).
+ */
+
+/* list[i] as a long long; -1 with an exception when list is not a list, i out of range or
+ * the item no int. */
+static int ll_item(PyObject *list, Py_ssize_t i, long long *out) {
+    if (!PyList_Check(list) || i < 0 || i >= PyList_GET_SIZE(list)) {
+        PyErr_SetString(PyExc_IndexError, "slot list index out of range");
+        return -1;
+    }
+    PyObject *x = PyList_GET_ITEM(list, i);
+    if (!PyLong_Check(x)) {
+        PyErr_SetString(PyExc_TypeError, "a slot is no int");
+        return -1;
+    }
+    *out = PyLong_AsLongLong(x);
+    return *out == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
+static int ll_set(PyObject *list, Py_ssize_t i, long long v) {
+    if (!PyList_Check(list) || i < 0 || i >= PyList_GET_SIZE(list)) {
+        PyErr_SetString(PyExc_IndexError, "slot list index out of range");
+        return -1;
+    }
+    PyObject *x = PyLong_FromLongLong(v);
+    return x ? PyList_SetItem(list, i, x) : -1;
+}
+
+/* out[r][k] (a list) or NULL with an exception. */
+static PyObject *slot_row(PyObject *out, Py_ssize_t r, long long k) {
+    if (r < 0 || r >= PyList_GET_SIZE(out)) {
+        PyErr_SetString(PyExc_IndexError, "rank out of range");
+        return NULL;
+    }
+    PyObject *rows = PyList_GET_ITEM(out, r);
+    if (!PyList_Check(rows) || k < 0 || k >= PyList_GET_SIZE(rows)) {
+        PyErr_SetString(PyExc_IndexError, "slot type out of range");
+        return NULL;
+    }
+    return PyList_GET_ITEM(rows, (Py_ssize_t)k);
+}
+
+/* max(t, out[r][k][j] + 1) into *t; -1 with an exception. */
+static int after(PyObject *out, Py_ssize_t r, long long k, long long j, long long *t) {
+    PyObject *row = slot_row(out, r, k);
+    long long u;
+    if (!row || ll_item(row, (Py_ssize_t)j, &u) < 0)
+        return -1;
+    if (u + 1 > *t)
+        *t = u + 1;
+    return 0;
+}
+
+PyDoc_STRVAR(squeeze_run_doc,
+"squeeze_run(order, x, out, last, n, skip)\n--\n\n"
+"pipeoffload.schedules.v_reorder._squeeze_run (the same slots, the same calls of\n"
+"``skip.skip``), in place on ``out`` and ``last``: the position to go on from.");
+
+static PyObject *squeeze_run(PyObject *self, PyObject *args) {
+    PyObject *order, *out, *last, *skip;
+    Py_ssize_t x0;
+    long long n;
+    if (!PyArg_ParseTuple(args, "O!nO!O!LO:squeeze_run", &PyList_Type, &order, &x0, &PyList_Type, &out,
+                          &PyList_Type, &last, &n, &skip))
+        return NULL;
+    const Py_ssize_t p = PyList_GET_SIZE(out);
+    if (n <= 0 || p <= 0) {
+        PyErr_SetString(PyExc_ValueError, "squeeze_run needs n > 0 and at least one rank");
+        return NULL;
+    }
+    long long T = 0, N = 0, mult[8] = {0}, D[8] = {0};
+    Py_ssize_t n_types = 0;
+    if (skip != Py_None) {
+        PyObject *mult_o = PyObject_GetAttrString(skip, "mult"), *D_o = PyObject_GetAttrString(skip, "D");
+        PyObject *T_o = PyObject_GetAttrString(skip, "T"), *N_o = PyObject_GetAttrString(skip, "N");
+        int ok = mult_o && D_o && T_o && N_o && PyList_Check(mult_o) && PyList_Check(D_o) &&
+                 PyList_GET_SIZE(mult_o) <= 8 && PyList_GET_SIZE(D_o) <= 8;
+        if (ok) {
+            n_types = PyList_GET_SIZE(mult_o);
+            T = PyLong_AsLongLong(T_o);
+            N = PyLong_AsLongLong(N_o);
+            for (Py_ssize_t k = 0; ok && k < n_types; k++)
+                ok = ll_item(mult_o, k, &mult[k]) == 0;
+            for (Py_ssize_t k = 0; ok && k < PyList_GET_SIZE(D_o); k++)
+                ok = ll_item(D_o, k, &D[k]) == 0;
+            ok = ok && !PyErr_Occurred();
+        }
+        Py_XDECREF(mult_o); Py_XDECREF(D_o); Py_XDECREF(T_o); Py_XDECREF(N_o);
+        if (!ok) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "skip has no mult, D, T and N as _SqueezeSkip has");
+            return NULL;
+        }
+    }
+    const Py_ssize_t len = PyList_GET_SIZE(order);
+    long long streak = 0, check = skip != Py_None ? 2 * N : (long long)len;
+    for (Py_ssize_t x = x0; x < len; x++) {
+        long long key;
+        if (ll_item(order, x, &key) < 0)
+            return NULL;
+        long long e = key / n, j = key % n, k = e & 7;
+        Py_ssize_t r = (Py_ssize_t)((e >> 3) % p);
+        long long t;
+        if (ll_item(last, r, &t) < 0)
+            return NULL;
+        if (k == 0 || k == 2) {
+            if (r > 0 && after(out, r - 1, k, j, &t) < 0)
+                return NULL;
+        } else if (k == 1 || k == 3) {
+            if (r + 1 < p && after(out, r + 1, k, j, &t) < 0)
+                return NULL;
+        }
+        if (0 < k && k < 4 && after(out, r, k - 1, j, &t) < 0)
+            return NULL;
+        if (j > 0 && after(out, r, k, j - 1, &t) < 0)
+            return NULL;
+        PyObject *row = slot_row(out, r, k);
+        if (!row)
+            return NULL;
+        if (skip != Py_None) {
+            /* The op is its copy one period on (same place in the slot order) and so is its slot. */
+            long long c = k < n_types ? mult[k] : 0, prev = 0, back = 0;
+            int same = j >= c && x >= N;
+            if (same && ll_item(row, (Py_ssize_t)(j - c), &prev) < 0)
+                return NULL;
+            same = same && t == prev + T;
+            if (same && ll_item(order, x - (Py_ssize_t)N, &back) < 0)
+                return NULL;
+            if (same && back == key - D[k])
+                streak++;
+            else {
+                streak = 0;
+                check = 2 * N;
+            }
+        }
+        if (ll_set(row, (Py_ssize_t)j, t) < 0 || ll_set(last, r, t + 1) < 0)
+            return NULL;
+        if (streak >= check) {
+            PyObject *got = PyObject_CallMethod(skip, "skip", "nL", x + 1, streak);
+            long long to, need;
+            if (!got)
+                return NULL;
+            int ok = PyArg_ParseTuple(got, "LL", &to, &need);
+            Py_DECREF(got);
+            if (!ok)
+                return NULL;
+            if (to > x + 1)
+                return PyLong_FromLongLong(to);
+            /* Not proved here: try again once the streak covers what the next ops read. */
+            check = need > streak + N ? need : streak + N;
+        }
+    }
+    return PyLong_FromSsize_t(len);
+}
+
+static int ll_cmp(const void *a, const void *b) {
+    long long x = *(const long long *)a, y = *(const long long *)b;
+    return (x > y) - (x < y);
+}
+
+/* Appends start, start + 1, ..., start + count - 1 to list. */
+static int append_range(PyObject *list, long long start, long long count) {
+    for (long long v = start; v < start + count; v++) {
+        PyObject *x = PyLong_FromLongLong(v);
+        if (!x || PyList_Append(list, x) < 0) {
+            Py_XDECREF(x);
+            return -1;
+        }
+        Py_DECREF(x);
+    }
+    return 0;
+}
+
+static int append_state(PyObject *states, long long wait0, long long wait1, long long prev) {
+    PyObject *st = Py_BuildValue("(LLL)", wait0, wait1, prev);
+    int rc = st ? PyList_Append(states, st) : -1;
+    Py_XDECREF(st);
+    return rc;
+}
+
+PyDoc_STRVAR(with_weights_doc,
+"with_weights(rows, split, probes, states)\n--\n\n"
+"pipeoffload.schedules.v_reorder._with_weights: the same lists (and, with ``probes``, the\n"
+"same states appended to ``states``).");
+
+static PyObject *with_weights(PyObject *self, PyObject *args) {
+    PyObject *rows, *probes, *states;
+    int split;
+    if (!PyArg_ParseTuple(args, "O!pOO:with_weights", &PyList_Type, &rows, &split, &probes, &states))
+        return NULL;
+    const Py_ssize_t n_rows = PyList_GET_SIZE(rows);
+    if (n_rows < 4 || (probes != Py_None && (!PyList_Check(probes) ||
+                                             (PyList_GET_SIZE(probes) > 0 && !PyList_Check(states))))) {
+        PyErr_SetString(PyExc_ValueError, "with_weights needs the four op lists (and probes with a states list)");
+        return NULL;
+    }
+    Py_ssize_t n_ev = 0;
+    for (Py_ssize_t k = 0; k < 4; k++) {
+        if (!PyList_Check(PyList_GET_ITEM(rows, k))) {
+            PyErr_SetString(PyExc_TypeError, "an op list is no list");
+            return NULL;
+        }
+        n_ev += PyList_GET_SIZE(PyList_GET_ITEM(rows, k));
+    }
+    long long *ev = PyMem_Malloc(sizeof(long long) * (size_t)(n_ev ? n_ev : 1));
+    PyObject *out = PyList_New(0);
+    if (!ev || !out) {
+        PyMem_Free(ev);
+        Py_XDECREF(out);
+        return PyErr_NoMemory();
+    }
+    Py_ssize_t e_i = 0;
+    for (Py_ssize_t k = 0; k < 4; k++) {
+        PyObject *ts = PyList_GET_ITEM(rows, k);
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(ts); i++) {
+            long long t;
+            if (ll_item(ts, i, &t) < 0)
+                goto fail;
+            ev[e_i++] = t * 8 + k;
+        }
+    }
+    qsort(ev, (size_t)n_ev, sizeof(long long), ll_cmp);
+    for (Py_ssize_t k = 0; k < n_rows + (split ? 2 : 1); k++) {
+        PyObject *lst = k < n_rows ? PySequence_List(PyList_GET_ITEM(rows, k)) : PyList_New(0);
+        if (!lst || PyList_Append(out, lst) < 0) {
+            Py_XDECREF(lst);
+            goto fail;
+        }
+        Py_DECREF(lst);
+    }
+    PyObject *w0 = PyList_GET_ITEM(out, 4), *w1 = PyList_GET_ITEM(out, PyList_GET_SIZE(out) - 1);
+    long long wait0 = 0, wait1 = 0, prev = -1, at = 0;
+    Py_ssize_t probe = 0, n_probes = probes == Py_None ? 0 : PyList_GET_SIZE(probes);
+    int has_at = probe < n_probes && ll_item(probes, probe++, &at) == 0;
+    if (PyErr_Occurred())
+        goto fail;
+    for (Py_ssize_t x = 0; x < n_ev; x++) {
+        long long t = ev[x] >> 3, k = ev[x] & 7;
+        while (has_at && t >= at) {
+            if (append_state(states, wait0, wait1, prev) < 0)
+                goto fail;
+            has_at = probe < n_probes && ll_item(probes, probe++, &at) == 0;
+            if (PyErr_Occurred())
+                goto fail;
+        }
+        if (wait0 || wait1) {
+            long long free = t - prev - 1;  /* slots prev+1 .. t-1, each runs one waiting W */
+            if (free > 0) {
+                long long n0 = free < wait0 ? free : wait0;
+                if (append_range(w0, prev + 1, n0) < 0)
+                    goto fail;
+                wait0 -= n0;
+                long long n1 = free - n0 < wait1 ? free - n0 : wait1;
+                if (append_range(w1, prev + 1 + n0, n1) < 0)
+                    goto fail;
+                wait1 -= n1;
+            }
+        }
+        if (k == 2 || (k == 3 && !split))
+            wait0++;
+        else if (k == 3)
+            wait1++;
+        prev = t;
+    }
+    while (has_at) {
+        if (append_state(states, wait0, wait1, prev) < 0)
+            goto fail;
+        has_at = probe < n_probes && ll_item(probes, probe++, &at) == 0;
+        if (PyErr_Occurred())
+            goto fail;
+    }
+    if (append_range(w0, prev + 1, wait0) < 0 || append_range(w1, prev + 1 + wait0, wait1) < 0)
+        goto fail;
+    PyMem_Free(ev);
+    return out;
+fail:
+    PyMem_Free(ev);
+    Py_DECREF(out);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"time_compact", time_compact, METH_VARARGS, time_compact_doc},
     {"time_in_runs", time_in_runs, METH_VARARGS, time_in_runs_doc},
+    {"steady_run", steady_run, METH_VARARGS, steady_run_doc},
+    {"refill_run", refill_run, METH_VARARGS, refill_run_doc},
+    {"squeeze_run", squeeze_run, METH_VARARGS, squeeze_run_doc},
+    {"with_weights", with_weights, METH_VARARGS, with_weights_doc},
     {NULL, NULL, 0, NULL},
 };
 

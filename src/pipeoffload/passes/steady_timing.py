@@ -37,7 +37,8 @@ Orders for ``m`` microbatches that are orders for ``m' < m`` with periods insert
 the same (the run for ``m`` shifts more periods of the same steady state), else times
 the expanded orders.
 
-Pure Python.
+The engine's per-op loop runs in C where :mod:`pipeoffload._engine` is built (:meth:`_Engine.run`:
+the same floats, tests/test_engine_c_loops.py), else in Python; no torch.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ from typing import Callable, Mapping, Sequence
 
 from ..costs import Costs, MemoryDeltas
 from ..ir import OpKind, Placement
-from .timing import _NOT_PLACED, CODE_KIND, ListScheduler, order_figures
+from .timing import _NOT_PLACED, CODE_KIND, ListScheduler, c_engine, order_figures
 from ..timeline import _clean
 
 __all__ = ["steady_figures", "op_slots", "PeriodicOrders", "insert_periods", "periodic_figures", "inputs_from", "inside_range", "exact_costs"]
@@ -393,7 +394,18 @@ class _Engine:
             ready.append(q)
 
     def run(self) -> bool:
-        """Time every rank up to its limit; whether each got there."""
+        """Time every rank up to its limit; whether each got there. In C where
+        :mod:`pipeoffload._engine` is built and takes these inputs (``steady_run``: the same
+        floats and state), else in Python (:meth:`_run_py`)."""
+        loop = getattr(c_engine(), "steady_run", None)
+        if loop is not None:
+            got = loop(self)
+            if got is not None:
+                return got
+        return self._run_py()
+
+    def _run_py(self) -> bool:
+        """:meth:`run`'s loop in Python."""
         m, rel, end, durc, origin, unplaced = self.m, self.rel, self.end, self.durc, self.origin, _NOT_PLACED
         clock, done, lim, waiting, blocked, first = (
             self.clock, self.done, self.lim, self.waiting, self.blocked, self.first)

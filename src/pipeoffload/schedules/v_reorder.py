@@ -17,7 +17,9 @@ passes over the repeated block, and never raises the highest per-rank peak:
 The result differs from the other pipeline after the warm-up: on the steady state it
 keeps the block's own rhythm, which wins for some unequal costs (V-Half at even p,
 B ≠ F), while the other one wins elsewhere. The V generators build both and keep the
-one with the shorter longest span for the costs at hand. Pure Python.
+one with the shorter longest span for the costs at hand. The W placement's and the
+squeeze's per-op loops run in C where :mod:`pipeoffload._engine` is built (the same slots,
+tests/test_engine_c_loops.py), else in Python; no torch.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from itertools import compress, count, islice, repeat
 from operator import ne, sub
 
 from ..ir import OpKind, Placement
+from ..passes.timing import c_engine
 from .building_block import BuildingBlock, OpTable
 
 #: Slot-list types per rank: chunk-0 forward, chunk-1 forward, chunk-1 backward,
@@ -66,6 +69,16 @@ def _repeated(block: BuildingBlock, m: int) -> list[Times]:
 
 def _with_weights(rows: Times, split: bool = False, probes: list[int] | None = None,
                   states: list[tuple[int, int, int]] | None = None) -> Times:
+    """:func:`_with_weights_py`, in C where :mod:`pipeoffload._engine` is built (the same lists
+    and states, tests/test_engine_c_loops.py)."""
+    loop = getattr(c_engine(), "with_weights", None)
+    if loop is not None and type(rows) is list and (probes is None or type(probes) is list):
+        return loop(rows, split, probes, states)
+    return _with_weights_py(rows, split, probes, states)
+
+
+def _with_weights_py(rows: Times, split: bool = False, probes: list[int] | None = None,
+                     states: list[tuple[int, int, int]] | None = None) -> Times:
     """``rows`` (F, f, B, b) plus W's, each in the first free slot after its backward;
     one W list, or (``split``) chunk 1's then chunk 0's (chunk 1's first when both wait).
 
@@ -481,8 +494,9 @@ def _squeeze(grid: list[Times], period: int = 0) -> list[Times]:
     last = [0] * p
     skip = _SqueezeSkip(grid, order, out, last, period, n) if period else None
     x = 0
+    run = getattr(c_engine(), "squeeze_run", _squeeze_run)  # in C where built: the same slots
     while x < len(order):
-        x = _squeeze_run(order, x, out, last, n, skip)
+        x = run(order, x, out, last, n, skip)
     return out
 
 

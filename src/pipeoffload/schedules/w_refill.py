@@ -18,7 +18,9 @@ When every time is an exact binary fraction (durations and latency multiples of 
 unit costs, halves), the greedy is run up to cuts one period apart on the skeleton's
 periodic range until a rank state repeats shifted by the period's time; the periods up
 to the end of that range are then written at once (:func:`_skip_steady`, with the
-argument why the result is the plain greedy's). Pure Python.
+argument why the result is the plain greedy's). The greedy's per-op loop runs in C where
+:mod:`pipeoffload._engine` is built (:meth:`_Refill.run`: the same decisions and floats,
+tests/test_engine_c_loops.py), else in Python; no torch.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from typing import Callable, Sequence
 from ..costs import Costs, MemoryDeltas
 from ..ir import OpKind, Placement, Schedule, build_schedule
 from ..passes.timing import _NOT_PLACED as _UNPLACED
-from ..passes.timing import B_CODE, CODE_KIND, KIND_CODE, W_CODE
+from ..passes.timing import B_CODE, CODE_KIND, KIND_CODE, W_CODE, c_engine
 from ..passes.steady_timing import (PeriodicOrders, _exact, _first_period, _index, _period_range, inputs_from,
                                     inside_range, op_slots)
 from .zb_auto import Infeasible, Tracker
@@ -182,9 +184,7 @@ def _refill(placement: Placement, m: int, orders: Sequence[Sequence[tuple[OpKind
     run.run()
     if any(run.done[r] < len(run.skeleton[r]) for r in range(len(run.skeleton))):
         raise Infeasible("the skeleton deadlocks")
-    for r, q in enumerate(run.pending):
-        while q:
-            run.put(W_CODE, *q.popleft(), r)
+    run.put_pending()
     return run
 
 
@@ -213,7 +213,9 @@ class _Refill:
         self.tr, self.ops_of, self.skeleton, self.caps = tr, ops_of, skeleton, caps
         self.partial, self.consulted = partial, consulted
         self.put = _placer(tr, ops_of)
-        self.pending: list[deque] = [deque() for _ in skeleton]
+        #: per rank, its pending W's (layer group, microbatch), oldest first: lists (a few
+        #: entries each), which the C loop reads and changes in place
+        self.pending: list[list[tuple[int, int]]] = [[] for _ in skeleton]
         self.done = [0] * len(skeleton)
         self.lim = [len(row) for row in skeleton]
         self.blocked = [False] * len(skeleton)
@@ -235,7 +237,29 @@ class _Refill:
         self.low: list[int] = []  #: per rank, from where _same_state found the skeleton periodic in time
 
     def run(self) -> bool:
-        """Place every rank's ops up to its limit; whether each got there."""
+        """Place every rank's ops up to its limit; whether each got there. Raises
+        :class:`.zb_auto.Infeasible` when a rank cannot keep its cap. The loop runs in C where
+        :mod:`pipeoffload._engine` is built and takes these inputs (``refill_run``: the same
+        decisions, floats and state), else in Python (:meth:`_run_py`)."""
+        engine = c_engine()
+        loop = getattr(engine, "refill_run", None)
+        if loop is not None:
+            got = loop(self, self.tr, CODE_KIND)
+            if type(got) is int:
+                raise Infeasible(f"rank {got} cannot keep its cap {self.caps[got]:g}")
+            if got is not None:
+                return got
+        return self._run_py()
+
+    def put_pending(self) -> None:
+        """Put each rank's pending W's after its last op, oldest first (the refill's end)."""
+        for r, q in enumerate(self.pending):
+            for stage, mb in q:
+                self.put(W_CODE, stage, mb, r)
+            q.clear()
+
+    def _run_py(self) -> bool:
+        """:meth:`run`'s loop in Python."""
         tr, put, skeleton, pending, caps, done, lim, waiting, blocked = (
             self.tr, self.put, self.skeleton, self.pending, self.caps, self.done, self.lim, self.waiting,
             self.blocked)
@@ -274,15 +298,15 @@ class _Refill:
                 # Pending W's: those that end before the input arrives, one more for a partly
                 # idle gap (partial), and those the op's memory needs.
                 while pend and clock[r] + dur[pend[0][0]][W_CODE] <= arrive + 1e-12:
-                    put(W_CODE, *pend.popleft(), r)
+                    put(W_CODE, *pend.pop(0), r)
                 if pend and clock[r] < arrive - 1e-12:
                     self.consulted[0] = True
                     if partial:
-                        put(W_CODE, *pend.popleft(), r)
+                        put(W_CODE, *pend.pop(0), r)
                 while level[r] + mem[stage][code] > cap + tol:
                     if not pend:
                         raise Infeasible(f"rank {r} cannot keep its cap {cap:g}")
-                    put(W_CODE, *pend.popleft(), r)
+                    put(W_CODE, *pend.pop(0), r)
                 put(code, stage, mb, r, arrive)
                 if code == B_CODE:
                     pend.append((stage, mb))
@@ -427,7 +451,7 @@ def _shift_periods(run: _Refill, before: tuple, now: tuple, n: int, shift: float
             end[x + 1:x + n + 1] = list(map(end[x].__add__, steps))
         tr.clock[r] += n * shift
         tr.idle[r] += n * (now[5][r] - before[5][r])
-        run.pending[r] = deque((s, j + n) for s, j in run.pending[r])
+        run.pending[r] = [(s, j + n) for s, j in run.pending[r]]
         run.done[r] += n * periods[r]
 
 

@@ -1,0 +1,301 @@
+"""The resumable loops in C (``pipeoffload._engine.refill_run`` and ``steady_run``) against their
+Python twins (``w_refill._Refill._run_py``, ``steady_timing._Engine._run_py``): the same orders,
+end tables, clocks, levels, peaks, idle times, positions, limits and waits, float for float, on the
+V lowerings and ZB orders with random costs and caps (binary fractions, where the steady state is
+shifted, and not), orders that deadlock, caps no order keeps, and inputs the C loops decline."""
+
+from __future__ import annotations
+
+import math
+import random
+from contextlib import contextmanager
+from typing import Iterator
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeoffload.costs import Costs, MemoryDeltas
+from pipeoffload.passes import steady_timing, timing
+from pipeoffload.schedules import generate, w_refill
+from pipeoffload.schedules.zb_auto import Infeasible
+
+
+def _engine_module():
+    try:
+        from pipeoffload import _engine
+    except ImportError:  # fail, not skip: CI must run the C loops it ships
+        pytest.fail("pipeoffload._engine is not built: `make install` (pip install -e .) builds it with the C compiler")
+    return _engine
+
+
+@contextmanager
+def _loops(python: bool) -> Iterator[None]:
+    """The engine's loops in Python (``python``) or in C while inside."""
+    saved = timing._engine
+    timing._engine = None if python else _engine_module()
+    try:
+        yield
+    finally:
+        timing._engine = saved
+
+
+def _triples(sched) -> list[list[tuple]]:
+    return [[(o.kind, o.stage, o.microbatch) for o in r] for r in sched.ranks]
+
+
+def _shuffle(orders: list[list[tuple]], rng: random.Random, swaps: int) -> list[list[tuple]]:
+    """A few swaps of neighbouring ops: some orders then deadlock."""
+    out = [list(r) for r in orders]
+    for _ in range(swaps):
+        r = rng.randrange(len(out))
+        if len(out[r]) > 1:
+            i = rng.randrange(len(out[r]) - 1)
+            out[r][i], out[r][i + 1] = out[r][i + 1], out[r][i]
+    return out
+
+
+def _costs(rng: random.Random, binary: bool) -> Costs:
+    if binary:  # exact binary fractions: the refill and the steady timing shift periods
+        pick = lambda: rng.choice((0.5, 1.0, 1.25, 1.5, 2.0, 0.75))  # noqa: E731
+        return Costs(F=pick(), B=pick(), W=pick(), comm=rng.choice((0.0, 0.25, 0.5)))
+    return Costs(F=rng.uniform(0.3, 2.0), B=rng.uniform(0.3, 3.0), W=rng.uniform(0.1, 1.5),
+                 comm=rng.choice((0.0, rng.uniform(0.0, 0.4))))
+
+
+def _refill_state(run) -> tuple:
+    tr = run.tr
+    return (tr.order, tr.end, tr.clock, tr.level, tr.peak, tr.idle, tr.first, tr.started, run.done, run.lim,
+            run.pending, run.blocked, run.waiting, run.skipped, run.searched, run.steady)
+
+
+def _refill(python: bool, *args) -> tuple:
+    """``w_refill._refill(*args)``'s run state (or the Infeasible message) and its ``consulted``,
+    on the Python loop or the C loop."""
+    consulted = [False]
+    with _loops(python):
+        try:
+            run = w_refill._refill(*args[:7], consulted)
+        except Infeasible as err:
+            return ("infeasible", str(err)), consulted
+    return _refill_state(run), consulted
+
+
+FAMILIES = [("v-half", 2), ("v-min", 2), ("v-zb", 2), ("zb-v", 2), ("zb-h1", 1), ("zb-h2", 1)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(family=st.sampled_from(FAMILIES), p=st.integers(2, 7), mult=st.integers(1, 4), seed=st.integers(0, 10**6),
+       binary=st.booleans(), partial=st.booleans(), swaps=st.sampled_from((0, 0, 0, 2)),
+       cap_scale=st.sampled_from((None, 1.0, 0.6, 0.3)))
+def test_refill_c_loop_equals_python(family, p, mult, seed, binary, partial, swaps, cap_scale) -> None:
+    name, _ = family
+    rng = random.Random(seed)
+    m = p * mult if name not in ("zb-h1", "zb-h2") else max(p, p * mult - 1)
+    costs = _costs(rng, binary)
+    sched = generate(name, p=p, m=m, costs=costs)
+    orders = _shuffle(_triples(sched), rng, swaps)
+    memory = MemoryDeltas() if rng.random() < 0.5 else MemoryDeltas(F=1.0, B=-0.25, W=-0.75)
+    peak_units = max(1.0, float(p))
+    # caps: none binding, some binding, some too tight to keep (Infeasible); ints as well as floats
+    caps = [math.inf] * p if cap_scale is None else \
+        [rng.choice((int, float))(max(1, round(peak_units * cap_scale))) for _ in range(p)]
+    args = (sched.placement, m, orders, costs, memory, caps, partial)
+    got_py = _refill(True, *args)
+    got_c = _refill(False, *args)
+    assert got_c == got_py
+
+
+def test_refill_c_loop_shifts_and_refuses_like_python() -> None:
+    """The paths the random cases may miss: a shifted steady state (V-Half at p = 8, m = 64, unit
+    costs, limited runs with ``pos``) and a rank that cannot keep its cap."""
+    sched = generate("v-half", p=8, m=64)
+    args = (sched.placement, 64, _triples(sched), Costs(), MemoryDeltas(), [5] * 8, True)
+    state_py, c_py = _refill(True, *args)
+    state_c, c_c = _refill(False, *args)
+    assert state_c == state_py and c_c == c_py
+    assert state_c[13] > 0  # periods were shifted (skipped)
+    tight = args[:5] + ([1] * 8, True)
+    assert _refill(False, *tight) == _refill(True, *tight)
+    assert _refill(False, *tight)[0][0] == "infeasible"
+
+
+def test_refill_inputs_the_c_loop_does_not_take_fall_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An input outside what the C loop handles (an int origin) makes it answer None without
+    changing anything; ``run`` then runs the Python loop, with the same result."""
+    engine = _engine_module()
+    sched = generate("v-min", p=4, m=8)
+    orders = _triples(sched)
+    run = w_refill._Refill(sched.placement, 8, orders, Costs(), MemoryDeltas(), [math.inf] * 4, True, [False])
+    run.tr.origin = 0
+    before = [list(x) if isinstance(x, list) else x for x in _refill_state(run)]
+    assert engine.refill_run(run, run.tr, timing.CODE_KIND) is None
+    assert [list(x) if isinstance(x, list) else x for x in _refill_state(run)] == before
+    monkeypatch.setattr(timing, "_engine", engine)
+    assert run.run() is True
+    ref = w_refill._Refill(sched.placement, 8, orders, Costs(), MemoryDeltas(), [math.inf] * 4, True, [False])
+    ref.tr.origin = 0
+    assert ref._run_py() is True
+    assert run.tr.order == ref.tr.order and run.tr.end == ref.tr.end
+
+
+def test_refill_c_loop_raises_what_pos_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An error inside a callback is raised, not swallowed, with the state written back."""
+    engine = _engine_module()
+    sched = generate("v-half", p=4, m=8)
+    run = w_refill._Refill(sched.placement, 8, _triples(sched), Costs(), MemoryDeltas(), [math.inf] * 4, True,
+                           [False])
+
+    def pos(slot: int) -> int:
+        raise LookupError(f"no position for {slot}")
+
+    run.pos = pos
+    run.lim = [len(s) for s in run.skeleton]
+    with pytest.raises(LookupError, match="no position"):
+        engine.refill_run(run, run.tr, timing.CODE_KIND)
+    assert sum(run.done) > 0 and any(run.blocked)
+
+
+def _steady_state(eng) -> tuple:
+    return (eng.end, eng.clock, eng.first, eng.done, eng.lim, eng.waiting, eng.blocked, eng.skipped, eng.cut)
+
+
+@settings(max_examples=60, deadline=None)
+@given(family=st.sampled_from(FAMILIES), p=st.integers(2, 7),
+       mult=st.integers(1, 4), seed=st.integers(0, 10**6), swaps=st.sampled_from((0, 0, 1, 3)))
+def test_steady_c_loop_equals_python(family, p, mult, seed, swaps) -> None:
+    name, v = family
+    rng = random.Random(seed)
+    m = p * mult
+    costs = _costs(rng, True)  # the steady timing runs only on binary fractions
+    sched = generate(name, p=p, m=m, costs=costs)
+    orders = _shuffle(_triples(sched), rng, swaps)
+    pl = sched.placement
+    out = []
+    for python in (True, False):
+        with _loops(python):
+            figures, eng = steady_timing._steady_run(pl, m, orders, costs, MemoryDeltas(), sum(map(len, orders)))
+        out.append((figures, None if eng is None else _steady_state(eng)))
+    assert out[1] == out[0]
+
+
+def test_steady_c_loop_is_used_and_shifts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """V-Half at p = 8, m = 64, unit costs: the C loop runs (the Python twin is never called),
+    stops at the limits, shifts periods and gives the figures of the Python loop."""
+    sched = generate("v-half", p=8, m=64)
+    orders = _triples(sched)
+    monkeypatch.setattr(timing, "_engine", _engine_module())
+    calls = []
+    monkeypatch.setattr(steady_timing._Engine, "_run_py", lambda self: calls.append(1))
+    got, eng = steady_timing._steady_run(sched.placement, 64, orders, Costs(), MemoryDeltas(), 10**6)
+    assert not calls and eng.skipped > 0
+    monkeypatch.undo()
+    monkeypatch.setattr(timing, "_engine", None)
+    want, ref = steady_timing._steady_run(sched.placement, 64, orders, Costs(), MemoryDeltas(), 10**6)
+    assert got == want and _steady_state(eng) == _steady_state(ref)
+
+
+def test_steady_inputs_the_c_loop_does_not_take_fall_back() -> None:
+    engine = _engine_module()
+    sched = generate("zb-h1", p=3, m=6)
+    pl = sched.placement
+    codes = [steady_timing.op_slots(r, pl.num_stages, 6, steady_timing._CODE) for r in _triples(sched)]
+    durc = [1.0] * (3 * pl.num_stages)
+    eng = steady_timing._Engine(pl, 6, 0.0, codes, durc)
+    eng.lim = [len(c) for c in codes]
+    eng.durc = [1] * len(durc)  # ints: declined
+    assert engine.steady_run(eng) is None
+    assert eng.done == [0, 0, 0] and all(e == -math.inf for e in eng.end)
+    eng.durc = durc
+    assert engine.steady_run(eng) is True and eng.done == eng.lim
+
+
+# ---------------------------------------------------------------- the slot reorder's loops
+
+from pipeoffload.schedules import v_reorder  # noqa: E402
+from pipeoffload.schedules.v_auto import _family, _family_block  # noqa: E402
+from pipeoffload.schedules.vshape import v_half_block, v_min_block, v_zb_block  # noqa: E402
+
+
+def _some_block(p: int, pick: int):
+    """A V block: V-Min's, V-Half's, V-ZB's or a member of V-auto's family."""
+    fixed = (v_min_block, v_half_block, v_zb_block)
+    if pick < 3:
+        return fixed[pick](p)
+    fam = _family(p)
+    return _family_block(p, fam[pick % len(fam)][1])
+
+
+@settings(max_examples=80, deadline=None)
+@given(p=st.integers(2, 9), m=st.integers(1, 30), pick=st.integers(0, 40), split=st.booleans(),
+       seed=st.integers(0, 10**6))
+def test_with_weights_c_equals_python(p, m, pick, split, seed) -> None:
+    """Every rank's W placement (and the states at random probes) of a repeated block and of
+    its reordered grid, with and without the chunk split."""
+    engine = _engine_module()
+    rng = random.Random(seed)
+    grid = v_reorder._repeated(_some_block(p, pick), m)
+    for rows in grid:
+        hi = max(max(ts) for ts in rows) + 3
+        probes = sorted(rng.sample(range(-1, hi), min(hi + 1, rng.randrange(0, 6))))
+        s_c: list = []
+        s_py: list = []
+        got = engine.with_weights([list(r) for r in rows], split, list(probes), s_c)
+        want = v_reorder._with_weights_py([list(r) for r in rows], split, list(probes), s_py)
+        assert got == want and s_c == s_py
+        assert engine.with_weights([list(r) for r in rows], split, None, None) == \
+            v_reorder._with_weights_py(rows, split)
+
+
+@settings(max_examples=60, deadline=None)
+@given(p=st.integers(2, 9), mult=st.integers(1, 6), pick=st.integers(0, 40), periodic=st.booleans())
+def test_squeeze_c_equals_python(p, mult, pick, periodic) -> None:
+    """The squeeze of the first reorder pass, plain and with the period skip (which the C loop
+    calls back into), on blocks of every kind."""
+    block = _some_block(p, pick)
+    m = p * mult
+    grid = v_reorder._reorder([v_reorder._with_weights_py(r) for r in v_reorder._repeated(block, m)], m,
+                              with_w=True, period=block.period)
+    period = block.period if periodic else 0
+    out, asked = [], []
+    real = v_reorder._SqueezeSkip.skip
+    for python in (True, False):
+        calls: list = []
+
+        def skip(self, c, streak, calls=calls):  # the same proofs asked at the same cuts
+            got = real(self, c, streak)
+            calls.append((c, streak, got))
+            return got
+
+        v_reorder._SqueezeSkip.skip = skip
+        try:
+            with _loops(python):
+                out.append(v_reorder._squeeze([[list(ts) for ts in rows] for rows in grid], period))
+        finally:
+            v_reorder._SqueezeSkip.skip = real
+        asked.append(calls)
+    assert out[1] == out[0]
+    assert asked[1] == asked[0]
+
+
+def test_the_reorder_runs_the_c_loops(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the engine built, the slot reorder's W placement and squeeze never run in Python,
+    and the orders are the Python loops' (V-Half at p = 8, m = 64: the squeeze skips periods)."""
+    monkeypatch.setattr(timing, "_engine", None)
+    want = v_reorder.full_orders(v_half_block(8), 64)
+    calls = []
+    monkeypatch.setattr(timing, "_engine", _engine_module())
+    monkeypatch.setattr(v_reorder, "_with_weights_py", lambda *a: calls.append(a))
+    monkeypatch.setattr(v_reorder, "_squeeze_run", lambda *a: calls.append(a))
+    assert v_reorder.full_orders(v_half_block(8), 64) == want and not calls
+    cuts = []
+    real = v_reorder._SqueezeSkip.skip
+
+    def skip(self, c, streak):
+        got = real(self, c, streak)
+        cuts.append((c, got[0]))
+        return got
+
+    monkeypatch.setattr(v_reorder._SqueezeSkip, "skip", skip)
+    v_reorder.full_orders(v_half_block(8), 64)
+    assert any(to > c for c, to in cuts)  # the C loop asked, and periods were proved and written
