@@ -299,3 +299,27 @@ def test_the_reorder_runs_the_c_loops(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(v_reorder._SqueezeSkip, "skip", skip)
     v_reorder.full_orders(v_half_block(8), 64)
     assert any(to > c for c, to in cuts)  # the C loop asked, and periods were proved and written
+
+
+@settings(max_examples=80, deadline=None)
+@given(p=st.integers(2, 9), mult=st.integers(1, 6), pick=st.integers(0, 40), with_w=st.booleans(),
+       listed=st.booleans(), own_levels=st.booleans(), read=st.booleans())
+def test_reorder_c_equals_python(p, mult, pick, with_w, listed, own_levels, read) -> None:
+    """The reorder's visits — W's listed (the first pass) or counted through each rank's levels
+    (the second), the levels made by the caller or by the reorder, with and without the reads
+    the periodic lowering records — move the same ops to the same slots, leave the same levels
+    and record the same reads."""
+    block = _some_block(p, pick)
+    m = p * mult
+    base = v_reorder._repeated(block, m)
+    out = []
+    for python in (True, False):
+        with _loops(True):  # the inputs made the same way for both
+            grid = [v_reorder._with_weights_py(r) for r in base] if listed else [[list(ts) for ts in r] for r in base]
+            levels = [v_reorder._RankLevels(rows, block.period) for rows in grid] if own_levels and not listed else None
+        reads = {} if read else None
+        with _loops(python):
+            got = v_reorder._reorder(grid, m, with_w, block.period, reads, levels)
+        state = None if levels is None else [(lv.events, lv.level, lv.pending, lv.low) for lv in levels]
+        out.append((got, reads, state))
+    assert out[1] == out[0]

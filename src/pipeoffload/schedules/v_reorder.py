@@ -17,7 +17,7 @@ passes over the repeated block, and never raises the highest per-rank peak:
 The result differs from the other pipeline after the warm-up: on the steady state it
 keeps the block's own rhythm, which wins for some unequal costs (V-Half at even p,
 B ≠ F), while the other one wins elsewhere. The V generators build both and keep the
-one with the shorter longest span for the costs at hand. The W placement's and the
+one with the shorter longest span for the costs at hand. The W placement's, the reorder's and the
 squeeze's per-op loops run in C where :mod:`pipeoffload._engine` is built (the same slots,
 tests/test_engine_c_loops.py), else in Python; no torch.
 """
@@ -247,10 +247,28 @@ def _reorder(grid: list[Times], m: int, with_w: bool, period: int = 0,
         cap = max(_peak(r) for r in grid)
     p = len(grid)
     visit, n, t1, t2 = _visits(grid, m, with_w)
+    loop = getattr(c_engine(), "reorder_visits", None)
+    low: int | None = None
+    if loop is not None:  # the loop below in C (the same moves, levels and reads)
+        low = loop(grid, visit, n, t1, reads is not None, levels, cap)
+    if low is NotImplemented or loop is None:
+        if reads is not None:
+            reads.update(t1=t1, t2=t2)
+        _reorder_py(grid, p, visit, n, t1, reads, levels, cap)
+    elif reads is not None:
+        reads.update(t1=t1, t2=t2, low=low)
+    if levels is not None and reads is not None:
+        reads["low"] = min([reads["low"]] + [lv.low for lv in levels])
+    return grid
+
+
+def _reorder_py(grid: list[Times], p: int, visit: list[int], n: int, t1: int, reads: dict[str, int] | None,
+                levels: "list[_RankLevels] | None", cap: int) -> None:
+    """:func:`_reorder`'s loop over its visits in Python (``reads``: t1, t2 and low set by
+    the caller's _visits; ``low`` recorded here)."""
     taken = [{t for ts in rows for t in ts} for rows in grid]  # every op's slot, kept up to date
     low = None
     if reads is not None:
-        reads.update(t1=t1, t2=t2)
         low = reads["low"] = _NO_READ
     for e in visit:
         e, j = divmod(e, n)
@@ -298,9 +316,6 @@ def _reorder(grid: list[Times], m: int, with_w: bool, period: int = 0,
             here.discard(t)
             here.add(q)
             rows[k][j] = q
-    if levels is not None and reads is not None:
-        reads["low"] = min([reads["low"]] + [lv.low for lv in levels])
-    return grid
 
 
 #: ``low`` when nothing is read (no cool-down visit).
