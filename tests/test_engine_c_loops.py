@@ -323,3 +323,59 @@ def test_reorder_c_equals_python(p, mult, pick, with_w, listed, own_levels, read
         state = None if levels is None else [(lv.events, lv.level, lv.pending, lv.low) for lv in levels]
         out.append((got, reads, state))
     assert out[1] == out[0]
+
+
+# ---------------------------------------------------------------- small scans
+
+from pipeoffload.ir import OpKind  # noqa: E402
+from pipeoffload.schedules import v_reorder_periods  # noqa: E402
+
+
+def _both(fn, *args):
+    """``fn(*args)`` on the Python path and on the C path."""
+    out = []
+    for python in (True, False):
+        with _loops(python):
+            try:
+                out.append(("ok", fn(*args)))
+            except KeyError as err:
+                out.append(("KeyError", str(err)))
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=st.lists(st.tuples(st.sampled_from([OpKind.F, OpKind.B, OpKind.W, OpKind.BW]), st.integers(0, 9),
+                              st.integers(0, 30)), max_size=40),
+       S=st.integers(1, 10), m=st.integers(1, 31), tuple_input=st.booleans())
+def test_op_slots_c_equals_python(ops, S, m, tuple_input) -> None:
+    py, c = _both(steady_timing.op_slots, tuple(ops) if tuple_input else ops, S, m, steady_timing._CODE)
+    assert c == py
+
+
+def _periodicish(draw_ints: list[int], period: int) -> list[int]:
+    """Codes with long periodic stretches (each a copy of the one ``period`` back plus one)
+    broken where the draws say."""
+    out: list[int] = []
+    for i, d in enumerate(draw_ints):
+        out.append(out[i - period] + 1 if i >= period and d % 5 else d)
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(draws=st.lists(st.integers(0, 50), max_size=60), period=st.integers(1, 8))
+def test_period_range_c_equals_python(draws, period) -> None:
+    codes = _periodicish(draws, period)
+    py, c = _both(steady_timing._period_range, codes, period)
+    assert c == py
+
+
+@settings(max_examples=150, deadline=None)
+@given(draws=st.lists(st.integers(0, 50), min_size=1, max_size=60), c=st.integers(0, 8), T=st.integers(1, 3),
+       at=st.integers(0, 60))
+def test_stretch_c_equals_python(draws, c, T, at) -> None:
+    ts: list[int] = []
+    for i, d in enumerate(draws):  # increasing, periodic (T later every c) where the draws say
+        ts.append(ts[i - c] + T if c and i >= c and d % 4 else (ts[-1] if ts else 0) + 1 + d % 3)
+    a = min(at, len(ts))
+    py, cc = _both(v_reorder_periods._stretch, ts, a, c, T)
+    assert cc == py

@@ -1938,6 +1938,133 @@ out:
     return result;
 }
 
+/* ---- Small scans over int lists (the periodic proofs' and the timings' set-up) ---- */
+
+PyDoc_STRVAR(op_slots_doc,
+"op_slots(ops, num_stages, m, code_of)\n--\n\n"
+"pipeoffload.passes.steady_timing.op_slots: ``(code_of[kind]*num_stages + layer group)*m +\n"
+"microbatch`` of each ``(kind, layer group, microbatch)``; KeyError for a kind code_of lacks.");
+
+static PyObject *op_slots(PyObject *self, PyObject *args) {
+    PyObject *ops, *code_of;
+    long long S, m;
+    if (!PyArg_ParseTuple(args, "OLLO!:op_slots", &ops, &S, &m, &PyDict_Type, &code_of))
+        return NULL;
+    PyObject *seq = PySequence_Fast(ops, "ops must be a sequence");
+    if (!seq)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject *out = PyList_New(n);
+    for (Py_ssize_t i = 0; out && i < n; i++) {
+        PyObject *op = PySequence_Fast_GET_ITEM(seq, i);
+        if (!PyTuple_Check(op) || PyTuple_GET_SIZE(op) < 3) {
+            PyErr_SetString(PyExc_TypeError, "an op is no (kind, layer group, microbatch) tuple");
+            Py_CLEAR(out);
+            break;
+        }
+        PyObject *code = PyDict_GetItemWithError(code_of, PyTuple_GET_ITEM(op, 0));
+        if (!code) {
+            if (!PyErr_Occurred())
+                PyErr_SetObject(PyExc_KeyError, PyTuple_GET_ITEM(op, 0));
+            Py_CLEAR(out);
+            break;
+        }
+        long long c = PyLong_AsLongLong(code), s = PyLong_AsLongLong(PyTuple_GET_ITEM(op, 1)),
+                  j = PyLong_AsLongLong(PyTuple_GET_ITEM(op, 2));
+        PyObject *v = PyErr_Occurred() ? NULL : PyLong_FromLongLong((c * S + s) * m + j);
+        if (!v) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyList_SET_ITEM(out, i, v);
+    }
+    Py_DECREF(seq);
+    return out;
+}
+
+/* An int list's items as long long (a fresh array; NULL with an exception). */
+static long long *ll_array(PyObject *list, Py_ssize_t *n) {
+    if (!PyList_Check(list)) {
+        PyErr_SetString(PyExc_TypeError, "expected a list of ints");
+        return NULL;
+    }
+    *n = PyList_GET_SIZE(list);
+    long long *x = PyMem_Malloc(sizeof(long long) * (size_t)(*n ? *n : 1));
+    if (!x) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < *n; i++)
+        if (ll_item(list, i, &x[i]) < 0) {
+            PyMem_Free(x);
+            return NULL;
+        }
+    return x;
+}
+
+PyDoc_STRVAR(period_range_doc,
+"period_range(codes, period)\n--\n\n"
+"pipeoffload.passes.steady_timing._period_range: ``(lo, hi)``, the longest run (the first\n"
+"of equal ones) where ``codes[i + period] == codes[i] + 1``, widened by ``period``; (0, 0) if none.");
+
+static PyObject *period_range(PyObject *self, PyObject *args) {
+    PyObject *codes;
+    Py_ssize_t period, n;
+    if (!PyArg_ParseTuple(args, "O!n:period_range", &PyList_Type, &codes, &period))
+        return NULL;
+    long long *x = ll_array(codes, &n);
+    if (!x)
+        return NULL;
+    Py_ssize_t best_lo = 0, best_hi = 0, run = -1;
+    if (period > 0)
+        for (Py_ssize_t i = 0; i + period <= n; i++) {
+            int same = i + period < n && x[i + period] - x[i] == 1;
+            if (same && run < 0)
+                run = i;
+            if (!same && run >= 0) {
+                if (i - run > best_hi - best_lo) {
+                    best_lo = run;
+                    best_hi = i;
+                }
+                run = -1;
+            }
+        }
+    PyMem_Free(x);
+    if (best_lo == 0 && best_hi == 0)
+        return Py_BuildValue("(nn)", (Py_ssize_t)0, (Py_ssize_t)0);
+    return Py_BuildValue("(nn)", best_lo, best_hi + period);
+}
+
+PyDoc_STRVAR(stretch_doc,
+"stretch(ts, a, c, T)\n--\n\n"
+"pipeoffload.schedules.v_reorder_periods._stretch for c <= a <= len(ts): the widest [s, e)\n"
+"around a with ts[i] == ts[i - c] + T for every i in [s + c, e).");
+
+static PyObject *stretch(PyObject *self, PyObject *args) {
+    PyObject *ts;
+    Py_ssize_t a, c, n;
+    long long T;
+    if (!PyArg_ParseTuple(args, "O!nnL:stretch", &PyList_Type, &ts, &a, &c, &T))
+        return NULL;
+    if (c < 0 || a < c || a > PyList_GET_SIZE(ts)) {
+        PyErr_SetString(PyExc_ValueError, "stretch needs 0 <= c <= a <= len(ts)");
+        return NULL;
+    }
+    long long *x = ll_array(ts, &n);
+    if (!x)
+        return NULL;
+    Py_ssize_t e = a, s = 0;
+    while (e < n && x[e] - x[e - c] == T)
+        e++;
+    for (Py_ssize_t i = a - 1; i >= c; i--)
+        if (x[i] - x[i - c] != T) {
+            s = i - c + 1;
+            break;
+        }
+    PyMem_Free(x);
+    return Py_BuildValue("(nn)", s, e);
+}
+
 static PyMethodDef methods[] = {
     {"time_compact", time_compact, METH_VARARGS, time_compact_doc},
     {"time_in_runs", time_in_runs, METH_VARARGS, time_in_runs_doc},
@@ -1946,6 +2073,9 @@ static PyMethodDef methods[] = {
     {"squeeze_run", squeeze_run, METH_VARARGS, squeeze_run_doc},
     {"with_weights", with_weights, METH_VARARGS, with_weights_doc},
     {"reorder_visits", reorder_visits, METH_VARARGS, reorder_visits_doc},
+    {"op_slots", op_slots, METH_VARARGS, op_slots_doc},
+    {"period_range", period_range, METH_VARARGS, period_range_doc},
+    {"stretch", stretch, METH_VARARGS, stretch_doc},
     {NULL, NULL, 0, NULL},
 };
 

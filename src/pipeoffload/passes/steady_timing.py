@@ -321,7 +321,10 @@ def op_slots(ops: Sequence[tuple[OpKind, int, int]], num_stages: int, m: int,
              code_of: dict[OpKind, int]) -> list[int]:
     """Each ``(kind, layer group, microbatch)`` op's slot in the engine's end table,
     ``(code_of[kind]·num_stages + layer group)·m + microbatch``, in order.
-    Raises KeyError for a kind ``code_of`` lacks."""
+    Raises KeyError for a kind ``code_of`` lacks. In C where built (the same list)."""
+    loop = getattr(c_engine(), "op_slots", None)
+    if loop is not None and type(code_of) is dict:
+        return loop(ops, num_stages, m, code_of)
     return [(code_of[k] * num_stages + s) * m + j for k, s, j in ops]
 
 
@@ -335,7 +338,11 @@ def _exact(values: list[float], n_ops: int) -> bool:
 
 def _period_range(codes: list[int], period: int) -> tuple[int, int]:
     """``[lo, hi)``: the longest run where ``codes[i + period] == codes[i] + 1`` (the same
-    op one microbatch on) for every ``lo ≤ i < hi − period``; ``(0, 0)`` if none."""
+    op one microbatch on) for every ``lo ≤ i < hi − period``; ``(0, 0)`` if none. In C where
+    built (the same range)."""
+    loop = getattr(c_engine(), "period_range", None)
+    if loop is not None and period > 0 and type(codes) is list:
+        return loop(codes, period)
     same = bytes(map((1).__eq__, map(sub, codes[period:], codes[:-period])))
     best = (0, 0)
     for run in _RUN.finditer(same):

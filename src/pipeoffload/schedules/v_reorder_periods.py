@@ -60,6 +60,7 @@ from operator import ne, sub
 
 from ..ir import OpKind, Placement
 from ..passes.steady_timing import PeriodicOrders, insert_periods
+from ..passes.timing import c_engine
 from .building_block import BuildingBlock, OpTable
 from .v_reorder import (_B0, _B1, _F0, _F1, Times, _RankLevels, _reorder, _repeated, _squeeze,
                         _with_weights, full_orders)
@@ -207,9 +208,12 @@ def _mult(rows: Times) -> list[int]:
 
 def _stretch(ts: list[int], a: int, c: int, T: int) -> tuple[int, int]:
     """The widest ``[s, e)`` around index ``a`` with ``ts[i] = ts[i−c] + T`` for every
-    ``i`` in ``[s+c, e)`` (C scans)."""
+    ``i`` in ``[s+c, e)`` (C scans; in C where built)."""
     if a < c:
         return a, a
+    loop = getattr(c_engine(), "stretch", None)
+    if loop is not None and a <= len(ts) and type(ts) is list:
+        return loop(ts, a, c, T)
     gaps = map(sub, ts[a:], ts[a - c:])
     e = next(compress(count(a), map(ne, gaps, [T] * (len(ts) - a))), len(ts))
     # The last i in [c, a) with ts[i] − ts[i − c] ≠ T, scanned backwards from a in C.
