@@ -379,3 +379,31 @@ def test_stretch_c_equals_python(draws, c, T, at) -> None:
     a = min(at, len(ts))
     py, cc = _both(v_reorder_periods._stretch, ts, a, c, T)
     assert cc == py
+
+
+def test_family_peaks_c_equal_python() -> None:
+    """Every member of V-auto's family for p = 1..40, 47, 64, 72: the closed-form peak in C is the
+    Python one (and so, by tests/test_v_auto_family.py, the built block's)."""
+    from pipeoffload.schedules import v_auto
+
+    engine = _engine_module()
+    for p in list(range(1, 41)) + [47, 64, 72]:
+        with _loops(True):
+            v_auto._family.cache_clear()
+            want = v_auto._family(p)
+        v_auto._family.cache_clear()
+        assert [(engine.family_peak(p, params, v_auto.PERIOD), params) for _, params in want] == list(want)
+    v_auto._family.cache_clear()
+
+
+@settings(max_examples=80, deadline=None)
+@given(p=st.integers(1, 9), mult=st.integers(1, 6), pick=st.integers(0, 40), listed=st.booleans())
+def test_slot_order_c_equals_python(p, mult, pick, listed) -> None:
+    block = _some_block(p, pick)
+    grid = v_reorder._repeated(block, p * mult)
+    if listed:
+        grid = [v_reorder._with_weights_py(r) for r in grid]
+    n = 1 + max(len(x) for rows in grid for x in rows)
+    want = sorted([((t * p + r) * 8 + k) * n + j for r in range(p) for k in range(len(grid[0]))
+                   for j, t in enumerate(grid[r][k])])
+    assert _engine_module().slot_order(grid, n) == want

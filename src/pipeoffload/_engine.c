@@ -17,6 +17,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -2065,6 +2066,140 @@ static PyObject *stretch(PyObject *self, PyObject *args) {
     return Py_BuildValue("(nn)", s, e);
 }
 
+PyDoc_STRVAR(slot_order_doc,
+"slot_order(grid, n)\n--\n\n"
+"pipeoffload.schedules.v_reorder._squeeze's slot order: every op of ``grid`` (per rank, per\n"
+"type, the slot of each microbatch) as ``((slot*p + rank)*8 + type)*n + microbatch``, sorted.");
+
+static PyObject *slot_order(PyObject *self, PyObject *args) {
+    PyObject *grid;
+    long long n;
+    if (!PyArg_ParseTuple(args, "O!L:slot_order", &PyList_Type, &grid, &n))
+        return NULL;
+    const Py_ssize_t p = PyList_GET_SIZE(grid);
+    Py_ssize_t total = 0;
+    for (Py_ssize_t r = 0; r < p; r++) {
+        PyObject *rows = PyList_GET_ITEM(grid, r);
+        if (!PyList_Check(rows) || PyList_GET_SIZE(rows) > 8) {
+            PyErr_SetString(PyExc_TypeError, "a rank's rows are no list of at most 8 slot lists");
+            return NULL;
+        }
+        for (Py_ssize_t k = 0; k < PyList_GET_SIZE(rows); k++) {
+            if (!PyList_Check(PyList_GET_ITEM(rows, k))) {
+                PyErr_SetString(PyExc_TypeError, "a slot list is no list");
+                return NULL;
+            }
+            total += PyList_GET_SIZE(PyList_GET_ITEM(rows, k));
+        }
+    }
+    long long *keys = PyMem_Malloc(sizeof(long long) * (size_t)(total ? total : 1));
+    if (!keys)
+        return PyErr_NoMemory();
+    Py_ssize_t x = 0;
+    for (Py_ssize_t r = 0; r < p; r++) {
+        PyObject *rows = PyList_GET_ITEM(grid, r);
+        for (Py_ssize_t k = 0; k < PyList_GET_SIZE(rows); k++) {
+            PyObject *ts = PyList_GET_ITEM(rows, k);
+            for (Py_ssize_t j = 0; j < PyList_GET_SIZE(ts); j++) {
+                long long t;
+                if (ll_item(ts, j, &t) < 0) {
+                    PyMem_Free(keys);
+                    return NULL;
+                }
+                keys[x++] = ((t * p + r) * 8 + k) * n + j;
+            }
+        }
+    }
+    qsort(keys, (size_t)total, sizeof(long long), ll_cmp);
+    PyObject *out = PyList_New(total);
+    for (Py_ssize_t i = 0; out && i < total; i++) {
+        PyObject *v = PyLong_FromLongLong(keys[i]);
+        if (!v)
+            Py_CLEAR(out);
+        else
+            PyList_SET_ITEM(out, i, v);
+    }
+    PyMem_Free(keys);
+    return out;
+}
+
+/* Floor modulo and division by a positive d, as Python's. */
+static long long fmod_ll(long long x, long long d) {
+    long long r = x % d;
+    return r < 0 ? r + d : r;
+}
+
+static long long fdiv_ll(long long x, long long d) {
+    return (x - fmod_ll(x, d)) / d;
+}
+
+PyDoc_STRVAR(family_peak_doc,
+"family_peak(p, params, period)\n--\n\n"
+"pipeoffload.schedules.v_auto._peak: the highest steady-state peak of the family member\n"
+"``params`` = (f1, b1, b0, d0, d1, k) for p ranks (phases modulo ``period``).");
+
+static PyObject *family_peak(PyObject *self, PyObject *args) {
+    long long p, f1, b1, b0, d0, d1, k, P;
+    if (!PyArg_ParseTuple(args, "L(LLLLLL)L:family_peak", &p, &f1, &b1, &b0, &d0, &d1, &k, &P))
+        return NULL;
+    if (p < 1 || P < 1 || P > 64) {
+        PyErr_SetString(PyExc_ValueError, "family_peak needs p >= 1 and 1 <= period <= 64");
+        return NULL;
+    }
+    long long n0 = k < p - 1 ? k : p - 1;
+#define PH_S(r) (d0 * ((r) < n0 ? (r) : n0) + d1 * ((r) - n0 > 0 ? (r) - n0 : 0))
+    long long last = PH_S(p - 1);
+    long long pF = fmod_ll(last, P), pf = fmod_ll(f1 - (p - 1), P), pB = fmod_ll(b1 + last, P),
+              pb = fmod_ll(b0 - (p - 1), P);
+    long long f_last = last + 1 + fmod_ll(pf - pF - 1, P);
+    long long b_first = f_last + p - 1 + 1 + fmod_ll(b1 - f1 - 1, P);
+    long long b0_last = b_first + last + 1 + fmod_ll(pb - pB - 1, P);
+    long long best = 0;
+    long long a_hi = n0 < 5 ? n0 : 5, c_hi = p - 1 < n0 + 5 ? p - 1 : n0 + 5;
+    for (long long r = 0; r <= c_hi; r++) {
+        if (r > a_hi && r < n0)
+            continue;  /* the ranks 0..min(n0, 5) and n0..min(p - 1, n0 + 5) */
+        long long s = PH_S(r);
+        long long ph[4] = {fmod_ll(s, P), fmod_ll(f1 - r, P), fmod_ll(b1 + s, P), fmod_ll(b0 - r, P)};
+        /* _w_phases: each W the first free phase after its B (chunk 1's first). */
+        int used[64] = {0};
+        long long w[2];
+        for (int i = 0; i < 4; i++)
+            used[ph[i]] = 1;
+        for (int i = 0; i < 2; i++) {
+            long long bph = ph[2 + i];
+            int found = 0;
+            for (long long j = 1; j < P && !found; j++) {
+                long long q = fmod_ll(bph + j, P);
+                if (!used[q]) {
+                    used[q] = 1;
+                    w[i] = q;
+                    found = 1;
+                }
+            }
+            if (!found) {
+                PyErr_SetString(PyExc_ValueError, "no free W phase: the params are no block of the family");
+                return NULL;
+            }
+        }
+        long long f_r = f_last + p - 1 - r, big_b = b_first + s, b_r = b0_last + p - 1 - r;
+        long long e1 = big_b + 1 + fmod_ll(w[0] - big_b - 1, P);
+        long long e0 = b_r + 1 + fmod_ll(w[1] - b_r - 1, P);
+        long long rs = fmod_ll(s, P), r0 = fmod_ll(e0, P), rf = fmod_ll(f_r, P), r1 = fmod_ll(e1, P);
+        long long excess = LLONG_MIN;
+        for (long long t = 0; t < P; t++) {  /* _phase_excess */
+            long long v = (t < r0) + (t < r1) - (t < rs) - (t < rf);
+            if (v > excess)
+                excess = v;
+        }
+        long long cnt = fdiv_ll(e0, P) - fdiv_ll(s, P) + fdiv_ll(e1, P) - fdiv_ll(f_r, P) + excess;
+        if (cnt > best)
+            best = cnt;
+    }
+#undef PH_S
+    return PyLong_FromLongLong(best);
+}
+
 static PyMethodDef methods[] = {
     {"time_compact", time_compact, METH_VARARGS, time_compact_doc},
     {"time_in_runs", time_in_runs, METH_VARARGS, time_in_runs_doc},
@@ -2076,6 +2211,8 @@ static PyMethodDef methods[] = {
     {"op_slots", op_slots, METH_VARARGS, op_slots_doc},
     {"period_range", period_range, METH_VARARGS, period_range_doc},
     {"stretch", stretch, METH_VARARGS, stretch_doc},
+    {"slot_order", slot_order, METH_VARARGS, slot_order_doc},
+    {"family_peak", family_peak, METH_VARARGS, family_peak_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -71,6 +71,7 @@ from functools import lru_cache
 
 from ..costs import Costs, MemoryDeltas
 from ..errors import ParameterError
+from ..passes.timing import c_engine
 from ..ir import OpKind, Placement, Schedule, build_schedule
 from .building_block import BuildingBlock, OpTable, op_table, periodic_from_block
 from .spec import ScheduleSpec
@@ -177,7 +178,11 @@ def _peak(p: int, params: tuple[int, ...]) -> int:
     follow from the phases. Within a stretch of one step ``d`` the phases repeat every
     6 ranks, and 6 ranks on a chunk-0 lifespan is ``6(d+1)`` slots shorter and the
     chunk-1 one as much longer: every phase's count moves by ``d+1`` down and up, so the
-    rank's peak is the same. Only the first 6 ranks of each stretch are counted."""
+    rank's peak is the same. Only the first 6 ranks of each stretch are counted. In C where
+    built (the same count)."""
+    loop = getattr(c_engine(), "family_peak", None)
+    if loop is not None:
+        return loop(p, params, PERIOD)
     f1, b1, b0, d0, d1, k = params
     n0 = min(k, p - 1)  # ranks reached with step d0
 

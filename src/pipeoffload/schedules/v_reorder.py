@@ -503,8 +503,10 @@ def _squeeze(grid: list[Times], period: int = 0) -> list[Times]:
     ntypes = len(grid[0])
     n = 1 + max((len(x) for rows in grid for x in rows), default=0)
     # Slot order as one integer per op (slot, rank, type, microbatch), sorted in C.
-    order = sorted([((t * p + r) * 8 + k) * n + j for r in range(p) for k in range(ntypes)
-                    for j, t in enumerate(grid[r][k])])
+    slot_order = getattr(c_engine(), "slot_order", None)  # in C where built: the same list
+    order = slot_order(grid, n) if slot_order is not None else \
+        sorted([((t * p + r) * 8 + k) * n + j for r in range(p) for k in range(ntypes)
+                for j, t in enumerate(grid[r][k])])
     out = [[[0] * len(grid[r][k]) for k in range(ntypes)] for r in range(p)]
     last = [0] * p
     skip = _SqueezeSkip(grid, order, out, last, period, n) if period else None
