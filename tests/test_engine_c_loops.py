@@ -407,3 +407,31 @@ def test_slot_order_c_equals_python(p, mult, pick, listed) -> None:
     want = sorted([((t * p + r) * 8 + k) * n + j for r in range(p) for k in range(len(grid[0]))
                    for j, t in enumerate(grid[r][k])])
     assert _engine_module().slot_order(grid, n) == want
+
+
+# ---------------------------------------------------------------- the grid lowering's sweeps
+
+from pipeoffload.schedules import v_grid_lowering  # noqa: E402
+
+
+@settings(max_examples=100, deadline=None)
+@given(p=st.integers(2, 9), m=st.integers(1, 40), pick=st.integers(3, 200), release=st.booleans())
+def test_grid_lowering_c_equals_python(p, m, pick, release) -> None:
+    """The grid rules (their squeeze and hole filling sweeps in C or in Python) lower every kind
+    of family block to the same grid, or refuse it alike."""
+    block = _some_block(p, pick)
+    out = []
+    for python in (True, False):
+        with _loops(python):
+            out.append(v_grid_lowering.lower_grid(block, m, release))
+    assert out[1] == out[0]
+
+
+def test_grid_lowering_runs_the_c_sweeps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the engine built, neither sweep runs in Python."""
+    monkeypatch.setattr(timing, "_engine", _engine_module())
+    calls = []
+    monkeypatch.setattr(v_grid_lowering._Squeezer, "_column_py", lambda self, t: calls.append(t))
+    monkeypatch.setattr(v_grid_lowering._HoleFiller, "_column_py", lambda self, t: calls.append(t))
+    grid = v_grid_lowering.lower_grid(v_half_block(8), 32, True)
+    assert grid is not None and not calls

@@ -75,6 +75,7 @@ from typing import Mapping, Optional, Sequence
 
 from ..errors import ParameterError
 from ..ir import OpKind, Placement
+from ..passes.timing import c_engine
 from .building_block import BuildingBlock
 
 __all__ = ["lower_block", "lower_grid", "grid_orders", "grid_rows", "repeated_grid", "time_grid", "PERIOD", "LABELS"]
@@ -217,7 +218,17 @@ class _Squeezer:
             t += 1
 
     def _column(self, t: int) -> None:
-        """Sweep input column ``t``: each op in the first free slot after its dependency."""
+        """Sweep input column ``t``: each op in the first free slot after its dependency. In C
+        where :mod:`pipeoffload._engine` is built (``squeeze_column``: the same slots, counts
+        and refusals), else :meth:`_column_py`."""
+        loop = getattr(c_engine(), "squeeze_column", None)
+        if loop is None:
+            return self._column_py(t)
+        if not loop(self, t):
+            raise _Refused
+
+    def _column_py(self, t: int) -> None:
+        """:meth:`_column` in Python."""
         p, m, length, last = self.p, self.m, self.length, self.p - 1
         count, where, nxt, out = self.count, self.where, self.nxt, self.out
         col = self.cols[t]
@@ -576,7 +587,19 @@ class _HoleFiller:
         return all(row[t - PERIOD:t] == row[t - 2 * PERIOD:t - PERIOD] for row in self.grid)
 
     def _column(self, t: int) -> int:
-        """Sweep column ``t`` on every rank; the furthest slot read."""
+        """Sweep column ``t`` on every rank; the furthest slot read. In C where
+        :mod:`pipeoffload._engine` is built (``hole_column``: the same moves, counts, levels and
+        refusals), else :meth:`_column_py`."""
+        loop = getattr(c_engine(), "hole_column", None)
+        if loop is None:
+            return self._column_py(t)
+        reach = loop(self, t)
+        if reach is None:
+            raise _Refused
+        return reach
+
+    def _column_py(self, t: int) -> int:
+        """:meth:`_column` in Python."""
         grid, m, p, top = self.grid, self.m, self.p, self.top
         count, where, level, last_at = self.count, self.where, self.level, self.last_at
         length = self.length
