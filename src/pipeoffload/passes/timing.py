@@ -450,11 +450,19 @@ def _proved_compact(schedule: Schedule, ops: Sequence[Sequence[Op]], tis: Sequen
                     mbs: Sequence[Sequence[int]], m: int) -> bool:
     """Whether every compute op runs: :func:`place_rank_lists` over the compact addresses
     of :func:`_compact_addresses`, a 0/1 table of the ops placed, no timing and no
-    callback per op. Cost: O(number of ops)."""
+    callback per op. Cost: O(number of ops); in C where :mod:`pipeoffload._engine` is built (its
+    list-scheduling loop with zero durations: an op waits exactly when an input is not placed,
+    whatever the durations, so it places the same ops)."""
     S = schedule.num_stages
     engine = ListScheduler(schedule.placement.stage_to_rank, m, 0.0)
-    deps = [tuple(base for base, _ in d) for d in engine.deps]
     own_of = [KIND_CODE[k] * S + s for k in _TABLE_KINDS for s in range(S)]
+    engine_c = c_engine()
+    if engine_c is not None:
+        got = engine_c.time_compact(m, engine.deps, engine.clock, engine.origin, engine.end, tis, mbs, own_of,
+                                    [0.0] * len(own_of), None)
+        if got is not None:
+            return got[2] == sum(map(len, tis))
+    deps = [tuple(base for base, _ in d) for d in engine.deps]
     placed = bytearray(len(engine.end))
     done = [0] * len(tis)
     waiting: dict[int, list[int]] = {}
