@@ -39,7 +39,7 @@ from typing import Mapping, Sequence
 from ..errors import ScheduleError
 from ..ir import Op, OpKind, Placement, Schedule, build_schedule
 from ..passes.steady_timing import PeriodicOrders
-from ..passes.timing import dependencies
+from ..passes.timing import c_engine, dependencies
 
 #: An op of the block: (kind, layer group). Kinds are F, B and W.
 BlockOp = tuple[OpKind, int]
@@ -358,12 +358,31 @@ def _reorder_bytes(grid: SlotGrid, peaks: list[int], mem: list[bytearray], stead
     peak", a move's level change is one ``translate`` of the slots it crosses. The
     moves never raise a level above its rank's peak nor lower it below 0 (a W follows its
     F), so the levels stay bytes; the decisions are :func:`reorder`'s. With ``steady``,
-    the periods proved to repeat are skipped (:class:`_PeriodSkip`)."""
+    the periods proved to repeat are skipped (:class:`_PeriodSkip`). The scan runs in C
+    where :mod:`pipeoffload._engine` is built (``reorder_bytes``: the same moves, levels and
+    skip, tests/test_engine_c_loops.py), else in Python (:func:`_reorder_bytes_py`)."""
+    pl = grid.placement
+    S = pl.num_stages
+    skip = _PeriodSkip(grid, mem, steady) if steady is not None else None
+    loop = getattr(c_engine(), "reorder_bytes", None)
+    kinds = (_F, _B, _W)
+    if loop is None or loop(grid.cells, grid.pos, mem, [min(max(pk, 0), 256) for pk in peaks],
+                            [tuple(kinds.index(dk) * S + ds for dk, ds in _dep_kinds(k, s, S))
+                             for k in kinds for s in range(S)], kinds, S, grid.m, skip) is None:
+        _reorder_bytes_py(grid, peaks, mem, skip)
+    if skip is not None:
+        grid.skipped = skip.skipped
+        grid.skip = skip  # its outcome (at, window, after_lb) for reduced_grid
+        skip.grid, skip.mem = None, None  # type: ignore[assignment]  # done with them: no grid ↔ skip cycle left for the collector
+    return grid
+
+
+def _reorder_bytes_py(grid: SlotGrid, peaks: list[int], mem: list[bytearray], skip: "_PeriodSkip | None") -> None:
+    """:func:`_reorder_bytes`'s scan in Python (where the C one is not built or declines)."""
     pl = grid.placement
     S, p = pl.num_stages, pl.num_ranks
     at_peak = [bytes(1 if b >= min(max(pk, 0), 256) else 0 for b in range(256)) for pk in peaks]
     cells, pos = grid.cells, grid.pos
-    skip = _PeriodSkip(grid, mem, steady) if steady is not None else None
     # Each (kind, layer group)'s inputs (:func:`_dep_cells`, without a list per op).
     inputs = {(k, s): _dep_kinds(k, s, S) for k in (_F, _B, _W) for s in range(S)}
     t, length = 0, grid.length
@@ -407,11 +426,6 @@ def _reorder_bytes(grid: SlotGrid, peaks: list[int], mem: list[bytearray], stead
                 elif kind is _W:
                     mem[r][q:t] = mem[r][q:t].translate(_DOWN)
         t += 1
-    if skip is not None:
-        grid.skipped = skip.skipped
-        grid.skip = skip  # its outcome (at, window, after_lb) for reduced_grid
-        skip.grid, skip.mem = None, None  # type: ignore[assignment]  # done with them: no grid ↔ skip cycle left for the collector
-    return grid
 
 
 def steady_range(block: BuildingBlock, m: int) -> Steady:
