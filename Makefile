@@ -20,6 +20,9 @@ $(STAMP): pyproject.toml setup.py src/pipeoffload/_engine.c
 	# The CPU wheel of torch first, pinned, so nothing pulls a CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[dev,runtime,solver,hf]'
+	# Bytecode for every module, as a wheel install writes it (an editable install does not, and
+	# with PYTHONDONTWRITEBYTECODE set every command would compile the package again).
+	$(BIN)/python -m compileall -q src/pipeoffload
 	touch $(STAMP)
 
 install: $(STAMP)
