@@ -482,3 +482,25 @@ def test_building_block_pipeline_c_equals_python(p, mult, pick) -> None:
             got = building_block.periodic_from_block(block, m)
             out.append((got.orders, got.at, got.per, got.extra))
     assert out[1] == out[0]
+
+
+@settings(max_examples=80, deadline=None)
+@given(p=st.integers(2, 9), m=st.integers(1, 30), pick=st.integers(3, 200), seed=st.integers(0, 10**6),
+       repeated=st.booleans())
+def test_time_grid_c_equals_python(p, m, pick, seed, repeated) -> None:
+    """A lowered grid or a repeated block, timed with random costs and deltas: the same floats."""
+    from pipeoffload.ir import Placement
+
+    block = _some_block(p, pick)
+    grid = v_grid_lowering.repeated_grid(block, m) if repeated else v_grid_lowering.lower_grid(block, m, True)
+    if grid is None:
+        grid = v_grid_lowering.repeated_grid(block, m)
+    rows = ["".join(r) for r in grid]
+    rng = random.Random(seed)
+    pl = Placement.vshape(p)
+    costs = _costs(rng, rng.random() < 0.5)
+    memory = MemoryDeltas() if rng.random() < 0.5 else MemoryDeltas(F=1.0, B=-0.25, W=-0.75)
+    dur, delta = costs.duration_table(pl), memory.delta_table(pl)
+    py, c = _both(v_grid_lowering.time_grid, rows, dur, costs.comm, delta)
+    assert c == py
+    assert py[0] == "ok"

@@ -174,3 +174,51 @@ def test_compact_schedule_gives_the_old_verdict(sched: Schedule) -> None:
     if expected == "valid":
         assert compact.compact is not None  # judged without making the Op lists
         assert simulate(compact).summary() == simulate(ops.with_ranks(ops.ranks)).summary()
+
+
+@settings(max_examples=200, deadline=None)
+@given(sched=broken())
+def test_shape_tables_in_c_are_the_python_ones(sched: Schedule) -> None:
+    """Rule 1 and no op twice over compact orders: the C tables are the Python loop's, and where
+    the C loop refuses an op the Python loop names the same error as without C."""
+    from pipeoffload.ir import CompactOrders
+
+    compact = CompactOrders.from_triples(sched.placement, [[(o.kind, o.stage, o.microbatch) for o in r]
+                                                          for r in sched.ranks])
+    if compact is None:
+        return
+    out = []
+    saved = timing._engine
+    for engine in (None, saved):
+        timing._engine = engine
+        try:
+            out.append(("ok", V._check_shape_compact(sched, compact)))
+        except ScheduleError as err:
+            out.append(("error", str(err)))
+        finally:
+            timing._engine = saved
+    assert out[1] == out[0]
+
+
+def test_shape_tables_name_a_split_and_fused_backward_alike() -> None:
+    """A B/W split op that is also run fused (BW): the C loop refuses it and the error is the
+    Python loop's."""
+    from pipeoffload.ir import CompactOrders
+
+    sched = generate("zb-h1", p=3, m=4)
+    ranks = [list(r) for r in sched.ranks]
+    i = next(i for i, o in enumerate(ranks[1]) if o.kind is OpKind.W)
+    ranks[1].insert(i, dataclasses.replace(ranks[1][i], kind=OpKind.BW))
+    bad = sched.with_ranks(ranks)
+    compact = CompactOrders.from_triples(bad.placement, [[(o.kind, o.stage, o.microbatch) for o in r]
+                                                        for r in bad.ranks])
+    saved, msgs = timing._engine, []
+    for engine in (None, saved):
+        timing._engine = engine
+        try:
+            V._check_shape_compact(bad, compact)
+        except ScheduleError as err:
+            msgs.append(str(err))
+        finally:
+            timing._engine = saved
+    assert len(msgs) == 2 and msgs[0] == msgs[1] and "BW" in msgs[0]

@@ -2836,6 +2836,211 @@ out:
     return result;
 }
 
+PyDoc_STRVAR(time_grid_doc,
+"time_grid(rows, dur, delta, src, comm)\n--\n\n"
+"pipeoffload.schedules.v_grid_lowering.time_grid's sweep over ``rows`` (one str of labels per\n"
+"rank), with per (rank, label) duration, memory delta and cross-rank input rank (-1: none) in\n"
+"flat lists of 6 per rank: (longest span, makespan, highest peak), the same floats; None when\n"
+"an input is not a float (the Python sweep runs then).");
+
+static PyObject *time_grid(PyObject *self, PyObject *args) {
+    PyObject *rows, *dur_l, *delta_l, *src_l;
+    double comm;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!d:time_grid", &PyList_Type, &rows, &PyList_Type, &dur_l, &PyList_Type,
+                          &delta_l, &PyList_Type, &src_l, &comm))
+        return NULL;
+    const Py_ssize_t p = PyList_GET_SIZE(rows);
+    if (p == 0 || PyList_GET_SIZE(dur_l) != 6 * p || PyList_GET_SIZE(delta_l) != 6 * p ||
+        PyList_GET_SIZE(src_l) != 6 * p)
+        Py_RETURN_NONE;
+    double *dur = PyMem_Malloc(sizeof(double) * 6 * (size_t)p), *dm = PyMem_Malloc(sizeof(double) * 6 * (size_t)p);
+    Py_ssize_t *src = PyMem_Malloc(sizeof(Py_ssize_t) * 6 * (size_t)p), *cnt = PyMem_Calloc(6 * (size_t)p, sizeof(Py_ssize_t));
+    Py_ssize_t *done = PyMem_Calloc(6 * (size_t)p, sizeof(Py_ssize_t));
+    double **ends = PyMem_Calloc(6 * (size_t)p, sizeof(double *));
+    double *clock = PyMem_Calloc((size_t)p, sizeof(double)), *first = PyMem_Malloc(sizeof(double) * (size_t)p);
+    double *level = PyMem_Calloc((size_t)p, sizeof(double)), *top = PyMem_Calloc((size_t)p, sizeof(double));
+    PyObject *result = NULL;
+    Py_ssize_t length = -1;
+    if (!dur || !dm || !src || !cnt || !done || !ends || !clock || !first || !level || !top) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    if (!numbers(dur_l, 6 * p, dur, 0) || !numbers(delta_l, 6 * p, dm, 0)) {
+        result = Py_None;
+        Py_INCREF(result);
+        goto out;
+    }
+    for (Py_ssize_t x = 0; x < 6 * p; x++) {
+        long long v;
+        if (ll_item(src_l, x, &v) < 0)
+            goto out;
+        if (v < -1 || v >= p) {
+            PyErr_SetString(PyExc_ValueError, "time_grid: an input rank out of range");
+            goto out;
+        }
+        src[x] = (Py_ssize_t)v;
+    }
+    for (Py_ssize_t r = 0; r < p; r++) {
+        PyObject *row = PyList_GET_ITEM(rows, r);
+        if (!PyUnicode_Check(row) || (length >= 0 && PyUnicode_GET_LENGTH(row) != length)) {
+            PyErr_SetString(PyExc_TypeError, "time_grid: rows must be strs of one length");
+            goto out;
+        }
+        length = PyUnicode_GET_LENGTH(row);
+        first[r] = -1.0;
+        for (Py_ssize_t t = 0; t < length; t++) {
+            Py_UCS4 ch = PyUnicode_READ_CHAR(row, t);
+            int c = ch == 'F' ? 0 : ch == 'f' ? 1 : ch == 'B' ? 2 : ch == 'b' ? 3 : ch == 'W' ? 4 : ch == 'w' ? 5 :
+                    ch == ' ' ? 6 : -1;
+            if (c < 0) {
+                PyErr_SetString(PyExc_KeyError, "time_grid: a cell is no label");
+                goto out;
+            }
+            if (c < 6)
+                cnt[r * 6 + c]++;
+        }
+    }
+    for (Py_ssize_t x = 0; x < 6 * p; x++)
+        if (!(ends[x] = PyMem_Malloc(sizeof(double) * (size_t)(cnt[x] ? cnt[x] : 1)))) {
+            PyErr_NoMemory();
+            goto out;
+        }
+    for (Py_ssize_t t = 0; t < length; t++)
+        for (Py_ssize_t r = 0; r < p; r++) {
+            Py_UCS4 ch = PyUnicode_READ_CHAR(PyList_GET_ITEM(rows, r), t);
+            int c = ch == 'F' ? 0 : ch == 'f' ? 1 : ch == 'B' ? 2 : ch == 'b' ? 3 : ch == 'W' ? 4 : ch == 'w' ? 5 : 6;
+            if (c == 6)
+                continue;
+            Py_ssize_t x = r * 6 + c;
+            double start = clock[r];
+            if (src[x] >= 0) {
+                Py_ssize_t y = src[x] * 6 + c;
+                if (done[x] >= done[y]) {
+                    PyErr_SetString(PyExc_IndexError, "time_grid: an input is not placed before its op");
+                    goto out;
+                }
+                double arrive = ends[y][done[x]] + comm;
+                if (arrive > start)
+                    start = arrive;
+            }
+            if (first[r] < 0)
+                first[r] = start;
+            double end = start + dur[x];
+            ends[x][done[x]++] = end;
+            clock[r] = end;
+            double lv = level[r] + dm[x];
+            level[r] = lv;
+            if (lv > top[r])
+                top[r] = lv;
+        }
+    {
+        double span = clock[0] - first[0], mx = clock[0], mn = first[0], peak = top[0];
+        for (Py_ssize_t r = 1; r < p; r++) {
+            double s = clock[r] - first[r];
+            if (s > span)
+                span = s;
+            if (clock[r] > mx)
+                mx = clock[r];
+            if (first[r] < mn)
+                mn = first[r];
+            if (top[r] > peak)
+                peak = top[r];
+        }
+        result = Py_BuildValue("(ddd)", span, mx - mn, peak);
+    }
+out:
+    if (ends)
+        for (Py_ssize_t x = 0; x < 6 * p; x++)
+            PyMem_Free(ends[x]);
+    PyMem_Free(ends); PyMem_Free(dur); PyMem_Free(dm); PyMem_Free(src); PyMem_Free(cnt); PyMem_Free(done);
+    PyMem_Free(clock); PyMem_Free(first); PyMem_Free(level); PyMem_Free(top);
+    return result;
+}
+
+PyDoc_STRVAR(shape_counts_doc,
+"shape_counts(kinds, stages, mbs, rank_of, S, m)\n--\n\n"
+"pipeoffload.passes.validate._check_shape_compact's tables over compact orders (per rank,\n"
+"array('b') kinds and array('l') layer groups and microbatches): the four bytearrays, or None\n"
+"at the first op the checks refuse (the Python loop then names it).");
+
+static PyObject *shape_counts(PyObject *self, PyObject *args) {
+    PyObject *kinds, *stages, *mbs, *rank_of_l;
+    Py_ssize_t S, m;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!nn:shape_counts", &PyList_Type, &kinds, &PyList_Type, &stages, &PyList_Type,
+                          &mbs, &PyList_Type, &rank_of_l, &S, &m))
+        return NULL;
+    const Py_ssize_t p = PyList_GET_SIZE(kinds);
+    if (S <= 0 || m <= 0 || PyList_GET_SIZE(stages) != p || PyList_GET_SIZE(mbs) != p || PyList_GET_SIZE(rank_of_l) != S)
+        Py_RETURN_NONE;
+    Py_ssize_t *rank_of = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)S);
+    PyObject *counts = PyList_New(4), *result = NULL;
+    unsigned char *cnt[4] = {NULL, NULL, NULL, NULL};
+    if (!rank_of || !counts) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    for (int k = 0; k < 4; k++) {
+        PyObject *b = PyByteArray_FromStringAndSize(NULL, S * m);
+        if (!b)
+            goto out;
+        memset(PyByteArray_AS_STRING(b), 0, (size_t)(S * m));
+        PyList_SET_ITEM(counts, k, b);
+        cnt[k] = (unsigned char *)PyByteArray_AS_STRING(b);
+    }
+    if (!indices(rank_of_l, S, PY_SSIZE_T_MAX, rank_of))
+        goto refuse;
+    for (Py_ssize_t r = 0; r < p; r++) {
+        Py_buffer kb, sb, jb;
+        if (PyObject_GetBuffer(PyList_GET_ITEM(kinds, r), &kb, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0)
+            goto out;
+        if (PyObject_GetBuffer(PyList_GET_ITEM(stages, r), &sb, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
+            PyBuffer_Release(&kb);
+            goto out;
+        }
+        if (PyObject_GetBuffer(PyList_GET_ITEM(mbs, r), &jb, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
+            PyBuffer_Release(&kb);
+            PyBuffer_Release(&sb);
+            goto out;
+        }
+        int fine = kb.itemsize == 1 && sb.itemsize == sizeof(long) && jb.itemsize == sizeof(long) &&
+                   kb.format && sb.format && jb.format && kb.format[0] == 'b' && sb.format[0] == 'l' &&
+                   jb.format[0] == 'l' && kb.len == sb.len / (Py_ssize_t)sizeof(long) && sb.len == jb.len;
+        const signed char *ks = kb.buf;
+        const long *ss = sb.buf, *js = jb.buf;
+        for (Py_ssize_t i = 0; fine && i < kb.len; i++) {
+            int k = ks[i];
+            if (k >= 4)
+                continue;  /* not a compute op */
+            long stage = ss[i], j = js[i];
+            if (k < 0 || stage < 0 || stage >= S || j < 0 || j >= m || rank_of[stage] != r) {
+                fine = 0;
+                break;
+            }
+            Py_ssize_t idx = (Py_ssize_t)stage * m + j;
+            /* a second copy, or B or W where BW is (or BW where either is): the Python loop names it */
+            if (cnt[k][idx] || ((k == 1 || k == 2) ? cnt[3][idx] : (k == 3 && (cnt[1][idx] || cnt[2][idx]))))
+                fine = 0;
+            else
+                cnt[k][idx] = 1;
+        }
+        PyBuffer_Release(&kb);
+        PyBuffer_Release(&sb);
+        PyBuffer_Release(&jb);
+        if (!fine)
+            goto refuse;
+    }
+    result = counts;
+    counts = NULL;
+    goto out;
+refuse:
+    result = Py_None;
+    Py_INCREF(result);
+out:
+    Py_XDECREF(counts);
+    PyMem_Free(rank_of);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"time_compact", time_compact, METH_VARARGS, time_compact_doc},
     {"time_in_runs", time_in_runs, METH_VARARGS, time_in_runs_doc},
@@ -2852,6 +3057,8 @@ static PyMethodDef methods[] = {
     {"hole_column", hole_column, METH_VARARGS, hole_column_doc},
     {"squeeze_column", squeeze_column, METH_VARARGS, squeeze_column_doc},
     {"reorder_bytes", reorder_bytes, METH_VARARGS, reorder_bytes_doc},
+    {"time_grid", time_grid, METH_VARARGS, time_grid_doc},
+    {"shape_counts", shape_counts, METH_VARARGS, shape_counts_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -28,7 +28,7 @@ from array import array
 
 from ..errors import ScheduleError
 from ..ir import CompactOrders, OpKind, Schedule, overlap_pairs
-from .timing import _code_dependencies, _compact_addresses, _proved_compact, prove_deadlock_free
+from .timing import _code_dependencies, _compact_addresses, _proved_compact, c_engine, prove_deadlock_free
 
 #: Index of each compute kind in the validator's per-kind tables.
 _F, _B, _W, _BW = 0, 1, 2, 3
@@ -194,9 +194,14 @@ def _check_shape_compact(schedule: Schedule, compact: CompactOrders) -> list[byt
     :class:`Op` made only for a message; rule 3 is left to the proof (:func:`_proved`)."""
     pl = schedule.placement
     S, m = pl.num_stages, schedule.num_microbatches
+    rank_of = pl.stage_to_rank
+    loop = getattr(c_engine(), "shape_counts", None)
+    if loop is not None:  # in C where built: the same tables; an op it refuses is named below
+        got = loop(list(compact.kinds), list(compact.stages), list(compact.mbs), list(rank_of), S, m)
+        if got is not None:
+            return got
     counts = [bytearray(S * m) for _ in range(4)]
     have_b, have_w, have_bw = counts[_B], counts[_W], counts[_BW]
-    rank_of = pl.stage_to_rank
     for r, (ks, ss, js) in enumerate(zip(compact.kinds, compact.stages, compact.mbs)):
         for i, (k, stage, j) in enumerate(zip(ks, ss, js)):
             if k >= 4:  # not a compute op

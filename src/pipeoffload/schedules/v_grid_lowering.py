@@ -846,6 +846,13 @@ def time_grid(grid: Sequence[Sequence[str]], durations: Sequence[Mapping[OpKind,
             src = r - 1 if c in "FB" and r > 0 else (r + 1 if c in "fb" and r < p - 1 else -1)
             row_info[c] = (durations[stage][kind], deltas[stage][kind], src)
         info.append(row_info)
+    loop = getattr(c_engine(), "time_grid", None)
+    if loop is not None and isinstance(comm, float):  # in C where built: the same floats
+        got = loop([row if isinstance(row, str) else "".join(row) for row in grid],
+                   [info[r][c][0] for r in range(p) for c in LABELS], [info[r][c][1] for r in range(p) for c in LABELS],
+                   [info[r][c][2] for r in range(p) for c in LABELS], comm)
+        if got is not None:
+            return got
     ends = [{c: [] for c in LABELS} for _ in range(p)]  # ends[r][label][j]: end of microbatch j
     clock = [0.0] * p
     first = [-1.0] * p
