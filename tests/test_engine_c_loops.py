@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from typing import Iterator
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from pipeoffload.costs import Costs, MemoryDeltas
@@ -504,3 +504,58 @@ def test_time_grid_c_equals_python(p, m, pick, seed, repeated) -> None:
     py, c = _both(v_grid_lowering.time_grid, rows, dur, costs.comm, delta)
     assert c == py
     assert py[0] == "ok"
+
+
+@settings(max_examples=80, deadline=None)
+@given(p=st.integers(2, 9), m=st.integers(1, 30), pick=st.integers(3, 200), as_str=st.booleans())
+def test_grid_peaks_c_equal_python(p, m, pick, as_str) -> None:
+    block = _some_block(p, pick)
+    grid = v_grid_lowering.repeated_grid(block, m)
+    grid = ["".join(r) for r in grid] if as_str else [list(r) for r in grid]
+    py, c = _both(v_grid_lowering._peaks, grid)
+    assert c == py
+
+
+_ITEM = st.one_of(
+    st.tuples(st.sampled_from([OpKind.F, OpKind.B, OpKind.W, OpKind.BW]), st.integers(-1, 6), st.integers(-3, 40)),
+    st.tuples(st.sampled_from([OpKind.F, "F", 0]), st.sampled_from([0, 1, 2.0, True]), st.sampled_from([0, 1, "1"])),
+    st.tuples(st.sampled_from([OpKind.F, OpKind.W]), st.integers(0, 5)),
+    st.lists(st.integers(0, 3), min_size=3, max_size=3),
+    st.tuples(st.just(OpKind.B), st.integers(0, 5), st.just(2**70)),
+)
+
+
+_EDGES = [[(OpKind.F, 6, 0)], [(OpKind.F, -1, 0)], [(OpKind.F, 5, -4)], [(OpKind.F, 0)], [(OpKind.F, 0, 0, 0)],
+          [[OpKind.F, 0, 0]], [(OpKind.F, True, 0)], [(OpKind.F, 0, 2**70)], [("F", 0, 0)], [(OpKind.W, 5, 9)], []]
+
+
+@settings(max_examples=300, deadline=None)
+@given(per_rank=st.lists(st.lists(_ITEM, max_size=8), min_size=1, max_size=4), clean=st.booleans())
+@example(per_rank=[[(OpKind.B, 2, 3)], *_EDGES[:1]], clean=False)
+@example(per_rank=[_EDGES[1]], clean=False)
+@example(per_rank=[_EDGES[2], _EDGES[9]], clean=False)
+@example(per_rank=[_EDGES[3]], clean=False)
+@example(per_rank=[_EDGES[4]], clean=False)
+@example(per_rank=[_EDGES[5], _EDGES[10]], clean=False)
+@example(per_rank=[_EDGES[6]], clean=False)
+@example(per_rank=[_EDGES[7]], clean=False)
+@example(per_rank=[_EDGES[8]], clean=False)
+def test_compact_triples_c_equals_python(per_rank, clean) -> None:
+    """CompactOrders.from_triples in C and in Python: the same arrays, or None alike, on good
+    triples, bad kinds and types, layer groups out of range, short items, lists and huge ints."""
+    from pipeoffload.ir import CompactOrders, Placement
+
+    pl = Placement.vshape(3)  # 6 layer groups
+    if clean:
+        per_rank = [[x for x in r if isinstance(x, tuple) and len(x) == 3 and isinstance(x[0], OpKind)
+                     and type(x[1]) is int and 0 <= x[1] < 6 and type(x[2]) is int and abs(x[2]) < 100]
+                    for r in per_rank]
+    out = []
+    for python in (True, False):
+        with _loops(python):
+            try:
+                got = CompactOrders.from_triples(pl, [list(r) for r in per_rank])
+                out.append(None if got is None else (got.kinds, got.stages, got.mbs))
+            except OverflowError:
+                out.append("overflow")
+    assert out[1] == out[0]

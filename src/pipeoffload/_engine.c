@@ -3041,6 +3041,157 @@ out:
     return result;
 }
 
+PyDoc_STRVAR(grid_peaks_doc,
+"grid_peaks(grid)\n--\n\n"
+"pipeoffload.schedules.v_grid_lowering._peaks: per rank, the most chunk activations alive at\n"
+"once along its row of labels (a list of one-character strs, or a str).");
+
+static PyObject *grid_peaks(PyObject *self, PyObject *args) {
+    PyObject *grid;
+    if (!PyArg_ParseTuple(args, "O!:grid_peaks", &PyList_Type, &grid))
+        return NULL;
+    const Py_ssize_t p = PyList_GET_SIZE(grid);
+    PyObject *out = PyList_New(p);
+    for (Py_ssize_t r = 0; out && r < p; r++) {
+        PyObject *row = PyList_GET_ITEM(grid, r);
+        int is_str = PyUnicode_Check(row);
+        if (!is_str && !PyList_Check(row)) {
+            PyErr_SetString(PyExc_TypeError, "grid_peaks: a row is no list or str");
+            Py_CLEAR(out);
+            break;
+        }
+        Py_ssize_t n = is_str ? PyUnicode_GET_LENGTH(row) : PyList_GET_SIZE(row);
+        long long level = 0, peak = 0;
+        for (Py_ssize_t t = 0; t < n; t++) {
+            int c;
+            if (is_str) {
+                Py_UCS4 ch = PyUnicode_READ_CHAR(row, t);
+                c = ch == 'F' ? 0 : ch == 'f' ? 1 : ch == 'B' ? 2 : ch == 'b' ? 3 : ch == 'W' ? 4 : ch == 'w' ? 5 :
+                    ch == ' ' ? 6 : -1;
+                if (c < 0)
+                    PyErr_SetString(PyExc_KeyError, "a grid cell is no label");
+            } else
+                c = label_index(PyList_GET_ITEM(row, t));
+            if (c < 0) {
+                Py_CLEAR(out);
+                break;
+            }
+            level += LABEL_DELTA[c];
+            if (level > peak)
+                peak = level;
+        }
+        if (!out)
+            break;
+        PyObject *v = PyLong_FromLongLong(peak);  /* max(0, running levels): peak starts at 0 */
+        if (!v) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyList_SET_ITEM(out, r, v);
+    }
+    return out;
+}
+
+PyDoc_STRVAR(compact_triples_doc,
+"compact_triples(per_rank, S, kind_type, kind_code)\n--\n\n"
+"pipeoffload.ir.CompactOrders.from_triples's arrays for per-rank lists of (kind, layer group,\n"
+"microbatch) tuples: (kinds, stages, mbs), or None where it returns None (a triple not an\n"
+"OpKind with an int layer group in [0, S) and an int microbatch, or not three long), or\n"
+"NotImplemented for an input it does not read (an item no tuple, a microbatch beyond a C long):\n"
+"the Python method runs then.");
+
+static PyObject *compact_triples(PyObject *self, PyObject *args) {
+    PyObject *per_rank, *kind_type, *kind_code;
+    Py_ssize_t S;
+    if (!PyArg_ParseTuple(args, "O!nOO!:compact_triples", &PyList_Type, &per_rank, &S, &kind_type, &PyDict_Type,
+                          &kind_code))
+        return NULL;
+    const Py_ssize_t p = PyList_GET_SIZE(per_rank);
+    PyObject *kinds = PyList_New(p), *stages = PyList_New(p), *mbs = PyList_New(p), *result = NULL;
+    signed char *kb = NULL;
+    long *sb = NULL, *jb = NULL;
+    if (!kinds || !stages || !mbs)
+        goto out;
+    for (Py_ssize_t r = 0; r < p; r++) {
+        PyObject *lst = PyList_GET_ITEM(per_rank, r);
+        if (!PyList_Check(lst) && !PyTuple_Check(lst)) {
+            result = Py_NotImplemented;
+            Py_INCREF(result);
+            goto out;
+        }
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(lst);
+        kb = PyMem_Malloc((size_t)(n ? n : 1));
+        sb = PyMem_Malloc(sizeof(long) * (size_t)(n ? n : 1));
+        jb = PyMem_Malloc(sizeof(long) * (size_t)(n ? n : 1));
+        if (!kb || !sb || !jb) {
+            PyErr_NoMemory();
+            goto out;
+        }
+        int verdict = 1;  /* 1 fine, 0 None (as from_triples), -1 not read here */
+        for (Py_ssize_t i = 0; i < n && verdict == 1; i++) {
+            PyObject *op = PySequence_Fast_GET_ITEM(lst, i);
+            if (!PyTuple_Check(op)) {
+                verdict = -1;
+                break;
+            }
+            if (PyTuple_GET_SIZE(op) != 3) {
+                verdict = 0;
+                break;
+            }
+            PyObject *k = PyTuple_GET_ITEM(op, 0), *s = PyTuple_GET_ITEM(op, 1), *j = PyTuple_GET_ITEM(op, 2);
+            if ((PyObject *)Py_TYPE(k) != kind_type || !PyLong_CheckExact(s) || !PyLong_CheckExact(j)) {
+                verdict = 0;
+                break;
+            }
+            int overflow = 0;
+            long sv = PyLong_AsLongAndOverflow(s, &overflow), jv;
+            if (overflow || sv < 0 || sv >= S) {
+                verdict = overflow ? -1 : 0;
+                break;
+            }
+            jv = PyLong_AsLongAndOverflow(j, &overflow);
+            if (overflow) {
+                verdict = -1;
+                break;
+            }
+            PyObject *code = PyDict_GetItemWithError(kind_code, k);
+            long cv = code ? PyLong_AsLong(code) : -1;
+            if (!code || cv < -128 || cv > 127) {
+                if (PyErr_Occurred())
+                    goto out;
+                verdict = -1;
+                break;
+            }
+            kb[i] = (signed char)cv;
+            sb[i] = sv;
+            jb[i] = jv;
+        }
+        if (verdict != 1) {
+            result = verdict == 0 ? Py_None : Py_NotImplemented;
+            Py_INCREF(result);
+            goto out;
+        }
+        PyObject *ka = PyObject_CallFunction(array_type, "sy#", "b", (const char *)kb, n);
+        PyObject *sa = ka ? PyObject_CallFunction(array_type, "sy#", "l", (const char *)sb, n * (Py_ssize_t)sizeof(long)) : NULL;
+        PyObject *ja = sa ? PyObject_CallFunction(array_type, "sy#", "l", (const char *)jb, n * (Py_ssize_t)sizeof(long)) : NULL;
+        if (!ja) {
+            Py_XDECREF(ka);
+            Py_XDECREF(sa);
+            goto out;
+        }
+        PyList_SET_ITEM(kinds, r, ka);
+        PyList_SET_ITEM(stages, r, sa);
+        PyList_SET_ITEM(mbs, r, ja);
+        PyMem_Free(kb); PyMem_Free(sb); PyMem_Free(jb);
+        kb = NULL; sb = jb = NULL;
+    }
+    result = Py_BuildValue("(OOO)", kinds, stages, mbs);
+out:
+    PyMem_Free(kb); PyMem_Free(sb); PyMem_Free(jb);
+    Py_XDECREF(kinds); Py_XDECREF(stages); Py_XDECREF(mbs);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"time_compact", time_compact, METH_VARARGS, time_compact_doc},
     {"time_in_runs", time_in_runs, METH_VARARGS, time_in_runs_doc},
@@ -3059,6 +3210,8 @@ static PyMethodDef methods[] = {
     {"reorder_bytes", reorder_bytes, METH_VARARGS, reorder_bytes_doc},
     {"time_grid", time_grid, METH_VARARGS, time_grid_doc},
     {"shape_counts", shape_counts, METH_VARARGS, shape_counts_doc},
+    {"grid_peaks", grid_peaks, METH_VARARGS, grid_peaks_doc},
+    {"compact_triples", compact_triples, METH_VARARGS, compact_triples_doc},
     {NULL, NULL, 0, NULL},
 };
 

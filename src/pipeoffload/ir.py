@@ -278,6 +278,13 @@ class CompactOrders:
         triple is not an OpKind with int layer group in range and int microbatch
         (:func:`build_schedule` then makes the Op lists as ever)."""
         S = placement.num_stages
+        from .passes.timing import c_engine  # (at call time: the timing pass imports this module)
+
+        loop = getattr(c_engine(), "compact_triples", None)
+        if loop is not None and type(per_rank) is list:  # in C where built: the same arrays or None
+            got = loop(per_rank, S, OpKind, _KIND_CODE)
+            if got is not NotImplemented:
+                return None if got is None else cls(*got)
         kinds, stages, mbs = [], [], []
         for lst in per_rank:
             lst = lst if isinstance(lst, (list, tuple)) else list(lst)

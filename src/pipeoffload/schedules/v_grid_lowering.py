@@ -126,7 +126,10 @@ _DELTA = {"F": 1, "f": 1, "B": 0, "b": 0, "W": -1, "w": -1, _EMPTY: 0}
 
 
 def _peaks(grid: Grid) -> list[int]:
-    """Per rank, the most chunk activations alive at once along its row."""
+    """Per rank, the most chunk activations alive at once along its row (in C where built)."""
+    loop = getattr(c_engine(), "grid_peaks", None)
+    if loop is not None and type(grid) is list:
+        return loop(grid)
     return [max(0, max(accumulate(map(_DELTA.__getitem__, row)), default=0)) for row in grid]
 
 

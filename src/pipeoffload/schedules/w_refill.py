@@ -144,8 +144,8 @@ def _stretched(run: _Refill, cand: PeriodicOrders) -> tuple[PeriodicOrders, floa
     codes, ranges, periods = run.skeleton, run.ranges, run.periods
     for r, row in enumerate(cand.orders):  # the input's periods go in inside the skeleton's periodic range
         a, per = cand.at[r], cand.per[r]
-        at_s = a - sum(1 for op in row[:a] if op[0] is OpKind.W)
-        per_s = per - sum(1 for op in row[a - per:a] if op[0] is OpKind.W)
+        at_s = a - sum(map(_is_w, row[:a]))  # (the skeleton's indices: W's not counted)
+        per_s = per - sum(map(_is_w, row[a - per:a]))
         if not inside_range(codes[r], ranges[r], periods[r], at_s, per_s, m):
             return None
     before, now, shift, n, low = run.steady
@@ -160,6 +160,10 @@ def _stretched(run: _Refill, cand: PeriodicOrders) -> tuple[PeriodicOrders, floa
     last = [c + dT for c in tr.clock]
     return (PeriodicOrders(tr.order, at_out, per_out, cand.extra), max(c - f for c, f in zip(last, tr.first)),
             max(last) - min(tr.first), max(tr.peak))
+
+
+def _is_w(op: tuple[OpKind, int, int]) -> bool:
+    return op[0] is OpKind.W
 
 
 def _refill(placement: Placement, m: int, orders: Sequence[Sequence[tuple[OpKind, int, int]]],
