@@ -559,3 +559,23 @@ def test_compact_triples_c_equals_python(per_rank, clean) -> None:
             except OverflowError:
                 out.append("overflow")
     assert out[1] == out[0]
+
+
+@settings(max_examples=80, deadline=None)
+@given(p=st.integers(2, 9), mult=st.integers(1, 6), pick=st.integers(0, 200), table=st.booleans(),
+       tau=st.integers(0, 200), T=st.integers(1, 12))
+def test_slot_order_lowerings_c_equal_python(p, mult, pick, table, tau, T) -> None:
+    """A rank's ops in slot order (with the op table's tuples or made), and the short run's
+    order with the indices around a cut."""
+    from pipeoffload.ir import Placement
+    from pipeoffload.schedules.building_block import op_table
+
+    block = _some_block(p, pick)
+    m = p * mult
+    pl = Placement.vshape(p)
+    ops = op_table(pl, m + 1) if table else None
+    grid = [v_reorder._with_weights_py(r[:4], split=True) for r in v_reorder._repeated(block, m)]
+    for i, rows in enumerate(grid):
+        assert _both(v_reorder._lower, pl, i, rows, ops)[1] == _both(v_reorder._lower, pl, i, rows, ops)[0]
+        py, c = _both(v_reorder_periods._lower_short, pl, i, rows, tau, T, ops)
+        assert c == py

@@ -3192,6 +3192,84 @@ out:
     return result;
 }
 
+PyDoc_STRVAR(slot_ordered_doc,
+"slot_ordered(rows, n, table, bounds)\n--\n\n"
+"One rank's ops in slot order (pipeoffload.schedules.v_reorder._lower): the op of type k and\n"
+"microbatch j at slot rows[k][j] is table[k][j]; ops sorted by (slot, type, microbatch) as the\n"
+"key (slot*8 + type)*n + j. Returns (ops, [bisect_left of each key bound in the sorted keys]).");
+
+static PyObject *slot_ordered(PyObject *self, PyObject *args) {
+    PyObject *rows, *table, *bounds;
+    long long n;
+    if (!PyArg_ParseTuple(args, "O!LO!O!:slot_ordered", &PyList_Type, &rows, &n, &PyList_Type, &table, &PyList_Type,
+                          &bounds))
+        return NULL;
+    const Py_ssize_t nk = PyList_GET_SIZE(rows);
+    if (n <= 0 || nk > 8 || PyList_GET_SIZE(table) < nk) {
+        PyErr_SetString(PyExc_ValueError, "slot_ordered: n > 0, at most 8 op types, a table row per type");
+        return NULL;
+    }
+    Py_ssize_t total = 0;
+    for (Py_ssize_t k = 0; k < nk; k++) {
+        if (!PyList_Check(PyList_GET_ITEM(rows, k))) {
+            PyErr_SetString(PyExc_TypeError, "slot_ordered: a slot list is no list");
+            return NULL;
+        }
+        total += PyList_GET_SIZE(PyList_GET_ITEM(rows, k));
+    }
+    long long *keys = PyMem_Malloc(sizeof(long long) * (size_t)(total ? total : 1));
+    if (!keys)
+        return PyErr_NoMemory();
+    Py_ssize_t x = 0;
+    for (Py_ssize_t k = 0; k < nk; k++) {
+        PyObject *ts = PyList_GET_ITEM(rows, k);
+        for (Py_ssize_t j = 0; j < PyList_GET_SIZE(ts); j++) {
+            long long t;
+            if (ll_item(ts, j, &t) < 0) {
+                PyMem_Free(keys);
+                return NULL;
+            }
+            keys[x++] = (t * 8 + k) * n + j;
+        }
+    }
+    qsort(keys, (size_t)total, sizeof(long long), ll_cmp);
+    PyObject *out = PyList_New(total), *at = PyList_New(PyList_GET_SIZE(bounds)), *result = NULL;
+    if (!out || !at)
+        goto done;
+    for (Py_ssize_t i = 0; i < total; i++) {
+        long long e = keys[i], j = e % n;
+        Py_ssize_t k = (Py_ssize_t)((e / n) & 7);
+        PyObject *row = PyList_GET_ITEM(table, k);
+        PyObject *op = PySequence_GetItem(row, (Py_ssize_t)j);
+        if (!op)
+            goto done;
+        PyList_SET_ITEM(out, i, op);
+    }
+    for (Py_ssize_t b = 0; b < PyList_GET_SIZE(bounds); b++) {
+        long long v;
+        if (ll_item(bounds, b, &v) < 0)
+            goto done;
+        Py_ssize_t lo = 0, hi = total;
+        while (lo < hi) {
+            Py_ssize_t mid = (lo + hi) / 2;
+            if (keys[mid] < v)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        PyObject *o = PyLong_FromSsize_t(lo);
+        if (!o)
+            goto done;
+        PyList_SET_ITEM(at, b, o);
+    }
+    result = Py_BuildValue("(OO)", out, at);
+done:
+    Py_XDECREF(out);
+    Py_XDECREF(at);
+    PyMem_Free(keys);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"time_compact", time_compact, METH_VARARGS, time_compact_doc},
     {"time_in_runs", time_in_runs, METH_VARARGS, time_in_runs_doc},
@@ -3212,6 +3290,7 @@ static PyMethodDef methods[] = {
     {"shape_counts", shape_counts, METH_VARARGS, shape_counts_doc},
     {"grid_peaks", grid_peaks, METH_VARARGS, grid_peaks_doc},
     {"compact_triples", compact_triples, METH_VARARGS, compact_triples_doc},
+    {"slot_ordered", slot_ordered, METH_VARARGS, slot_ordered_doc},
     {NULL, NULL, 0, NULL},
 };
 

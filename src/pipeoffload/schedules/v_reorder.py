@@ -670,6 +670,9 @@ def _lower(pl: Placement, i: int, rows: Times, ops: OpTable | None = None) -> li
     c0, c1 = i, 2 * p - 1 - i
     what = [(OpKind.F, c0), (OpKind.F, c1), (OpKind.B, c1), (OpKind.B, c0), (OpKind.W, c1), (OpKind.W, c0)]
     n = 1 + max((len(ts) for ts in rows), default=0)
+    loop = getattr(c_engine(), "slot_ordered", None)
+    if ops is not None and loop is not None and type(rows) is list and len(rows) <= 8:  # in C where built
+        return loop(rows, n, [ops[w] for w in what], [])[0]
     cells = sorted([(t * 8 + k) * n + j for k, ts in enumerate(rows) for j, t in enumerate(ts)])
     if ops is not None:
         table = [ops[w] for w in what]

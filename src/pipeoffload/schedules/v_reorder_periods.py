@@ -376,9 +376,13 @@ def _lower_short(pl: Placement, i: int, rows: Times, tau: int, T: int,
     c0, c1 = i, 2 * p - 1 - i
     what = [(OpKind.F, c0), (OpKind.F, c1), (OpKind.B, c1), (OpKind.B, c0), (OpKind.W, c1), (OpKind.W, c0)]
     n = 1 + max((len(ts) for ts in rows), default=0)
-    cells = sorted([(t * 8 + k) * n + j for k, ts in enumerate(rows) for j, t in enumerate(ts)])
-    x1, x2 = bisect_left(cells, (tau - T) * 8 * n), bisect_left(cells, tau * 8 * n)
     if ops is None:
         ops = {w: [(w[0], w[1], j) for j in range(n)] for w in what}
     table = [ops[w] for w in what]
+    loop = getattr(c_engine(), "slot_ordered", None)
+    if loop is not None and type(rows) is list and len(rows) <= 8:  # in C where built: the same list
+        out, (x1, x2) = loop(rows, n, table, [(tau - T) * 8 * n, tau * 8 * n])
+        return out, x2, x2 - x1
+    cells = sorted([(t * 8 + k) * n + j for k, ts in enumerate(rows) for j, t in enumerate(ts)])
+    x1, x2 = bisect_left(cells, (tau - T) * 8 * n), bisect_left(cells, tau * 8 * n)
     return [table[e // n & 7][e % n] for e in cells], x2, x2 - x1
