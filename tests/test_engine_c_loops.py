@@ -579,3 +579,18 @@ def test_slot_order_lowerings_c_equal_python(p, mult, pick, table, tau, T) -> No
         assert _both(v_reorder._lower, pl, i, rows, ops)[1] == _both(v_reorder._lower, pl, i, rows, ops)[0]
         py, c = _both(v_reorder_periods._lower_short, pl, i, rows, tau, T, ops)
         assert c == py
+
+
+def test_op_table_rows_c_equal_python() -> None:
+    from pipeoffload.ir import Placement
+    from pipeoffload.schedules.building_block import _TABLES, op_table
+
+    pl = Placement.vshape(5)
+    out = []
+    for python in (True, False):
+        with _loops(python):
+            _TABLES.clear()
+            table = op_table(pl, 300)  # (microbatches past the small ints)
+            out.append(dict(table))
+    _TABLES.clear()
+    assert out[1] == out[0] and len(out[0]) == 30 and out[0][OpKind.W, 4][299] == (OpKind.W, 4, 299)

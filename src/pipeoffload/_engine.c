@@ -3270,6 +3270,31 @@ done:
     return result;
 }
 
+PyDoc_STRVAR(op_row_doc,
+"op_row(kind, stage, m)\n--\n\n"
+"``[(kind, stage, j) for j in range(m)]`` (building_block.op_table's rows).");
+
+static PyObject *op_row(PyObject *self, PyObject *args) {
+    PyObject *kind, *stage;
+    Py_ssize_t m;
+    if (!PyArg_ParseTuple(args, "OOn:op_row", &kind, &stage, &m))
+        return NULL;
+    if (m < 0) {
+        PyErr_SetString(PyExc_ValueError, "op_row: m must be >= 0");
+        return NULL;
+    }
+    PyObject *out = PyList_New(m);
+    for (Py_ssize_t j = 0; out && j < m; j++) {
+        PyObject *jo = PyLong_FromSsize_t(j), *op = jo ? PyTuple_Pack(3, kind, stage, jo) : NULL;
+        Py_XDECREF(jo);
+        if (!op)
+            Py_CLEAR(out);
+        else
+            PyList_SET_ITEM(out, j, op);
+    }
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"time_compact", time_compact, METH_VARARGS, time_compact_doc},
     {"time_in_runs", time_in_runs, METH_VARARGS, time_in_runs_doc},
@@ -3291,6 +3316,7 @@ static PyMethodDef methods[] = {
     {"grid_peaks", grid_peaks, METH_VARARGS, grid_peaks_doc},
     {"compact_triples", compact_triples, METH_VARARGS, compact_triples_doc},
     {"slot_ordered", slot_ordered, METH_VARARGS, slot_ordered_doc},
+    {"op_row", op_row, METH_VARARGS, op_row_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -271,8 +271,9 @@ def op_table(placement: Placement, m: int) -> dict[BlockOp, list[Cell]]:
     key = (placement.num_stages, m)
     table = _TABLES.get(key)
     if table is None:
-        table = _OpTable(((k, s), [(k, s, j) for j in range(m)]) for k in (_F, _B, _W)
-                         for s in range(placement.num_stages))
+        row = getattr(c_engine(), "op_row", None)  # in C where built: the same tuples
+        table = _OpTable(((k, s), row(k, s, m) if row is not None else [(k, s, j) for j in range(m)])
+                         for k in (_F, _B, _W) for s in range(placement.num_stages))
         _TABLES[key] = table
     return table
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections import deque
 from itertools import chain
+from operator import countOf, itemgetter
 from typing import Callable, Sequence
 
 from ..costs import Costs, MemoryDeltas
@@ -36,6 +37,8 @@ from ..passes.timing import B_CODE, CODE_KIND, KIND_CODE, W_CODE, c_engine
 from ..passes.steady_timing import (PeriodicOrders, _exact, _first_period, _index, _period_range, inputs_from,
                                     inside_range, op_slots)
 from .zb_auto import Infeasible, Tracker
+
+_KIND = itemgetter(0)  #: an op tuple's kind
 
 __all__ = ["refill_weights", "refill_tracker", "refill_both", "refill_periodic"]
 
@@ -144,8 +147,8 @@ def _stretched(run: _Refill, cand: PeriodicOrders) -> tuple[PeriodicOrders, floa
     codes, ranges, periods = run.skeleton, run.ranges, run.periods
     for r, row in enumerate(cand.orders):  # the input's periods go in inside the skeleton's periodic range
         a, per = cand.at[r], cand.per[r]
-        at_s = a - sum(map(_is_w, row[:a]))  # (the skeleton's indices: W's not counted)
-        per_s = per - sum(map(_is_w, row[a - per:a]))
+        at_s = a - countOf(map(_KIND, row[:a]), OpKind.W)  # (the skeleton's indices: W's not counted)
+        per_s = per - countOf(map(_KIND, row[a - per:a]), OpKind.W)
         if not inside_range(codes[r], ranges[r], periods[r], at_s, per_s, m):
             return None
     before, now, shift, n, low = run.steady
@@ -160,10 +163,6 @@ def _stretched(run: _Refill, cand: PeriodicOrders) -> tuple[PeriodicOrders, floa
     last = [c + dT for c in tr.clock]
     return (PeriodicOrders(tr.order, at_out, per_out, cand.extra), max(c - f for c, f in zip(last, tr.first)),
             max(last) - min(tr.first), max(tr.peak))
-
-
-def _is_w(op: tuple[OpKind, int, int]) -> bool:
-    return op[0] is OpKind.W
 
 
 def _refill(placement: Placement, m: int, orders: Sequence[Sequence[tuple[OpKind, int, int]]],
