@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pipeoffload import native
 from pipeoffload.errors import ParameterError
 from pipeoffload.ir import Placement
 from pipeoffload.passes import timing
@@ -187,7 +188,7 @@ def test_inputs_the_c_loop_does_not_take_fall_back_to_python() -> None:
 
 def test_the_timing_pass_runs_the_c_loops() -> None:
     """Built, the default (``PIPEOFFLOAD_ENGINE`` unset or ``auto``) takes the C loops."""
-    assert timing.c_engine() is _engine_module()
+    assert native.c_engine() is _engine_module()
 
 
 def test_a_bad_engine_choice_is_one_line_from_the_cli() -> None:
@@ -200,9 +201,9 @@ def test_a_bad_engine_choice_is_one_line_from_the_cli() -> None:
 def test_the_engine_choice_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PIPEOFFLOAD_ENGINE", "fast")
     with pytest.raises(ParameterError) as err:
-        timing._load_engine()
+        native._load_engine()
     assert err.value.param == "PIPEOFFLOAD_ENGINE" and "auto, c or python" in str(err.value)
     monkeypatch.setenv("PIPEOFFLOAD_ENGINE", "python")
-    assert timing._load_engine() is None
+    assert native._load_engine() is None
     monkeypatch.setenv("PIPEOFFLOAD_ENGINE", "C")
-    assert timing._load_engine() is _engine_module()
+    assert native._load_engine() is _engine_module()

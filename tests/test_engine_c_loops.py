@@ -15,6 +15,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from pipeoffload import native
 from pipeoffload.costs import Costs, MemoryDeltas
 from pipeoffload.passes import steady_timing, timing
 from pipeoffload.schedules import generate, w_refill
@@ -32,12 +33,12 @@ def _engine_module():
 @contextmanager
 def _loops(python: bool) -> Iterator[None]:
     """The engine's loops in Python (``python``) or in C while inside."""
-    saved = timing._engine
-    timing._engine = None if python else _engine_module()
+    saved = native._engine
+    native._engine = None if python else _engine_module()
     try:
         yield
     finally:
-        timing._engine = saved
+        native._engine = saved
 
 
 def _triples(sched) -> list[list[tuple]]:
@@ -131,7 +132,7 @@ def test_refill_inputs_the_c_loop_does_not_take_fall_back(monkeypatch: pytest.Mo
     before = [list(x) if isinstance(x, list) else x for x in _refill_state(run)]
     assert engine.refill_run(run, run.tr, timing.CODE_KIND) is None
     assert [list(x) if isinstance(x, list) else x for x in _refill_state(run)] == before
-    monkeypatch.setattr(timing, "_engine", engine)
+    monkeypatch.setattr(native, "_engine", engine)
     assert run.run() is True
     ref = w_refill._Refill(sched.placement, 8, orders, Costs(), MemoryDeltas(), [math.inf] * 4, True, [False])
     ref.tr.origin = 0
@@ -184,13 +185,13 @@ def test_steady_c_loop_is_used_and_shifts(monkeypatch: pytest.MonkeyPatch) -> No
     stops at the limits, shifts periods and gives the figures of the Python loop."""
     sched = generate("v-half", p=8, m=64)
     orders = _triples(sched)
-    monkeypatch.setattr(timing, "_engine", _engine_module())
+    monkeypatch.setattr(native, "_engine", _engine_module())
     calls = []
     monkeypatch.setattr(steady_timing._Engine, "_run_py", lambda self: calls.append(1))
     got, eng = steady_timing._steady_run(sched.placement, 64, orders, Costs(), MemoryDeltas(), 10**6)
     assert not calls and eng.skipped > 0
     monkeypatch.undo()
-    monkeypatch.setattr(timing, "_engine", None)
+    monkeypatch.setattr(native, "_engine", None)
     want, ref = steady_timing._steady_run(sched.placement, 64, orders, Costs(), MemoryDeltas(), 10**6)
     assert got == want and _steady_state(eng) == _steady_state(ref)
 
@@ -281,10 +282,10 @@ def test_squeeze_c_equals_python(p, mult, pick, periodic) -> None:
 def test_the_reorder_runs_the_c_loops(monkeypatch: pytest.MonkeyPatch) -> None:
     """With the engine built, the slot reorder's W placement and squeeze never run in Python,
     and the orders are the Python loops' (V-Half at p = 8, m = 64: the squeeze skips periods)."""
-    monkeypatch.setattr(timing, "_engine", None)
+    monkeypatch.setattr(native, "_engine", None)
     want = v_reorder.full_orders(v_half_block(8), 64)
     calls = []
-    monkeypatch.setattr(timing, "_engine", _engine_module())
+    monkeypatch.setattr(native, "_engine", _engine_module())
     monkeypatch.setattr(v_reorder, "_with_weights_py", lambda *a: calls.append(a))
     monkeypatch.setattr(v_reorder, "_squeeze_run", lambda *a: calls.append(a))
     assert v_reorder.full_orders(v_half_block(8), 64) == want and not calls
@@ -429,7 +430,7 @@ def test_grid_lowering_c_equals_python(p, m, pick, release) -> None:
 
 def test_grid_lowering_runs_the_c_sweeps(monkeypatch: pytest.MonkeyPatch) -> None:
     """With the engine built, neither sweep runs in Python."""
-    monkeypatch.setattr(timing, "_engine", _engine_module())
+    monkeypatch.setattr(native, "_engine", _engine_module())
     calls = []
     monkeypatch.setattr(v_grid_lowering._Squeezer, "_column_py", lambda self, t: calls.append(t))
     monkeypatch.setattr(v_grid_lowering._HoleFiller, "_column_py", lambda self, t: calls.append(t))

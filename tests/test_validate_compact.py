@@ -9,6 +9,7 @@ import dataclasses
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pipeoffload import native
 from pipeoffload.errors import ScheduleError
 from pipeoffload.ir import OpKind, Schedule, build_schedule
 from pipeoffload.passes import validate as V
@@ -134,12 +135,12 @@ def test_compact_proof_is_the_timing_proof(sched: Schedule) -> None:
     if addr is not None and _verdict(V._check_shape, sched) == "valid":
         timed = _verdict(lambda s: run_list_schedule(s, lambda o: 1.0, 0.0), sched)
         assert _proved_compact(sched, *addr) == (timed == "valid")
-        saved = timing._engine
-        timing._engine = None  # the Python loop proves the same (the C one ran above, where built)
+        saved = native._engine
+        native._engine = None  # the Python loop proves the same (the C one ran above, where built)
         try:
             assert _proved_compact(sched, *addr) == (timed == "valid")
         finally:
-            timing._engine = saved
+            native._engine = saved
         assert _verdict(prove_deadlock_free, sched) == timed
 
 
@@ -188,15 +189,15 @@ def test_shape_tables_in_c_are_the_python_ones(sched: Schedule) -> None:
     if compact is None:
         return
     out = []
-    saved = timing._engine
+    saved = native._engine
     for engine in (None, saved):
-        timing._engine = engine
+        native._engine = engine
         try:
             out.append(("ok", V._check_shape_compact(sched, compact)))
         except ScheduleError as err:
             out.append(("error", str(err)))
         finally:
-            timing._engine = saved
+            native._engine = saved
     assert out[1] == out[0]
 
 
@@ -212,13 +213,13 @@ def test_shape_tables_name_a_split_and_fused_backward_alike() -> None:
     bad = sched.with_ranks(ranks)
     compact = CompactOrders.from_triples(bad.placement, [[(o.kind, o.stage, o.microbatch) for o in r]
                                                         for r in bad.ranks])
-    saved, msgs = timing._engine, []
+    saved, msgs = native._engine, []
     for engine in (None, saved):
-        timing._engine = engine
+        native._engine = engine
         try:
             V._check_shape_compact(bad, compact)
         except ScheduleError as err:
             msgs.append(str(err))
         finally:
-            timing._engine = saved
+            native._engine = saved
     assert len(msgs) == 2 and msgs[0] == msgs[1] and "BW" in msgs[0]

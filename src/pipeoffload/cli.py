@@ -14,7 +14,7 @@ import sys
 
 from .commands.common import cli_message
 from .errors import PipeoffloadError
-from .passes.timing import c_engine
+from .native import c_engine
 
 #: Verbs in the order --help lists them.
 VERBS = ["train", "schedules", "simulate", "compare", "best", "models", "plan", "scale", "bench"]

@@ -15,6 +15,7 @@ from enum import Enum
 from typing import Iterable, Iterator, Sequence
 
 from .errors import ParameterError, require
+from .native import c_engine
 
 
 class OpKind(str, Enum):
@@ -278,8 +279,6 @@ class CompactOrders:
         triple is not an OpKind with int layer group in range and int microbatch
         (:func:`build_schedule` then makes the Op lists as ever)."""
         S = placement.num_stages
-        from .passes.timing import c_engine  # (at call time: the timing pass imports this module)
-
         loop = getattr(c_engine(), "compact_triples", None)
         if loop is not None and type(per_rank) is list:  # in C where built: the same arrays or None
             got = loop(per_rank, S, OpKind, _KIND_CODE)

@@ -53,7 +53,8 @@ from typing import Callable, Mapping, Sequence
 
 from ..costs import Costs, MemoryDeltas
 from ..ir import OpKind, Placement
-from .timing import _NOT_PLACED, CODE_KIND, ListScheduler, c_engine, order_figures
+from ..native import c_engine
+from .timing import _NOT_PLACED, CODE_KIND, ListScheduler, order_figures
 from ..timeline import _clean
 
 __all__ = ["steady_figures", "op_slots", "PeriodicOrders", "insert_periods", "periodic_figures", "inputs_from", "inside_range", "exact_costs"]

@@ -19,9 +19,7 @@ per-op release times (the offload pass's delayed backwards and postponed forward
 
 from __future__ import annotations
 
-from importlib import import_module
 import math
-import os
 from array import array
 from collections import deque
 from functools import lru_cache
@@ -31,6 +29,7 @@ from typing import Any, Callable, Mapping, Sequence
 from ..costs import Costs, MemoryDeltas
 from ..errors import ParameterError, ScheduleError
 from ..ir import CompactOrders, Op, OpKind, Placement, Schedule, overlap_pairs
+from ..native import _load_engine, c_engine  # noqa: F401  (re-exported: the loops' choice)
 from ..timeline import ALLOC, FREE, EventColumns, TimedOp, Timeline, _clean, memory_sweep, running_peak
 
 #: Completion key of an op: ("F"|"B"|"W", stage, microbatch). B and BW both
@@ -52,39 +51,6 @@ _CODE_OF_NAME = {"F": F_CODE, "B": B_CODE, "W": W_CODE}
 CODE_KIND = (OpKind.F, OpKind.B, OpKind.W)
 _NOT_PLACED = -math.inf  #: end time of an op not placed yet
 _NO_RELEASE = -math.inf  #: release time of an op with none
-
-
-def _load_engine() -> Any:
-    """The engine's C loops (:mod:`pipeoffload._engine`), or None for the Python ones.
-
-    ``PIPEOFFLOAD_ENGINE``: ``auto`` (default: C when built), ``c`` (C, or an error saying
-    it is not built) or ``python``. Both give the same floats (tests/test_engine_c.py)."""
-    choice = os.environ.get("PIPEOFFLOAD_ENGINE", "auto").strip().lower() or "auto"
-    if choice not in ("auto", "c", "python"):
-        raise ParameterError("PIPEOFFLOAD_ENGINE", f"must be auto, c or python, got {choice!r}")
-    if choice == "python":
-        return None
-    try:
-        engine = import_module("pipeoffload._engine")
-    except ImportError:
-        if choice == "c":
-            raise ParameterError("PIPEOFFLOAD_ENGINE", "is c, but the C engine (pipeoffload._engine) is not built: "
-                                 "reinstall with a C compiler (pip install -e .), or set it to auto or python") from None
-        return None
-    return engine
-
-
-_UNSET: Any = object()
-_engine: Any = _UNSET  #: :func:`_load_engine`'s answer, once a timing has asked (:func:`c_engine`)
-
-
-def c_engine() -> Any:
-    """The C loops' module or None, chosen when first asked (a bad ``PIPEOFFLOAD_ENGINE`` is then
-    reported where the command reports its errors, not at import)."""
-    global _engine
-    if _engine is _UNSET:
-        _engine = _load_engine()
-    return _engine
 
 
 def completion_key(op: Op) -> Key:

@@ -28,7 +28,8 @@ from array import array
 
 from ..errors import ScheduleError
 from ..ir import CompactOrders, OpKind, Schedule, overlap_pairs
-from .timing import _code_dependencies, _compact_addresses, _proved_compact, c_engine, prove_deadlock_free
+from ..native import c_engine
+from .timing import _code_dependencies, _compact_addresses, _proved_compact, prove_deadlock_free
 
 #: Index of each compute kind in the validator's per-kind tables.
 _F, _B, _W, _BW = 0, 1, 2, 3

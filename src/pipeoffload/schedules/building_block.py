@@ -24,7 +24,8 @@ so the generated schedule's per-rank peak (in chunk units, any costs) is at most
 
 The method is generic over the placement: dependencies are the timing pass's
 (``F(s)`` after ``F(s−1)``, ``B(s)`` after ``B(s+1)`` and ``F(s)``, ``W(s)`` after
-``B(s)``). Pure Python.
+``B(s)``). The reorder's scan and the op table's rows run in C where :mod:`pipeoffload._engine`
+is built (the same moves, tests/test_engine_c_loops.py), else in Python; no torch.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ from typing import Mapping, Sequence
 from ..errors import ScheduleError
 from ..ir import Op, OpKind, Placement, Schedule, build_schedule
 from ..passes.steady_timing import PeriodicOrders
-from ..passes.timing import c_engine, dependencies
+from ..native import c_engine
+from ..passes.timing import dependencies
 
 #: An op of the block: (kind, layer group). Kinds are F, B and W.
 BlockOp = tuple[OpKind, int]

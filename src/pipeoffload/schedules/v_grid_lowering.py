@@ -56,14 +56,15 @@ Guarantees of :func:`lower_block` when it returns orders: every op of every
 :func:`pipeoffload.passes.timing.dependencies`; the highest rank's peak in chunk
 activations (F +1, W −1) is at most the repeated grid's for ``max(m, 2p)`` microbatches,
 which is at most the block's :func:`.building_block.steady_peak`, and at most ``2p``.
-Pure Python.
+The sweeps' per-column loops, the peaks and the timing run in C where :mod:`pipeoffload._engine`
+is built (the same grids and floats, tests/test_engine_c_loops.py), else in Python; no torch.
 
 Cost: rows of ``L = O(max(m, 2p) + p)`` slots on ``p`` ranks. The squeezes (rules 2–5) and
 the hole filling (rule 6) sweep the warm-up and the cool-down, O(p²) columns·ranks, and write
 the periods between by slices, O(p·m) in C, once their state provably repeats
 (:class:`_Squeezer`, :class:`_HoleFiller`; otherwise O(p·L) steps); the rest (rules 1, 3,
-5 and 7, the peaks and the final check) is O(p·L) Python steps. At p = 64, m = 512:
-0.93 → 0.49 s CPU under load (docs/algorithms.md §9.4).
+5 and 7, the peaks and the final check) is O(p·L) steps. At p = 64, m = 512:
+0.93 → 0.49 s CPU under load (docs/algorithms.md §9.4), ≈ 0.25 s with the C sweeps (§9.16).
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ from typing import Mapping, Optional, Sequence
 
 from ..errors import ParameterError
 from ..ir import OpKind, Placement
-from ..passes.timing import c_engine
+from ..native import c_engine
 from .building_block import BuildingBlock
 
 __all__ = ["lower_block", "lower_grid", "grid_orders", "grid_rows", "repeated_grid", "time_grid", "PERIOD", "LABELS"]

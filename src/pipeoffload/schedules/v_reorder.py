@@ -30,7 +30,7 @@ from itertools import compress, count, islice, repeat
 from operator import ne, sub
 
 from ..ir import OpKind, Placement
-from ..passes.timing import c_engine
+from ..native import c_engine
 from .building_block import BuildingBlock, OpTable
 
 #: Slot-list types per rank: chunk-0 forward, chunk-1 forward, chunk-1 backward,

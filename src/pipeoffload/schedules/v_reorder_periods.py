@@ -60,7 +60,7 @@ from operator import ne, sub
 
 from ..ir import OpKind, Placement
 from ..passes.steady_timing import PeriodicOrders, insert_periods
-from ..passes.timing import c_engine
+from ..native import c_engine
 from .building_block import BuildingBlock, OpTable
 from .v_reorder import (_B0, _B1, _F0, _F1, Times, _RankLevels, _reorder, _repeated, _squeeze,
                         _with_weights, full_orders)

@@ -108,7 +108,7 @@ LOWERING_COST = (
     "an op's inputs and its slot in C) plus O(p·m) tuples made in list comprehensions; otherwise it runs on m "
     "(the proved periods written by shifting). The slot reorder likewise runs its five passes on m' = O(p) "
     "microbatches when m ≥ 2m' and each pass's check proves its result for m is the short one with the "
-    "periods inserted (v_reorder_periods): O(p²) Python steps (its warm-up and cool-down visits, each "
+    "periods inserted (v_reorder_periods): O(p²) steps (its warm-up and cool-down visits, each "
     "re-counting its rank's levels until they meet the old ones) plus O(p·m) tuples written in C; otherwise "
     "it runs on m (O(p·m log m) sorts, O(p·m) W-placement steps, the squeezes' proved periods by slices). "
     "When the first lowering's "
@@ -120,10 +120,11 @@ LOWERING_COST = (
     "and the proved periods written by slices; with other costs each is O(p·m) ops. The candidates are held "
     "as their orders on m' microbatches plus where the missing periods go in (PeriodicOrders): their timings "
     "and refills run on m' when that run proves the result for m is the short one with the periods inserted "
-    "(periodic_figures, refill_periodic: O(p²) Python work and O(p·m') list work each), and only the winner's "
+    "(periodic_figures, refill_periodic: O(p²) steps and O(p·m') list work each), and only the winner's "
     "O(p·m) tuples are written (in C); otherwise on the expanded orders, as above. "
     "Hole filling runs only while its budget can time a trial (6·p·m ≤ 25 000 ops): O(p·m) in all, with the "
-    "constant of about six timings (about two with binary-fraction costs)")
+    "constant of about six timings (about two with binary-fraction costs). The per-op loops (reorders, "
+    "squeezes, W refills, timings) run in C where pipeoffload._engine is built (docs/algorithms.md §9.16)")
 
 
 #: How many base lowerings :func:`base_lowering` remembers (least recently used dropped first).
