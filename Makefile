@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 # those modules over both workers). PYTEST_WORKERS=0 runs serially.
 PYTEST_WORKERS ?= 2
 
-$(STAMP): pyproject.toml setup.py src/pipeoffload/_engine.c
+$(STAMP): pyproject.toml setup.py src/pipeoffload/_engine.c $(wildcard src/pipeoffload/engine_c/*.c)
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# The CPU wheel of torch first, pinned, so nothing pulls a CUDA build.

@@ -41,6 +41,15 @@ def _loops(python: bool) -> Iterator[None]:
         native._engine = saved
 
 
+def _twice(make):
+    """``make()`` with the loops in Python, then in C."""
+    out = []
+    for python in (True, False):
+        with _loops(python):
+            out.append(make())
+    return out
+
+
 def _triples(sched) -> list[list[tuple]]:
     return [[(o.kind, o.stage, o.microbatch) for o in r] for r in sched.ranks]
 
@@ -421,11 +430,8 @@ def test_grid_lowering_c_equals_python(p, m, pick, release) -> None:
     """The grid rules (their squeeze and hole filling sweeps in C or in Python) lower every kind
     of family block to the same grid, or refuse it alike."""
     block = _some_block(p, pick)
-    out = []
-    for python in (True, False):
-        with _loops(python):
-            out.append(v_grid_lowering.lower_grid(block, m, release))
-    assert out[1] == out[0]
+    py, c = _twice(lambda: v_grid_lowering.lower_grid(block, m, release))
+    assert c == py
 
 
 def test_grid_lowering_runs_the_c_sweeps(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -458,16 +464,15 @@ def test_building_block_reorder_c_equals_python(p, mult, pick, steady, peaks) ->
     same positions."""
     block = _some_block(p, pick)
     m = p * mult
-    out = []
-    for python in (True, False):
-        with _loops(python):
-            grid = building_block.repeat(block, m)
-            own = grid.peaks()
-            cap = None if peaks is None else [max(0, x - 1) for x in own]
-            rng = building_block.steady_range(block, m) if steady else None
-            building_block.reorder(grid, cap, rng)
-            out.append(_grid_state(grid))
-    assert out[1] == out[0]
+
+    def reordered():
+        grid = building_block.repeat(block, m)
+        cap = None if peaks is None else [max(0, x - 1) for x in grid.peaks()]
+        building_block.reorder(grid, cap, building_block.steady_range(block, m) if steady else None)
+        return _grid_state(grid)
+
+    py, c = _twice(reordered)
+    assert c == py
 
 
 @settings(max_examples=40, deadline=None)
@@ -476,13 +481,13 @@ def test_building_block_pipeline_c_equals_python(p, mult, pick) -> None:
     """The whole pipeline on fewer microbatches (reorder with its skip, compress, the periods
     put back) gives the same periodic orders."""
     block = _some_block(p, pick)
-    m = p * mult
-    out = []
-    for python in (True, False):
-        with _loops(python):
-            got = building_block.periodic_from_block(block, m)
-            out.append((got.orders, got.at, got.per, got.extra))
-    assert out[1] == out[0]
+
+    def lowered():
+        got = building_block.periodic_from_block(block, p * mult)
+        return got.orders, got.at, got.per, got.extra
+
+    py, c = _twice(lowered)
+    assert c == py
 
 
 @settings(max_examples=80, deadline=None)
