@@ -600,3 +600,62 @@ def test_op_table_rows_c_equal_python() -> None:
             out.append(dict(table))
     _TABLES.clear()
     assert out[1] == out[0] and len(out[0]) == 30 and out[0][OpKind.W, 4][299] == (OpKind.W, 4, 299)
+
+
+def test_inputs_from_c_equals_python(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The periodic timings' and refills' input check (V-Half and V-Min lowered on fewer microbatches): on
+    the arguments the lowerings pass, and with every rank's bound moved (so that some inputs
+    fall before it), the C loop answers as the Python one."""
+    from pipeoffload.schedules import vshape
+
+    seen: list[tuple] = []
+    real = steady_timing.inputs_from
+
+    def spy(*args):
+        seen.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(w_refill, "inputs_from", spy)
+    monkeypatch.setattr(steady_timing, "inputs_from", spy)  # (the periodic timing's own calls)
+    for name in ("v-half", "v-min"):
+        vshape._lowered.cache_clear()
+        vshape._BASES.clear()
+        generate(name, p=8, m=320, costs=Costs(F=1.0, B=1.5, W=0.5, comm=0.125))
+    vshape._lowered.cache_clear()
+    assert seen
+    for whole in (True, False):  # every rank's chains whole (set lookups), or none (index lookups)
+        if not whole:
+            monkeypatch.setattr(steady_timing, "_chains_whole", lambda *a: False)
+        verdicts = set()
+        for args in seen:
+            lows = [[max(0, x + shift) for x in args[4]] for shift in (0, 1, 3, -2, 40, 10**6)]
+            deps, rank_of, codes, reading, low, ranges, refs, periods, m = args
+            found = {(rank_of[(base + x % m) // m % (len(deps) // 3)], base + x % m)
+                     for ops in reading for x in ops for base, _ in deps[x // m]}
+            for q, y in sorted(found)[::7]:  # a bound at an input's own index, and one past it
+                k = steady_timing._index(y, codes[q], ranges[q], refs[q], m, periods[q])
+                if k is not None:
+                    lows += [low[:q] + [b] + low[q + 1:] for b in (k, k + 1)]
+            for moved_low in lows:
+                py, c = _both(real, *args[:4], moved_low, *args[5:])
+                assert c == py
+                verdicts.add(py[1])
+        assert verdicts == {True, False}
+
+
+@settings(max_examples=100, deadline=None)
+@given(p=st.integers(2, 9), m=st.integers(1, 20), pick=st.integers(3, 200), seed=st.integers(0, 10**6),
+       swaps=st.integers(0, 3), as_str=st.booleans())
+def test_grid_dependency_check_c_equals_python(p, m, pick, seed, swaps, as_str) -> None:
+    """The grid rules' final check on repeated grids with a few cells swapped (most then break a
+    dependency or a count): the same verdict."""
+    grid = [list(r) for r in v_grid_lowering.repeated_grid(_some_block(p, pick), m)]
+    rng = random.Random(seed)
+    for _ in range(swaps):
+        r = rng.randrange(p)
+        a, b = rng.randrange(len(grid[r])), rng.randrange(len(grid[r]))
+        grid[r][a], grid[r][b] = grid[r][b], grid[r][a]
+    if as_str:
+        grid = ["".join(r) for r in grid]
+    py, c = _both(v_grid_lowering._dependencies_hold, grid, m)
+    assert c == py

@@ -516,3 +516,75 @@ static PyObject *grid_peaks(PyObject *self, PyObject *args) {
     }
     return out;
 }
+
+PyDoc_STRVAR(grid_dependencies_doc,
+"grid_dependencies_hold(grid, m)\n--\n\n"
+"pipeoffload.schedules.v_grid_lowering._dependencies_hold: every label m times on every rank\n"
+"and every op after its dependencies.");
+
+static PyObject *grid_dependencies_hold(PyObject *self, PyObject *args) {
+    PyObject *grid;
+    Py_ssize_t m;
+    if (!PyArg_ParseTuple(args, "O!n:grid_dependencies_hold", &PyList_Type, &grid, &m))
+        return NULL;
+    const Py_ssize_t p = PyList_GET_SIZE(grid);
+    if (m < 0) {
+        PyErr_SetString(PyExc_ValueError, "grid_dependencies_hold: m must be >= 0");
+        return NULL;
+    }
+    /* at[(i*6 + label)*m + j]: the slot of rank i's j-th op with that label */
+    long long *at = PyMem_Malloc(sizeof(long long) * (size_t)(p * 6 * (m ? m : 1) + 1));
+    if (!at)
+        return PyErr_NoMemory();
+    int holds = 1;
+    for (Py_ssize_t i = 0; holds && i < p; i++) {
+        PyObject *row = PyList_GET_ITEM(grid, i);
+        int is_str = PyUnicode_Check(row);
+        if (!is_str && !PyList_Check(row)) {
+            PyMem_Free(at);
+            PyErr_SetString(PyExc_TypeError, "grid_dependencies_hold: a row is no list or str");
+            return NULL;
+        }
+        Py_ssize_t n = is_str ? PyUnicode_GET_LENGTH(row) : PyList_GET_SIZE(row), seen[6] = {0, 0, 0, 0, 0, 0};
+        for (Py_ssize_t t = 0; holds && t < n; t++) {
+            int c;
+            if (is_str) {
+                Py_UCS4 ch = PyUnicode_READ_CHAR(row, t);
+                c = ch == 'F' ? 0 : ch == 'f' ? 1 : ch == 'B' ? 2 : ch == 'b' ? 3 : ch == 'W' ? 4 : ch == 'w' ? 5 :
+                    ch == ' ' ? EMPTY_LABEL : -1;
+                if (c < 0)
+                    PyErr_SetString(PyExc_KeyError, "a grid cell is no label");
+            } else
+                c = label_index(PyList_GET_ITEM(row, t));
+            if (c < 0) {
+                PyMem_Free(at);
+                return NULL;
+            }
+            if (c == EMPTY_LABEL)
+                continue;
+            if (seen[c] >= m)
+                holds = 0;
+            else
+                at[(i * 6 + c) * m + seen[c]++] = t;
+        }
+        for (int c = 0; holds && c < 6; c++)
+            holds = seen[c] == m;
+    }
+#define AT(i, c, j) at[((i) * 6 + (c)) * m + (j)]
+    for (Py_ssize_t i = 0; holds && i < p; i++)
+        for (Py_ssize_t j = 0; holds && j < m; j++) {
+            /* labels: F 0, f 1, B 2, b 3, W 4, w 5 */
+            if (AT(i, 2, j) >= AT(i, 4, j) || AT(i, 3, j) >= AT(i, 5, j))
+                holds = 0;
+            else if (i == 0 && AT(i, 1, j) >= AT(i, 2, j))
+                holds = 0;
+            else if (i == p - 1 && (AT(i, 0, j) >= AT(i, 1, j) || AT(i, 2, j) >= AT(i, 3, j)))
+                holds = 0;
+            else if (0 < i && i < p - 1 && (AT(i - 1, 0, j) >= AT(i, 0, j) || AT(i - 1, 2, j) >= AT(i, 2, j) ||
+                                            AT(i + 1, 1, j) >= AT(i, 1, j) || AT(i + 1, 3, j) >= AT(i, 3, j)))
+                holds = 0;
+        }
+#undef AT
+    PyMem_Free(at);
+    return PyBool_FromLong(holds);
+}

@@ -237,3 +237,28 @@ static int item_index(PyObject *list, Py_ssize_t i, Py_ssize_t limit, Py_ssize_t
     }
     return 0;
 }
+
+/* list[i] as a long long; -1 with an exception when list is not a list, i out of range or
+ * the item no int. */
+static int ll_item(PyObject *list, Py_ssize_t i, long long *out) {
+    if (!PyList_Check(list) || i < 0 || i >= PyList_GET_SIZE(list)) {
+        PyErr_SetString(PyExc_IndexError, "slot list index out of range");
+        return -1;
+    }
+    PyObject *x = PyList_GET_ITEM(list, i);
+    if (!PyLong_Check(x)) {
+        PyErr_SetString(PyExc_TypeError, "a slot is no int");
+        return -1;
+    }
+    *out = PyLong_AsLongLong(x);
+    return *out == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
+static int ll_set(PyObject *list, Py_ssize_t i, long long v) {
+    if (!PyList_Check(list) || i < 0 || i >= PyList_GET_SIZE(list)) {
+        PyErr_SetString(PyExc_IndexError, "slot list index out of range");
+        return -1;
+    }
+    PyObject *x = PyLong_FromLongLong(v);
+    return x ? PyList_SetItem(list, i, x) : -1;
+}

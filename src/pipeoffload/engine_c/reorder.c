@@ -5,31 +5,6 @@
  * memory; a larger one raises OverflowError).
  */
 
-/* list[i] as a long long; -1 with an exception when list is not a list, i out of range or
- * the item no int. */
-static int ll_item(PyObject *list, Py_ssize_t i, long long *out) {
-    if (!PyList_Check(list) || i < 0 || i >= PyList_GET_SIZE(list)) {
-        PyErr_SetString(PyExc_IndexError, "slot list index out of range");
-        return -1;
-    }
-    PyObject *x = PyList_GET_ITEM(list, i);
-    if (!PyLong_Check(x)) {
-        PyErr_SetString(PyExc_TypeError, "a slot is no int");
-        return -1;
-    }
-    *out = PyLong_AsLongLong(x);
-    return *out == -1 && PyErr_Occurred() ? -1 : 0;
-}
-
-static int ll_set(PyObject *list, Py_ssize_t i, long long v) {
-    if (!PyList_Check(list) || i < 0 || i >= PyList_GET_SIZE(list)) {
-        PyErr_SetString(PyExc_IndexError, "slot list index out of range");
-        return -1;
-    }
-    PyObject *x = PyLong_FromLongLong(v);
-    return x ? PyList_SetItem(list, i, x) : -1;
-}
-
 /* out[r][k] (a list) or NULL with an exception. */
 static PyObject *slot_row(PyObject *out, Py_ssize_t r, long long k) {
     if (r < 0 || r >= PyList_GET_SIZE(out)) {

@@ -171,3 +171,133 @@ out:
     PyMem_Free(blocked);
     return result;
 }
+
+/* steady_timing._index: the index of op ``slot`` in ``codes`` when it is in the periodic range
+ * [lo, hi) (ref: own -> (first index, microbatch)), else -1; -2 with an exception. */
+static Py_ssize_t period_index(long long slot, PyObject *codes, Py_ssize_t lo, Py_ssize_t hi, PyObject *ref,
+                               long long m, long long period) {
+    long long own = slot / m, mb = slot % m, i0, mb0, at;
+    PyObject *key = PyLong_FromLongLong(own);
+    if (!key)
+        return -2;
+    PyObject *v = PyDict_GetItemWithError(ref, key);
+    Py_DECREF(key);
+    if (!v)
+        return PyErr_Occurred() ? -2 : -1;
+    if (!PyTuple_Check(v) || PyTuple_GET_SIZE(v) != 2) {
+        PyErr_SetString(PyExc_TypeError, "a first-period entry is no (index, microbatch) pair");
+        return -2;
+    }
+    i0 = PyLong_AsLongLong(PyTuple_GET_ITEM(v, 0));
+    mb0 = PyLong_AsLongLong(PyTuple_GET_ITEM(v, 1));
+    if (PyErr_Occurred())
+        return -2;
+    long long k = i0 + (mb - mb0) * period;
+    if (!(lo <= k && k < hi) || k >= PyList_GET_SIZE(codes))
+        return -1;
+    if (ll_item(codes, (Py_ssize_t)k, &at) < 0)
+        return -2;
+    return at == slot ? (Py_ssize_t)k : -1;
+}
+
+PyDoc_STRVAR(inputs_from_doc,
+"inputs_from(deps, rank_of, codes, reading, low, ranges, refs, periods, m, allowed, tails)\n--\n\n"
+"pipeoffload.passes.steady_timing.inputs_from's loop, with its ``allowed`` and ``tails`` sets\n"
+"(per rank, a set or None) made by the caller: whether every input of the ops ``reading`` is\n"
+"at index >= low[q] of its rank's list.");
+
+static PyObject *inputs_from(PyObject *self, PyObject *args) {
+    PyObject *deps, *rank_of, *codes, *reading, *low, *ranges, *refs, *periods, *allowed, *tails;
+    long long m;
+    if (!PyArg_ParseTuple(args, "O!O!O!OO!O!O!O!LO!O!:inputs_from", &PyList_Type, &deps, &PyList_Type, &rank_of,
+                          &PyList_Type, &codes, &reading, &PyList_Type, &low, &PyList_Type, &ranges, &PyList_Type,
+                          &refs, &PyList_Type, &periods, &m, &PyList_Type, &allowed, &PyList_Type, &tails))
+        return NULL;
+    const Py_ssize_t S = PyList_GET_SIZE(deps) / 3, p = PyList_GET_SIZE(codes);
+    if (m <= 0 || S <= 0 || PyList_GET_SIZE(rank_of) < S || PyList_GET_SIZE(low) != p ||
+        PyList_GET_SIZE(ranges) != p || PyList_GET_SIZE(refs) != p || PyList_GET_SIZE(periods) != p ||
+        PyList_GET_SIZE(allowed) != p || PyList_GET_SIZE(tails) != p) {
+        PyErr_SetString(PyExc_ValueError, "inputs_from: one entry per rank in every per-rank list");
+        return NULL;
+    }
+    Deps d;
+    int got = deps_read(&d, deps);
+    if (got <= 0) {
+        deps_free(&d);
+        if (got == 0)
+            PyErr_SetString(PyExc_TypeError, "inputs_from: deps are no (offset, latency) rows");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(reading, "reading must be a sequence"), *result = NULL;
+    int holds = 1;
+    if (!seq)
+        goto out;
+    for (Py_ssize_t a = 0; holds && a < PySequence_Fast_GET_SIZE(seq); a++) {
+        PyObject *ops = PySequence_Fast_GET_ITEM(seq, a);
+        if (!PyList_Check(ops)) {
+            PyErr_SetString(PyExc_TypeError, "inputs_from: each reading entry must be a list of slots");
+            goto out;
+        }
+        for (Py_ssize_t i = 0; holds && i < PyList_GET_SIZE(ops); i++) {
+            long long x;
+            if (ll_item(ops, i, &x) < 0)
+                goto out;
+            long long own = x / m, mb = x % m;
+            if (own < 0 || own >= d.n) {
+                PyErr_SetString(PyExc_IndexError, "inputs_from: an op with no dependency row");
+                goto out;
+            }
+            for (Py_ssize_t k = d.off[own]; holds && k < d.off[own + 1]; k++) {
+                long long y = d.base[k] + mb, qq;
+                if (ll_item(rank_of, (Py_ssize_t)((y / m) % S), &qq) < 0)
+                    goto out;
+                if (qq < 0 || qq >= p) {
+                    PyErr_SetString(PyExc_IndexError, "inputs_from: a rank out of range");
+                    goto out;
+                }
+                Py_ssize_t q = (Py_ssize_t)qq;
+                PyObject *al = PyList_GET_ITEM(allowed, q);
+                if (al != Py_None) {
+                    PyObject *yo = PyLong_FromLongLong(y);
+                    int in = yo ? PySet_Contains(al, yo) : -1;
+                    Py_XDECREF(yo);
+                    if (in < 0)
+                        goto out;
+                    holds = in;
+                    continue;
+                }
+                PyObject *rng = PyList_GET_ITEM(ranges, q);
+                Py_ssize_t lo, hi;
+                long long per, lq;
+                if (!PyTuple_Check(rng) || PyTuple_GET_SIZE(rng) != 2 ||
+                    !PyArg_ParseTuple(rng, "nn", &lo, &hi) || ll_item(periods, q, &per) < 0 || ll_item(low, q, &lq) < 0)
+                    goto out;
+                PyObject *ref = PyList_GET_ITEM(refs, q);
+                if (!PyDict_Check(ref)) {
+                    PyErr_SetString(PyExc_TypeError, "inputs_from: a first period is no dict");
+                    goto out;
+                }
+                Py_ssize_t at = period_index(y, PyList_GET_ITEM(codes, q), lo, hi, ref, m, per);
+                if (at == -2)
+                    goto out;
+                if (at == -1) {
+                    PyObject *yo = PyLong_FromLongLong(y), *tl = PyList_GET_ITEM(tails, q);
+                    int in = yo && tl != Py_None ? PySet_Contains(tl, yo) : -1;
+                    Py_XDECREF(yo);
+                    if (in < 0) {
+                        if (!PyErr_Occurred())
+                            PyErr_SetString(PyExc_TypeError, "inputs_from: a rank with no tail set");
+                        goto out;
+                    }
+                    holds = in;
+                } else if (at < lq)
+                    holds = 0;
+            }
+        }
+    }
+    result = PyBool_FromLong(holds);
+out:
+    Py_XDECREF(seq);
+    deps_free(&d);
+    return result;
+}

@@ -234,6 +234,10 @@ def inputs_from(deps: Sequence, rank_of: Sequence[int], codes: list[list[int]], 
     allowed = [set(c[max(lo, min(q, hi)):]) if hi - lo >= P > 0 and _chains_whole(c, (lo, hi), P, m) else None
                for c, (lo, hi), q, P in zip(codes, ranges, low, periods, strict=True)]  # one of each per rank
     tails = [set(c[hi:]) if a is None else None for c, (_, hi), a in zip(codes, ranges, allowed)]
+    loop = getattr(c_engine(), "inputs_from", None)
+    if loop is not None and type(deps) is list and type(codes) is list:  # in C where built: the same answer
+        return loop(deps, list(rank_of), codes, reading, list(low), list(ranges), list(refs), list(periods), m,
+                    allowed, tails)
     for ops in reading:
         for x in ops:
             own, mb = divmod(x, m)
