@@ -32,8 +32,8 @@ from typing import Callable, Sequence
 
 from ..costs import Costs, MemoryDeltas
 from ..ir import OpKind, Placement, Schedule, build_schedule
-from ..passes.timing import _NOT_PLACED as _UNPLACED
 from ..native import c_engine
+from ..passes.timing import _NOT_PLACED as _UNPLACED
 from ..passes.timing import B_CODE, CODE_KIND, KIND_CODE, W_CODE
 from ..passes.steady_timing import (PeriodicOrders, _exact, _first_period, _index, _period_range, inputs_from,
                                     inside_range, op_slots)
