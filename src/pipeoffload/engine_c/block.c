@@ -50,6 +50,16 @@ static int mirror_read(PosMirror *pm, PyObject *pos) {
     return 1;
 }
 
+/* The skip's lower bounds (what the scan read), written back before the skip reads them. */
+static int skip_bounds(PyObject *skip, long long min_lb, long long after_lb) {
+    PyObject *a = PyLong_FromLongLong(min_lb), *b = PyLong_FromLongLong(after_lb);
+    int rc = a && b && PyObject_SetAttrString(skip, "min_lb", a) == 0 &&
+             PyObject_SetAttrString(skip, "after_lb", b) == 0 ? 0 : -1;
+    Py_XDECREF(a);
+    Py_XDECREF(b);
+    return rc;
+}
+
 PyDoc_STRVAR(reorder_bytes_doc,
 "reorder_bytes(cells, pos, mem, thresholds, deps_of, kinds, S, M, skip)\n--\n\n"
 "pipeoffload.schedules.building_block._reorder_bytes_py's scan, in place on the grid's\n"
@@ -138,15 +148,8 @@ static PyObject *reorder_bytes(PyObject *self, PyObject *args) {
     for (Py_ssize_t t = 0; t < length; t++) {
         if (skip != Py_None && t % period == 0) {
             /* the skip reads and resets its lower bounds at each boundary */
-            if (done) {
-                PyObject *a = PyLong_FromLongLong(min_lb), *b = PyLong_FromLongLong(after_lb);
-                int rc = a && b && PyObject_SetAttrString(skip, "min_lb", a) == 0 &&
-                         PyObject_SetAttrString(skip, "after_lb", b) == 0 ? 0 : -1;
-                Py_XDECREF(a);
-                Py_XDECREF(b);
-                if (rc < 0)
-                    goto out;
-            }
+            if (done && skip_bounds(skip, min_lb, after_lb) < 0)
+                goto out;
             PyObject *to = PyObject_CallMethod(skip, "boundary", "n", t);
             if (!to)
                 goto out;
@@ -270,15 +273,8 @@ static PyObject *reorder_bytes(PyObject *self, PyObject *args) {
             }
         }
     }
-    if (skip != Py_None && done) {
-        PyObject *a = PyLong_FromLongLong(min_lb), *b = PyLong_FromLongLong(after_lb);
-        int rc = a && b && PyObject_SetAttrString(skip, "min_lb", a) == 0 &&
-                 PyObject_SetAttrString(skip, "after_lb", b) == 0 ? 0 : -1;
-        Py_XDECREF(a);
-        Py_XDECREF(b);
-        if (rc < 0)
-            goto out;
-    }
+    if (skip != Py_None && done && skip_bounds(skip, min_lb, after_lb) < 0)
+        goto out;
     result = Py_True;
     Py_INCREF(result);
 out:

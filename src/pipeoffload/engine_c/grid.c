@@ -9,21 +9,37 @@ static PyObject *label_obj[7];  /* "F" "f" "B" "b" "W" "w" " ", made at import *
 static const int LABEL_DELTA[7] = {1, 1, 0, 0, -1, -1, 0};
 #define EMPTY_LABEL 6
 
+/* The label index of a character (0..5, 6 for empty), or -1. */
+static int char_label(Py_UCS4 ch) {
+    switch (ch) {
+    case 'F': return 0;
+    case 'f': return 1;
+    case 'B': return 2;
+    case 'b': return 3;
+    case 'W': return 4;
+    case 'w': return 5;
+    case ' ': return EMPTY_LABEL;
+    }
+    return -1;
+}
+
 /* The label index of a cell (0..5, 6 for empty); -1 with an exception for anything else. */
 static int label_index(PyObject *c) {
-    if (PyUnicode_Check(c) && PyUnicode_GET_LENGTH(c) == 1) {
-        switch (PyUnicode_READ_CHAR(c, 0)) {
-        case 'F': return 0;
-        case 'f': return 1;
-        case 'B': return 2;
-        case 'b': return 3;
-        case 'W': return 4;
-        case 'w': return 5;
-        case ' ': return EMPTY_LABEL;
-        }
-    }
-    PyErr_SetString(PyExc_KeyError, "a grid cell is no label");
-    return -1;
+    int x = PyUnicode_Check(c) && PyUnicode_GET_LENGTH(c) == 1 ? char_label(PyUnicode_READ_CHAR(c, 0)) : -1;
+    if (x < 0)
+        PyErr_SetString(PyExc_KeyError, "a grid cell is no label");
+    return x;
+}
+
+/* The label index of slot t of a row (a str, or a list of one-character strs); -1 with an
+ * exception for anything else. */
+static int row_label(PyObject *row, int is_str, Py_ssize_t t) {
+    if (!is_str)
+        return label_index(PyList_GET_ITEM(row, t));
+    int x = char_label(PyUnicode_READ_CHAR(row, t));
+    if (x < 0)
+        PyErr_SetString(PyExc_KeyError, "a grid cell is no label");
+    return x;
 }
 
 /* dict[label] as a long long (count, slot or level dicts); -1 with an exception. */
@@ -398,13 +414,9 @@ static PyObject *time_grid(PyObject *self, PyObject *args) {
         length = PyUnicode_GET_LENGTH(row);
         first[r] = -1.0;
         for (Py_ssize_t t = 0; t < length; t++) {
-            Py_UCS4 ch = PyUnicode_READ_CHAR(row, t);
-            int c = ch == 'F' ? 0 : ch == 'f' ? 1 : ch == 'B' ? 2 : ch == 'b' ? 3 : ch == 'W' ? 4 : ch == 'w' ? 5 :
-                    ch == ' ' ? 6 : -1;
-            if (c < 0) {
-                PyErr_SetString(PyExc_KeyError, "time_grid: a cell is no label");
+            int c = row_label(row, 1, t);
+            if (c < 0)
                 goto out;
-            }
             if (c < 6)
                 cnt[r * 6 + c]++;
         }
@@ -416,9 +428,8 @@ static PyObject *time_grid(PyObject *self, PyObject *args) {
         }
     for (Py_ssize_t t = 0; t < length; t++)
         for (Py_ssize_t r = 0; r < p; r++) {
-            Py_UCS4 ch = PyUnicode_READ_CHAR(PyList_GET_ITEM(rows, r), t);
-            int c = ch == 'F' ? 0 : ch == 'f' ? 1 : ch == 'B' ? 2 : ch == 'b' ? 3 : ch == 'W' ? 4 : ch == 'w' ? 5 : 6;
-            if (c == 6)
+            int c = char_label(PyUnicode_READ_CHAR(PyList_GET_ITEM(rows, r), t));  /* (checked above) */
+            if (c == EMPTY_LABEL)
                 continue;
             Py_ssize_t x = r * 6 + c;
             double start = clock[r];
@@ -488,15 +499,7 @@ static PyObject *grid_peaks(PyObject *self, PyObject *args) {
         Py_ssize_t n = is_str ? PyUnicode_GET_LENGTH(row) : PyList_GET_SIZE(row);
         long long level = 0, peak = 0;
         for (Py_ssize_t t = 0; t < n; t++) {
-            int c;
-            if (is_str) {
-                Py_UCS4 ch = PyUnicode_READ_CHAR(row, t);
-                c = ch == 'F' ? 0 : ch == 'f' ? 1 : ch == 'B' ? 2 : ch == 'b' ? 3 : ch == 'W' ? 4 : ch == 'w' ? 5 :
-                    ch == ' ' ? 6 : -1;
-                if (c < 0)
-                    PyErr_SetString(PyExc_KeyError, "a grid cell is no label");
-            } else
-                c = label_index(PyList_GET_ITEM(row, t));
+            int c = row_label(row, is_str, t);
             if (c < 0) {
                 Py_CLEAR(out);
                 break;
@@ -547,15 +550,7 @@ static PyObject *grid_dependencies_hold(PyObject *self, PyObject *args) {
         }
         Py_ssize_t n = is_str ? PyUnicode_GET_LENGTH(row) : PyList_GET_SIZE(row), seen[6] = {0, 0, 0, 0, 0, 0};
         for (Py_ssize_t t = 0; holds && t < n; t++) {
-            int c;
-            if (is_str) {
-                Py_UCS4 ch = PyUnicode_READ_CHAR(row, t);
-                c = ch == 'F' ? 0 : ch == 'f' ? 1 : ch == 'B' ? 2 : ch == 'b' ? 3 : ch == 'W' ? 4 : ch == 'w' ? 5 :
-                    ch == ' ' ? EMPTY_LABEL : -1;
-                if (c < 0)
-                    PyErr_SetString(PyExc_KeyError, "a grid cell is no label");
-            } else
-                c = label_index(PyList_GET_ITEM(row, t));
+            int c = row_label(row, is_str, t);
             if (c < 0) {
                 PyMem_Free(at);
                 return NULL;
