@@ -712,6 +712,50 @@ out:
     return result;
 }
 
+/* The slot-order keys ((t*p + r)*8 + k)*n + j of every op of ``grid`` (per rank, per type, the
+ * slot of each microbatch; one rank: p = 1), sorted, in a fresh array (*total of them); NULL with
+ * an exception when a rank's rows are not at most 8 lists of ints. */
+static long long *sorted_slot_keys(PyObject *grid, long long n, Py_ssize_t *total) {
+    const Py_ssize_t p = PyList_GET_SIZE(grid);
+    *total = 0;
+    for (Py_ssize_t r = 0; r < p; r++) {
+        PyObject *rows = PyList_GET_ITEM(grid, r);
+        if (!PyList_Check(rows) || PyList_GET_SIZE(rows) > 8) {
+            PyErr_SetString(PyExc_TypeError, "a rank's rows are no list of at most 8 slot lists");
+            return NULL;
+        }
+        for (Py_ssize_t k = 0; k < PyList_GET_SIZE(rows); k++) {
+            if (!PyList_Check(PyList_GET_ITEM(rows, k))) {
+                PyErr_SetString(PyExc_TypeError, "a slot list is no list");
+                return NULL;
+            }
+            *total += PyList_GET_SIZE(PyList_GET_ITEM(rows, k));
+        }
+    }
+    long long *keys = PyMem_Malloc(sizeof(long long) * (size_t)(*total ? *total : 1));
+    if (!keys) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    Py_ssize_t x = 0;
+    for (Py_ssize_t r = 0; r < p; r++) {
+        PyObject *rows = PyList_GET_ITEM(grid, r);
+        for (Py_ssize_t k = 0; k < PyList_GET_SIZE(rows); k++) {
+            PyObject *ts = PyList_GET_ITEM(rows, k);
+            for (Py_ssize_t j = 0; j < PyList_GET_SIZE(ts); j++) {
+                long long t;
+                if (ll_item(ts, j, &t) < 0) {
+                    PyMem_Free(keys);
+                    return NULL;
+                }
+                keys[x++] = ((t * p + r) * 8 + k) * n + j;
+            }
+        }
+    }
+    qsort(keys, (size_t)*total, sizeof(long long), ll_cmp);
+    return keys;
+}
+
 PyDoc_STRVAR(slot_ordered_doc,
 "slot_ordered(rows, n, table, bounds)\n--\n\n"
 "One rank's ops in slot order (pipeoffload.schedules.v_reorder._lower): the op of type k and\n"
@@ -729,30 +773,16 @@ static PyObject *slot_ordered(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "slot_ordered: n > 0, at most 8 op types, a table row per type");
         return NULL;
     }
-    Py_ssize_t total = 0;
-    for (Py_ssize_t k = 0; k < nk; k++) {
-        if (!PyList_Check(PyList_GET_ITEM(rows, k))) {
-            PyErr_SetString(PyExc_TypeError, "slot_ordered: a slot list is no list");
-            return NULL;
-        }
-        total += PyList_GET_SIZE(PyList_GET_ITEM(rows, k));
-    }
-    long long *keys = PyMem_Malloc(sizeof(long long) * (size_t)(total ? total : 1));
+    Py_ssize_t total;
+    PyObject *one = PyList_New(1);  /* the rank's rows as a grid of one rank */
+    if (!one)
+        return NULL;
+    Py_INCREF(rows);
+    PyList_SET_ITEM(one, 0, rows);
+    long long *keys = sorted_slot_keys(one, n, &total);
+    Py_DECREF(one);
     if (!keys)
-        return PyErr_NoMemory();
-    Py_ssize_t x = 0;
-    for (Py_ssize_t k = 0; k < nk; k++) {
-        PyObject *ts = PyList_GET_ITEM(rows, k);
-        for (Py_ssize_t j = 0; j < PyList_GET_SIZE(ts); j++) {
-            long long t;
-            if (ll_item(ts, j, &t) < 0) {
-                PyMem_Free(keys);
-                return NULL;
-            }
-            keys[x++] = (t * 8 + k) * n + j;
-        }
-    }
-    qsort(keys, (size_t)total, sizeof(long long), ll_cmp);
+        return NULL;
     PyObject *out = PyList_New(total), *at = PyList_New(PyList_GET_SIZE(bounds)), *result = NULL;
     if (!out || !at)
         goto done;

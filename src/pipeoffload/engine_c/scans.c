@@ -135,41 +135,10 @@ static PyObject *slot_order(PyObject *self, PyObject *args) {
     long long n;
     if (!PyArg_ParseTuple(args, "O!L:slot_order", &PyList_Type, &grid, &n))
         return NULL;
-    const Py_ssize_t p = PyList_GET_SIZE(grid);
-    Py_ssize_t total = 0;
-    for (Py_ssize_t r = 0; r < p; r++) {
-        PyObject *rows = PyList_GET_ITEM(grid, r);
-        if (!PyList_Check(rows) || PyList_GET_SIZE(rows) > 8) {
-            PyErr_SetString(PyExc_TypeError, "a rank's rows are no list of at most 8 slot lists");
-            return NULL;
-        }
-        for (Py_ssize_t k = 0; k < PyList_GET_SIZE(rows); k++) {
-            if (!PyList_Check(PyList_GET_ITEM(rows, k))) {
-                PyErr_SetString(PyExc_TypeError, "a slot list is no list");
-                return NULL;
-            }
-            total += PyList_GET_SIZE(PyList_GET_ITEM(rows, k));
-        }
-    }
-    long long *keys = PyMem_Malloc(sizeof(long long) * (size_t)(total ? total : 1));
+    Py_ssize_t total;
+    long long *keys = sorted_slot_keys(grid, n, &total);
     if (!keys)
-        return PyErr_NoMemory();
-    Py_ssize_t x = 0;
-    for (Py_ssize_t r = 0; r < p; r++) {
-        PyObject *rows = PyList_GET_ITEM(grid, r);
-        for (Py_ssize_t k = 0; k < PyList_GET_SIZE(rows); k++) {
-            PyObject *ts = PyList_GET_ITEM(rows, k);
-            for (Py_ssize_t j = 0; j < PyList_GET_SIZE(ts); j++) {
-                long long t;
-                if (ll_item(ts, j, &t) < 0) {
-                    PyMem_Free(keys);
-                    return NULL;
-                }
-                keys[x++] = ((t * p + r) * 8 + k) * n + j;
-            }
-        }
-    }
-    qsort(keys, (size_t)total, sizeof(long long), ll_cmp);
+        return NULL;
     PyObject *out = PyList_New(total);
     for (Py_ssize_t i = 0; out && i < total; i++) {
         PyObject *v = PyLong_FromLongLong(keys[i]);
