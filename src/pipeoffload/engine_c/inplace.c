@@ -262,3 +262,65 @@ static int ll_set(PyObject *list, Py_ssize_t i, long long v) {
     PyObject *x = PyLong_FromLongLong(v);
     return x ? PyList_SetItem(list, i, x) : -1;
 }
+
+/* steady_timing._index: the index of op ``slot`` in ``codes`` when it is in the periodic range
+ * [lo, hi) (ref: own -> (first index, microbatch)), else -1; -2 with an exception. */
+static Py_ssize_t period_index(long long slot, PyObject *codes, Py_ssize_t lo, Py_ssize_t hi, PyObject *ref,
+                               long long m, long long period) {
+    long long own = slot / m, mb = slot % m, i0, mb0, at;
+    PyObject *key = PyLong_FromLongLong(own);
+    if (!key)
+        return -2;
+    PyObject *v = PyDict_GetItemWithError(ref, key);
+    Py_DECREF(key);
+    if (!v)
+        return PyErr_Occurred() ? -2 : -1;
+    if (!PyTuple_Check(v) || PyTuple_GET_SIZE(v) != 2) {
+        PyErr_SetString(PyExc_TypeError, "a first-period entry is no (index, microbatch) pair");
+        return -2;
+    }
+    i0 = PyLong_AsLongLong(PyTuple_GET_ITEM(v, 0));
+    mb0 = PyLong_AsLongLong(PyTuple_GET_ITEM(v, 1));
+    if (PyErr_Occurred())
+        return -2;
+    long long k = i0 + (mb - mb0) * period;
+    if (!(lo <= k && k < hi) || k >= PyList_GET_SIZE(codes))
+        return -1;
+    if (ll_item(codes, (Py_ssize_t)k, &at) < 0)
+        return -2;
+    return at == slot ? (Py_ssize_t)k : -1;
+}
+
+/* A skeleton op's index on rank q by its period (``periodic``: the lowering's (codes, ranges,
+ * first periods, ops per period), per rank): 1 with *k when it is in q's periodic range, 0 when
+ * it is not (the caller asks its Python lookup), -1 with an exception. */
+static int periodic_position(PyObject *periodic, Py_ssize_t q, long long slot, long long m, Py_ssize_t *k) {
+    if (!PyTuple_Check(periodic) || PyTuple_GET_SIZE(periodic) != 4) {
+        PyErr_SetString(PyExc_TypeError, "periodic must be (codes, ranges, refs, periods)");
+        return -1;
+    }
+    PyObject *codes = PyTuple_GET_ITEM(periodic, 0), *ranges = PyTuple_GET_ITEM(periodic, 1),
+             *refs = PyTuple_GET_ITEM(periodic, 2), *periods = PyTuple_GET_ITEM(periodic, 3);
+    if (!PyList_Check(codes) || !PyList_Check(ranges) || !PyList_Check(refs) || !PyList_Check(periods) ||
+        q < 0 || q >= PyList_GET_SIZE(codes) || q >= PyList_GET_SIZE(ranges) || q >= PyList_GET_SIZE(refs) ||
+        q >= PyList_GET_SIZE(periods)) {
+        PyErr_SetString(PyExc_TypeError, "periodic: one list entry per rank");
+        return -1;
+    }
+    PyObject *rng = PyList_GET_ITEM(ranges, q), *ref = PyList_GET_ITEM(refs, q);
+    Py_ssize_t lo, hi;
+    long long per;
+    if (!PyTuple_Check(rng) || !PyDict_Check(ref) || !PyArg_ParseTuple(rng, "nn", &lo, &hi) ||
+        ll_item(periods, q, &per) < 0) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "periodic: a range is no (lo, hi) or a first period no dict");
+        return -1;
+    }
+    Py_ssize_t at = period_index(slot, PyList_GET_ITEM(codes, q), lo, hi, ref, m, per);
+    if (at == -2)
+        return -1;
+    if (at < 0)
+        return 0;
+    *k = at;
+    return 1;
+}

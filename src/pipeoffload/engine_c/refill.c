@@ -121,14 +121,15 @@ static PyObject *refill_run(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOO:refill_run", &run, &tr, &code_kind))
         return NULL;
     PyObject *skeleton = NULL, *pending = NULL, *caps = NULL, *done_l = NULL, *lim_l = NULL, *blocked_l = NULL,
-             *waiting = NULL, *partial_o = NULL, *consulted = NULL, *pos = NULL, *ops_of = NULL, *S_o = NULL,
+             *waiting = NULL, *partial_o = NULL, *consulted = NULL, *pos = NULL, *ops_of = NULL, *periodic = NULL,
+             *S_o = NULL,
              *M_o = NULL, *deps = NULL, *end = NULL, *clock = NULL, *origin_o = NULL, *dur = NULL, *mem = NULL,
              *level = NULL, *peak = NULL, *idle = NULL, *started = NULL, *first = NULL, *order = NULL,
              *rank_of = NULL;
     PyObject **slots[] = {&skeleton, &pending, &caps, &done_l, &lim_l, &blocked_l, &waiting, &partial_o, &consulted,
-                          &pos, &ops_of};
+                          &pos, &ops_of, &periodic};
     const char *names[] = {"skeleton", "pending", "caps", "done", "lim", "blocked", "waiting", "partial",
-                           "consulted", "pos", "ops_of"};
+                           "consulted", "pos", "ops_of", "periodic"};
     PyObject **tslots[] = {&S_o, &M_o, &deps, &end, &clock, &origin_o, &dur, &mem, &level, &peak, &idle, &started,
                            &first, &order, &rank_of};
     const char *tnames[] = {"num_stages", "num_microbatches", "deps", "end", "clock", "origin", "dur", "mem",
@@ -252,17 +253,25 @@ static PyObject *refill_run(PyObject *self, PyObject *args) {
                 f.blocked[r] = 1;
                 if (pos != Py_None) {  /* limited: the rank that owes the op goes on to it */
                     Py_ssize_t qr = f.rank_of[(missing / f.M) % f.S], k;
-                    PyObject *at = PyObject_CallFunction(pos, "n", missing);
-                    if (!at) {
+                    /* by the period where the skeleton is periodic there, else pos (which searches) */
+                    int found = periodic != Py_None ? periodic_position(periodic, qr, missing, f.M, &k) : 0;
+                    if (found < 0) {
                         failed = 1;
                         break;
                     }
-                    int ok = index_in(at, PY_SSIZE_T_MAX, &k);
-                    Py_DECREF(at);
-                    if (!ok) {
-                        PyErr_SetString(PyExc_ValueError, "pos must give an index");
-                        failed = 1;
-                        break;
+                    if (!found) {
+                        PyObject *at = PyObject_CallFunction(pos, "n", missing);
+                        if (!at) {
+                            failed = 1;
+                            break;
+                        }
+                        int ok = index_in(at, PY_SSIZE_T_MAX, &k);
+                        Py_DECREF(at);
+                        if (!ok) {
+                            PyErr_SetString(PyExc_ValueError, "pos must give an index");
+                            failed = 1;
+                            break;
+                        }
                     }
                     if (qr != r && k >= f.lim[qr]) {
                         if (f.done[qr] == f.lim[qr] && !f.blocked[qr] && ready_push(&q, qr) < 0) {

@@ -11,11 +11,12 @@ static PyObject *steady_run(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "O:steady_run", &eng))
         return NULL;
     PyObject *codes = NULL, *rel = NULL, *end = NULL, *durc = NULL, *origin_o = NULL, *clock = NULL, *first = NULL,
-             *done_l = NULL, *lim_l = NULL, *waiting = NULL, *blocked_l = NULL, *locate = NULL, *m_o = NULL;
+             *done_l = NULL, *lim_l = NULL, *waiting = NULL, *blocked_l = NULL, *locate = NULL, *m_o = NULL,
+             *periodic = NULL, *rank_of = NULL;
     PyObject **slots[] = {&codes, &rel, &end, &durc, &origin_o, &clock, &first, &done_l, &lim_l, &waiting,
-                          &blocked_l, &locate, &m_o};
+                          &blocked_l, &locate, &m_o, &periodic, &rank_of};
     const char *names[] = {"codes", "rel", "end", "durc", "origin", "clock", "first", "done", "lim", "waiting",
-                           "blocked", "locate", "m"};
+                           "blocked", "locate", "m", "periodic", "rank_of"};
     PyObject *result = NULL;
     Deps d = {0};
     Ready q = {0};
@@ -105,7 +106,28 @@ static PyObject *steady_run(PyObject *self, PyObject *args) {
                     break;
                 }
                 blocked[r] = 1;
-                if (locate != Py_None) {  /* _Engine._demand */
+                if (locate != Py_None && periodic != Py_None) {
+                    /* _Engine._demand with _run_with_skip's locate: the op's rank and its index by
+                     * the period, or nothing when it is outside the periodic range */
+                    long long qq;
+                    Py_ssize_t k;
+                    int found = ll_item(rank_of, (Py_ssize_t)((missing / m) % (d.n / 3)), &qq) < 0 ? -1 :
+                                qq < 0 || qq >= p ? -2 : periodic_position(periodic, (Py_ssize_t)qq, missing, m, &k);
+                    if (found == -2)
+                        PyErr_SetString(PyExc_IndexError, "steady_run: a rank out of range");
+                    if (found < 0) {
+                        failed = 1;
+                        break;
+                    }
+                    if (found && qq != r && k >= lim[qq]) {
+                        int stopped = done[qq] == lim[qq] && !blocked[qq];
+                        lim[qq] = k + 1;
+                        if (stopped && ready_push(&q, (Py_ssize_t)qq) < 0) {
+                            failed = 1;
+                            break;
+                        }
+                    }
+                } else if (locate != Py_None) {  /* _Engine._demand */
                     PyObject *where = PyObject_CallFunction(locate, "n", missing);
                     if (!where) {
                         failed = 1;
@@ -170,34 +192,6 @@ out:
     PyMem_Free(q.item); PyMem_Free(dur); PyMem_Free(clk); PyMem_Free(fst); PyMem_Free(done); PyMem_Free(lim);
     PyMem_Free(blocked);
     return result;
-}
-
-/* steady_timing._index: the index of op ``slot`` in ``codes`` when it is in the periodic range
- * [lo, hi) (ref: own -> (first index, microbatch)), else -1; -2 with an exception. */
-static Py_ssize_t period_index(long long slot, PyObject *codes, Py_ssize_t lo, Py_ssize_t hi, PyObject *ref,
-                               long long m, long long period) {
-    long long own = slot / m, mb = slot % m, i0, mb0, at;
-    PyObject *key = PyLong_FromLongLong(own);
-    if (!key)
-        return -2;
-    PyObject *v = PyDict_GetItemWithError(ref, key);
-    Py_DECREF(key);
-    if (!v)
-        return PyErr_Occurred() ? -2 : -1;
-    if (!PyTuple_Check(v) || PyTuple_GET_SIZE(v) != 2) {
-        PyErr_SetString(PyExc_TypeError, "a first-period entry is no (index, microbatch) pair");
-        return -2;
-    }
-    i0 = PyLong_AsLongLong(PyTuple_GET_ITEM(v, 0));
-    mb0 = PyLong_AsLongLong(PyTuple_GET_ITEM(v, 1));
-    if (PyErr_Occurred())
-        return -2;
-    long long k = i0 + (mb - mb0) * period;
-    if (!(lo <= k && k < hi) || k >= PyList_GET_SIZE(codes))
-        return -1;
-    if (ll_item(codes, (Py_ssize_t)k, &at) < 0)
-        return -2;
-    return at == slot ? (Py_ssize_t)k : -1;
 }
 
 PyDoc_STRVAR(inputs_from_doc,

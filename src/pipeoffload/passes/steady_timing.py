@@ -390,6 +390,9 @@ class _Engine:
         #: While limited: ``slot → (rank, index)`` of an op (None if unknown), so that a
         #: rank stopped at its limit goes on to an op another rank waits for.
         self.locate: Callable[[int], tuple[int, int] | None] | None = None
+        #: While ``locate`` is :func:`_run_with_skip`'s: (codes, ranges, first periods, ops per
+        #: period), from which the C loop locates an op itself (the same answer)
+        self.periodic: tuple | None = None
 
     def _demand(self, slot: int, waiter: int, ready: deque) -> None:
         """Raise the limit of the rank of op ``slot`` (which ``waiter`` waits for) to
@@ -477,6 +480,7 @@ def _run_with_skip(eng: _Engine, m: int) -> int:
             return None if k is None else (q, k)
 
         eng.locate = locate
+        eng.periodic = (codes, ranges, refs, periods)
         while None not in refs and _run_to_limits(eng, periods, ranges):
             cut = [n - per for n, per in zip(eng.lim, periods)]
             n = min((hi - n) // per for n, per, (_, hi) in zip(eng.lim, periods, ranges))
@@ -486,7 +490,7 @@ def _run_with_skip(eng: _Engine, m: int) -> int:
                 skipped = n
                 break
             eng.lim = [n + per for n, per in zip(eng.lim, periods)]
-    eng.locate = None
+    eng.locate = eng.periodic = None
     eng.lim = [len(c) for c in codes]
     eng.run()
     return skipped

@@ -183,7 +183,7 @@ def _refill(placement: Placement, m: int, orders: Sequence[Sequence[tuple[OpKind
         except Infeasible:  # placed in another rank order: start again, to fail as the plain run does
             consulted[0] = flag
             run = _Refill(placement, m, orders, costs, memory, caps, partial, consulted)
-    run.pos = None
+    run.pos = run.periodic = None
     run.lim = [len(s) for s in run.skeleton]
     run.run()
     if any(run.done[r] < len(run.skeleton[r]) for r in range(len(run.skeleton))):
@@ -227,6 +227,10 @@ class _Refill:
         #: While limited: each skeleton op's index on its rank by slot, so that a rank
         #: stopped at its limit goes on to an op another rank waits for.
         self.pos: Callable[[int], int] | None = None
+        #: While ``pos`` is :func:`_skip_steady`'s: (skeleton, ranges, first periods, ops per
+        #: period), from which the C loop finds an op in a periodic range itself (``pos`` is
+        #: then asked only for the others: the same index)
+        self.periodic: tuple | None = None
         self.skipped = 0  #: periods shifted (for the tests)
         #: Set by :func:`_skip_steady` when it shifts: the states at the two cuts, the
         #: period's time and the periods shifted; the skeleton's periodic ranges, first
@@ -367,6 +371,7 @@ def _skip_steady(run: _Refill) -> int:
         return k
 
     run.pos = pos
+    run.periodic = (codes, ranges, refs, periods)
     run.lim = [lo + 2 * per for (lo, _), per in zip(ranges, periods)]
     before, fails = None, 0
     # Checked while at least half the periodic range is left to shift (past that the
