@@ -659,3 +659,24 @@ def test_grid_dependency_check_c_equals_python(p, m, pick, seed, swaps, as_str) 
         grid = ["".join(r) for r in grid]
     py, c = _both(v_grid_lowering._dependencies_hold, grid, m)
     assert c == py
+
+
+@settings(max_examples=200, deadline=None)
+@given(m=st.integers(1, 6), per=st.integers(1, 4), periods=st.integers(1, 6), seed=st.integers(0, 10**6),
+       cut=st.booleans(), ints=st.booleans())
+def test_rank_peak_c_equals_python(m, per, periods, seed, cut, ints) -> None:
+    """A rank's peak from its deltas, with shifted periods left out (their period summing to 0
+    or not) and without; integer deltas are declined by C (the Python sums keep their type)."""
+    rng = random.Random(seed)
+    S = 3
+    memc = [rng.choice((1.0, -1.0, 0.5, -0.5, 0.0, 0.25)) for _ in range(3 * S)]
+    if ints:
+        memc = [int(x * 4) for x in memc]
+    n = per * m
+    codes = [rng.randrange(3 * S) * m + rng.randrange(m) for _ in range(n)]
+    c = None
+    if cut and m >= 2:
+        a = per * rng.randrange(1, m)
+        c = (a, rng.randrange(a, n + 1))
+    py, cc = _both(steady_timing._rank_peak, codes, memc, m, c)
+    assert cc == py and type(cc[1]) is type(py[1])

@@ -44,6 +44,7 @@ static PyMethodDef methods[] = {
     {"time_in_runs", time_in_runs, METH_VARARGS, time_in_runs_doc},
     {"steady_run", steady_run, METH_VARARGS, steady_run_doc},
     {"inputs_from", inputs_from, METH_VARARGS, inputs_from_doc},
+    {"rank_peak", rank_peak, METH_VARARGS, rank_peak_doc},
     {"refill_run", refill_run, METH_VARARGS, refill_run_doc},
     {"squeeze_run", squeeze_run, METH_VARARGS, squeeze_run_doc},
     {"with_weights", with_weights, METH_VARARGS, with_weights_doc},

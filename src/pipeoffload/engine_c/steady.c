@@ -295,3 +295,68 @@ out:
     deps_free(&d);
     return result;
 }
+
+PyDoc_STRVAR(rank_peak_doc,
+"rank_peak(codes, memc, m, a, b)\n--\n\n"
+"pipeoffload.passes.steady_timing._rank_peak before rounding: the highest running sum (at\n"
+"least 0.0) of the deltas memc[x // m] of the rank's ops ``codes`` in order, leaving out the\n"
+"shifted periods [a, b) (a = b = -1: none); None when the period before ``a`` does not sum to\n"
+"0 exactly, NotImplemented when a delta is not a float (the Python function runs then).");
+
+static PyObject *rank_peak(PyObject *self, PyObject *args) {
+    PyObject *codes, *memc;
+    long long m;
+    Py_ssize_t a, b;
+    if (!PyArg_ParseTuple(args, "O!O!Lnn:rank_peak", &PyList_Type, &codes, &PyList_Type, &memc, &m, &a, &b))
+        return NULL;
+    const Py_ssize_t n = PyList_GET_SIZE(codes), nm = PyList_GET_SIZE(memc);
+    if (m <= 0) {
+        PyErr_SetString(PyExc_ValueError, "rank_peak: m must be positive");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < nm; i++)
+        if (!PyFloat_CheckExact(PyList_GET_ITEM(memc, i)))
+            Py_RETURN_NOTIMPLEMENTED;
+#define DELTA_OF(i, out)                                                                          \
+    do {                                                                                          \
+        long long x_;                                                                             \
+        if (ll_item(codes, (i), &x_) < 0)                                                         \
+            return NULL;                                                                          \
+        if (x_ < 0 || x_ / m >= nm) {                                                             \
+            PyErr_SetString(PyExc_IndexError, "rank_peak: an op with no delta");                 \
+            return NULL;                                                                          \
+        }                                                                                         \
+        (out) = PyFloat_AS_DOUBLE(PyList_GET_ITEM(memc, (Py_ssize_t)(x_ / m)));                  \
+    } while (0)
+    int cut = a >= 0;
+    if (cut) {
+        Py_ssize_t per = n / m;
+        double sum = 0.0, v;
+        if (a - per < 0 || a > n || b < a || b > n) {
+            PyErr_SetString(PyExc_ValueError, "rank_peak: the shifted periods are outside the rank's ops");
+            return NULL;
+        }
+        for (Py_ssize_t i = a - per; i < a; i++) {
+            DELTA_OF(i, v);
+            sum += v;
+        }
+        if (sum != 0.0)
+            Py_RETURN_NONE;
+    }
+    double level = 0.0, top = 0.0, v;
+    int any = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (cut && i >= a && i < b)
+            continue;
+        DELTA_OF(i, v);
+        level = any ? level + v : v;
+        if (!any || level > top)
+            top = level;
+        any = 1;
+    }
+#undef DELTA_OF
+    double best = 0.0;  /* max(0.0, max(levels, default=0.0)) */
+    if (any && top > best)
+        best = top;
+    return PyFloat_FromDouble(best);
+}

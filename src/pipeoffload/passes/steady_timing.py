@@ -582,7 +582,12 @@ def _rank_peak(codes: list[int], memc: list[float], m: int, cut: tuple[int, int]
     """A rank's peak: the highest running sum of its deltas in op order (its memory sweep
     when every duration is positive), without the shifted periods ``cut`` (they repeat
     levels of the period before them when a period's deltas sum to 0 exactly; None if
-    they do not)."""
+    they do not). The sums in C where built (the same floats)."""
+    loop = getattr(c_engine(), "rank_peak", None)
+    if loop is not None and type(codes) is list and type(memc) is list:
+        got = loop(codes, memc, m, *(cut if cut is not None else (-1, -1)))
+        if got is not NotImplemented:
+            return None if got is None else _clean(got)
     if cut is None:
         kept = codes
     else:
