@@ -331,7 +331,7 @@ def v_auto(spec: ScheduleSpec) -> Schedule:
     4p))))`` blocks at O(p²·(max(m, 2p) + 4p)) each (the hole filling writes the
     periods it proves repeated by slices, :mod:`.v_grid_lowering`), after timing ``min(family, PROXY_CELLS / 6pm)`` repeated grids,
     O(p·m) each (none when only one would be timed). At p = 64, m = 512 the whole search
-    is ≈ 1.8 s of CPU with the C loops, ≈ 4.1 s with ``PIPEOFFLOAD_ENGINE=python``
+    is ≈ 1.7 s of CPU with the C loops, ≈ 4.1 s with ``PIPEOFFLOAD_ENGINE=python``
     (docs/algorithms.md §9.16)."""
     spec.no_group()
     spec.resolve_v(2, allowed=(2,))
