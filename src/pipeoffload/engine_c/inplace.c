@@ -106,27 +106,6 @@ static int wake(PyObject *waiting, Py_ssize_t slot, Ready *q, Py_ssize_t p) {
     return rc;
 }
 
-/* A list of p numbers as doubles (floats, or ints where ``ints``); 0 (no exception) when
- * an item is neither. */
-static int numbers(PyObject *list, Py_ssize_t p, double *out, int ints) {
-    if (!PyList_CheckExact(list) || PyList_GET_SIZE(list) < p)
-        return 0;
-    for (Py_ssize_t i = 0; i < p; i++) {
-        PyObject *x = PyList_GET_ITEM(list, i);
-        if (PyFloat_CheckExact(x))
-            out[i] = PyFloat_AS_DOUBLE(x);
-        else if (ints && PyLong_CheckExact(x)) {
-            out[i] = PyLong_AsDouble(x);
-            if (out[i] == -1.0 && PyErr_Occurred()) {
-                PyErr_Clear();
-                return 0;
-            }
-        } else
-            return 0;
-    }
-    return 1;
-}
-
 /* A list of p ints in [0, limit) (``flags``: bools) as Py_ssize_t; 0 when one is not. */
 static int indices(PyObject *list, Py_ssize_t p, Py_ssize_t limit, Py_ssize_t *out) {
     if (!PyList_CheckExact(list) || PyList_GET_SIZE(list) != p)

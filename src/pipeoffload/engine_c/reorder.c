@@ -509,6 +509,27 @@ static int levels_first_fit(Levels *L, long long k, long long t, const Taken *h,
     return 0;
 }
 
+/* Checks that every rank of ``grid`` holds at most 8 slot lists; their total length, or -1
+ * with an exception. */
+static Py_ssize_t grid_size(PyObject *grid) {
+    Py_ssize_t total = 0;
+    for (Py_ssize_t r = 0; r < PyList_GET_SIZE(grid); r++) {
+        PyObject *rows = PyList_GET_ITEM(grid, r);
+        if (!PyList_Check(rows) || PyList_GET_SIZE(rows) > 8) {
+            PyErr_SetString(PyExc_TypeError, "a rank's rows are no list of at most 8 slot lists");
+            return -1;
+        }
+        for (Py_ssize_t k = 0; k < PyList_GET_SIZE(rows); k++) {
+            if (!PyList_Check(PyList_GET_ITEM(rows, k))) {
+                PyErr_SetString(PyExc_TypeError, "a slot list is no list");
+                return -1;
+            }
+            total += PyList_GET_SIZE(PyList_GET_ITEM(rows, k));
+        }
+    }
+    return total;
+}
+
 PyDoc_STRVAR(reorder_visits_doc,
 "reorder_visits(grid, visit, n, t1, read, levels, cap)\n--\n\n"
 "pipeoffload.schedules.v_reorder._reorder's loop over ``visit`` (in place on ``grid`` and on\n"
@@ -530,19 +551,13 @@ static PyObject *reorder_visits(PyObject *self, PyObject *args) {
     }
     /* Slot range, for the taken bitmaps: every list is increasing, so its ends bound it. */
     long long lo_slot = 0, hi_slot = 0;
+    if (grid_size(grid) < 0)
+        return NULL;
     for (Py_ssize_t r = 0; r < p; r++) {
         PyObject *rows = PyList_GET_ITEM(grid, r);
-        if (!PyList_Check(rows) || PyList_GET_SIZE(rows) > 8) {
-            PyErr_SetString(PyExc_TypeError, "a rank's rows are no list of at most 8 slot lists");
-            return NULL;
-        }
         for (Py_ssize_t k = 0; k < PyList_GET_SIZE(rows); k++) {
             PyObject *ts = PyList_GET_ITEM(rows, k);
             long long x;
-            if (!PyList_Check(ts)) {
-                PyErr_SetString(PyExc_TypeError, "a slot list is no list");
-                return NULL;
-            }
             for (Py_ssize_t i = 0; i < PyList_GET_SIZE(ts); i++) {  /* (each slot once: the bitmaps below) */
                 if (ll_item(ts, i, &x) < 0)
                     return NULL;
@@ -717,21 +732,8 @@ out:
  * an exception when a rank's rows are not at most 8 lists of ints. */
 static long long *sorted_slot_keys(PyObject *grid, long long n, Py_ssize_t *total) {
     const Py_ssize_t p = PyList_GET_SIZE(grid);
-    *total = 0;
-    for (Py_ssize_t r = 0; r < p; r++) {
-        PyObject *rows = PyList_GET_ITEM(grid, r);
-        if (!PyList_Check(rows) || PyList_GET_SIZE(rows) > 8) {
-            PyErr_SetString(PyExc_TypeError, "a rank's rows are no list of at most 8 slot lists");
-            return NULL;
-        }
-        for (Py_ssize_t k = 0; k < PyList_GET_SIZE(rows); k++) {
-            if (!PyList_Check(PyList_GET_ITEM(rows, k))) {
-                PyErr_SetString(PyExc_TypeError, "a slot list is no list");
-                return NULL;
-            }
-            *total += PyList_GET_SIZE(PyList_GET_ITEM(rows, k));
-        }
-    }
+    if ((*total = grid_size(grid)) < 0)
+        return NULL;
     long long *keys = PyMem_Malloc(sizeof(long long) * (size_t)(*total ? *total : 1));
     if (!keys) {
         PyErr_NoMemory();

@@ -24,13 +24,23 @@ static void engine_free(Engine *e) {
     memset(e, 0, sizeof(*e));
 }
 
-/* A float list's items as doubles; 0 (no exception) when one is not exactly a float. */
-static int floats(PyObject *list, Py_ssize_t n, double *out) {
-    for (Py_ssize_t i = 0; i < n; i++) {
+/* A list of p numbers as doubles (floats, or ints where ``ints``); 0 (no exception) when
+ * an item is neither. */
+static int numbers(PyObject *list, Py_ssize_t p, double *out, int ints) {
+    if (!PyList_CheckExact(list) || PyList_GET_SIZE(list) < p)
+        return 0;
+    for (Py_ssize_t i = 0; i < p; i++) {
         PyObject *x = PyList_GET_ITEM(list, i);
-        if (!PyFloat_CheckExact(x))
+        if (PyFloat_CheckExact(x))
+            out[i] = PyFloat_AS_DOUBLE(x);
+        else if (ints && PyLong_CheckExact(x)) {
+            out[i] = PyLong_AsDouble(x);
+            if (out[i] == -1.0 && PyErr_Occurred()) {
+                PyErr_Clear();
+                return 0;
+            }
+        } else
             return 0;
-        out[i] = PyFloat_AS_DOUBLE(x);
     }
     return 1;
 }
@@ -103,7 +113,8 @@ static int engine_read(Engine *e, Py_ssize_t m, PyObject *deps, PyObject *clock,
         PyErr_NoMemory();
         return -1;
     }
-    if (!floats(end, e->n_end, e->end) || !floats(clock, e->p, e->clock) || !floats(dur_of, e->n_own, e->dur))
+    if (!numbers(end, e->n_end, e->end, 0) || !numbers(clock, e->p, e->clock, 0) ||
+        !numbers(dur_of, e->n_own, e->dur, 0))
         return 0;
     Py_ssize_t k = 0;
     for (Py_ssize_t d = 0; d < e->n_deps; d++) {
